@@ -1,0 +1,87 @@
+"""aio-pika connections for the async adapter, and the one place aiormq errors are translated."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aio_pika
+import aiormq.exceptions as aex
+from aio_pika.abc import AbstractConnection
+
+from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.errors import BrokerError, ConnectionFailed, DelayqError
+from delayq.urls import redact, validate_url
+
+__all__ = ["CONNECTION_ERRORS", "close_quietly", "connect", "translate_channel_error"]
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    aex.AMQPConnectionError,
+    aex.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+"""Errors after which the connection is gone and a fresh one may succeed."""
+
+
+async def connect(
+    url: str,
+    *,
+    name: str = "delayq",
+    attempts: int = 3,
+    backoff_s: float = 0.25,
+    timeout_s: float = 10.0,
+) -> AbstractConnection:
+    """Open a (non-robust) connection; delayq itself decides what to re-send on loss."""
+    validate_url(url)
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        if attempt:
+            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            return await aio_pika.connect(
+                url,
+                timeout=timeout_s,
+                client_properties={"connection_name": name, "product": "delayq"},
+            )
+        except (aex.ProbableAuthenticationError, aex.AuthenticationError) as exc:
+            raise ConnectionFailed(
+                f"broker at {redact(url)} refused the credentials (wrong user or password?)"
+            ) from exc
+        except aex.ChannelAccessRefused as exc:
+            raise ConnectionFailed(f"broker at {redact(url)} refused access to the vhost") from exc
+        except CONNECTION_ERRORS as exc:
+            last = exc
+        except ValueError as exc:
+            raise ConnectionFailed(f"cannot use broker URL {redact(url)}: {type(exc).__name__}") from None
+    raise ConnectionFailed(
+        f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
+        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+    ) from last
+
+
+def _reply_text(exc: aex.AMQPChannelError) -> str:
+    for arg in exc.args:
+        text = getattr(arg, "reply_text", None)
+        if isinstance(text, str):
+            return text
+    return " ".join(str(a) for a in exc.args)
+
+
+def translate_channel_error(exc: aex.AMQPChannelError) -> DelayqError:
+    """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
+    text = _reply_text(exc)
+    found: DelayqError | None = missing_from_reply(text) or conflict_from_reply(text)
+    if found is not None:
+        return found
+    return BrokerError(f"the broker closed the channel: {text}")
+
+
+async def close_quietly(thing: Any) -> None:
+    """Close a channel or connection, ignoring that it may be closed already."""
+    try:
+        if thing is not None and not thing.is_closed:
+            await thing.close()
+    except Exception:
+        pass

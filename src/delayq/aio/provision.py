@@ -1,0 +1,117 @@
+"""Declaring a topology with aio-pika: idempotent, and reporting what differs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aio_pika
+import aiormq.exceptions as aex
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from delayq.aio._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
+from delayq.declarations import (
+    BindingDecl,
+    Declaration,
+    ExchangeDecl,
+    QueueDecl,
+    build_declarations,
+)
+from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["apply_topology"]
+
+
+class _Channels:
+    """One channel at a time; a new one whenever the broker closes the current one."""
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+
+    async def get(self) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return self._channel
+
+    async def close(self) -> None:
+        await close_quietly(self._channel)
+
+
+async def _declare(chan: AbstractChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
+    arguments: Any = None if passive else dict(decl.arguments)
+    if isinstance(decl, ExchangeDecl):
+        await chan.declare_exchange(
+            decl.name,
+            aio_pika.ExchangeType(decl.type),
+            durable=decl.durable,
+            passive=passive,
+            arguments=arguments,
+        )
+    else:
+        await chan.declare_queue(
+            decl.name, durable=decl.durable, passive=passive, arguments=arguments
+        )
+
+
+async def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
+    if isinstance(decl, BindingDecl):
+        queue = await (await channels.get()).get_queue(decl.destination, ensure=False)
+        await queue.bind(decl.source, decl.routing_key)
+        return ApplyResult(decl, ApplyStatus.BOUND)
+    try:
+        await _declare(await channels.get(), decl, passive=True)
+        existed = True
+    except aex.ChannelNotFoundEntity:
+        existed = False
+    except aex.AMQPChannelError as exc:
+        raise translate_channel_error(exc) from exc
+    try:
+        await _declare(await channels.get(), decl, passive=False)
+    except aex.AMQPChannelError as exc:
+        error = translate_channel_error(exc)
+        if isinstance(error, TopologyConflict):
+            return ApplyResult(decl, ApplyStatus.CONFLICT, error)
+        raise error from exc
+    return ApplyResult(decl, ApplyStatus.PRESENT if existed else ApplyStatus.CREATED)
+
+
+async def apply_topology(
+    topology: Topology,
+    url: str | None = None,
+    *,
+    connection: AbstractConnection | None = None,
+    raise_on_conflict: bool = True,
+) -> ApplyReport:
+    """Declare every entity of ``topology``; applying twice changes nothing.
+
+    The async twin of :func:`delayq.sync.apply_topology`, with the same report
+    and the same conflict handling; delayq's own channels are used on a
+    ``connection`` you pass, so none of yours is closed by a refused declaration.
+    """
+    resolved = resolve_url(url)
+    own = connection is None
+    conn = await connect(resolved, name="delayq-provision") if connection is None else connection
+    channels = _Channels(conn)
+    report = ApplyReport()
+    try:
+        for decl in build_declarations(topology):
+            report.results.append(await _apply_one(channels, decl))
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailed(
+            f"lost the connection to {redact(resolved)} while applying the topology"
+        ) from exc
+    finally:
+        await channels.close()
+        if own:
+            await close_quietly(conn)
+    if raise_on_conflict:
+        report.raise_for_conflicts()
+    return report

@@ -1,0 +1,58 @@
+"""Reading the broker's refusals: PRECONDITION_FAILED and NOT_FOUND texts.
+
+RabbitMQ names the first inequivalent argument and both values, for example::
+
+    PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/':
+    received '2000' but current is '1000'
+
+which is enough for an error that tells the operator exactly what differs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from delayq.errors import TopologyConflict, TopologyMissing
+
+__all__ = ["conflict_from_reply", "missing_from_reply"]
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
+    r" in vhost '[^']*': received (?P<received>.+?) but current is (?P<current>.+)$"
+)
+_VALUE = re.compile(r"(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?")
+_NOT_FOUND = re.compile(r"no (?P<kind>queue|exchange) '(?P<name>[^']*)'")
+
+
+def _value(text: str) -> str | None:
+    text = text.strip()
+    if text == "none":
+        return None
+    match = _VALUE.fullmatch(text)
+    return match.group("value") if match else text
+
+
+def conflict_from_reply(reply_text: str) -> TopologyConflict | None:
+    """A :class:`TopologyConflict` for a PRECONDITION_FAILED text, else ``None``."""
+    match = _INEQUIVALENT.search(reply_text)
+    if match is None:
+        return None
+    return TopologyConflict(
+        kind=match.group("kind"),
+        name=match.group("name"),
+        argument=match.group("arg"),
+        current=_value(match.group("current")),
+        wanted=_value(match.group("received")),
+    )
+
+
+def missing_from_reply(reply_text: str) -> TopologyMissing | None:
+    """A :class:`TopologyMissing` for a NOT_FOUND text, else ``None``."""
+    match = _NOT_FOUND.search(reply_text)
+    if match is None:
+        return None
+    return TopologyMissing(
+        f"{match.group('kind')} {match.group('name')!r} does not exist: the delayq topology "
+        "is not applied on this broker/vhost. Run `delayq topology apply` "
+        "(or apply_topology()) first."
+    )

@@ -1,0 +1,143 @@
+"""Pure builder: a topology becomes an ordered list of declarations.
+
+Order matters: exchanges, then queues, then bindings, and ``<ns>.ready``
+before any tier queue that dead-letters into it (at-least-once dead-lettering
+into a missing exchange holds messages and retries only every few minutes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+from delayq.topology import QueueType, Topology
+
+__all__ = [
+    "ArgumentValue",
+    "BindingDecl",
+    "Declaration",
+    "ExchangeDecl",
+    "QueueDecl",
+    "build_declarations",
+    "describe",
+]
+
+ArgumentValue = Union[str, int]
+"""x-arguments are strings or ints: pika cannot encode floats, and RabbitMQ treats
+``1000.0`` as inequivalent to ``1000``."""
+
+
+@dataclass(frozen=True)
+class ExchangeDecl:
+    name: str
+    type: str
+    arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
+    durable: bool = True
+
+    @property
+    def kind(self) -> str:
+        return "exchange"
+
+
+@dataclass(frozen=True)
+class QueueDecl:
+    name: str
+    arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
+    durable: bool = True
+    role: str = ""
+    """Why the queue exists (``tier``, ``destination``, ``dlq``, ``unrouted``)."""
+
+    @property
+    def kind(self) -> str:
+        return "queue"
+
+
+@dataclass(frozen=True)
+class BindingDecl:
+    source: str
+    destination: str
+    routing_key: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "binding"
+
+    @property
+    def name(self) -> str:
+        return f"{self.source} -> {self.destination} [{self.routing_key or '(any)'}]"
+
+
+Declaration = Union[ExchangeDecl, QueueDecl, BindingDecl]
+
+
+def _safe_dead_lettering(queue_type: QueueType) -> dict[str, ArgumentValue]:
+    if queue_type is QueueType.CLASSIC:
+        # Classic queues refuse x-dead-letter-strategy (406): at-most-once only.
+        return {"x-queue-type": "classic"}
+    # at-least-once silently falls back to at-most-once without reject-publish.
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
+def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
+    """Everything ``apply`` declares, in dependency order."""
+    qtype = topology.queue_type
+    plain_queue: dict[str, ArgumentValue] = {"x-queue-type": qtype.value}
+    ready, unrouted = topology.ready_exchange, topology.unrouted
+
+    exchanges: list[Declaration] = [
+        ExchangeDecl(unrouted, "fanout"),
+        ExchangeDecl(ready, "topic", {"alternate-exchange": unrouted}),
+    ]
+    queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
+    bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
+
+    for tier in topology.ladder.tiers:
+        name = topology.tier_name(tier)
+        exchanges.append(ExchangeDecl(name, "fanout"))
+        # No x-dead-letter-routing-key: the destination's routing key survives.
+        # No x-expires: an idle tier must never be deleted with messages in it.
+        queues.append(
+            QueueDecl(
+                name,
+                {
+                    **_safe_dead_lettering(qtype),
+                    "x-message-ttl": tier.ttl_ms,
+                    "x-dead-letter-exchange": ready,
+                },
+                role="tier",
+            )
+        )
+        bindings.append(BindingDecl(name, name))
+
+    for dest in topology.destinations:
+        queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
+        work_args: dict[str, ArgumentValue] = {
+            **_safe_dead_lettering(qtype),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dest.dlq,
+        }
+        if qtype is QueueType.QUORUM:
+            work_args["x-delivery-limit"] = dest.delivery_limit
+        queues.append(QueueDecl(dest.queue, work_args, role="destination"))
+        bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+
+    return (*exchanges, *queues, *bindings)
+
+
+def describe(decl: Declaration) -> str:
+    """One line for ``delayq topology plan``."""
+    if isinstance(decl, ExchangeDecl):
+        args = _format_args(decl.arguments)
+        return f"exchange {decl.name} ({decl.type}{', ' + args if args else ''})"
+    if isinstance(decl, QueueDecl):
+        return f"queue    {decl.name} [{decl.role}] ({_format_args(decl.arguments)})"
+    return f"binding  {decl.source} -> {decl.destination} key={decl.routing_key or '(any)'}"
+
+
+def _format_args(arguments: Mapping[str, ArgumentValue]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())

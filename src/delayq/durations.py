@@ -1,0 +1,84 @@
+"""Typed durations: ``timedelta`` or ``"1h30m"``-style strings outside, ``int`` ms inside.
+
+A bare number is never accepted: ``30`` could mean seconds (aio-pika) or
+milliseconds (pika), and guessing wrong delays a message a thousand times too
+long or short.
+
+>>> to_ms("1h30m")
+5400000
+>>> format_ms(90_000)
+'1m30s'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from typing import Union
+
+from delayq.errors import InvalidDelay
+
+__all__ = ["ACCEPTED_FORMS", "Duration", "format_ms", "to_ms", "to_timedelta"]
+
+Duration = Union[timedelta, str]
+"""A duration as delayq accepts it at its edges."""
+
+ACCEPTED_FORMS = (
+    'a datetime.timedelta, or a string of whole numbers with units ms, s, m, h, d '
+    '(for example "500ms", "90s", "15m", "1h30m", "24h")'
+)
+
+_UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_PART = re.compile(r"(\d+)(ms|d|h|m|s)")
+_WHOLE = re.compile(r"(?:\d+(?:ms|d|h|m|s))+")
+
+
+def to_ms(value: object, *, what: str = "delay") -> int:
+    """Convert a duration to whole milliseconds (sub-millisecond parts round up).
+
+    Raises :class:`~delayq.errors.InvalidDelay` for bare numbers, negatives,
+    NaN, empty or unparseable strings; the message names the accepted forms.
+    """
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise InvalidDelay(f"{what} must not be negative, got {value!r}")
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        return -(-micros // 1_000)
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if not text:
+            raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
+        if text.startswith("-"):
+            raise InvalidDelay(f"{what} must not be negative, got {value!r}")
+        if not _WHOLE.fullmatch(text):
+            raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
+        return sum(int(n) * _UNIT_MS[unit] for n, unit in _PART.findall(text))
+    if isinstance(value, float) and math.isnan(value):
+        raise InvalidDelay(f"{what} is NaN; expected {ACCEPTED_FORMS}")
+    if isinstance(value, (int, float)):
+        raise InvalidDelay(
+            f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
+        )
+    raise InvalidDelay(f"{what} of type {type(value).__name__} is not accepted; "
+                       f"expected {ACCEPTED_FORMS}")
+
+
+def to_timedelta(ms: int) -> timedelta:
+    """Milliseconds as a ``timedelta``."""
+    return timedelta(milliseconds=ms)
+
+
+def format_ms(ms: int) -> str:
+    """Compact label for a duration in ms, hours first: ``5400000 -> "1h30m"``, ``86400000 -> "24h"``."""
+    if ms < 0:
+        raise ValueError(f"negative duration {ms} ms")
+    if ms == 0:
+        return "0s"
+    parts = []
+    for unit in ("h", "m", "s", "ms"):  # no days: the default ladder names its top tier "24h"
+        size = _UNIT_MS[unit]
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)

@@ -1,0 +1,351 @@
+"""The message on the wire, built by pure code shared by both publishers.
+
+``MessageFactory.build`` validates everything a caller passes and decides
+exchange, routing key, body bytes and properties before any I/O, so bad input
+raises before anything is sent and both adapters send the same bytes.
+
+Headers use the ``delayq-`` prefix (``x-`` belongs to the broker) and are
+replaced on every hop, never stacked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from pydantic import BaseModel
+
+from delayq.durations import to_ms
+from delayq.errors import (
+    BodyTooLarge,
+    InvalidBody,
+    InvalidHeaders,
+    InvalidInput,
+    InvalidMessageId,
+    InvalidRoutingKey,
+)
+from delayq.ladder import Tier
+from delayq.topology import Topology
+
+__all__ = [
+    "CONTENT_BYTES",
+    "CONTENT_JSON",
+    "CONTENT_TEXT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "ENVELOPE_VERSION",
+    "HEADER_PREFIX",
+    "H_ATTEMPT",
+    "H_DELAY_MS",
+    "H_DUE_AT",
+    "H_PUBLISHED_AT",
+    "H_ROUTING_KEY",
+    "H_TIER",
+    "H_TIER_MS",
+    "H_VERSION",
+    "Message",
+    "MessageFactory",
+    "OutgoingMessage",
+    "Receipt",
+    "encode_body",
+    "epoch_ms",
+    "new_message_id",
+    "validate_headers",
+    "validate_routing_key",
+]
+
+ENVELOPE_VERSION = 1
+HEADER_PREFIX = "delayq-"
+H_VERSION = "delayq-version"
+H_DELAY_MS = "delayq-delay-ms"
+H_TIER = "delayq-tier"
+H_TIER_MS = "delayq-tier-ms"
+H_PUBLISHED_AT = "delayq-published-at"
+H_DUE_AT = "delayq-due-at"
+H_ATTEMPT = "delayq-attempt"
+H_ROUTING_KEY = "delayq-routing-key"
+
+IMMEDIATE = "immediate"
+CONTENT_JSON = "application/json"
+CONTENT_TEXT = "text/plain; charset=utf-8"
+CONTENT_BYTES = "application/octet-stream"
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""16 MiB: RabbitMQ 4's default ``max_message_size``; larger bodies belong in a blob store."""
+MAX_HEADERS = 64
+MAX_HEADERS_BYTES = 16 * 1024
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a ``publish_many`` batch; fields as for ``publish``."""
+
+    body: object
+    routing_key: str
+    delay: object
+    message_id: str | None = None
+    headers: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What the broker confirmed: which message, where it waits, when it is due."""
+
+    message_id: str
+    routing_key: str
+    exchange: str
+    tier: str | None
+    """The tier's label, or ``None`` for an immediate message."""
+    delay_ms: int
+    tier_ms: int
+    published_at_ms: int
+
+    @property
+    def delay(self) -> timedelta:
+        """The delay the caller asked for."""
+        return timedelta(milliseconds=self.delay_ms)
+
+    @property
+    def lateness(self) -> timedelta:
+        """How much later than asked the message is due: the tier minus the delay."""
+        return timedelta(milliseconds=self.tier_ms - self.delay_ms)
+
+    @property
+    def published_at(self) -> datetime:
+        return datetime.fromtimestamp(self.published_at_ms / 1000, tz=timezone.utc)
+
+    @property
+    def due_at(self) -> datetime:
+        """When the tier's TTL runs out and the message is routed to its destination."""
+        return datetime.fromtimestamp((self.published_at_ms + self.tier_ms) / 1000, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """Everything an adapter needs to send one message; no I/O object inside."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    content_type: str
+    message_id: str
+    timestamp_s: int
+    headers: dict[str, Any]
+    receipt: Receipt
+
+
+def encode_body(body: object) -> tuple[bytes, str]:
+    """Bytes and content type for a body: bytes, str, a pydantic model or a JSON value."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body), CONTENT_BYTES
+    if isinstance(body, str):
+        return body.encode("utf-8"), CONTENT_TEXT
+    if isinstance(body, BaseModel):
+        return body.model_dump_json().encode("utf-8"), CONTENT_JSON
+    try:
+        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBody(
+            f"body of type {type(body).__name__} cannot be encoded ({exc}); pass bytes, "
+            "str, a pydantic model, or a JSON value (dict, list, int, float, bool, None) "
+            "without NaN or infinity"
+        ) from exc
+    return text.encode("utf-8"), CONTENT_JSON
+
+
+def validate_routing_key(routing_key: object) -> str:
+    """A routing key is a non-empty str of at most 255 bytes without wildcards."""
+    if not isinstance(routing_key, str):
+        raise InvalidRoutingKey(
+            f"routing key must be a str, got {type(routing_key).__name__}"
+        )
+    if not routing_key:
+        raise InvalidRoutingKey("routing key must not be empty")
+    if len(routing_key.encode("utf-8")) > 255:
+        raise InvalidRoutingKey("routing key is longer than AMQP's 255 bytes")
+    if "*" in routing_key or "#" in routing_key:
+        raise InvalidRoutingKey(
+            f"routing key {routing_key!r} contains a wildcard ('*' or '#'); wildcards belong "
+            "in binding keys, a message is published with a concrete key"
+        )
+    return routing_key
+
+
+def _check_value(key: str, value: object, depth: int = 0) -> int:
+    """Validate one header value; returns its approximate encoded size."""
+    if depth > 8:
+        raise InvalidHeaders(f"header {key!r} is nested more than 8 levels deep")
+    if value is None or isinstance(value, bool):
+        return 1
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise InvalidHeaders(f"header {key!r}: int {value} does not fit in 64 bits")
+        return 9
+    if isinstance(value, str):
+        return 5 + len(value.encode("utf-8"))
+    if isinstance(value, bytes):
+        return 5 + len(value)
+    if isinstance(value, float):
+        raise InvalidHeaders(
+            f"header {key!r} is a float ({value!r}); pika cannot encode floats in headers: "
+            "send an int (with the unit in the name, like 'price-cents') or a str"
+        )
+    if isinstance(value, (list, tuple)):
+        return 5 + sum(_check_value(key, v, depth + 1) for v in value)
+    if isinstance(value, Mapping):
+        size = 5
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidHeaders(f"header {key!r} has a non-str key {k!r}")
+            size += 1 + len(k.encode()) + _check_value(key, v, depth + 1)
+        return size
+    raise InvalidHeaders(
+        f"header {key!r} has a value of type {type(value).__name__}; allowed: str, int, "
+        "bool, bytes, None, and lists or dicts of those"
+    )
+
+
+def validate_headers(headers: object) -> dict[str, Any]:
+    """User headers: str keys without the reserved ``delayq-``/``x-`` prefixes, AMQP values."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidHeaders(f"headers must be a mapping, got {type(headers).__name__}")
+    if len(headers) > MAX_HEADERS:
+        raise InvalidHeaders(f"{len(headers)} headers; at most {MAX_HEADERS} are allowed")
+    size = 0
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidHeaders(f"header names must be non-empty str, got {key!r}")
+        if len(key.encode("utf-8")) > 255:
+            raise InvalidHeaders(f"header name {key[:40]!r}... is longer than 255 bytes")
+        lowered = key.lower()
+        if lowered.startswith(HEADER_PREFIX) or lowered.startswith("x-"):
+            raise InvalidHeaders(
+                f"header {key!r} uses a reserved prefix: 'delayq-' belongs to delayq and "
+                "'x-' to RabbitMQ"
+            )
+        size += len(key) + _check_value(key, value)
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidHeaders(
+            f"headers take about {size} bytes; at most {MAX_HEADERS_BYTES} are allowed "
+            "(put large data in the body)"
+        )
+    return dict(headers)
+
+
+def validate_message_id(message_id: object) -> str:
+    if not isinstance(message_id, str):
+        raise InvalidMessageId(f"message id must be a str, got {type(message_id).__name__}")
+    if not message_id or len(message_id.encode("utf-8")) > 255:
+        raise InvalidMessageId("message id must be 1 to 255 bytes long")
+    return message_id
+
+
+class MessageFactory:
+    """Turns a publish call into an :class:`OutgoingMessage`, or raises before any I/O."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        clock_ms: Callable[[], int] = epoch_ms,
+        new_id: Callable[[], str] = new_message_id,
+    ) -> None:
+        self.topology = topology
+        self.max_body_bytes = max_body_bytes
+        self._clock_ms = clock_ms
+        self.new_message_id = new_id
+        self._tier_exchange: dict[Tier, str] = {
+            tier: topology.tier_name(tier) for tier in topology.ladder.tiers
+        }
+
+    def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
+        """Validate a whole batch first, so bad input anywhere sends nothing."""
+        built = []
+        for index, msg in enumerate(messages):
+            if not isinstance(msg, Message):
+                raise InvalidBody(
+                    f"publish_many takes delayq.Message items; item {index} is "
+                    f"{type(msg).__name__}"
+                )
+            try:
+                built.append(
+                    self.build(msg.body, msg.routing_key, msg.delay,
+                               message_id=msg.message_id, headers=msg.headers)
+                )
+            except InvalidInput as exc:
+                raise type(exc)(f"message {index}: {exc}") from exc
+        return built
+
+    def build(
+        self,
+        body: object,
+        routing_key: str,
+        delay: object,
+        *,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        attempt: int = 1,
+    ) -> OutgoingMessage:
+        """Validate and build one message (delay: ``timedelta`` or ``"15m"``-style str)."""
+        delay_ms = to_ms(delay)
+        tier = self.topology.ladder.select_ms(delay_ms)
+        routing_key = validate_routing_key(routing_key)
+        message_id = self.new_message_id() if message_id is None else validate_message_id(message_id)
+        user_headers = validate_headers(headers)
+        data, content_type = encode_body(body)
+        if len(data) > self.max_body_bytes:
+            raise BodyTooLarge(
+                f"body is {len(data)} bytes, more than the limit of {self.max_body_bytes}"
+            )
+        now_ms = self._clock_ms()
+        if tier is None:
+            exchange, tier_ms, tier_label = self.topology.ready_exchange, 0, None
+        else:
+            exchange, tier_ms, tier_label = self._tier_exchange[tier], tier.ttl_ms, tier.label
+        user_headers.update(
+            {
+                H_VERSION: ENVELOPE_VERSION,
+                H_DELAY_MS: delay_ms,
+                H_TIER: tier_label or IMMEDIATE,
+                H_TIER_MS: tier_ms,
+                H_PUBLISHED_AT: now_ms,
+                H_DUE_AT: now_ms + tier_ms,
+                H_ATTEMPT: attempt,
+                H_ROUTING_KEY: routing_key,
+            }
+        )
+        receipt = Receipt(
+            message_id=message_id,
+            routing_key=routing_key,
+            exchange=exchange,
+            tier=tier_label,
+            delay_ms=delay_ms,
+            tier_ms=tier_ms,
+            published_at_ms=now_ms,
+        )
+        return OutgoingMessage(
+            exchange=exchange,
+            routing_key=routing_key,
+            body=data,
+            content_type=content_type,
+            message_id=message_id,
+            timestamp_s=now_ms // 1000,
+            headers=user_headers,
+            receipt=receipt,
+        )

@@ -1,0 +1,194 @@
+"""A throwaway RabbitMQ node from the installed server, for tests and the demo.
+
+Runs Debian's ``rabbitmq-server`` without systemd and without switching user:
+the scripts in ``/usr/lib/rabbitmq/bin`` are called directly with ``HOME``,
+node name, ports and data folders pointed at a scratch directory.
+
+>>> with LocalNode() as node:            # doctest: +SKIP
+...     print(node.url)                  # amqp://guest:guest@127.0.0.1:<port>/
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["RABBITMQ_BIN", "LocalNode", "LocalNodeError", "free_port", "server_installed"]
+
+RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+
+
+class LocalNodeError(RuntimeError):
+    """The local node could not be started or controlled."""
+
+
+def server_installed() -> bool:
+    return (RABBITMQ_BIN / "rabbitmq-server").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class LocalNode:
+    """One RabbitMQ node on free ports with its own data folder; stop() removes nothing
+    until :meth:`cleanup`, so a restart keeps the parked messages."""
+
+    def __init__(
+        self,
+        base_dir: str | Path | None = None,
+        *,
+        port: int | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> None:
+        if not server_installed():
+            raise LocalNodeError(
+                f"RabbitMQ is not installed ({RABBITMQ_BIN}/rabbitmq-server is missing): "
+                "apt-get install rabbitmq-server"
+            )
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="delayq-node-"))
+        self.port = port or free_port()
+        self.dist_port = free_port()
+        self.name = f"delayq-{self.port}@localhost"
+        self.config = {
+            "listeners.tcp.default": str(self.port),
+            "loopback_users": "none",
+            "log.console": "false",
+            **(config or {}),
+        }
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def env(self) -> dict[str, str]:
+        base = self.base_dir
+        return {
+            **os.environ,
+            "HOME": str(base),
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+        }
+
+    def _write_files(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"{key} = {value}" for key, value in self.config.items()]
+        (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
+        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        advanced = self.base_dir / "advanced.config"
+        if not advanced.exists():
+            advanced.write_text("[].\n")
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 90.0) -> LocalNode:
+        """Start the node and wait until it accepts AMQP connections."""
+        if self.running:
+            return self
+        self._write_files()
+        log = open(self.base_dir / "server.out", "ab")  # noqa: SIM115 - owned by the child
+        self._process = subprocess.Popen(
+            [str(RABBITMQ_BIN / "rabbitmq-server")],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while not _port_open(self.port):
+            if self._process.poll() is not None:
+                raise LocalNodeError(
+                    f"rabbitmq-server exited with {self._process.returncode}; see "
+                    f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LocalNodeError(f"node {self.name} did not open port {self.port} in time")
+            time.sleep(0.2)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        return self
+
+    def ctl(self, *args: str, timeout_s: float = 60.0, check: bool = True) -> str:
+        """Run ``rabbitmqctl`` against this node and return its output."""
+        result = subprocess.run(
+            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise LocalNodeError(
+                f"rabbitmqctl {' '.join(args)} failed ({result.returncode}): "
+                f"{result.stderr.strip() or result.stdout.strip()}"
+            )
+        return result.stdout
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the node gracefully (data kept), killing it if it does not stop in time."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            self._process = None
+            return
+        try:
+            self.ctl("stop", timeout_s=timeout_s, check=False)
+            process.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        """Stop the node and delete its data folder if delayq created it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalNode:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()

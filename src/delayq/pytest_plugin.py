@@ -1,0 +1,118 @@
+"""pytest fixtures that find a real RabbitMQ broker (loaded as the ``delayq`` plugin).
+
+``rabbitmq_url`` looks, in order, for:
+
+1. ``RABBITMQ_URL`` in the environment;
+2. a testcontainers RabbitMQ, when a Docker engine answers;
+3. a local node started from the installed ``rabbitmq-server`` (see
+   :mod:`delayq.localnode`), stopped at the end of the session.
+
+With none of them, the fixture fails when ``CI`` is set (a missing broker must
+never pass as a skip there) and skips otherwise, saying how to get one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from delayq.localnode import LocalNode, LocalNodeError, server_installed
+
+__all__ = ["local_rabbitmq_node", "rabbitmq_url"]
+
+NO_BROKER = (
+    "no RabbitMQ broker: set RABBITMQ_URL, start a Docker engine (testcontainers), or "
+    "install the server (apt-get install rabbitmq-server) so a local node can be started"
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _no_broker(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"{NO_BROKER} ({reason})", pytrace=False)
+    pytest.skip(f"{NO_BROKER} ({reason})")
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no engine"
+        return False
+
+
+def _epmd_running() -> bool:
+    epmd = shutil.which("epmd") or "/usr/bin/epmd"
+    try:
+        return subprocess.run([epmd, "-names"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class _Nodes:
+    """Local nodes started in this session, stopped (and epmd with them) at its end."""
+
+    def __init__(self) -> None:
+        self.nodes: list[LocalNode] = []
+        self.epmd_was_running = _epmd_running()
+
+    def start(self, **kwargs: object) -> LocalNode:
+        node = LocalNode(**kwargs)  # type: ignore[arg-type]
+        self.nodes.append(node)
+        return node.start()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+        if self.nodes and not self.epmd_was_running and shutil.which("epmd"):
+            subprocess.run(["epmd", "-kill"], capture_output=True, timeout=5, check=False)
+
+
+@pytest.fixture(scope="session")
+def _delayq_nodes() -> Iterator[_Nodes]:
+    nodes = _Nodes()
+    yield nodes
+    nodes.close()
+
+
+@pytest.fixture(scope="session")
+def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
+    """A local node this session controls (stop, restart, rabbitmqctl)."""
+    if not server_installed():
+        _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
+    try:
+        return _delayq_nodes.start()
+    except LocalNodeError as exc:
+        _no_broker(str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The AMQP URL of a real broker for this test session."""
+    url = os.environ.get("RABBITMQ_URL")
+    if url:
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+        with RabbitMqContainer("rabbitmq:3.13-management") as container:
+            params = container.get_connection_params()
+            yield (
+                f"amqp://{params.credentials.username}:{params.credentials.password}"
+                f"@{params.host}:{params.port}/"
+            )
+        return
+    node: LocalNode = request.getfixturevalue("local_rabbitmq_node")
+    yield node.url

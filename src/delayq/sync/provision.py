@@ -1,0 +1,119 @@
+"""Declaring a topology with pika: idempotent, and reporting what differs."""
+
+from __future__ import annotations
+
+import pika
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingChannel
+
+from delayq.declarations import (
+    BindingDecl,
+    Declaration,
+    ExchangeDecl,
+    QueueDecl,
+    build_declarations,
+)
+from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.sync._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["apply_topology"]
+
+
+class _Channels:
+    """One channel at a time; a new one whenever the broker closes the current one."""
+
+    def __init__(self, connection: pika.BlockingConnection) -> None:
+        self._connection = connection
+        self._channel: BlockingChannel | None = None
+
+    @property
+    def channel(self) -> BlockingChannel:
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self._connection.channel()
+        return self._channel
+
+    def close(self) -> None:
+        close_quietly(self._channel)
+
+
+def _declare(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
+    if isinstance(decl, ExchangeDecl):
+        chan.exchange_declare(
+            decl.name,
+            decl.type,
+            passive=passive,
+            durable=decl.durable,
+            arguments=None if passive else dict(decl.arguments),
+        )
+    else:
+        chan.queue_declare(
+            decl.name,
+            passive=passive,
+            durable=decl.durable,
+            arguments=None if passive else dict(decl.arguments),
+        )
+
+
+def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
+    if isinstance(decl, BindingDecl):
+        channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
+        return ApplyResult(decl, ApplyStatus.BOUND)
+    try:
+        _declare(channels.channel, decl, passive=True)
+        existed = True
+    except pex.ChannelClosedByBroker as exc:
+        if exc.reply_code != 404:
+            raise translate_channel_error(exc) from exc
+        existed = False
+    try:
+        _declare(channels.channel, decl, passive=False)
+    except pex.ChannelClosedByBroker as exc:
+        error = translate_channel_error(exc)
+        if isinstance(error, TopologyConflict):
+            return ApplyResult(decl, ApplyStatus.CONFLICT, error)
+        raise error from exc
+    return ApplyResult(decl, ApplyStatus.PRESENT if existed else ApplyStatus.CREATED)
+
+
+def apply_topology(
+    topology: Topology,
+    url: str | None = None,
+    *,
+    connection: pika.BlockingConnection | None = None,
+    raise_on_conflict: bool = True,
+) -> ApplyReport:
+    """Declare every entity of ``topology``; applying twice changes nothing.
+
+    An entity that exists with other arguments is left alone and reported; with
+    ``raise_on_conflict`` (the default) the first conflict is raised as
+    :class:`~delayq.errors.TopologyConflict` once everything else is declared.
+    Pass ``connection`` to reuse one: delayq opens and closes its own channels on
+    it, so the caller's channels are never closed by a refused declaration.
+    """
+    resolved = resolve_url(url)
+    own = connection is None
+    conn = connect(resolved, name="delayq-provision") if connection is None else connection
+    channels = _Channels(conn)
+    report = ApplyReport()
+    try:
+        for decl in build_declarations(topology):
+            report.results.append(_apply_one(channels, decl))
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailed(
+            f"lost the connection to {redact(resolved)} while applying the topology"
+        ) from exc
+    finally:
+        channels.close()
+        if own:
+            close_quietly(conn)
+    if raise_on_conflict:
+        report.raise_for_conflicts()
+    return report

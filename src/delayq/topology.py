@@ -1,0 +1,199 @@
+"""The topology as data: a frozen pydantic model, loaded from YAML.
+
+>>> topo = Topology(namespace="shop", ladder=["1s", "5s"],
+...                 destinations=[{"queue": "emails", "bindings": ["email.*"]}])
+>>> topo.tier_name(topo.ladder.tiers[0])
+'shop.tier.1s'
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from delayq.errors import InvalidTopology
+from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+
+__all__ = ["DEFAULT_TOPOLOGY_FILE", "Destination", "QueueType", "Topology", "load_topology"]
+
+DEFAULT_TOPOLOGY_FILE = Path("topology/delayq.yaml")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_BINDING = re.compile(r"(?:[A-Za-z0-9_\-]+|\*|#)(?:\.(?:[A-Za-z0-9_\-]+|\*|#))*")
+
+
+class QueueType(str, enum.Enum):
+    """The kind of queue delayq declares."""
+
+    QUORUM = "quorum"
+    """Replicated, at-least-once dead-lettering: the only safe choice in production."""
+    CLASSIC = "classic"
+    """Development only: classic dead-lettering is at-most-once and can lose messages."""
+
+
+def _parse_ladder(value: object) -> Ladder:
+    if isinstance(value, Ladder):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError('ladder must be a list of durations, for example ["30s", "1m", "5m"]')
+    return Ladder.parse(value)
+
+
+LadderField = Annotated[
+    Ladder,
+    BeforeValidator(_parse_ladder),
+    PlainSerializer(lambda ladder: [t.label for t in ladder.tiers], return_type=list),
+]
+
+
+def _check_name(value: str, what: str) -> str:
+    if len(value.encode()) > 200 or not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} must start with a letter or digit and use only letters, "
+            "digits, '.', '_' and '-' (at most 200 bytes)"
+        )
+    return value
+
+
+class Destination(BaseModel):
+    """An application queue bound to the ready exchange."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue: str
+    bindings: tuple[str, ...] = Field(min_length=1)
+    delivery_limit: int = Field(default=20, ge=1, le=1000)
+    """Broker backstop: deliveries before a quorum queue dead-letters a message that
+    keeps crashing its consumer (``x-delivery-limit``)."""
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        _check_name(value, "queue name")
+        if value.endswith(".dlq"):
+            raise ValueError(f"queue name {value!r} must not end in '.dlq' (reserved for DLQs)")
+        return value
+
+    @field_validator("bindings")
+    @classmethod
+    def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for key in value:
+            if len(key.encode()) > 255 or not _BINDING.fullmatch(key):
+                raise ValueError(
+                    f"binding key {key!r} must be dot-separated words of letters, digits, "
+                    "'_' or '-', or the wildcards '*' and '#' (at most 255 bytes)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("binding keys must be unique")
+        return value
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.queue}.dlq"
+
+
+class Topology(BaseModel):
+    """Namespace, ladder, queue type and destination queues."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    namespace: str = "delayq"
+    vhost: str = "/"
+    queue_type: QueueType = QueueType.QUORUM
+    ladder: LadderField = DEFAULT_LADDER
+    destinations: tuple[Destination, ...] = ()
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return _check_name(value, "namespace")
+
+    @model_validator(mode="after")
+    def _unique_queues(self) -> Topology:
+        seen: set[str] = set()
+        reserved = {self.ready_exchange, self.unrouted}
+        for dest in self.destinations:
+            if dest.queue in seen:
+                raise ValueError(f"destination queue {dest.queue!r} is listed twice")
+            if dest.queue in reserved or dest.queue.startswith(f"{self.namespace}.tier."):
+                raise ValueError(f"destination queue {dest.queue!r} uses a name delayq reserves")
+            seen.add(dest.queue)
+        return self
+
+    # Entity names -------------------------------------------------------------
+
+    @property
+    def ready_exchange(self) -> str:
+        """Where due and immediate messages are routed; destination queues bind here."""
+        return f"{self.namespace}.ready"
+
+    @property
+    def unrouted(self) -> str:
+        """Exchange and queue that park due messages no binding wanted."""
+        return f"{self.namespace}.unrouted"
+
+    def tier_name(self, tier: Tier) -> str:
+        """Name of a tier's exchange and queue, which carries its TTL."""
+        return f"{self.namespace}.tier.{tier.label}"
+
+    def with_namespace(self, namespace: str) -> Topology:
+        """A copy under another namespace (tests and demos use unique ones)."""
+        return Topology.model_validate({**self.model_dump(), "namespace": namespace})
+
+    def destination(self, queue: str) -> Destination:
+        for dest in self.destinations:
+            if dest.queue == queue:
+                return dest
+        raise KeyError(queue)
+
+    # Loading ------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "topology") -> Topology:
+        """Validate a mapping, raising :class:`~delayq.errors.InvalidTopology`."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise InvalidTopology(f"{source}: {problems}") from exc
+
+
+def load_topology(path: str | Path = DEFAULT_TOPOLOGY_FILE) -> Topology:
+    """Load and validate a topology YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise InvalidTopology(
+            f"topology file {str(path)!r} does not exist; pass --file or create it "
+            "(see topology/delayq.yaml in the delayq repository)"
+        ) from exc
+    except OSError as exc:
+        raise InvalidTopology(f"cannot read topology file {str(path)!r}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidTopology(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InvalidTopology(f"{path}: the top level must be a mapping, not {type(data).__name__}")
+    return Topology.from_mapping(data, source=str(path))
