@@ -30,8 +30,8 @@ ACCEPTED_FORMS = (
 )
 
 _UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
-_PART = re.compile(r"(\d+)(ms|d|h|m|s)")
-_WHOLE = re.compile(r"(?:\d+(?:ms|d|h|m|s))+")
+_PART = re.compile(r"([0-9]+)(ms|d|h|m|s)", re.ASCII)
+_WHOLE = re.compile(r"(?:[0-9]+(?:ms|d|h|m|s))+", re.ASCII)
 
 
 def to_ms(value: object, *, what: str = "delay") -> int:
@@ -53,7 +53,11 @@ def to_ms(value: object, *, what: str = "delay") -> int:
             raise InvalidDelay(f"{what} must not be negative, got {value!r}")
         if not _WHOLE.fullmatch(text):
             raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
-        return sum(int(n) * _UNIT_MS[unit] for n, unit in _PART.findall(text))
+        parts = _PART.findall(text)
+        units = [unit for _, unit in parts]
+        if len(set(units)) != len(units):
+            raise InvalidDelay(f"{what} {value!r} repeats a unit; expected {ACCEPTED_FORMS}")
+        return sum(int(n) * _UNIT_MS[unit] for n, unit in parts)
     if isinstance(value, float) and math.isnan(value):
         raise InvalidDelay(f"{what} is NaN; expected {ACCEPTED_FORMS}")
     if isinstance(value, (int, float)):

@@ -152,18 +152,27 @@ def encode_body(body: object) -> tuple[bytes, str]:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body), CONTENT_BYTES
     if isinstance(body, str):
-        return body.encode("utf-8"), CONTENT_TEXT
-    if isinstance(body, BaseModel):
-        return body.model_dump_json().encode("utf-8"), CONTENT_JSON
+        try:
+            return body.encode("utf-8"), CONTENT_TEXT
+        except UnicodeEncodeError as exc:
+            raise InvalidBody(f"str body cannot be encoded as UTF-8 ({exc})") from exc
     try:
-        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        value = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8"), CONTENT_JSON
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidBody(
             f"body of type {type(body).__name__} cannot be encoded ({exc}); pass bytes, "
             "str, a pydantic model, or a JSON value (dict, list, int, float, bool, None) "
             "without NaN or infinity"
         ) from exc
-    return text.encode("utf-8"), CONTENT_JSON
+
+
+def _utf8_len(value: str, error: type[InvalidInput], what: str) -> int:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} cannot be encoded as UTF-8 ({exc})") from None
 
 
 def validate_routing_key(routing_key: object) -> str:
@@ -174,7 +183,7 @@ def validate_routing_key(routing_key: object) -> str:
         )
     if not routing_key:
         raise InvalidRoutingKey("routing key must not be empty")
-    if len(routing_key.encode("utf-8")) > 255:
+    if _utf8_len(routing_key, InvalidRoutingKey, "routing key") > 255:
         raise InvalidRoutingKey("routing key is longer than AMQP's 255 bytes")
     if "*" in routing_key or "#" in routing_key:
         raise InvalidRoutingKey(
@@ -195,7 +204,7 @@ def _check_value(key: str, value: object, depth: int = 0) -> int:
             raise InvalidHeaders(f"header {key!r}: int {value} does not fit in 64 bits")
         return 9
     if isinstance(value, str):
-        return 5 + len(value.encode("utf-8"))
+        return 5 + _utf8_len(value, InvalidHeaders, f"header {key!r}")
     if isinstance(value, bytes):
         return 5 + len(value)
     if isinstance(value, float):
@@ -230,7 +239,7 @@ def validate_headers(headers: object) -> dict[str, Any]:
     for key, value in headers.items():
         if not isinstance(key, str) or not key:
             raise InvalidHeaders(f"header names must be non-empty str, got {key!r}")
-        if len(key.encode("utf-8")) > 255:
+        if _utf8_len(key, InvalidHeaders, "header name") > 255:
             raise InvalidHeaders(f"header name {key[:40]!r}... is longer than 255 bytes")
         lowered = key.lower()
         if lowered.startswith(HEADER_PREFIX) or lowered.startswith("x-"):
@@ -238,7 +247,7 @@ def validate_headers(headers: object) -> dict[str, Any]:
                 f"header {key!r} uses a reserved prefix: 'delayq-' belongs to delayq and "
                 "'x-' to RabbitMQ"
             )
-        size += len(key) + _check_value(key, value)
+        size += len(key.encode("utf-8")) + _check_value(key, value)
     if size > MAX_HEADERS_BYTES:
         raise InvalidHeaders(
             f"headers take about {size} bytes; at most {MAX_HEADERS_BYTES} are allowed "
@@ -250,7 +259,7 @@ def validate_headers(headers: object) -> dict[str, Any]:
 def validate_message_id(message_id: object) -> str:
     if not isinstance(message_id, str):
         raise InvalidMessageId(f"message id must be a str, got {type(message_id).__name__}")
-    if not message_id or len(message_id.encode("utf-8")) > 255:
+    if not message_id or _utf8_len(message_id, InvalidMessageId, "message id") > 255:
         raise InvalidMessageId("message id must be 1 to 255 bytes long")
     return message_id
 

@@ -133,6 +133,9 @@ class TopologyConflict(BrokerError):
             f"or change the topology to match."
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.name, self.argument, self.current, self.wanted))
+
 
 def _show(value: str | None) -> str:
     return "(not set)" if value is None else repr(value)
@@ -144,6 +147,9 @@ class PublishError(BrokerError):
     def __init__(self, message: str, message_id: str | None = None) -> None:
         self.message_id = message_id
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.message_id))
 
 
 class Unroutable(PublishError):
@@ -175,3 +181,6 @@ class PublishBatchError(PublishError):
             f"first failure (message {first_index}): {first}",
             message_id=first.message_id,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.receipts, self.failures))

@@ -53,6 +53,9 @@ class Ladder:
 
     def __init__(self, tiers_ms: Iterable[int]) -> None:
         values = sorted(tiers_ms)
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidTopology(f"tier TTLs are whole milliseconds (int), got {value!r}")
         if not values:
             raise InvalidTopology("a ladder needs at least one tier")
         for prev, cur in zip(values, values[1:]):

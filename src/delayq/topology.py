@@ -62,6 +62,8 @@ LadderField = Annotated[
 
 
 def _check_name(value: str, what: str) -> str:
+    if value == "amq" or value.startswith("amq."):
+        raise ValueError(f"{what} {value!r} uses the prefix 'amq.', which RabbitMQ reserves")
     if len(value.encode()) > 200 or not _NAME.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} must start with a letter or digit and use only letters, "
@@ -186,6 +188,8 @@ def load_topology(path: str | Path = DEFAULT_TOPOLOGY_FILE) -> Topology:
             f"topology file {str(path)!r} does not exist; pass --file or create it "
             "(see topology/delayq.yaml in the delayq repository)"
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidTopology(f"topology file {str(path)!r} is not UTF-8 text: {exc}") from exc
     except OSError as exc:
         raise InvalidTopology(f"cannot read topology file {str(path)!r}: {exc}") from exc
     try:

@@ -18,6 +18,12 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 
 def redact(url: str) -> str:
     """The URL with its password replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        userinfo, _, hostpart = rest.rpartition("@")
+        if ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            return f"{scheme}://{user}:***@{hostpart}"
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -61,5 +67,7 @@ def validate_url(url: object) -> str:
 
 def resolve_url(explicit: str | None = None) -> str:
     """``explicit``, else ``DELAYQ_URL``, else ``RABBITMQ_URL``, else the local default."""
-    url = explicit or os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+    if explicit is not None:
+        return validate_url(explicit)
+    url = os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
     return validate_url(url)

@@ -1,0 +1,203 @@
+"""The ``delayq`` command line.
+
+Exit codes: 0 success; 1 the broker refused or could not be reached, or the
+topology conflicts with what exists; 2 bad input (nothing was sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from delayq.declarations import build_declarations, describe
+from delayq.definitions import render_definitions
+from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.provisioning import ApplyStatus
+from delayq.topology import DEFAULT_TOPOLOGY_FILE, Topology, load_topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_BROKER, EXIT_INPUT = 0, 1, 2
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--file", "-f", default=argparse.SUPPRESS, type=Path,
+        help=f"topology YAML (default {DEFAULT_TOPOLOGY_FILE})",
+    )
+    common.add_argument(
+        "--url", default=argparse.SUPPRESS,
+        help="broker URL (default: $DELAYQ_URL, $RABBITMQ_URL, amqp://guest:guest@localhost:5672/)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="delayq",
+        description="Delayed delivery and retries on RabbitMQ.",
+        parents=[common],
+    )
+    parser.set_defaults(file=DEFAULT_TOPOLOGY_FILE, url=None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    topo = commands.add_parser("topology", help="plan, apply or export the topology")
+    topo_cmds = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
+    topo_cmds.add_parser("plan", parents=[common], help="print what would be declared (no broker)")
+    topo_cmds.add_parser("apply", parents=[common], help="declare the topology on the broker")
+    export = topo_cmds.add_parser(
+        "export", parents=[common], help="write RabbitMQ definitions JSON (no broker)"
+    )
+    export.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
+
+    pub = commands.add_parser("publish", parents=[common], help="publish one delayed message")
+    pub.add_argument("--routing-key", "-k", required=True)
+    pub.add_argument("--delay", "-d", required=True, help='for example "90s", "15m", "1h30m"')
+    body = pub.add_mutually_exclusive_group()
+    body.add_argument("--body", help="the body as JSON text (default: null)")
+    body.add_argument("--body-file", type=Path, help="send this file's bytes as the body")
+    pub.add_argument("--message-id")
+    pub.add_argument("--json", action="store_true", help="print the receipt as JSON")
+
+    demo = commands.add_parser(
+        "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
+    )
+    demo.add_argument("--messages", type=int, default=36, help="how many messages (default 36)")
+    demo.add_argument(
+        "--local-node", action="store_true",
+        help="start a throwaway RabbitMQ node from the installed server for the demo",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the demo namespace afterwards")
+    return parser
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    return load_topology(args.file)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    topology = _topology(args)
+    decls = build_declarations(topology)
+    print(f"# namespace {topology.namespace!r}, vhost {topology.vhost!r}, "
+          f"{topology.queue_type.value} queues, ladder "
+          f"{' '.join(t.label for t in topology.ladder.tiers)}")
+    if topology.queue_type.value == "classic":
+        print("# WARNING: classic queues dead-letter at-most-once; use quorum in production")
+    for decl in decls:
+        print(describe(decl))
+    print(f"# {len(decls)} declarations")
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from delayq.sync.provision import apply_topology
+
+    topology = _topology(args)
+    url = resolve_url(args.url)
+    print(f"applying {args.file} (namespace {topology.namespace!r}) to {redact(url)}")
+    report = apply_topology(topology, url, raise_on_conflict=False)
+    for result in report.results:
+        mark = {"created": "+", "present": "=", "bound": "~", "conflict": "!"}[result.status.value]
+        print(f"{mark} {result.status.value:<8} {describe(result.declaration)}")
+        if result.conflict is not None:
+            print(f"    {result.conflict}")
+    print(report.summary())
+    if not report.ok:
+        print(f"delayq: {report.count(ApplyStatus.CONFLICT)} conflicting entities were left "
+              "unchanged", file=sys.stderr)
+        return EXIT_BROKER
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    text = render_definitions(_topology(args))
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _body(args: argparse.Namespace) -> Any:
+    if args.body_file is not None:
+        try:
+            return args.body_file.read_bytes()
+        except OSError as exc:
+            raise InvalidBody(f"cannot read --body-file {str(args.body_file)!r}: {exc}") from exc
+    if args.body is None:
+        return None
+    try:
+        return json.loads(args.body)
+    except json.JSONDecodeError as exc:
+        raise InvalidBody(
+            f"--body is not valid JSON ({exc.msg}); quote text as a JSON string, "
+            "for example --body '\"hello\"', or use --body-file"
+        ) from exc
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from delayq.sync.publisher import Publisher
+
+    topology = _topology(args)
+    body = _body(args)
+    with Publisher(args.url, topology) as publisher:
+        receipt = publisher.publish(
+            body, args.routing_key, args.delay, message_id=args.message_id
+        )
+    fields = {
+        "message_id": receipt.message_id,
+        "routing_key": receipt.routing_key,
+        "exchange": receipt.exchange,
+        "tier": receipt.tier or "immediate",
+        "delay": str(receipt.delay),
+        "lateness": str(receipt.lateness),
+        "published_at": receipt.published_at.isoformat(),
+        "due_at": receipt.due_at.isoformat(),
+    }
+    if args.json:
+        print(json.dumps(fields))
+    else:
+        for key, value in fields.items():
+            print(f"{key:<13} {value}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from delayq.demo import run_demo
+
+    return run_demo(url=args.url, messages=args.messages, local_node=args.local_node,
+                    keep=args.keep)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {
+        ("topology", "plan"): cmd_plan,
+        ("topology", "apply"): cmd_apply,
+        ("topology", "export"): cmd_export,
+    }.get((args.command, getattr(args, "topology_command", None)))
+    handler = handler or {"publish": cmd_publish, "demo": cmd_demo}[args.command]
+    try:
+        return handler(args)
+    except InvalidInput as exc:
+        print(f"delayq: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except DelayqError as exc:
+        print(f"delayq: error: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    except KeyboardInterrupt:
+        print("delayq: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Shared fixtures for the integration suite: one suite, both adapters, a real broker.
+
+``driver`` runs every test twice, once through the pika adapter and once
+through aio-pika, behind the same small facade. What arrives is observed by a
+raw pika consumer (``Collector``), independent of delayq's own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pika
+import pytest
+
+from delayq import Message, Receipt, Topology, build_declarations
+from delayq.aio import AsyncPublisher
+from delayq.aio import apply_topology as apply_async
+from delayq.declarations import BindingDecl, ExchangeDecl
+from delayq.provisioning import ApplyReport
+from delayq.sync import Publisher
+from delayq.sync import apply_topology as apply_sync
+
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.integration)
+
+
+class Driver(Protocol):
+    kind: str
+
+    def apply(self, topology: Topology, **kwargs: Any) -> ApplyReport: ...
+    def publish(self, topology: Topology, *args: Any, **kwargs: Any) -> Receipt: ...
+    def publish_many(self, topology: Topology, messages: list[Message]) -> list[Receipt]: ...
+    def close(self) -> None: ...
+
+
+class SyncDriver:
+    kind = "sync"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._publishers: dict[str, Publisher] = {}
+
+    def publisher(self, topology: Topology) -> Publisher:
+        pub = self._publishers.get(topology.namespace)
+        if pub is None:
+            pub = self._publishers[topology.namespace] = Publisher(self.url, topology)
+        return pub
+
+    def apply(self, topology: Topology, **kwargs: Any) -> ApplyReport:
+        return apply_sync(topology, self.url, **kwargs)
+
+    def publish(self, topology: Topology, *args: Any, **kwargs: Any) -> Receipt:
+        return self.publisher(topology).publish(*args, **kwargs)
+
+    def publish_many(self, topology: Topology, messages: list[Message]) -> list[Receipt]:
+        return self.publisher(topology).publish_many(messages)
+
+    def close(self) -> None:
+        for pub in self._publishers.values():
+            pub.close()
+
+
+class AsyncDriver:
+    kind = "async"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.loop = asyncio.new_event_loop()
+        self._publishers: dict[str, AsyncPublisher] = {}
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def publisher(self, topology: Topology) -> AsyncPublisher:
+        pub = self._publishers.get(topology.namespace)
+        if pub is None:
+            pub = self._publishers[topology.namespace] = AsyncPublisher(self.url, topology)
+        return pub
+
+    def apply(self, topology: Topology, **kwargs: Any) -> ApplyReport:
+        return self.run(apply_async(topology, self.url, **kwargs))  # type: ignore[no-any-return]
+
+    def publish(self, topology: Topology, *args: Any, **kwargs: Any) -> Receipt:
+        return self.run(self.publisher(topology).publish(*args, **kwargs))  # type: ignore[no-any-return]
+
+    def publish_many(self, topology: Topology, messages: list[Message]) -> list[Receipt]:
+        return self.run(self.publisher(topology).publish_many(messages))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        for pub in self._publishers.values():
+            self.run(pub.aclose())
+        self.loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def driver_kind(request: pytest.FixtureRequest) -> str:
+    """Which adapter a test runs through; every test using it runs once per adapter."""
+    return str(request.param)
+
+
+@pytest.fixture
+def driver_for(driver_kind: str) -> Iterator[Callable[[str], Driver]]:
+    """Make drivers of this test's adapter for any broker URL; closed afterwards."""
+    made: list[Driver] = []
+
+    def make(url: str) -> Driver:
+        drv: Driver = SyncDriver(url) if driver_kind == "sync" else AsyncDriver(url)
+        made.append(drv)
+        return drv
+
+    yield make
+    for drv in made:
+        try:
+            drv.close()
+        except Exception:  # noqa: BLE001 - a test may have closed it already
+            pass
+
+
+@pytest.fixture
+def driver(driver_for: Callable[[str], Driver], rabbitmq_url: str) -> Driver:
+    return driver_for(rabbitmq_url)
+
+
+def delete_topology(url: str, topology: Topology) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        for decl in reversed(build_declarations(topology)):
+            if isinstance(decl, BindingDecl):
+                continue
+            if isinstance(decl, ExchangeDecl):
+                channel.exchange_delete(decl.name)
+            else:
+                channel.queue_delete(decl.name)
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
+    """Build topologies under unique namespaces; their entities are deleted afterwards."""
+    made: list[Topology] = []
+
+    def make(ladder: Iterable[str] = ("1s", "2s", "4s", "8s"), **kwargs: Any) -> Topology:
+        ns = f"t{uuid.uuid4().hex[:10]}"
+        destinations = kwargs.pop("destinations", [{"queue": f"{ns}.work", "bindings": ["job.#"]}])
+        topology = Topology(namespace=ns, ladder=list(ladder), destinations=destinations, **kwargs)
+        made.append(topology)
+        return topology
+
+    yield make
+    for topology in made:
+        try:
+            delete_topology(rabbitmq_url, topology)
+        except Exception:  # noqa: BLE001 - the broker may be gone in fault tests
+            pass
+
+
+@dataclass
+class Arrival:
+    queue: str
+    message_id: str
+    routing_key: str
+    headers: dict[str, Any]
+    body: bytes
+    content_type: str | None
+    at_ms: float
+
+
+@dataclass
+class Collector:
+    """A raw pika consumer thread recording every message that reaches ``queues``."""
+
+    url: str
+    queues: list[str]
+    arrivals: list[Arrival] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _error: list[BaseException] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Collector:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError(f"collector did not start: {self._error}")
+        return self
+
+    def _run(self) -> None:
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(self.url))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=500)
+            for queue in self.queues:
+                channel.basic_consume(queue, self._callback(channel, queue))
+            self._ready.set()
+            while not self._stop.is_set():
+                connection.process_data_events(time_limit=0.05)
+            connection.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            self._error.append(exc)
+            self._ready.set()
+
+    def _callback(self, channel: Any, queue: str) -> Callable[..., None]:
+        def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
+            arrival = Arrival(
+                queue=queue,
+                message_id=props.message_id,
+                routing_key=method.routing_key,
+                headers=dict(props.headers or {}),
+                body=body,
+                content_type=props.content_type,
+                at_ms=time.time() * 1000,
+            )
+            with self._lock:
+                self.arrivals.append(arrival)
+            ch.basic_ack(method.delivery_tag)
+
+        return on_message
+
+    def wait(self, count: int, timeout_s: float) -> list[Arrival]:
+        """Wait until ``count`` messages arrived (or the timeout passed); return them all."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._error:
+                raise self._error[0]
+            with self._lock:
+                if len(self.arrivals) >= count:
+                    break
+            time.sleep(0.02)
+        with self._lock:
+            return list(self.arrivals)
+
+    def settle(self, quiet_s: float) -> list[Arrival]:
+        """Wait ``quiet_s`` more for stragglers (duplicates) and return everything."""
+        time.sleep(quiet_s)
+        with self._lock:
+            return list(self.arrivals)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.fixture
+def collect(rabbitmq_url: str) -> Iterator[Callable[..., Collector]]:
+    collectors: list[Collector] = []
+
+    def start(*queues: str, url: str | None = None) -> Collector:
+        collector = Collector(url or rabbitmq_url, list(queues)).start()
+        collectors.append(collector)
+        return collector
+
+    yield start
+    for collector in collectors:
+        collector.stop()

@@ -1,0 +1,154 @@
+"""The package surface: exports, the exception tree, no broker client in the core."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import delayq
+import delayq.errors
+from delayq.urls import redact
+
+CORE_MODULES = [
+    "delayq",
+    "delayq.durations",
+    "delayq.ladder",
+    "delayq.topology",
+    "delayq.declarations",
+    "delayq.definitions",
+    "delayq.envelope",
+    "delayq.conflicts",
+    "delayq.urls",
+    "delayq.errors",
+    "delayq.provisioning",
+]
+BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
+
+
+def _isort_style(name: str) -> tuple[int, str]:
+    """The order ruff's RUF022 keeps: CONSTANTS, then Classes, then functions."""
+    if name.isupper():
+        return (0, name)
+    if name[0].isupper():
+        return (1, name)
+    return (2, name)
+
+
+def test_all_is_sorted() -> None:
+    assert delayq.__all__ == sorted(delayq.__all__, key=_isort_style)
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(set(delayq.__all__)) == len(delayq.__all__)
+
+
+@pytest.mark.parametrize("name", delayq.__all__)
+def test_every_exported_name_resolves(name: str) -> None:
+    assert getattr(delayq, name) is not None
+
+
+@pytest.mark.parametrize("name", ["Publisher", "AsyncPublisher", "apply_topology"])
+def test_lazy_adapters_are_exported(name: str) -> None:
+    assert name in delayq.__all__
+    assert callable(getattr(delayq, name))
+
+
+def test_unknown_attribute_raises_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        delayq.no_such_thing  # noqa: B018
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    assert delayq.__version__ == importlib.metadata.version("delayq")
+
+
+# --- the exception tree --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", delayq.errors.__all__)
+def test_every_error_derives_from_delayq_error(name: str) -> None:
+    value = getattr(delayq.errors, name)
+    assert inspect.isclass(value)
+    assert issubclass(value, delayq.errors.DelayqError)
+
+
+def test_errors_all_lists_every_public_class() -> None:
+    public = {
+        name
+        for name, value in vars(delayq.errors).items()
+        if inspect.isclass(value)
+        and not name.startswith("_")
+        and value.__module__ == "delayq.errors"
+    }
+    assert public == set(delayq.errors.__all__)
+
+
+def test_errors_are_exported_from_the_package() -> None:
+    for name in delayq.errors.__all__:
+        assert getattr(delayq, name) is getattr(delayq.errors, name)
+
+
+def test_input_errors_and_broker_errors_are_disjoint() -> None:
+    assert not issubclass(delayq.InvalidInput, delayq.BrokerError)
+    assert not issubclass(delayq.BrokerError, delayq.InvalidInput)
+
+
+# --- no broker client in the core ----------------------------------------------------------------
+
+
+def test_core_imports_no_broker_client() -> None:
+    code = (
+        f"import {', '.join(CORE_MODULES)}; import sys; "
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {BROKER_CLIENTS!r}); "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_subprocess_check_can_see_a_broker_client() -> None:
+    """The check above is not vacuous: loading an adapter does import pika."""
+    code = "import delayq; delayq.Publisher; import sys; assert 'pika' in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# --- redact --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("amqp://user:s3cret@host:5672/vhost", "amqp://user:***@host:5672/vhost"),
+        ("amqps://user:s3cret@host/", "amqps://user:***@host/"),
+        ("amqp://user:s3cret@[::1]:5672/", "amqp://user:***@[::1]:5672/"),
+        ("amqp://:s3cret@host/", "amqp://:***@host/"),
+    ],
+)
+def test_redact_replaces_the_password(url: str, expected: str) -> None:
+    assert redact(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url", ["amqp://host/", "amqp://user@host:5672/", "amqp://localhost", "not a url"]
+)
+def test_redact_leaves_urls_without_password_alone(url: str) -> None:
+    assert redact(url) == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://user:s3cret@host:99999/",
+        "amqp://user:s3cret@[::1/",
+        "amqp://user:s3cret#frag@host/",
+        "amqp://user:s3cret/path@host/",
+        "amqp://user:s3cret?q@host/",
+    ],
+)
+def test_redact_hides_the_password_of_malformed_urls(url: str) -> None:
+    assert "s3cret" not in redact(url)
