@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,15 @@ EXIT_OK, EXIT_BROKER, EXIT_INPUT = 0, 1, 2
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--file", "-f", default=argparse.SUPPRESS, type=Path,
+        "--file",
+        "-f",
+        default=argparse.SUPPRESS,
+        type=Path,
         help=f"topology YAML (default {DEFAULT_TOPOLOGY_FILE})",
     )
     common.add_argument(
-        "--url", default=argparse.SUPPRESS,
+        "--url",
+        default=argparse.SUPPRESS,
         help="broker URL (default: $DELAYQ_URL, $RABBITMQ_URL, amqp://guest:guest@localhost:5672/)",
     )
     return common
@@ -71,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--messages", type=int, default=36, help="how many messages (default 36)")
     demo.add_argument(
-        "--local-node", action="store_true",
+        "--local-node",
+        action="store_true",
         help="start a throwaway RabbitMQ node from the installed server for the demo",
     )
     demo.add_argument("--keep", action="store_true", help="keep the demo namespace afterwards")
@@ -85,9 +90,11 @@ def _topology(args: argparse.Namespace) -> Topology:
 def cmd_plan(args: argparse.Namespace) -> int:
     topology = _topology(args)
     decls = build_declarations(topology)
-    print(f"# namespace {topology.namespace!r}, vhost {topology.vhost!r}, "
-          f"{topology.queue_type.value} queues, ladder "
-          f"{' '.join(t.label for t in topology.ladder.tiers)}")
+    print(
+        f"# namespace {topology.namespace!r}, vhost {topology.vhost!r}, "
+        f"{topology.queue_type.value} queues, ladder "
+        f"{' '.join(t.label for t in topology.ladder.tiers)}"
+    )
     if topology.queue_type.value == "classic":
         print("# WARNING: classic queues dead-letter at-most-once; use quorum in production")
     for decl in decls:
@@ -110,8 +117,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"    {result.conflict}")
     print(report.summary())
     if not report.ok:
-        print(f"delayq: {report.count(ApplyStatus.CONFLICT)} conflicting entities were left "
-              "unchanged", file=sys.stderr)
+        print(
+            f"delayq: {report.count(ApplyStatus.CONFLICT)} conflicting entities were left "
+            "unchanged",
+            file=sys.stderr,
+        )
         return EXIT_BROKER
     return EXIT_OK
 
@@ -150,9 +160,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     topology = _topology(args)
     body = _body(args)
     with Publisher(args.url, topology) as publisher:
-        receipt = publisher.publish(
-            body, args.routing_key, args.delay, message_id=args.message_id
-        )
+        receipt = publisher.publish(body, args.routing_key, args.delay, message_id=args.message_id)
     fields = {
         "message_id": receipt.message_id,
         "routing_key": receipt.routing_key,
@@ -174,18 +182,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from delayq.demo import run_demo
 
-    return run_demo(url=args.url, messages=args.messages, local_node=args.local_node,
-                    keep=args.keep)
+    return run_demo(
+        url=args.url, messages=args.messages, local_node=args.local_node, keep=args.keep
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {
+    handlers: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
         ("topology", "plan"): cmd_plan,
         ("topology", "apply"): cmd_apply,
         ("topology", "export"): cmd_export,
-    }.get((args.command, getattr(args, "topology_command", None)))
-    handler = handler or {"publish": cmd_publish, "demo": cmd_demo}[args.command]
+        ("publish", None): cmd_publish,
+        ("demo", None): cmd_demo,
+    }
+    handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
         return handler(args)
     except InvalidInput as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Union
 
 from delayq.topology import QueueType, Topology
 
@@ -23,7 +22,7 @@ __all__ = [
     "describe",
 ]
 
-ArgumentValue = Union[str, int]
+ArgumentValue = str | int
 """x-arguments are strings or ints: pika cannot encode floats, and RabbitMQ treats
 ``1000.0`` as inequivalent to ``1000``."""
 
@@ -68,7 +67,7 @@ class BindingDecl:
         return f"{self.source} -> {self.destination} [{self.routing_key or '(any)'}]"
 
 
-Declaration = Union[ExchangeDecl, QueueDecl, BindingDecl]
+Declaration = ExchangeDecl | QueueDecl | BindingDecl
 
 
 def _safe_dead_lettering(queue_type: QueueType) -> dict[str, ArgumentValue]:

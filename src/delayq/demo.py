@@ -13,7 +13,6 @@ import time
 import uuid
 from contextlib import ExitStack
 
-
 from delayq.declarations import BindingDecl, ExchangeDecl, build_declarations
 from delayq.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, Message
 from delayq.errors import ConnectionFailed
@@ -63,8 +62,10 @@ def run_demo(
     with ExitStack() as stack:
         if local_node:
             if not server_installed():
-                _say("delayq demo: --local-node needs rabbitmq-server (apt-get install "
-                     "rabbitmq-server)")
+                _say(
+                    "delayq demo: --local-node needs rabbitmq-server (apt-get install "
+                    "rabbitmq-server)"
+                )
                 return 2
             _say("starting a throwaway RabbitMQ node from the installed server ...")
             node = stack.enter_context(LocalNode())
@@ -72,10 +73,12 @@ def run_demo(
         url = resolve_url(url)
         ns = f"demo-{uuid.uuid4().hex[:6]}"
         queue = f"{ns}.inbox"
-        topology = Topology(
-            namespace=ns,
-            ladder=DEMO_LADDER,
-            destinations=[{"queue": queue, "bindings": ["demo.#"]}],
+        topology = Topology.from_mapping(
+            {
+                "namespace": ns,
+                "ladder": DEMO_LADDER,
+                "destinations": [{"queue": queue, "bindings": ["demo.#"]}],
+            }
         )
         _say(f"broker {redact(url)}; namespace {ns}; ladder {' '.join(DEMO_LADDER)}")
         try:
@@ -122,7 +125,7 @@ def run_demo(
                     early += after_ms < int(headers.get(H_DELAY_MS, receipt.delay_ms))
                     _say(
                         f"{props.message_id:<16}{receipt.delay_ms / 1000:>7.1f}s"
-                        f"{str(headers.get(H_TIER, receipt.tier)):>10}"
+                        f"{headers.get(H_TIER, receipt.tier)!s:>10}"
                         f"{after_ms / 1000:>9.2f}s{over_ms / 1000:>+10.2f}s"
                     )
                 channel.basic_ack(method.delivery_tag)
@@ -137,7 +140,9 @@ def run_demo(
         f"{worst_ms / 1000:.2f}s after its tier's TTL"
     )
     if missing or early:
-        _say("delayq demo: FAILED", )
+        _say(
+            "delayq demo: FAILED",
+        )
         print(f"{missing} missing, {early} early", file=sys.stderr)
         return 1
     return 0

@@ -15,17 +15,16 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
-from typing import Union
 
 from delayq.errors import InvalidDelay
 
 __all__ = ["ACCEPTED_FORMS", "Duration", "format_ms", "to_ms", "to_timedelta"]
 
-Duration = Union[timedelta, str]
+Duration = timedelta | str
 """A duration as delayq accepts it at its edges."""
 
 ACCEPTED_FORMS = (
-    'a datetime.timedelta, or a string of whole numbers with units ms, s, m, h, d '
+    "a datetime.timedelta, or a string of whole numbers with units ms, s, m, h, d "
     '(for example "500ms", "90s", "15m", "1h30m", "24h")'
 )
 
@@ -64,8 +63,9 @@ def to_ms(value: object, *, what: str = "delay") -> int:
         raise InvalidDelay(
             f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
         )
-    raise InvalidDelay(f"{what} of type {type(value).__name__} is not accepted; "
-                       f"expected {ACCEPTED_FORMS}")
+    raise InvalidDelay(
+        f"{what} of type {type(value).__name__} is not accepted; expected {ACCEPTED_FORMS}"
+    )
 
 
 def to_timedelta(ms: int) -> timedelta:
@@ -74,7 +74,7 @@ def to_timedelta(ms: int) -> timedelta:
 
 
 def format_ms(ms: int) -> str:
-    """Compact label for a duration in ms, hours first: ``5400000 -> "1h30m"``, ``86400000 -> "24h"``."""
+    """Compact label for a duration in ms, hours first: ``5400000 -> "1h30m"``."""
     if ms < 0:
         raise ValueError(f"negative duration {ms} ms")
     if ms == 0:

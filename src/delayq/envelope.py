@@ -178,9 +178,7 @@ def _utf8_len(value: str, error: type[InvalidInput], what: str) -> int:
 def validate_routing_key(routing_key: object) -> str:
     """A routing key is a non-empty str of at most 255 bytes without wildcards."""
     if not isinstance(routing_key, str):
-        raise InvalidRoutingKey(
-            f"routing key must be a str, got {type(routing_key).__name__}"
-        )
+        raise InvalidRoutingKey(f"routing key must be a str, got {type(routing_key).__name__}")
     if not routing_key:
         raise InvalidRoutingKey("routing key must not be empty")
     if _utf8_len(routing_key, InvalidRoutingKey, "routing key") > 255:
@@ -278,7 +276,7 @@ class MessageFactory:
         self.topology = topology
         self.max_body_bytes = max_body_bytes
         self._clock_ms = clock_ms
-        self.new_message_id = new_id
+        self._new_id = new_id
         self._tier_exchange: dict[Tier, str] = {
             tier: topology.tier_name(tier) for tier in topology.ladder.tiers
         }
@@ -289,13 +287,17 @@ class MessageFactory:
         for index, msg in enumerate(messages):
             if not isinstance(msg, Message):
                 raise InvalidBody(
-                    f"publish_many takes delayq.Message items; item {index} is "
-                    f"{type(msg).__name__}"
+                    f"publish_many takes delayq.Message items; item {index} is {type(msg).__name__}"
                 )
             try:
                 built.append(
-                    self.build(msg.body, msg.routing_key, msg.delay,
-                               message_id=msg.message_id, headers=msg.headers)
+                    self.build(
+                        msg.body,
+                        msg.routing_key,
+                        msg.delay,
+                        message_id=msg.message_id,
+                        headers=msg.headers,
+                    )
                 )
             except InvalidInput as exc:
                 raise type(exc)(f"message {index}: {exc}") from exc
@@ -315,7 +317,7 @@ class MessageFactory:
         delay_ms = to_ms(delay)
         tier = self.topology.ladder.select_ms(delay_ms)
         routing_key = validate_routing_key(routing_key)
-        message_id = self.new_message_id() if message_id is None else validate_message_id(message_id)
+        message_id = self._new_id() if message_id is None else validate_message_id(message_id)
         user_headers = validate_headers(headers)
         data, content_type = encode_body(body)
         if len(data) > self.max_body_bytes:

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -58,15 +59,14 @@ class Ladder:
                 raise InvalidTopology(f"tier TTLs are whole milliseconds (int), got {value!r}")
         if not values:
             raise InvalidTopology("a ladder needs at least one tier")
-        for prev, cur in zip(values, values[1:]):
+        for prev, cur in itertools.pairwise(values):
             if prev == cur:
                 raise InvalidTopology(f"the ladder lists the tier {format_ms(cur)} twice")
         if values[0] <= 0:
             raise InvalidTopology("every tier must be longer than 0 ms")
         if values[-1] > MAX_TIER_MS:
             raise InvalidTopology(
-                f"tier {format_ms(values[-1])} is longer than the maximum "
-                f"{format_ms(MAX_TIER_MS)}"
+                f"tier {format_ms(values[-1])} is longer than the maximum {format_ms(MAX_TIER_MS)}"
             )
         self._ms: tuple[int, ...] = tuple(values)
         self.tiers: tuple[Tier, ...] = tuple(Tier(v) for v in values)

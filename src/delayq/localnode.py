@@ -117,7 +117,7 @@ class LocalNode:
         if self.running:
             return self
         self._write_files()
-        log = open(self.base_dir / "server.out", "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.base_dir / "server.out", "ab")
         self._process = subprocess.Popen(
             [str(RABBITMQ_BIN / "rabbitmq-server")],
             env=self.env(),

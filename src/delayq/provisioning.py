@@ -52,5 +52,3 @@ class ApplyReport:
     def summary(self) -> str:
         parts = [f"{self.count(s)} {s.value}" for s in ApplyStatus if self.count(s)]
         return ", ".join(parts) or "nothing to declare"
-
-

@@ -47,7 +47,7 @@ def _docker_answers() -> bool:
         client = docker.from_env(timeout=2)
         client.ping()
         return True
-    except Exception:  # noqa: BLE001 - any failure means "no engine"
+    except Exception:
         return False
 
 

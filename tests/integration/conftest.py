@@ -27,7 +27,6 @@ from delayq.sync import Publisher
 from delayq.sync import apply_topology as apply_sync
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in item.path.parts:
@@ -122,7 +121,7 @@ def driver_for(driver_kind: str) -> Iterator[Callable[[str], Driver]]:
     for drv in made:
         try:
             drv.close()
-        except Exception:  # noqa: BLE001 - a test may have closed it already
+        except Exception:
             pass
 
 
@@ -162,7 +161,7 @@ def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
     for topology in made:
         try:
             delete_topology(rabbitmq_url, topology)
-        except Exception:  # noqa: BLE001 - the broker may be gone in fault tests
+        except Exception:
             pass
 
 
@@ -207,7 +206,7 @@ class Collector:
             while not self._stop.is_set():
                 connection.process_data_events(time_limit=0.05)
             connection.close()
-        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+        except BaseException as exc:
             self._error.append(exc)
             self._ready.set()
 

@@ -61,11 +61,14 @@ def topo_and_inbox(driver, make_topology, collect):
 def _publisher_kwargs(overrides: dict) -> tuple[tuple, dict]:
     call = {**OK, "message_id": None, "headers": None, **overrides}
     return (call["body"], call["routing_key"], call["delay"]), {
-        "message_id": call["message_id"], "headers": call["headers"]}
+        "message_id": call["message_id"],
+        "headers": call["headers"],
+    }
 
 
-@pytest.mark.parametrize(("case", "overrides", "error"), BAD_PUBLISHES,
-                         ids=[c[0] for c in BAD_PUBLISHES])
+@pytest.mark.parametrize(
+    ("case", "overrides", "error"), BAD_PUBLISHES, ids=[c[0] for c in BAD_PUBLISHES]
+)
 def test_bad_publish_raises_and_sends_nothing(driver, topo_and_inbox, case, overrides, error):
     topo, inbox = topo_and_inbox
     assert issubclass(error, InvalidInput)

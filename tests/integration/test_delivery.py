@@ -28,8 +28,10 @@ def test_every_tier_delivers_no_earlier_than_its_ttl_and_within_a_second(
     driver.apply(topo)
     inbox = collect(f"{topo.namespace}.work")
     asks = {"1s": "1s", "2s": "1500ms", "4s": "4s", "8s": "5s"}
-    receipts = {tier: driver.publish(topo, {"tier": tier}, "job.timing", delay)
-                for tier, delay in asks.items()}
+    receipts = {
+        tier: driver.publish(topo, {"tier": tier}, "job.timing", delay)
+        for tier, delay in asks.items()
+    }
     arrivals = {a.message_id: a for a in inbox.wait(len(receipts), timeout_s=20)}
     for tier, receipt in receipts.items():
         assert receipt.tier == tier

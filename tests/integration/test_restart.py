@@ -15,8 +15,10 @@ def test_parked_messages_survive_a_broker_restart(
     topo = make_topology(["10s", "20s"])
     driver = driver_for(url)
     driver.apply(topo)
-    batch = [Message({"n": n}, f"job.r.{n}", ["8s", "15s"][n % 2], message_id=f"restart-{n}")
-             for n in range(500)]
+    batch = [
+        Message({"n": n}, f"job.r.{n}", ["8s", "15s"][n % 2], message_id=f"restart-{n}")
+        for n in range(500)
+    ]
     receipts = driver.publish_many(topo, batch)
     assert len(receipts) == 500
     driver.close()

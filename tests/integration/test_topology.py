@@ -50,7 +50,9 @@ def test_a_conflicting_queue_names_entity_argument_and_both_values(
             driver.apply(topo)
         conflict = caught.value
         assert (conflict.kind, conflict.name, conflict.argument) == (
-            "queue", tier_queue, "x-overflow"
+            "queue",
+            tier_queue,
+            "x-overflow",
         )
         assert (conflict.current, conflict.wanted) == ("drop-head", "reject-publish")
         assert "delete the queue" in str(conflict)
@@ -168,12 +170,19 @@ def _entities(node: LocalNode, namespace: str) -> dict[str, list[str]]:
         return json.dumps(row, sort_keys=True).replace(namespace, "NS")
 
     return {
-        "queues": sorted(norm(r) for r in rows("list_queues", "name", "durable", "arguments")
-                         if mine(r)),
-        "exchanges": sorted(norm(r) for r in rows("list_exchanges", "name", "type", "durable",
-                                                  "arguments") if mine(r)),
-        "bindings": sorted(norm(r) for r in rows("list_bindings", "source_name",
-                                                 "destination_name", "routing_key") if mine(r)),
+        "queues": sorted(
+            norm(r) for r in rows("list_queues", "name", "durable", "arguments") if mine(r)
+        ),
+        "exchanges": sorted(
+            norm(r)
+            for r in rows("list_exchanges", "name", "type", "durable", "arguments")
+            if mine(r)
+        ),
+        "bindings": sorted(
+            norm(r)
+            for r in rows("list_bindings", "source_name", "destination_name", "routing_key")
+            if mine(r)
+        ),
     }
 
 
@@ -231,7 +240,9 @@ def test_cli_apply_reports_and_exits_nonzero_on_conflict(make_topology, rabbitmq
     path.write_text(yaml.safe_dump(topo.model_dump(mode="json")))
     run = lambda: subprocess.run(  # noqa: E731
         ["delayq", "topology", "apply", "--file", str(path), "--url", rabbitmq_url],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     first = run()
     assert first.returncode == 0, first.stderr

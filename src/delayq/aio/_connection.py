@@ -54,7 +54,9 @@ async def connect(
         except CONNECTION_ERRORS as exc:
             last = exc
         except ValueError as exc:
-            raise ConnectionFailed(f"cannot use broker URL {redact(url)}: {type(exc).__name__}") from None
+            raise ConnectionFailed(
+                f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
+            ) from None
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
         f"({type(last).__name__}); is RabbitMQ running and the URL right?"

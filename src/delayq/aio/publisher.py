@@ -224,7 +224,10 @@ class AsyncPublisher:
                 last = exc
                 log.warning(
                     "publish of %s failed (%s), attempt %d of %d",
-                    msg.message_id, type(exc).__name__, attempt + 1, self._publish_attempts,
+                    msg.message_id,
+                    type(exc).__name__,
+                    attempt + 1,
+                    self._publish_attempts,
                 )
                 await self._drop_connection(connection)
         raise PublishUnconfirmed(

@@ -34,7 +34,9 @@ def parameters(url: str, *, name: str) -> pika.URLParameters:
     try:
         params = pika.URLParameters(url)
     except Exception as exc:  # pika raises ValueError, TypeError, KeyError on bad URLs
-        raise ConnectionFailed(f"cannot use broker URL {redact(url)}: {type(exc).__name__}") from None
+        raise ConnectionFailed(
+            f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
+        ) from None
     if "blocked_connection_timeout" not in url:
         params.blocked_connection_timeout = BLOCKED_CONNECTION_TIMEOUT_S
     params.client_properties = {"connection_name": name, "product": "delayq"}

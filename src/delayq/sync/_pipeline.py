@@ -150,7 +150,10 @@ class _Round:
         # Returns come before the confirm of the same message, in publish order.
         for tag in sorted(self.outstanding):
             index = self.outstanding[tag]
-            if index not in self.returned and self.messages[index].message_id == properties.message_id:
+            if (
+                index not in self.returned
+                and self.messages[index].message_id == properties.message_id
+            ):
                 self.returned.add(index)
                 return
 
@@ -220,7 +223,8 @@ def publish_pipelined(
             break
         log.warning(
             "batch connection lost (%s); re-sending %d unconfirmed messages",
-            type(last).__name__ if last else "closed", len(todo),
+            type(last).__name__ if last else "closed",
+            len(todo),
         )
         time.sleep(backoff_s * 2 ** max(0, barren_rounds - 1))
     for index in todo:
@@ -231,7 +235,5 @@ def publish_pipelined(
         )
     failures = {i: e for i, e in results.items() if e is not None}
     if failures:
-        receipts = [
-            None if i in failures else messages[i].receipt for i in range(len(messages))
-        ]
+        receipts = [None if i in failures else messages[i].receipt for i in range(len(messages))]
         raise PublishBatchError(receipts, failures)

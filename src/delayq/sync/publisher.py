@@ -147,9 +147,7 @@ class Publisher:
         :class:`~delayq.errors.TopologyMissing` or
         :class:`~delayq.errors.PublishUnconfirmed` when the broker did not take it.
         """
-        msg = self._factory.build(
-            body, routing_key, delay, message_id=message_id, headers=headers
-        )
+        msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
         self.send(msg)
         return msg.receipt
 
@@ -191,7 +189,10 @@ class Publisher:
                 last = exc
                 log.warning(
                     "publish of %s failed (%s), attempt %d of %d",
-                    msg.message_id, type(exc).__name__, attempt + 1, self._publish_attempts,
+                    msg.message_id,
+                    type(exc).__name__,
+                    attempt + 1,
+                    self._publish_attempts,
                 )
                 self._drop_connection()
         raise PublishUnconfirmed(
