@@ -50,6 +50,10 @@ def to_ms(value: object, *, what: str = "delay") -> int:
             raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
         if text.startswith("-"):
             raise InvalidDelay(f"{what} must not be negative, got {value!r}")
+        if text.isascii() and text.isdigit():
+            raise InvalidDelay(
+                f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
+            )
         if not _WHOLE.fullmatch(text):
             raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
         parts = _PART.findall(text)

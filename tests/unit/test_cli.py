@@ -1,0 +1,63 @@
+"""The CLI without a broker: plan, export, and bad input rejected before connecting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from delayq import load_topology, render_definitions
+from delayq.cli import EXIT_INPUT, EXIT_OK, main
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = ROOT / "topology" / "delayq.yaml"
+# Port 1 refuses connections: a command that reaches for the broker fails loudly.
+DEAD_URL = "amqp://guest:s3cret@127.0.0.1:1/"
+
+
+def test_plan_lists_every_declaration_without_a_broker(capsys):
+    assert main(["topology", "plan", "--file", str(TOPOLOGY), "--url", DEAD_URL]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "queue    delayq.tier.30s [tier]" in out
+    assert "x-message-ttl=86400000" in out
+    assert "exchange delayq.ready (topic, alternate-exchange='delayq.unrouted')" in out
+
+
+def test_export_writes_the_definitions_file(tmp_path):
+    target = tmp_path / "defs.json"
+    assert main(["topology", "export", "--file", str(TOPOLOGY), "-o", str(target)]) == EXIT_OK
+    assert target.read_text() == render_definitions(load_topology(TOPOLOGY))
+    assert {q["name"] for q in json.loads(target.read_text())["queues"]} >= {
+        "delayq.tier.24h",
+        "delayq.unrouted",
+    }
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["publish", "-k", "orders.reminder", "-d", "5"],
+        ["publish", "-k", "orders.reminder", "-d", "25h"],
+        ["publish", "-k", "orders.*", "-d", "1m"],
+        ["publish", "-k", "orders.reminder", "-d", "1m", "--body", "{not json"],
+        ["publish", "-k", "orders.reminder", "-d", "1m", "--body-file", "/no/such/file"],
+        ["publish", "-k", "orders.reminder", "-d", "1m", "--url", "http://x"],
+        ["topology", "plan", "--file", "/no/such/topology.yaml"],
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message_and_no_connection(argv, capsys):
+    argv = [*argv, "--file", str(TOPOLOGY)] if "--file" not in argv else argv
+    if "--url" not in argv:
+        argv += ["--url", DEAD_URL]
+    assert main(argv) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("delayq: error: ")
+    assert "s3cret" not in err
+
+
+def test_a_dead_broker_exits_1_without_showing_the_password(capsys):
+    argv = ["publish", "-k", "orders.reminder", "-d", "1m", "--file", str(TOPOLOGY)]
+    assert main([*argv, "--url", DEAD_URL]) == 1
+    err = capsys.readouterr().err
+    assert "cannot connect" in err and "127.0.0.1:1" in err and "s3cret" not in err
