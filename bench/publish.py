@@ -511,10 +511,11 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
         "",
         f"per mode: msg/s in each of {s.rounds} rounds; medians of msg/s and of client CPU",
     ]
+    rates = {k: ", ".join(f"{x.rate:,.0f}" for x in results.samples[k]) for k in LABELS}
+    rates_width = max(len(r) for r in rates.values())
     for key, label in LABELS.items():
-        rates = ", ".join(f"{x.rate:,.0f}" for x in results.samples[key])
         lines.append(
-            f"  {label:<36} {rates:<26} median {results.rate(key):>7,.0f} msg/s, "
+            f"  {label:<36} {rates[key]:<{rates_width}}  median {results.rate(key):>7,.0f} msg/s, "
             f"{results.cpu_us(key):>4.0f} us CPU/msg"
         )
     lines.append("client CPU that delayq adds per message:")

@@ -12,6 +12,7 @@ long or short.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from datetime import timedelta
@@ -33,6 +34,28 @@ _PART = re.compile(r"([0-9]+)(ms|d|h|m|s)", re.ASCII)
 _WHOLE = re.compile(r"(?:[0-9]+(?:ms|d|h|m|s))+", re.ASCII)
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse(value: str, what: str) -> int:
+    """Parse a duration string; cached, since a few delays serve millions of messages
+    (a failure raises and is not cached)."""
+    text = value.strip().replace(" ", "")
+    if not text:
+        raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
+    if text.startswith("-"):
+        raise InvalidDelay(f"{what} must not be negative, got {value!r}")
+    if text.isascii() and text.isdigit():
+        raise InvalidDelay(
+            f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
+        )
+    if not _WHOLE.fullmatch(text):
+        raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
+    parts = _PART.findall(text)
+    units = [unit for _, unit in parts]
+    if len(set(units)) != len(units):
+        raise InvalidDelay(f"{what} {value!r} repeats a unit; expected {ACCEPTED_FORMS}")
+    return sum(int(n) * _UNIT_MS[unit] for n, unit in parts)
+
+
 def to_ms(value: object, *, what: str = "delay") -> int:
     """Convert a duration to whole milliseconds (sub-millisecond parts round up).
 
@@ -45,22 +68,7 @@ def to_ms(value: object, *, what: str = "delay") -> int:
         micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
         return -(-micros // 1_000)
     if isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        if not text:
-            raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
-        if text.startswith("-"):
-            raise InvalidDelay(f"{what} must not be negative, got {value!r}")
-        if text.isascii() and text.isdigit():
-            raise InvalidDelay(
-                f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
-            )
-        if not _WHOLE.fullmatch(text):
-            raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
-        parts = _PART.findall(text)
-        units = [unit for _, unit in parts]
-        if len(set(units)) != len(units):
-            raise InvalidDelay(f"{what} {value!r} repeats a unit; expected {ACCEPTED_FORMS}")
-        return sum(int(n) * _UNIT_MS[unit] for n, unit in parts)
+        return _parse(value, what)
     if isinstance(value, float) and math.isnan(value):
         raise InvalidDelay(f"{what} is NaN; expected {ACCEPTED_FORMS}")
     if isinstance(value, (int, float)):

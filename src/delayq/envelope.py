@@ -100,7 +100,7 @@ class Message:
     headers: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Receipt:
     """What the broker confirmed: which message, where it waits, when it is due."""
 
@@ -133,7 +133,7 @@ class Receipt:
         return datetime.fromtimestamp((self.published_at_ms + self.tier_ms) / 1000, tz=timezone.utc)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     """Everything an adapter needs to send one message; no I/O object inside."""
 
@@ -277,9 +277,12 @@ class MessageFactory:
         self.max_body_bytes = max_body_bytes
         self._clock_ms = clock_ms
         self._new_id = new_id
-        self._tier_exchange: dict[Tier, str] = {
-            tier: topology.tier_name(tier) for tier in topology.ladder.tiers
+        # Per tier, computed once: (exchange, TTL ms, label) for the hot path.
+        self._route: dict[Tier | None, tuple[str, int, str | None]] = {
+            tier: (topology.tier_name(tier), tier.ttl_ms, tier.label)
+            for tier in topology.ladder.tiers
         }
+        self._route[None] = (topology.ready_exchange, 0, None)
 
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
         """Validate a whole batch first, so bad input anywhere sends nothing."""
@@ -325,10 +328,7 @@ class MessageFactory:
                 f"body is {len(data)} bytes, more than the limit of {self.max_body_bytes}"
             )
         now_ms = self._clock_ms()
-        if tier is None:
-            exchange, tier_ms, tier_label = self.topology.ready_exchange, 0, None
-        else:
-            exchange, tier_ms, tier_label = self._tier_exchange[tier], tier.ttl_ms, tier.label
+        exchange, tier_ms, tier_label = self._route[tier]
         user_headers.update(
             {
                 H_VERSION: ENVELOPE_VERSION,

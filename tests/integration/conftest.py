@@ -96,6 +96,8 @@ class AsyncDriver:
         return self.run(self.publisher(topology).publish_many(messages))  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        if self.loop.is_closed():
+            return
         for pub in self._publishers.values():
             self.run(pub.aclose())
         self.loop.close()

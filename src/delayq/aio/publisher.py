@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from types import TracebackType
@@ -13,6 +14,7 @@ import aio_pika
 import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
+from delayq import outcomes
 from delayq.aio._connection import (
     CONNECTION_ERRORS,
     close_quietly,
@@ -29,13 +31,11 @@ from delayq.envelope import (
     new_message_id,
 )
 from delayq.errors import (
-    DelayqError,
+    ConnectionFailed,
     PublishBatchError,
     PublishError,
-    PublishRejected,
     PublishUnconfirmed,
     TopologyMissing,
-    Unroutable,
 )
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
@@ -187,8 +187,12 @@ class AsyncPublisher:
 
     async def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
+        await self._send(msg, self._confirm_timeout_s)
+
+    async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
         message = aio_message(msg)
         last: BaseException | None = None
+        handed_over = False  # once written to a socket, its fate is unknown until confirmed
         for attempt in range(self._publish_attempts):
             if attempt:
                 await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
@@ -196,30 +200,23 @@ class AsyncPublisher:
             try:
                 exchange = await self._exchange(msg.exchange)
                 connection = self._connection
-                await exchange.publish(
-                    message, msg.routing_key, mandatory=True, timeout=self._confirm_timeout_s
-                )
+                handed_over = True
+                await exchange.publish(message, msg.routing_key, mandatory=True, timeout=timeout_s)
                 return
             except aex.PublishError as exc:  # a Basic.Return, with on_return_raises
-                raise Unroutable(
-                    f"exchange {msg.exchange!r} has no queue bound to take message "
-                    f"{msg.message_id!r}; is the tier queue deleted? Run "
-                    "`delayq topology apply`.",
-                    msg.message_id,
-                ) from exc
+                raise outcomes.unroutable(msg) from exc
             except aex.DeliveryError as exc:  # a Basic.Nack
-                raise PublishRejected(
-                    f"the broker rejected message {msg.message_id!r} on exchange "
-                    f"{msg.exchange!r} (queue full with reject-publish, or a broker error)",
-                    msg.message_id,
-                ) from exc
+                raise outcomes.rejected(msg) from exc
             except aex.AMQPChannelError as exc:
                 error = translate_channel_error(exc)
                 if isinstance(error, TopologyMissing):
                     raise error from exc
-                raise PublishRejected(str(error), msg.message_id) from exc
-            except DelayqError:
-                raise
+                raise outcomes.rejected(msg, str(error)) from exc
+            except ConnectionFailed as exc:
+                if not handed_over:
+                    raise  # never sent: the connect retries are spent, say so plainly
+                last = exc
+                break
             except CONNECTION_ERRORS as exc:
                 last = exc
                 log.warning(
@@ -230,13 +227,7 @@ class AsyncPublisher:
                     self._publish_attempts,
                 )
                 await self._drop_connection(connection)
-        raise PublishUnconfirmed(
-            f"message {msg.message_id!r} was not confirmed after {self._publish_attempts} "
-            f"attempts on fresh connections to {redact(self._url)} ({type(last).__name__}); "
-            "it may or may not have reached the broker: publishing it again with the same "
-            "message id is safe with idempotent consumers",
-            msg.message_id,
-        ) from last
+        raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
 
     async def publish_many(
         self, messages: Iterable[Message], *, window: int = 1000
@@ -253,22 +244,44 @@ class AsyncPublisher:
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
         slots = asyncio.Semaphore(max(1, window))
+        last_progress = time.monotonic()
 
         async def send_one(index: int, msg: OutgoingMessage) -> None:
+            nonlocal last_progress
             try:
-                await self.send(msg)
+                # No per-message confirm timer (a timer each costs more than the
+                # publish): the watchdog below guards the batch as a whole.
+                await self._send(msg, None)
             except TopologyMissing as exc:  # deleted during the batch
                 failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
             except PublishError as exc:
                 failures[index] = exc
             finally:
+                last_progress = time.monotonic()
                 slots.release()
 
+        async def watchdog() -> None:
+            nonlocal last_progress
+            while True:
+                await asyncio.sleep(1.0)
+                if time.monotonic() - last_progress > self._confirm_timeout_s:
+                    log.warning(
+                        "no confirm for %.0f s; reconnecting to re-send the batch's "
+                        "unconfirmed messages",
+                        self._confirm_timeout_s,
+                    )
+                    last_progress = time.monotonic()
+                    await self._drop_connection(self._connection)
+
+        guard = asyncio.create_task(watchdog())
         tasks = []
-        for index, msg in enumerate(built):
-            await slots.acquire()
-            tasks.append(asyncio.create_task(send_one(index, msg)))
-        await asyncio.gather(*tasks)
+        try:
+            for index, msg in enumerate(built):
+                await slots.acquire()
+                tasks.append(asyncio.create_task(send_one(index, msg)))
+            await asyncio.gather(*tasks)
+        finally:
+            guard.cancel()
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)

@@ -18,15 +18,14 @@ import pika
 import pika.exceptions as pex
 from pika.spec import Basic
 
+from delayq import outcomes
 from delayq.conflicts import missing_from_reply
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     PublishBatchError,
     PublishError,
     PublishRejected,
-    PublishUnconfirmed,
     TopologyMissing,
-    Unroutable,
 )
 
 __all__ = ["publish_pipelined"]
@@ -148,8 +147,7 @@ class _Round:
 
     def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
         # Returns come before the confirm of the same message, in publish order.
-        for tag in sorted(self.outstanding):
-            index = self.outstanding[tag]
+        for index in self.outstanding.values():  # in delivery-tag order
             if (
                 index not in self.returned
                 and self.messages[index].message_id == properties.message_id
@@ -174,18 +172,11 @@ class _Round:
     def _settle(self, index: int, acked: bool) -> None:
         msg = self.messages[index]
         if index in self.returned:
-            self.results[index] = Unroutable(
-                f"exchange {msg.exchange!r} has no queue bound to take message "
-                f"{msg.message_id!r}; run `delayq topology apply`",
-                msg.message_id,
-            )
+            self.results[index] = outcomes.unroutable(msg)
         elif acked:
             self.results[index] = None
         else:
-            self.results[index] = PublishRejected(
-                f"the broker rejected message {msg.message_id!r} on {msg.exchange!r}",
-                msg.message_id,
-            )
+            self.results[index] = outcomes.rejected(msg)
 
 
 def publish_pipelined(
@@ -228,11 +219,7 @@ def publish_pipelined(
         )
         time.sleep(backoff_s * 2 ** max(0, barren_rounds - 1))
     for index in todo:
-        results[index] = PublishUnconfirmed(
-            f"message {messages[index].message_id!r} was not confirmed by {url_for_errors} "
-            f"({type(last).__name__ if last else 'connection closed'})",
-            messages[index].message_id,
-        )
+        results[index] = outcomes.unconfirmed(messages[index], attempts, url_for_errors, last)
     failures = {i: e for i, e in results.items() if e is not None}
     if failures:
         receipts = [None if i in failures else messages[i].receipt for i in range(len(messages))]

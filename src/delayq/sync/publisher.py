@@ -12,6 +12,7 @@ import pika
 import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
+from delayq import outcomes
 from delayq.envelope import (
     DEFAULT_MAX_BODY_BYTES,
     Message,
@@ -22,11 +23,8 @@ from delayq.envelope import (
     new_message_id,
 )
 from delayq.errors import (
-    DelayqError,
-    PublishRejected,
-    PublishUnconfirmed,
+    ConnectionFailed,
     TopologyMissing,
-    Unroutable,
 )
 from delayq.sync._connection import (
     CONNECTION_ERRORS,
@@ -155,36 +153,35 @@ class Publisher:
         """Send an already built message with confirm and bounded retries."""
         properties = pika_properties(msg)
         last: BaseException | None = None
+        handed_over = False  # once written to a socket, its fate is unknown until confirmed
         for attempt in range(self._publish_attempts):
             if attempt:
                 time.sleep(self._backoff_s * 2 ** (attempt - 1))
             try:
                 channel = self._ensure_channel()
+                handed_over = True
                 channel.basic_publish(
                     msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
                 )
                 return
             except pex.UnroutableError as exc:
-                raise Unroutable(
-                    f"exchange {msg.exchange!r} has no queue bound to take message "
-                    f"{msg.message_id!r}; is the tier queue deleted? Run "
-                    "`delayq topology apply`.",
-                    msg.message_id,
-                ) from exc
+                raise outcomes.unroutable(msg) from exc
             except pex.NackError as exc:
-                raise PublishRejected(
-                    f"the broker rejected message {msg.message_id!r} on exchange "
-                    f"{msg.exchange!r} (queue full with reject-publish, or a broker error)",
-                    msg.message_id,
-                ) from exc
+                raise outcomes.rejected(msg) from exc
             except pex.ChannelClosedByBroker as exc:
                 self._channel = None
                 error = translate_channel_error(exc)
                 if isinstance(error, TopologyMissing):
                     raise error from exc
-                raise PublishRejected(str(error), msg.message_id) from exc
-            except DelayqError:
-                raise
+                raise outcomes.rejected(msg, str(error)) from exc
+            except ConnectionFailed as exc:
+                if not handed_over:
+                    raise  # never sent: the connect retries are spent, say so plainly
+                last = exc
+                break
+            except (pex.ChannelClosed, pex.ChannelWrongStateError) as exc:
+                last = exc  # the channel went away under us: a new one may succeed
+                self._channel = None
             except CONNECTION_ERRORS as exc:
                 last = exc
                 log.warning(
@@ -195,13 +192,7 @@ class Publisher:
                     self._publish_attempts,
                 )
                 self._drop_connection()
-        raise PublishUnconfirmed(
-            f"message {msg.message_id!r} was not confirmed after {self._publish_attempts} "
-            f"attempts on fresh connections to {redact(self._url)} ({type(last).__name__}); "
-            "it may or may not have reached the broker: publishing it again with the same "
-            "message id is safe with idempotent consumers",
-            msg.message_id,
-        ) from last
+        raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
         """Publish a batch with pipelined confirms (up to ``window`` unconfirmed).
