@@ -198,7 +198,12 @@ class AsyncPublisher:
                 await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
             connection = self._connection
             try:
-                exchange = await self._exchange(msg.exchange)
+                channel = self._channel
+                exchange = None
+                if channel is not None and not channel.is_closed:
+                    exchange = self._exchanges.get(msg.exchange)  # the hot path: no await
+                if exchange is None:
+                    exchange = await self._exchange(msg.exchange)
                 connection = self._connection
                 handed_over = True
                 await exchange.publish(message, msg.routing_key, mandatory=True, timeout=timeout_s)
@@ -243,22 +248,23 @@ class AsyncPublisher:
             return []
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
-        slots = asyncio.Semaphore(max(1, window))
+        queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
-        async def send_one(index: int, msg: OutgoingMessage) -> None:
+        async def sender() -> None:
+            # `window` senders share one iterator: at most `window` confirms are
+            # outstanding, with no task or semaphore per message.
             nonlocal last_progress
-            try:
-                # No per-message confirm timer (a timer each costs more than the
-                # publish): the watchdog below guards the batch as a whole.
-                await self._send(msg, None)
-            except TopologyMissing as exc:  # deleted during the batch
-                failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
-            except PublishError as exc:
-                failures[index] = exc
-            finally:
+            for index, msg in queue:
+                try:
+                    # No per-message confirm timer (one each costs more than the
+                    # publish): the watchdog below guards the batch as a whole.
+                    await self._send(msg, None)
+                except TopologyMissing as exc:  # deleted during the batch
+                    failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
+                except PublishError as exc:
+                    failures[index] = exc
                 last_progress = time.monotonic()
-                slots.release()
 
         async def watchdog() -> None:
             nonlocal last_progress
@@ -274,12 +280,8 @@ class AsyncPublisher:
                     await self._drop_connection(self._connection)
 
         guard = asyncio.create_task(watchdog())
-        tasks = []
         try:
-            for index, msg in enumerate(built):
-                await slots.acquire()
-                tasks.append(asyncio.create_task(send_one(index, msg)))
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*(sender() for _ in range(min(max(1, window), len(built)))))
         finally:
             guard.cancel()
         if failures:
