@@ -13,12 +13,11 @@ import time
 import uuid
 from contextlib import ExitStack
 
-from delayq.declarations import BindingDecl, ExchangeDecl, build_declarations
 from delayq.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, Message
 from delayq.errors import ConnectionFailed
 from delayq.localnode import LocalNode, server_installed
 from delayq.sync._connection import close_quietly, connect
-from delayq.sync.provision import apply_topology
+from delayq.sync.provision import apply_topology, delete_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
@@ -32,21 +31,6 @@ DEADLINE_S = 45.0
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def _cleanup(url: str, topology: Topology) -> None:
-    connection = connect(url, name="delayq-demo-cleanup")
-    try:
-        channel = connection.channel()
-        for decl in reversed(build_declarations(topology)):
-            if isinstance(decl, BindingDecl):
-                continue
-            if isinstance(decl, ExchangeDecl):
-                channel.exchange_delete(decl.name)
-            else:
-                channel.queue_delete(decl.name)
-    finally:
-        close_quietly(connection)
 
 
 def run_demo(
@@ -89,7 +73,7 @@ def run_demo(
             return 1
         _say(f"topology applied: {report.summary()}")
         if not keep:
-            stack.callback(_cleanup, url, topology)
+            stack.callback(delete_topology, topology, url)
 
         # The longest delay first, then the shortest: the short one must not wait.
         delays = [20_000, 1_000] + [rng.choice(DEMO_DELAYS_MS) for _ in range(messages - 2)]

@@ -18,12 +18,11 @@ from typing import Any, Protocol
 import pika
 import pytest
 
-from delayq import Message, Receipt, Topology, build_declarations
+from delayq import Message, Receipt, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio import apply_topology as apply_async
-from delayq.declarations import BindingDecl, ExchangeDecl
 from delayq.provisioning import ApplyReport
-from delayq.sync import Publisher
+from delayq.sync import Publisher, delete_topology
 from delayq.sync import apply_topology as apply_sync
 
 
@@ -132,21 +131,6 @@ def driver(driver_for: Callable[[str], Driver], rabbitmq_url: str) -> Driver:
     return driver_for(rabbitmq_url)
 
 
-def delete_topology(url: str, topology: Topology) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        for decl in reversed(build_declarations(topology)):
-            if isinstance(decl, BindingDecl):
-                continue
-            if isinstance(decl, ExchangeDecl):
-                channel.exchange_delete(decl.name)
-            else:
-                channel.queue_delete(decl.name)
-    finally:
-        connection.close()
-
-
 @pytest.fixture
 def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
     """Build topologies under unique namespaces; their entities are deleted afterwards."""
@@ -162,7 +146,7 @@ def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
     yield make
     for topology in made:
         try:
-            delete_topology(rabbitmq_url, topology)
+            delete_topology(topology, rabbitmq_url)
         except Exception:
             pass
 

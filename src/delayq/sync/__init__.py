@@ -1,8 +1,8 @@
-"""The blocking adapter, on pika: ``Publisher`` and ``apply_topology``."""
+"""The blocking adapter, on pika: ``Publisher``, ``apply_topology`` and ``delete_topology``."""
 
 from __future__ import annotations
 
-from delayq.sync.provision import apply_topology
+from delayq.sync.provision import apply_topology, delete_topology
 from delayq.sync.publisher import Publisher
 
-__all__ = ["Publisher", "apply_topology"]
+__all__ = ["Publisher", "apply_topology", "delete_topology"]

@@ -24,7 +24,7 @@ from delayq.sync._connection import (
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
-__all__ = ["apply_topology"]
+__all__ = ["apply_topology", "delete_topology"]
 
 
 class _Channels:
@@ -117,3 +117,29 @@ def apply_topology(
     if raise_on_conflict:
         report.raise_for_conflicts()
     return report
+
+
+def delete_topology(
+    topology: Topology,
+    url: str | None = None,
+    *,
+    connection: pika.BlockingConnection | None = None,
+) -> None:
+    """Delete every queue and exchange of ``topology``, messages included.
+
+    Destructive by design: for tests, demos and throwaway namespaces. Entities
+    that do not exist are skipped.
+    """
+    own = connection is None
+    conn = connect(resolve_url(url), name="delayq-teardown") if connection is None else connection
+    channels = _Channels(conn)
+    try:
+        for decl in reversed(build_declarations(topology)):
+            if isinstance(decl, ExchangeDecl):
+                channels.channel.exchange_delete(decl.name)
+            elif isinstance(decl, QueueDecl):
+                channels.channel.queue_delete(decl.name)
+    finally:
+        channels.close()
+        if own:
+            close_quietly(conn)
