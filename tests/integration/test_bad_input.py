@@ -113,3 +113,6 @@ def test_an_unreachable_broker_is_a_clear_connection_error(driver_for, make_topo
     with pytest.raises(delayq.ConnectionFailed) as caught:
         driver.publish(topo, b"x", "job.a", "1s")
     assert "127.0.0.1:1" in str(caught.value) and "s3cret" not in str(caught.value)
+    with pytest.raises(delayq.ConnectionFailed) as caught:
+        driver.publish_many(topo, [Message(b"x", "job.a", "1s")] * 3)
+    assert "127.0.0.1:1" in str(caught.value) and "s3cret" not in str(caught.value)

@@ -141,8 +141,7 @@ class AsyncPublisher:
         await close_quietly(connection)
 
     async def __aenter__(self) -> AsyncPublisher:
-        await self.connect()
-        return self
+        return self  # connects at the first publish, as Publisher does, or on connect()
 
     async def __aexit__(
         self,
@@ -157,12 +156,17 @@ class AsyncPublisher:
         # message in flight on it, so a batch checks its few exchanges first.
         await self._ensure_channel()
         assert self._connection is not None
-        probe = await self._connection.channel(publisher_confirms=False)
+        probe: AbstractChannel | None = None
         try:
+            probe = await self._connection.channel(publisher_confirms=False)
             for name in sorted(names):
                 await probe.get_exchange(name, ensure=True)
         except aex.AMQPChannelError as exc:
             raise translate_channel_error(exc) from exc
+        except CONNECTION_ERRORS as exc:
+            raise ConnectionFailed(
+                f"lost the connection to {redact(self._url)} before the batch was sent"
+            ) from exc
         finally:
             await close_quietly(probe)
 

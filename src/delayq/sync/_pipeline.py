@@ -22,6 +22,7 @@ from delayq import outcomes
 from delayq.conflicts import missing_from_reply
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
+    ConnectionFailed,
     PublishBatchError,
     PublishError,
     PublishRejected,
@@ -199,10 +200,12 @@ def publish_pipelined(
     todo = list(range(len(messages)))
     barren_rounds = 0
     last: BaseException | None = None
+    handed_over = False  # did any round write a message to a socket?
     while todo:
         before = len(results)
         rnd = _Round(params, messages, todo, window, properties, results)
         rnd.run()
+        handed_over = handed_over or rnd.next_tag > 1
         if isinstance(rnd.fatal, TopologyMissing):
             raise rnd.fatal
         todo = [i for i in todo if i not in results]
@@ -213,11 +216,16 @@ def publish_pipelined(
         if barren_rounds >= attempts:
             break
         log.warning(
-            "batch connection lost (%s); re-sending %d unconfirmed messages",
+            "batch connection ended (%s) with %d messages unconfirmed; sending them again",
             type(last).__name__ if last else "closed",
             len(todo),
         )
         time.sleep(backoff_s * 2 ** max(0, barren_rounds - 1))
+    if todo and not handed_over:
+        raise ConnectionFailed(
+            f"cannot connect to the broker at {url_for_errors} after {attempts} attempts "
+            f"({type(last).__name__}); nothing of the batch was sent"
+        ) from last
     for index in todo:
         results[index] = outcomes.unconfirmed(messages[index], attempts, url_for_errors, last)
     failures = {i: e for i, e in results.items() if e is not None}
