@@ -40,6 +40,14 @@ from delayq.errors import (
 )
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.retry import (
+    ROCKETMQ_SCHEDULE,
+    ExponentialBackoff,
+    FixedBackoff,
+    RetryPolicy,
+    ScheduleBackoff,
+    ScheduleRow,
+)
 from delayq.topology import Destination, QueueType, Topology, load_topology
 
 if TYPE_CHECKING:
@@ -51,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_LADDER",
+    "ROCKETMQ_SCHEDULE",
     "ApplyReport",
     "ApplyResult",
     "ApplyStatus",
@@ -61,6 +70,8 @@ __all__ = [
     "DelayTooLong",
     "DelayqError",
     "Destination",
+    "ExponentialBackoff",
+    "FixedBackoff",
     "InvalidBody",
     "InvalidDelay",
     "InvalidHeaders",
@@ -78,6 +89,9 @@ __all__ = [
     "Publisher",
     "QueueType",
     "Receipt",
+    "RetryPolicy",
+    "ScheduleBackoff",
+    "ScheduleRow",
     "Tier",
     "Topology",
     "TopologyConflict",

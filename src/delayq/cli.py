@@ -13,10 +13,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from delayq.declarations import build_declarations, describe
 from delayq.definitions import render_definitions
+from delayq.durations import format_ms
 from delayq.errors import DelayqError, InvalidBody, InvalidInput
 from delayq.provisioning import ApplyStatus
+from delayq.retry import (
+    ROCKETMQ_SCHEDULE,
+    ExponentialBackoff,
+    FixedBackoff,
+    RetryPolicy,
+    ScheduleBackoff,
+)
 from delayq.topology import DEFAULT_TOPOLOGY_FILE, Topology, load_topology
 from delayq.urls import redact, resolve_url
 
@@ -69,6 +79,35 @@ def build_parser() -> argparse.ArgumentParser:
     body.add_argument("--body-file", type=Path, help="send this file's bytes as the body")
     pub.add_argument("--message-id")
     pub.add_argument("--json", action="store_true", help="print the receipt as JSON")
+
+    plan = commands.add_parser(
+        "retry-plan",
+        parents=[common],
+        help="print a retry policy's effective schedule on the topology's ladder (no broker)",
+    )
+    plan.add_argument(
+        "--policy", choices=["exponential", "fixed", "schedule"], default="exponential"
+    )
+    plan.add_argument("--initial", default="30s", help="exponential: first delay")
+    plan.add_argument("--multiplier", type=float, default=2.0, help="exponential: growth")
+    plan.add_argument("--max-delay", default="1h", help="exponential: cap")
+    plan.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="exponential: shorten each delay by up to this fraction",
+    )
+    plan.add_argument("--delay", default="1m", help="fixed: the delay")
+    plan.add_argument("--delays", help='schedule: delays, e.g. "10s 30s 1m 2m"')
+    plan.add_argument(
+        "--rocketmq", action="store_true", help="schedule: RocketMQ's 16 delays from 10s to 2h"
+    )
+    plan.add_argument(
+        "--max-attempts",
+        type=int,
+        default=5,
+        help="deliveries in all, the first included (exponential, fixed)",
+    )
 
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
@@ -179,6 +218,49 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _policy(args: argparse.Namespace) -> RetryPolicy:
+    try:
+        if args.policy == "fixed":
+            return FixedBackoff(delay=args.delay, max_attempts=args.max_attempts)
+        if args.policy == "schedule" or args.rocketmq or args.delays:
+            delays = ROCKETMQ_SCHEDULE if args.rocketmq else (args.delays or "").split()
+            return ScheduleBackoff.of(delays)
+        return ExponentialBackoff(
+            initial=args.initial,
+            multiplier=args.multiplier,
+            max_delay=args.max_delay,
+            jitter=args.jitter,
+            max_attempts=args.max_attempts,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"invalid retry policy: {problems}") from exc
+
+
+def cmd_retry_plan(args: argparse.Namespace) -> int:
+    topology = _topology(args)
+    policy = _policy(args)
+    rows = policy.schedule(topology.ladder)
+    settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
+    print(f"# policy: {settings}")
+    print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
+    print(f"{'attempt':>7}  {'requested':>10}  {'tier':>9}  {'late by':>8}  {'cumulative':>10}")
+    for row in rows:
+        print(
+            f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}  "
+            f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
+        )
+    print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
+    smallest = topology.ladder.tiers[0]
+    short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
+    if short:
+        print(
+            f"# note: {short} retries ask for less than the smallest tier ({smallest.label}) "
+            "and wait for that tier instead"
+        )
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from delayq.demo import run_demo
 
@@ -195,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("topology", "export"): cmd_export,
         ("publish", None): cmd_publish,
         ("demo", None): cmd_demo,
+        ("retry-plan", None): cmd_retry_plan,
     }
     handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
