@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import yaml
 
 
 def _delayq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["delayq", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "delayq", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_publish_prints_the_receipt_and_the_message_arrives(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pika
 import pytest
@@ -239,7 +240,17 @@ def test_cli_apply_reports_and_exits_nonzero_on_conflict(make_topology, rabbitmq
 
     path.write_text(yaml.safe_dump(topo.model_dump(mode="json")))
     run = lambda: subprocess.run(  # noqa: E731
-        ["delayq", "topology", "apply", "--file", str(path), "--url", rabbitmq_url],
+        [
+            sys.executable,
+            "-m",
+            "delayq",
+            "topology",
+            "apply",
+            "--file",
+            str(path),
+            "--url",
+            rabbitmq_url,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
