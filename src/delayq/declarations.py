@@ -113,6 +113,25 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
         )
         bindings.append(BindingDecl(name, name))
 
+    for tier in topology.ladder.tiers:
+        # Retries wait here, addressed by routing key to the failing queue alone:
+        # they dead-letter through the default exchange, which routes by queue
+        # name, so no other binding (not even '#') on the ready exchange sees them.
+        name = topology.retry_name(tier)
+        exchanges.append(ExchangeDecl(name, "fanout"))
+        queues.append(
+            QueueDecl(
+                name,
+                {
+                    **_safe_dead_lettering(qtype),
+                    "x-message-ttl": tier.ttl_ms,
+                    "x-dead-letter-exchange": "",
+                },
+                role="retry",
+            )
+        )
+        bindings.append(BindingDecl(name, name))
+
     for dest in topology.destinations:
         queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
         work_args: dict[str, ArgumentValue] = {

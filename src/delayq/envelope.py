@@ -52,6 +52,7 @@ __all__ = [
     "OutgoingMessage",
     "Receipt",
     "encode_body",
+    "envelope_headers",
     "epoch_ms",
     "new_message_id",
     "validate_headers",
@@ -262,6 +263,27 @@ def validate_message_id(message_id: object) -> str:
     return message_id
 
 
+def envelope_headers(
+    delay_ms: int,
+    tier_label: str | None,
+    tier_ms: int,
+    now_ms: int,
+    attempt: int,
+    routing_key: str,
+) -> dict[str, Any]:
+    """The ``delayq-*`` headers of one hop (all ints or str: pika cannot send floats)."""
+    return {
+        H_VERSION: ENVELOPE_VERSION,
+        H_DELAY_MS: delay_ms,
+        H_TIER: tier_label or IMMEDIATE,
+        H_TIER_MS: tier_ms,
+        H_PUBLISHED_AT: now_ms,
+        H_DUE_AT: now_ms + tier_ms,
+        H_ATTEMPT: attempt,
+        H_ROUTING_KEY: routing_key,
+    }
+
+
 class MessageFactory:
     """Turns a publish call into an :class:`OutgoingMessage`, or raises before any I/O."""
 
@@ -330,16 +352,7 @@ class MessageFactory:
         now_ms = self._clock_ms()
         exchange, tier_ms, tier_label = self._route[tier]
         user_headers.update(
-            {
-                H_VERSION: ENVELOPE_VERSION,
-                H_DELAY_MS: delay_ms,
-                H_TIER: tier_label or IMMEDIATE,
-                H_TIER_MS: tier_ms,
-                H_PUBLISHED_AT: now_ms,
-                H_DUE_AT: now_ms + tier_ms,
-                H_ATTEMPT: attempt,
-                H_ROUTING_KEY: routing_key,
-            }
+            envelope_headers(delay_ms, tier_label, tier_ms, now_ms, attempt, routing_key)
         )
         receipt = Receipt(
             message_id=message_id,

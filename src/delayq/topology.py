@@ -132,7 +132,9 @@ class Topology(BaseModel):
         for dest in self.destinations:
             if dest.queue in seen:
                 raise ValueError(f"destination queue {dest.queue!r} is listed twice")
-            if dest.queue in reserved or dest.queue.startswith(f"{self.namespace}.tier."):
+            if dest.queue in reserved or dest.queue.startswith(
+                (f"{self.namespace}.tier.", f"{self.namespace}.retry.")
+            ):
                 raise ValueError(f"destination queue {dest.queue!r} uses a name delayq reserves")
             seen.add(dest.queue)
         return self
@@ -152,6 +154,11 @@ class Topology(BaseModel):
     def tier_name(self, tier: Tier) -> str:
         """Name of a tier's exchange and queue, which carries its TTL."""
         return f"{self.namespace}.tier.{tier.label}"
+
+    def retry_name(self, tier: Tier) -> str:
+        """Name of a retry tier's exchange and queue: it dead-letters to the failing
+        queue alone, through the default exchange."""
+        return f"{self.namespace}.retry.{tier.label}"
 
     def with_namespace(self, namespace: str) -> Topology:
         """A copy under another namespace (tests and demos use unique ones)."""

@@ -267,3 +267,42 @@ def test_cli_apply_reports_and_exits_nonzero_on_conflict(make_topology, rabbitmq
     third = run()
     assert third.returncode == 1
     assert "x-delivery-limit" in third.stdout and "conflict" in third.stdout
+
+
+def test_a_retry_tier_returns_a_message_to_one_queue_even_past_catch_all_bindings(
+    make_topology, rabbitmq_url, collect
+):
+    """The retry path the consumers use: `<ns>.retry.<tier>` with the queue's name as
+    routing key comes back to that queue alone, though another queue binds '#'."""
+    from delayq import FixedBackoff
+    from delayq.delivery import Delivery, DeliveryPlanner
+    from delayq.sync import Publisher, apply_topology
+
+    topo = make_topology(["1s"])
+    ns = topo.namespace
+    topo = Topology.from_mapping(
+        {
+            "namespace": ns,
+            "ladder": ["1s"],
+            "destinations": [
+                {"queue": f"{ns}.work", "bindings": ["job.#"]},
+                {"queue": f"{ns}.audit", "bindings": ["#"]},
+            ],
+        }
+    )
+    apply_topology(topo, rabbitmq_url)
+    failed = Delivery(f"{ns}.work", b"{}", "job.a", "m-retry", "application/json", {})
+    policy = FixedBackoff(delay="1s", max_attempts=3)
+    decision = DeliveryPlanner(topo, f"{ns}.work", policy=policy).failure(failed, ValueError("x"))
+    assert decision.message is not None
+    work, audit = collect(f"{ns}.work"), collect(f"{ns}.audit")
+    with Publisher(rabbitmq_url, topo) as pub:
+        pub.send(decision.message)
+    [arrival] = work.wait(1, timeout_s=5)
+    assert arrival.message_id == "m-retry" and arrival.headers["delayq-attempt"] == 2
+    assert arrival.at_ms - decision.message.receipt.published_at_ms >= 1000
+    assert audit.settle(1.0) == []
+    # Tidy up the extra destination the fixture does not know about.
+    from delayq.sync import delete_topology
+
+    delete_topology(topo, rabbitmq_url)

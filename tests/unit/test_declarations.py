@@ -287,11 +287,27 @@ def test_topology_without_destinations_has_only_delayq_entities() -> None:
         ("exchange", "ns.unrouted"),
         ("exchange", "ns.ready"),
         ("exchange", "ns.tier.1s"),
+        ("exchange", "ns.retry.1s"),
         ("queue", "ns.unrouted"),
         ("queue", "ns.tier.1s"),
+        ("queue", "ns.retry.1s"),
         ("binding", "ns.unrouted -> ns.unrouted [(any)]"),
         ("binding", "ns.tier.1s -> ns.tier.1s [(any)]"),
+        ("binding", "ns.retry.1s -> ns.retry.1s [(any)]"),
     }
+
+
+@pytest.mark.parametrize("topology", [QUORUM, CLASSIC], ids=["quorum", "classic"])
+def test_retry_tiers_dead_letter_to_the_default_exchange(topology: Topology) -> None:
+    decls = build_declarations(topology)
+    retry = {n: q for n, q in queues(decls).items() if q.role == "retry"}
+    assert len(retry) == len(topology.ladder)
+    for tier in topology.ladder.tiers:
+        queue = retry[topology.retry_name(tier)]
+        assert queue.arguments["x-message-ttl"] == tier.ttl_ms
+        assert queue.arguments["x-dead-letter-exchange"] == ""
+        assert "x-dead-letter-routing-key" not in queue.arguments  # the queue's own name
+        assert exchanges(decls)[topology.retry_name(tier)].type == "fanout"
 
 
 # --- describe ------------------------------------------------------------------------------------

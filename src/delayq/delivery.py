@@ -1,0 +1,325 @@
+"""What to do with a delivery: the pure decisions both consumers only perform.
+
+A delivery ends in exactly one of: done (ack), duplicate (ack, counted), retry
+later (publish to the retry tier for the policy's next delay, addressed to the
+failing queue alone, then ack), or dead-lettered (publish to ``<queue>.dlq``
+with the reason, then ack). The republish is confirmed before the ack, so a
+crash between the two can only duplicate, which the idempotency store absorbs.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from delayq.durations import to_ms
+from delayq.envelope import (
+    CONTENT_BYTES,
+    CONTENT_JSON,
+    H_ATTEMPT,
+    H_ROUTING_KEY,
+    HEADER_PREFIX,
+    OutgoingMessage,
+    Receipt,
+    envelope_headers,
+    epoch_ms,
+)
+from delayq.errors import DelayqError, DelayTooLong
+from delayq.retry import ExponentialBackoff, RetryPolicy
+from delayq.topology import Topology
+
+__all__ = [
+    "H_DEAD_LETTER_REASON",
+    "H_ERROR_MESSAGE",
+    "H_ERROR_TRACE",
+    "H_ERROR_TYPE",
+    "H_FAILED_AT",
+    "H_FIRST_FAILURE_AT",
+    "H_QUEUE",
+    "MAX_ERROR_MESSAGE_BYTES",
+    "MAX_ERROR_TRACE_BYTES",
+    "Action",
+    "DeadLetterReason",
+    "Decision",
+    "Delivery",
+    "DeliveryPlanner",
+    "Reject",
+    "Retry",
+    "Undecodable",
+    "bounded",
+    "decode_body",
+]
+
+H_ERROR_TYPE = "delayq-error-type"
+H_ERROR_MESSAGE = "delayq-error-message"
+H_ERROR_TRACE = "delayq-error-trace"
+H_FIRST_FAILURE_AT = "delayq-first-failure-at"
+H_FAILED_AT = "delayq-failed-at"
+H_QUEUE = "delayq-queue"
+H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
+
+MAX_ERROR_MESSAGE_BYTES = 1024
+MAX_ERROR_TRACE_BYTES = 8192
+"""Header frames must fit in the negotiated frame size (128 KiB by default): an
+unbounded traceback, as some frameworks send, can make the republish fail."""
+
+
+class Retry(Exception):
+    """Raised by a handler to be retried after ``delay`` (``timedelta`` or ``"5m"``),
+    whatever the policy says; it still counts as an attempt."""
+
+    def __init__(self, delay: object, reason: str = "retry requested by the handler") -> None:
+        self.delay_ms = to_ms(delay)
+        super().__init__(reason)
+
+
+class Reject(Exception):
+    """Raised by a handler for a message that will never succeed: straight to the DLQ."""
+
+
+class Undecodable(DelayqError):
+    """The body cannot be decoded for its content type, or fails the handler's model."""
+
+
+class DeadLetterReason(str, enum.Enum):
+    EXHAUSTED = "exhausted"
+    """The policy's attempts are spent."""
+    NON_RETRYABLE = "non-retryable"
+    """The handler raised ``Reject`` or an exception marked non-retryable."""
+    UNDECODABLE = "undecodable"
+    """The body could not be decoded or validated."""
+    TOO_LONG = "delay-too-long"
+    """The retry delay asked for is longer than the largest tier."""
+
+
+class Action(str, enum.Enum):
+    ACK = "ack"
+    DUPLICATE = "duplicate"
+    RETRY = "retry"
+    DEAD_LETTER = "dead-letter"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An incoming message as the core sees it, whichever client received it."""
+
+    queue: str
+    body: bytes
+    routing_key: str
+    message_id: str | None
+    content_type: str | None
+    headers: Mapping[str, Any]
+    redelivered: bool = False
+
+    @property
+    def attempt(self) -> int:
+        """Which delivery to a handler this is (1 for the first); bad values count as 1."""
+        value = self.headers.get(H_ATTEMPT, 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+    @property
+    def origin_routing_key(self) -> str:
+        """The routing key the message was first published with (retries change it)."""
+        value = self.headers.get(H_ROUTING_KEY)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        return value if isinstance(value, str) and value else self.routing_key
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The fate of one delivery; ``message`` is what to publish (and confirm) before the ack."""
+
+    action: Action
+    message: OutgoingMessage | None = None
+    reason: str = ""
+
+    @property
+    def delay(self) -> timedelta | None:
+        if self.message is None or self.action is not Action.RETRY:
+            return None
+        return self.message.receipt.delay
+
+
+def bounded(text: str, limit_bytes: int, *, keep_tail: bool = False) -> str:
+    """``text`` cut to at most ``limit_bytes`` of UTF-8, never inside a character."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit_bytes:
+        return text
+    marker = "...[cut]..."
+    room = max(0, limit_bytes - len(marker))
+    if keep_tail:
+        return marker + data[len(data) - room :].decode("utf-8", "ignore")
+    return data[:room].decode("utf-8", "ignore") + marker
+
+
+def decode_body(delivery: Delivery, model: type[BaseModel] | None = None) -> Any:
+    """The body for the handler: JSON decoded, text as str, else bytes; validated
+    into ``model`` when given. Raises :class:`Undecodable` with the reason."""
+    content_type = (delivery.content_type or CONTENT_BYTES).split(";")[0].strip().lower()
+    try:
+        if content_type == CONTENT_JSON or content_type.endswith("+json"):
+            if model is not None:
+                return model.model_validate_json(delivery.body)
+            return json.loads(delivery.body)
+        if content_type.startswith("text/"):
+            value: Any = delivery.body.decode("utf-8")
+        else:
+            value = delivery.body
+        return model.model_validate(value) if model is not None else value
+    except (ValueError, ValidationError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+        raise Undecodable(
+            f"cannot decode the {content_type} body of message {delivery.message_id!r}"
+            f"{' as ' + model.__name__ if model is not None else ''}: {exc}"
+        ) from exc
+
+
+def _user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """Headers the application set: delayq's and the broker's are replaced, never stacked."""
+    return {
+        k: v
+        for k, v in headers.items()
+        if not k.lower().startswith(HEADER_PREFIX) and not k.lower().startswith("x-")
+    }
+
+
+class DeliveryPlanner:
+    """Decides the fate of deliveries from one queue; pure, with injectable clock and rng."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        queue: str,
+        *,
+        policy: RetryPolicy | None = None,
+        non_retryable: tuple[type[BaseException], ...] = (),
+        clock_ms: Callable[[], int] = epoch_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.topology = topology
+        self.queue = queue
+        self.dlq = f"{queue}.dlq"
+        self.policy = policy if policy is not None else ExponentialBackoff()
+        self.non_retryable: tuple[type[BaseException], ...] = (Reject, *non_retryable)
+        self._clock_ms = clock_ms
+        self._rng = rng if rng is not None else random.Random()
+
+    def success(self) -> Decision:
+        return Decision(Action.ACK)
+
+    def duplicate(self) -> Decision:
+        return Decision(Action.DUPLICATE, reason="already handled")
+
+    def undecodable(self, delivery: Delivery, error: BaseException) -> Decision:
+        return self._dead_letter(delivery, DeadLetterReason.UNDECODABLE, error, None)
+
+    def failure(
+        self, delivery: Delivery, error: BaseException, trace: str | None = None
+    ) -> Decision:
+        """Retry later, or dead-letter when non-retryable or when the attempts are spent."""
+        if trace is None:
+            trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        if isinstance(error, self.non_retryable):
+            return self._dead_letter(delivery, DeadLetterReason.NON_RETRYABLE, error, trace)
+        attempt = delivery.attempt
+        if isinstance(error, Retry):
+            delay_ms: int | None = error.delay_ms
+            if attempt >= self.policy.max_attempts:
+                delay_ms = None
+        else:
+            delay_ms = self.policy.delay_ms(attempt, self._rng)
+        if delay_ms is None:
+            return self._dead_letter(delivery, DeadLetterReason.EXHAUSTED, error, trace)
+        try:
+            tier = self.topology.ladder.select_ms(delay_ms)
+        except DelayTooLong as exc:
+            return self._dead_letter(delivery, DeadLetterReason.TOO_LONG, exc, trace)
+        now = self._clock_ms()
+        tier_ms = 0 if tier is None else tier.ttl_ms
+        # Delay 0 goes straight back to the queue, through the default exchange.
+        exchange = "" if tier is None else self.topology.retry_name(tier)
+        headers = _user_headers(delivery.headers)
+        headers.update(
+            envelope_headers(
+                delay_ms,
+                None if tier is None else tier.label,
+                tier_ms,
+                now,
+                attempt + 1,
+                delivery.origin_routing_key,
+            )
+        )
+        headers.update(self._failure_headers(delivery, error, trace, now))
+        message = self._outgoing(delivery, exchange, self.queue, headers, now, delay_ms, tier)
+        return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
+
+    def _failure_headers(
+        self, delivery: Delivery, error: BaseException, trace: str | None, now: int
+    ) -> dict[str, Any]:
+        first = delivery.headers.get(H_FIRST_FAILURE_AT)
+        headers: dict[str, Any] = {
+            H_ERROR_TYPE: f"{type(error).__module__}.{type(error).__qualname__}",
+            H_ERROR_MESSAGE: bounded(str(error), MAX_ERROR_MESSAGE_BYTES),
+            H_FIRST_FAILURE_AT: first if isinstance(first, int) else now,
+            H_FAILED_AT: now,
+            H_QUEUE: self.queue,
+        }
+        if trace:
+            headers[H_ERROR_TRACE] = bounded(trace, MAX_ERROR_TRACE_BYTES, keep_tail=True)
+        return headers
+
+    def _dead_letter(
+        self,
+        delivery: Delivery,
+        reason: DeadLetterReason,
+        error: BaseException,
+        trace: str | None,
+    ) -> Decision:
+        now = self._clock_ms()
+        headers = _user_headers(delivery.headers)
+        headers.update(
+            envelope_headers(0, None, 0, now, delivery.attempt, delivery.origin_routing_key)
+        )
+        headers.update(self._failure_headers(delivery, error, trace, now))
+        headers[H_DEAD_LETTER_REASON] = reason.value
+        message = self._outgoing(delivery, "", self.dlq, headers, now, 0, None)
+        return Decision(Action.DEAD_LETTER, message, reason=f"{reason.value}: {error}")
+
+    def _outgoing(
+        self,
+        delivery: Delivery,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, Any],
+        now: int,
+        delay_ms: int,
+        tier: Any,
+    ) -> OutgoingMessage:
+        message_id = delivery.message_id or f"delayq-unnamed-{now}"
+        tier_ms = 0 if tier is None else tier.ttl_ms
+        return OutgoingMessage(
+            exchange=exchange,
+            routing_key=routing_key,
+            body=delivery.body,
+            content_type=delivery.content_type or CONTENT_BYTES,
+            message_id=message_id,
+            timestamp_s=now // 1000,
+            headers=headers,
+            receipt=Receipt(
+                message_id=message_id,
+                routing_key=routing_key,
+                exchange=exchange,
+                tier=None if tier is None else tier.label,
+                delay_ms=delay_ms,
+                tier_ms=tier_ms,
+                published_at_ms=now,
+            ),
+        )
