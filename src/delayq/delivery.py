@@ -33,6 +33,7 @@ from delayq.envelope import (
     epoch_ms,
 )
 from delayq.errors import DelayqError, DelayTooLong
+from delayq.ladder import Tier
 from delayq.retry import ExponentialBackoff, RetryPolicy
 from delayq.topology import Topology
 
@@ -243,6 +244,22 @@ class DeliveryPlanner:
         except DelayTooLong as exc:
             return self._dead_letter(delivery, DeadLetterReason.TOO_LONG, exc, trace)
         now = self._clock_ms()
+        message = self._retry_message(delivery, delay_ms, tier, attempt + 1, now)
+        message.headers.update(self._failure_headers(delivery, error, trace, now))
+        return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
+
+    def deferred(self, delivery: Delivery) -> Decision:
+        """Another consumer holds this key's claim: come back after the smallest tier,
+        without counting an attempt (the other consumer may still fail)."""
+        tier = self.topology.ladder.tiers[0]
+        message = self._retry_message(
+            delivery, tier.ttl_ms, tier, delivery.attempt, self._clock_ms()
+        )
+        return Decision(Action.RETRY, message, reason="claimed by another consumer")
+
+    def _retry_message(
+        self, delivery: Delivery, delay_ms: int, tier: Tier | None, attempt: int, now: int
+    ) -> OutgoingMessage:
         tier_ms = 0 if tier is None else tier.ttl_ms
         # Delay 0 goes straight back to the queue, through the default exchange.
         exchange = "" if tier is None else self.topology.retry_name(tier)
@@ -253,13 +270,14 @@ class DeliveryPlanner:
                 None if tier is None else tier.label,
                 tier_ms,
                 now,
-                attempt + 1,
+                attempt,
                 delivery.origin_routing_key,
             )
         )
-        headers.update(self._failure_headers(delivery, error, trace, now))
-        message = self._outgoing(delivery, exchange, self.queue, headers, now, delay_ms, tier)
-        return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
+        for key in (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT):
+            if key in delivery.headers:  # an earlier failure's record travels on
+                headers[key] = delivery.headers[key]
+        return self._outgoing(delivery, exchange, self.queue, headers, now, delay_ms, tier)
 
     def _failure_headers(
         self, delivery: Delivery, error: BaseException, trace: str | None, now: int
@@ -301,7 +319,7 @@ class DeliveryPlanner:
         headers: dict[str, Any],
         now: int,
         delay_ms: int,
-        tier: Any,
+        tier: Tier | None,
     ) -> OutgoingMessage:
         message_id = delivery.message_id or f"delayq-unnamed-{now}"
         tier_ms = 0 if tier is None else tier.ttl_ms

@@ -191,3 +191,11 @@ def test_jitter_uses_the_injected_random_source():
 @pytest.mark.parametrize("value", ["2", -1, 0, True, None, 1.5])
 def test_malformed_attempt_headers_count_as_the_first(value):
     assert Delivery("q", b"", "k", "m", None, {H_ATTEMPT: value}).attempt == 1
+
+
+def test_a_busy_key_is_deferred_to_the_smallest_tier_without_counting_an_attempt():
+    decision = planner().deferred(delivery(attempt=2))
+    assert decision.action is Action.RETRY and decision.message is not None
+    assert decision.message.exchange == "ns.retry.1s"
+    assert decision.message.headers[H_ATTEMPT] == 2
+    assert decision.message.headers[H_FIRST_FAILURE_AT] == 111

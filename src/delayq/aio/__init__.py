@@ -1,8 +1,9 @@
-"""The asyncio adapter, on aio-pika: ``AsyncPublisher`` and ``apply_topology``."""
+"""The asyncio adapter, on aio-pika: publisher, consumer and provisioning."""
 
 from __future__ import annotations
 
+from delayq.aio.consumer import AsyncConsumer, ConsumerStats, HandlerTimeout
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 
-__all__ = ["AsyncPublisher", "apply_topology"]
+__all__ = ["AsyncConsumer", "AsyncPublisher", "ConsumerStats", "HandlerTimeout", "apply_topology"]

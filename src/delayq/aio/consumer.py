@@ -1,0 +1,305 @@
+"""The asyncio consumer (aio-pika): performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
+
+Each delivery ends in exactly one of: done, duplicate skipped, retried later
+(republished to a retry tier addressed to this queue alone, confirmed, then
+acked) or dead-lettered (republished to ``<queue>.dlq`` with the reason,
+confirmed, then acked). If the republish cannot be confirmed the delivery is
+returned to the queue instead: nothing is acked that is not safely elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from pydantic import BaseModel
+
+from delayq.aio._connection import close_quietly, connect
+from delayq.aio.provision import apply_topology
+from delayq.aio.publisher import AsyncPublisher
+from delayq.delivery import Action, Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
+from delayq.durations import to_ms
+from delayq.envelope import epoch_ms
+from delayq.errors import DelayqError, InvalidInput, PublishError
+from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.retry import RetryPolicy
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["AsyncConsumer", "ConsumerStats", "HandlerTimeout"]
+
+log = logging.getLogger("delayq.consumer")
+
+Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
+
+
+class HandlerTimeout(DelayqError):
+    """The handler ran longer than the consumer's ``handler_timeout``; it is retried."""
+
+
+@dataclass
+class ConsumerStats:
+    """What a consumer did since it started."""
+
+    handled: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    returned: int = 0
+    """Deliveries put back on the queue because their republish was not confirmed."""
+
+
+class AsyncConsumer:
+    """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
+
+    >>> consumer = AsyncConsumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
+    ...                          policy=ExponentialBackoff(initial="30s", max_attempts=5),
+    ...                          store=SQLiteStore("keys.db"), key=lambda order: order["id"])
+    >>> await consumer.run()   # until SIGTERM/SIGINT, then a graceful stop  # doctest: +SKIP
+
+    ``handler`` takes the decoded body (a ``model`` instance when ``model`` is
+    given) and may be a coroutine function or a plain one (run in a thread; a
+    plain function cannot be interrupted when it overruns ``handler_timeout``).
+    """
+
+    def __init__(
+        self,
+        url: str | None,
+        topology: Topology,
+        queue: str,
+        handler: Handler,
+        *,
+        policy: RetryPolicy | None = None,
+        store: IdempotencyStore | None = None,
+        key: Callable[[Any], str] | None = None,
+        model: type[BaseModel] | None = None,
+        prefetch: int = 50,
+        concurrency: int | None = None,
+        handler_timeout: object = "5m",
+        non_retryable: tuple[type[BaseException], ...] = (),
+        clock_ms: Callable[[], int] = epoch_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        try:
+            topology.destination(queue)
+        except KeyError:
+            raise InvalidInput(
+                f"queue {queue!r} is not a destination of the topology (namespace "
+                f"{topology.namespace!r}); add it under `destinations`"
+            ) from None
+        if prefetch < 1:
+            raise InvalidInput("prefetch must be at least 1")
+        self._url = resolve_url(url)
+        self.topology = topology
+        self.queue = queue
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler)
+        self._planner = DeliveryPlanner(
+            topology,
+            queue,
+            policy=policy,
+            non_retryable=non_retryable,
+            clock_ms=clock_ms,
+            rng=rng,
+        )
+        self._store = store
+        self._key = key
+        self._model = model
+        self._prefetch = prefetch
+        self._slots = asyncio.Semaphore(concurrency or prefetch)
+        self._timeout_ms = to_ms(handler_timeout, what="handler_timeout")
+        # A claim outlives the handler's timeout, so only a crash lets it lapse.
+        self._lease_ms = self._timeout_ms + 60_000
+        self._clock_ms = clock_ms
+        self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._consumer_tag: str | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._stopped = asyncio.Event()
+        self.stats = ConsumerStats()
+
+    def __repr__(self) -> str:
+        return f"AsyncConsumer(url={redact(self._url)!r}, queue={self.queue!r})"
+
+    # Life cycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Declare the topology, then start taking deliveries."""
+        self._connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
+        await apply_topology(self.topology, connection=self._connection)
+        await self._publisher.connect()
+        self._channel = await self._connection.channel(publisher_confirms=False)
+        await self._channel.set_qos(prefetch_count=self._prefetch)
+        queue = await self._channel.get_queue(self.queue, ensure=False)
+        self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        self._stopped.clear()
+        log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop taking deliveries, let in-flight ones finish (up to ``timeout_s``), close.
+
+        In-flight handlers still running at the deadline are cancelled and their
+        deliveries go back to the queue unacked, to be delivered again.
+        """
+        if self._channel is not None and self._consumer_tag is not None:
+            try:
+                queue = await self._channel.get_queue(self.queue, ensure=False)
+                await queue.cancel(self._consumer_tag)
+            except Exception as exc:
+                log.debug("cancel failed: %r", exc)
+            self._consumer_tag = None
+        if self._in_flight:
+            _, pending = await asyncio.wait(self._in_flight, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        await close_quietly(self._channel)
+        await close_quietly(self._connection)
+        await self._publisher.aclose()
+        self._stopped.set()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        self._stop_requested = stop_requested
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop_requested.set)
+        try:
+            await stop_requested.wait()
+        finally:
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            await self.stop()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to stop gracefully."""
+        event = getattr(self, "_stop_requested", None)
+        if event is not None:
+            event.set()
+
+    # Deliveries ---------------------------------------------------------------
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        try:
+            async with self._slots:
+                await self._process(message)
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+    async def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        assert self._store is not None
+        if self._store.blocking:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    async def _process(self, message: AbstractIncomingMessage) -> None:
+        delivery = Delivery(
+            queue=self.queue,
+            body=message.body,
+            routing_key=message.routing_key or "",
+            message_id=message.message_id,
+            content_type=message.content_type,
+            headers=dict(message.headers or {}),
+            redelivered=bool(message.redelivered),
+        )
+        try:
+            value = decode_body(delivery, self._model)
+        except Undecodable as exc:
+            await self._perform(message, self._planner.undecodable(delivery, exc))
+            return
+        key = self._idempotency_key(value, delivery)
+        if key is not None and self._store is not None:
+            status = await self._store_call(
+                self._store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms()
+            )
+            if status is ClaimStatus.DONE:
+                await self._perform(message, self._planner.duplicate())
+                return
+            if status is ClaimStatus.BUSY:
+                await self._perform(message, self._planner.deferred(delivery))
+                return
+        try:
+            await self._call_handler(value)
+        except asyncio.CancelledError:
+            if key is not None and self._store is not None:
+                await self._store_call(self._store.release, key)
+            raise  # shutting down: the delivery goes back to the queue unacked
+        except Exception as exc:
+            if key is not None and self._store is not None:
+                await self._store_call(self._store.release, key)
+            await self._perform(message, self._planner.failure(delivery, exc))
+            return
+        if key is not None and self._store is not None:
+            await self._store_call(self._store.complete, key, now_ms=self._clock_ms())
+        await self._perform(message, self._planner.success())
+
+    def _idempotency_key(self, value: Any, delivery: Delivery) -> str | None:
+        if self._key is None:
+            return delivery.message_id
+        return str(self._key(value))
+
+    async def _call_handler(self, value: Any) -> None:
+        timeout_s = self._timeout_ms / 1000
+        try:
+            if self._is_async:
+                await asyncio.wait_for(self._handler(value), timeout_s)
+            else:
+                await asyncio.wait_for(asyncio.to_thread(self._handler, value), timeout_s)
+        except asyncio.TimeoutError:
+            raise HandlerTimeout(
+                f"handler for {self.queue!r} ran longer than {timeout_s:g} s"
+            ) from None
+
+    async def _perform(self, message: AbstractIncomingMessage, decision: Decision) -> None:
+        if decision.message is not None:
+            try:
+                await self._publisher.send(decision.message)
+            except (PublishError, DelayqError) as exc:
+                # Not safely elsewhere: back to the queue (the broker's delivery
+                # limit dead-letters it if this keeps happening).
+                log.error(
+                    "could not republish %s (%s); returning it to %s",
+                    decision.message.message_id,
+                    exc,
+                    self.queue,
+                )
+                self.stats.returned += 1
+                await asyncio.sleep(1.0)
+                await message.nack(requeue=True)
+                return
+        await message.ack()
+        if decision.action is Action.ACK:
+            self.stats.handled += 1
+        elif decision.action is Action.DUPLICATE:
+            self.stats.duplicates += 1
+        elif decision.action is Action.RETRY:
+            self.stats.retried += 1
+            log.info(
+                "retrying %s (%s)",
+                decision.message.message_id if decision.message else "",
+                decision.reason,
+            )
+        else:
+            self.stats.dead_lettered += 1
+            log.warning(
+                "dead-lettered %s: %s",
+                decision.message.message_id if decision.message else "",
+                decision.reason,
+            )
