@@ -36,6 +36,7 @@ __all__ = [
     "ConnectionFailed",
     "DelayTooLong",
     "DelayqError",
+    "HandlerTimeout",
     "InvalidBody",
     "InvalidDelay",
     "InvalidHeaders",
@@ -56,6 +57,10 @@ __all__ = [
 
 class DelayqError(Exception):
     """Base class of every error raised by delayq."""
+
+
+class HandlerTimeout(DelayqError):
+    """A handler ran longer than its consumer's ``handler_timeout``; it is retried."""
 
 
 class InvalidInput(DelayqError, ValueError):

@@ -249,3 +249,85 @@ def collect(rabbitmq_url: str) -> Iterator[Callable[..., Collector]]:
     yield start
     for collector in collectors:
         collector.stop()
+
+
+class ConsumerHandle(Protocol):
+    stats: Any
+
+    def stop(self, timeout_s: float = 30.0) -> None: ...
+
+
+class SyncConsumerHandle:
+    """A delayq.sync.Consumer running in a thread of its own."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.stats = consumer.stats
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not consumer.started.wait(30):
+            raise RuntimeError(f"consumer did not start: {self._error}")
+
+    def _run(self) -> None:
+        try:
+            self.consumer.run(install_signal_handlers=False)
+        except BaseException as exc:
+            self._error.append(exc)
+            self.consumer.started.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.consumer.request_stop()
+        self._thread.join(timeout_s + 10)
+        if self._error:
+            raise self._error[0]
+
+
+class AsyncConsumerHandle:
+    """A delayq.aio.AsyncConsumer on an event loop running in a thread of its own."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.stats = consumer.stats
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(consumer.start(), self.loop).result(30)
+        self._stopped = False
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        future = asyncio.run_coroutine_threadsafe(self.consumer.stop(timeout_s), self.loop)
+        future.result(timeout_s + 10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def start_consumer(driver_kind: str, rabbitmq_url: str) -> Iterator[Callable[..., ConsumerHandle]]:
+    """Start a consumer of this test's adapter; every one is stopped afterwards."""
+    from delayq.aio import AsyncConsumer
+    from delayq.sync import Consumer
+
+    handles: list[ConsumerHandle] = []
+
+    def start(topology: Topology, queue: str, handler: Callable[[Any], Any], **kwargs: Any):
+        url = kwargs.pop("url", rabbitmq_url)
+        if driver_kind == "sync":
+            handle: ConsumerHandle = SyncConsumerHandle(
+                Consumer(url, topology, queue, handler, **kwargs)
+            )
+        else:
+            handle = AsyncConsumerHandle(AsyncConsumer(url, topology, queue, handler, **kwargs))
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        try:
+            handle.stop(5)
+        except Exception:
+            pass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from delayq.aio.consumer import AsyncConsumer, ConsumerStats, HandlerTimeout
+from delayq.aio.consumer import AsyncConsumer
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 
-__all__ = ["AsyncConsumer", "AsyncPublisher", "ConsumerStats", "HandlerTimeout", "apply_topology"]
+__all__ = ["AsyncConsumer", "AsyncPublisher", "apply_topology"]

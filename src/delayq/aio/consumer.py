@@ -15,7 +15,6 @@ import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -24,36 +23,21 @@ from pydantic import BaseModel
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
-from delayq.delivery import Action, Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
+from delayq.delivery import Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
 from delayq.durations import to_ms
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, InvalidInput, PublishError
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, PublishError
 from delayq.idempotency import ClaimStatus, IdempotencyStore
 from delayq.retry import RetryPolicy
+from delayq.stats import ConsumerStats
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
-__all__ = ["AsyncConsumer", "ConsumerStats", "HandlerTimeout"]
+__all__ = ["AsyncConsumer"]
 
 log = logging.getLogger("delayq.consumer")
 
 Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
-
-
-class HandlerTimeout(DelayqError):
-    """The handler ran longer than the consumer's ``handler_timeout``; it is retried."""
-
-
-@dataclass
-class ConsumerStats:
-    """What a consumer did since it started."""
-
-    handled: int = 0
-    duplicates: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    returned: int = 0
-    """Deliveries put back on the queue because their republish was not confirmed."""
 
 
 class AsyncConsumer:
@@ -285,21 +269,4 @@ class AsyncConsumer:
                 await message.nack(requeue=True)
                 return
         await message.ack()
-        if decision.action is Action.ACK:
-            self.stats.handled += 1
-        elif decision.action is Action.DUPLICATE:
-            self.stats.duplicates += 1
-        elif decision.action is Action.RETRY:
-            self.stats.retried += 1
-            log.info(
-                "retrying %s (%s)",
-                decision.message.message_id if decision.message else "",
-                decision.reason,
-            )
-        else:
-            self.stats.dead_lettered += 1
-            log.warning(
-                "dead-lettered %s: %s",
-                decision.message.message_id if decision.message else "",
-                decision.reason,
-            )
+        self.stats.record(decision)

@@ -1,8 +1,9 @@
-"""The blocking adapter, on pika: ``Publisher``, ``apply_topology`` and ``delete_topology``."""
+"""The blocking adapter, on pika: publisher, consumer and provisioning."""
 
 from __future__ import annotations
 
+from delayq.sync.consumer import Consumer
 from delayq.sync.provision import apply_topology, delete_topology
 from delayq.sync.publisher import Publisher
 
-__all__ = ["Publisher", "apply_topology", "delete_topology"]
+__all__ = ["Consumer", "Publisher", "apply_topology", "delete_topology"]

@@ -1,0 +1,707 @@
+"""Consume throughput of delayq's ``AsyncConsumer`` against a raw aio-pika consumer.
+
+What it measures (messages per second, handled and acked), in one run against
+one broker, so that the ratios compare like with like: the time to drain
+``--count`` messages of ``--body-bytes`` bytes from a destination queue, from
+the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
+
+1. raw aio-pika: ``queue.consume`` with manual acks and a callback that only
+   acks (``await message.ack()``);
+2. ``delayq.aio.AsyncConsumer`` with a no-op async handler and
+   ``store=InMemoryStore()``;
+3. the same with ``store=SQLiteStore(<fresh file>)`` (in ``--sqlite-dir``,
+   else the system's temporary folder);
+4. the same with ``store=RedisStore(...)`` from ``delayq.idempotency_redis``,
+   when that module can be imported and a Redis URL is at hand (``--redis-url``,
+   else ``REDIS_URL``, else a server started with
+   ``delayq.localservers.LocalRedis`` when that module exists); otherwise the
+   mode is skipped with a note.
+
+Targets (median msg/s over median raw msg/s): 0.90 with the in-memory store,
+0.60 with SQLite and Redis, whose every claim and completion is I/O.
+
+The queue is the one destination of a throwaway namespace (``bench<hex>``,
+ladder ``["1h"]``, quorum queues as delayq declares them), bound to
+``bench.#``. Before every measurement it is filled, untimed, with exactly
+``--count`` immediate messages by ``AsyncPublisher.publish_many`` (delay
+``"0s"``, so they are routed straight to the destination, each with its own
+message id: the idempotency key), and its depth is checked with a passive
+``queue.declare`` (exact for a quorum queue once the publishes are confirmed).
+After every measurement the consumer is stopped (its channel closed, so an
+unacked message would be back in the queue) and the queue and its DLQ are
+checked to be empty; ``AsyncConsumer`` must report exactly ``--count`` handled
+messages and no duplicate, retry or dead letter.
+
+Timing: the clock starts at the first delivery (the raw callback, or the first
+call of delayq's handler) and stops when the ack count reaches ``--count``.
+Both sides are watched the same way: a loop that looks at the count every
+``POLL_S`` seconds (the raw callback's count, or ``consumer.stats.handled``,
+which delayq increments after the ack), so both pay the same polling cost and
+quantisation. Connecting, declaring and ``consume`` happen before the clock
+starts; stopping happens after it stops.
+
+Every mode runs ``--rounds`` times, in reverse order every other round, and
+the table shows the median per mode. Besides msg/s, the report shows the
+client's CPU time per message (this process's ``time.process_time``, all
+threads: SQLite calls run in asyncio's default thread pool): it moves much
+less than wall-clock time on a busy machine and is what the framework itself
+adds. The broker runs on the same machine when it is a local node, so on a
+machine with few CPUs client and broker compete; look at the per-round figures
+and the load average before trusting a ratio.
+
+Run it::
+
+    python bench/consume.py                        # starts a throwaway local node
+    python bench/consume.py --url amqp://guest:guest@localhost:5672/ --rounds 5
+    RABBITMQ_URL=amqp://... REDIS_URL=redis://localhost:6379/0 python bench/consume.py
+    python bench/consume.py --count 20000 --profile sqlite   # plus a cProfile of one drain
+
+The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
+RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
+:class:`delayq.localnode.LocalNode` (stopped and removed at the end). Progress
+goes to stderr, the results table to stdout. The exit code is 0 whether or not
+the targets are met; a ratio that misses its target is marked ``BELOW TARGET``.
+The namespace's queues and exchanges are deleted at the end, also on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import importlib
+import io
+import os
+import platform
+import pstats
+import secrets
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pika
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayq import Ladder, Message, Topology
+from delayq.aio import AsyncPublisher
+from delayq.aio.consumer import AsyncConsumer
+from delayq.envelope import epoch_ms
+from delayq.idempotency import IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.localnode import LocalNode
+from delayq.sync import apply_topology, delete_topology
+from delayq.urls import redact
+
+ROUTING_KEY = "bench.consume"
+BINDING = "bench.#"
+LADDER = Ladder.parse(["1h"])
+FILL_WINDOW = 1000
+"""Unconfirmed messages in flight while filling the queue (untimed)."""
+
+POLL_S = 0.002
+"""How often the drain's ack count is looked at, in every mode alike."""
+STALL_S = 60.0
+"""A drain that makes no progress for this long fails the run."""
+
+RAW = "raw-aio-pika"
+MEMORY = "delayq-memory"
+SQLITE = "delayq-sqlite"
+REDIS = "delayq-redis"
+
+LABELS = {
+    RAW: "raw aio-pika consumer, ack only",
+    MEMORY: "AsyncConsumer + InMemoryStore",
+    SQLITE: "AsyncConsumer + SQLiteStore",
+    REDIS: "AsyncConsumer + RedisStore",
+}
+TARGETS = {MEMORY: 0.90, SQLITE: 0.60, REDIS: 0.60}
+PROFILE_CHOICES = {"raw": RAW, "memory": MEMORY, "sqlite": SQLITE, "redis": REDIS}
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# Settings and shared context -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    count: int
+    body_bytes: int
+    prefetch: int
+    rounds: int
+    sqlite_dir: Path
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a measurement needs; built once per run."""
+
+    url: str
+    settings: Settings
+    topology: Topology
+    queue: str
+    """The destination queue every measurement drains."""
+    dlq: str
+    body: bytes
+    redis_url: str | None
+    redis_class: Any
+    """``delayq.idempotency_redis.RedisStore``, or ``None`` when Redis is skipped."""
+
+    @classmethod
+    def create(
+        cls, url: str, settings: Settings, redis_url: str | None, redis_class: Any
+    ) -> Context:
+        namespace = f"bench{secrets.token_hex(4)}"
+        queue = f"{namespace}.consume"  # destination names are global: keep it unique
+        topology = Topology(
+            namespace=namespace,
+            ladder=LADDER,
+            destinations=[{"queue": queue, "bindings": [BINDING]}],
+        )
+        return cls(
+            url=url,
+            settings=settings,
+            topology=topology,
+            queue=queue,
+            dlq=topology.destination(queue).dlq,
+            body=os.urandom(settings.body_bytes),
+            redis_url=redis_url,
+            redis_class=redis_class,
+        )
+
+
+# Broker administration (short-lived blocking connections) --------------------------------
+
+
+@contextlib.contextmanager
+def admin_channel(url: str) -> Iterator[Any]:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        yield connection.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            connection.close()
+
+
+def broker_version(url: str) -> str:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        props = connection._impl.server_properties
+        product, version = props.get("product", "?"), props.get("version", "?")
+    finally:
+        connection.close()
+    as_text = [v.decode() if isinstance(v, bytes) else str(v) for v in (product, version)]
+    return " ".join(as_text)
+
+
+def queue_depth(url: str, queue: str) -> int:
+    """Ready messages, from a passive declare (exact for a quorum queue on declare-ok)."""
+    with admin_channel(url) as channel:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def expect_depth(ctx: Context, queue: str, expected: int, when: str) -> None:
+    # Checked a few times over a second: a quorum queue's count can trail the
+    # last confirm or ack by a moment; a lasting difference is an error.
+    depth = queue_depth(ctx.url, queue)
+    for _ in range(10):
+        if depth == expected:
+            return
+        time.sleep(0.1)
+        depth = queue_depth(ctx.url, queue)
+    if depth != expected:
+        raise RuntimeError(f"{when}: queue {queue} holds {depth} messages, expected {expected}")
+
+
+def fill(ctx: Context) -> float:
+    """Publish exactly ``count`` immediate messages to the destination; returns seconds."""
+    count = ctx.settings.count
+    message = Message(ctx.body, ROUTING_KEY, "0s")  # a fresh message id for each copy
+
+    async def run() -> None:
+        async with AsyncPublisher(ctx.url, ctx.topology) as publisher:
+            receipts = await publisher.publish_many([message] * count, window=FILL_WINDOW)
+        assert len(receipts) == count and receipts[0].exchange == ctx.topology.ready_exchange
+
+    expect_depth(ctx, ctx.queue, 0, "before filling")
+    started = time.perf_counter()
+    asyncio.run(run())
+    elapsed = time.perf_counter() - started
+    expect_depth(ctx, ctx.queue, count, "after filling")
+    return elapsed
+
+
+# Timing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds and this process's CPU seconds (the client's own work)."""
+
+    wall_s: float
+    cpu_s: float
+
+
+class Drain:
+    """The clock of one drain: started by the first delivery, read when all are acked."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._wall: float | None = None
+        self._cpu = 0.0
+
+    def first_delivery(self) -> None:
+        if self._wall is None:
+            self._wall = time.perf_counter()
+            self._cpu = time.process_time()
+
+    async def wait(self, acked: Callable[[], int]) -> Timing:
+        """Poll ``acked()`` every ``POLL_S`` until it reaches ``count``; fail on a stall."""
+        seen, progress_at = -1, time.monotonic()
+        while True:
+            done = acked()
+            if done >= self.count:
+                wall, cpu = time.perf_counter(), time.process_time()
+                break
+            now = time.monotonic()
+            if done != seen:
+                seen, progress_at = done, now
+            elif now - progress_at > STALL_S:
+                raise RuntimeError(
+                    f"no progress for {STALL_S:.0f} s: {done} of {self.count} acked"
+                )
+            await asyncio.sleep(POLL_S)
+        if done != self.count:
+            raise RuntimeError(f"{done} messages acked, expected {self.count}")
+        assert self._wall is not None
+        return Timing(wall - self._wall, cpu - self._cpu)
+
+
+# The measurements -------------------------------------------------------------------------
+
+
+def raw_aio_pika(ctx: Context) -> Timing:
+    count, prefetch = ctx.settings.count, ctx.settings.prefetch
+
+    async def run() -> Timing:
+        drain = Drain(count)
+        acked = 0
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            nonlocal acked
+            drain.first_delivery()
+            await message.ack()
+            acked += 1
+
+        connection = await aio_pika.connect(ctx.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=prefetch)
+            queue = await channel.get_queue(ctx.queue, ensure=False)
+            tag = await queue.consume(on_message, no_ack=False)
+            timing = await drain.wait(lambda: acked)
+            await queue.cancel(tag)
+        return timing
+
+    return asyncio.run(run())
+
+
+def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> Timing:
+    count, prefetch = ctx.settings.count, ctx.settings.prefetch
+
+    async def run(store: IdempotencyStore) -> Timing:
+        drain = Drain(count)
+
+        async def handler(_value: object) -> None:
+            drain.first_delivery()
+
+        consumer = AsyncConsumer(
+            ctx.url, ctx.topology, ctx.queue, handler, store=store, prefetch=prefetch
+        )
+        await consumer.start()
+        try:
+            timing = await drain.wait(lambda: consumer.stats.handled)
+        finally:
+            await consumer.stop()
+        stats = consumer.stats
+        if (stats.handled, stats.duplicates, stats.retried, stats.dead_lettered) != (
+            count,
+            0,
+            0,
+            0,
+        ) or stats.returned:
+            raise RuntimeError(f"AsyncConsumer ended with {stats}, expected {count} handled")
+        return timing
+
+    store = make_store()
+    try:
+        return asyncio.run(run(store))
+    finally:
+        with contextlib.suppress(Exception):  # keys of this drain only; keeps Redis small
+            store.prune(older_than_ms=epoch_ms() + 3_600_000)
+        store.close()
+
+
+def delayq_memory(ctx: Context) -> Timing:
+    return async_consumer(ctx, InMemoryStore)
+
+
+def delayq_sqlite(ctx: Context) -> Timing:
+    folder = Path(tempfile.mkdtemp(prefix="delayq-bench-", dir=ctx.settings.sqlite_dir))
+    try:
+        return async_consumer(ctx, lambda: SQLiteStore(folder / "keys.db"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def make_redis_store(cls: Any, url: str) -> IdempotencyStore:
+    """A ``RedisStore`` for ``url``, whichever of the usual constructors it offers."""
+    from_url = getattr(cls, "from_url", None)
+    store = from_url(url) if callable(from_url) else cls(url)
+    return store  # type: ignore[no-any-return]
+
+
+def delayq_redis(ctx: Context) -> Timing:
+    assert ctx.redis_class is not None and ctx.redis_url is not None
+    return async_consumer(ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or ""))
+
+
+MEASURE: dict[str, Callable[[Context], Timing]] = {
+    RAW: raw_aio_pika,
+    MEMORY: delayq_memory,
+    SQLITE: delayq_sqlite,
+    REDIS: delayq_redis,
+}
+
+
+def modes_of(ctx: Context) -> tuple[str, ...]:
+    """The modes of this run, raw first (even rounds run them in this order)."""
+    return (RAW, MEMORY, SQLITE) + ((REDIS,) if ctx.redis_class is not None else ())
+
+
+# Running and reporting --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    rate: float
+    """Messages handled and acked per second."""
+    cpu_us: float
+    """Client CPU microseconds per message."""
+
+
+@dataclass
+class Results:
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def add(self, key: str, sample: Sample) -> None:
+        self.samples.setdefault(key, []).append(sample)
+
+    def rate(self, key: str) -> float:
+        return statistics.median(s.rate for s in self.samples[key])
+
+    def cpu_us(self, key: str) -> float:
+        return statistics.median(s.cpu_us for s in self.samples[key])
+
+    def round_ratios(self, key: str) -> list[float]:
+        """Each round's rate over the same round's raw rate."""
+        return [s.rate / r.rate for s, r in zip(self.samples[key], self.samples[RAW])]
+
+
+def drained(ctx: Context, key: str) -> Timing:
+    """Fill the queue, drain it in mode ``key``, check that everything was acked."""
+    fill(ctx)
+    gc.collect()
+    timing = MEASURE[key](ctx)
+    expect_depth(ctx, ctx.queue, 0, f"after {LABELS[key]}")
+    expect_depth(ctx, ctx.dlq, 0, f"after {LABELS[key]}")
+    return timing
+
+
+def run_rounds(ctx: Context) -> Results:
+    results = Results()
+    count, rounds = ctx.settings.count, ctx.settings.rounds
+    modes = modes_of(ctx)
+    for index in range(rounds):
+        order = modes if index % 2 == 0 else tuple(reversed(modes))
+        prefix = f"[round {index + 1}/{rounds}]"
+        for key in order:
+            log(f"{prefix} {LABELS[key]}: draining {count} messages ...")
+            timing = drained(ctx, key)
+            sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6)
+            results.add(key, sample)
+            log(
+                f"{prefix} {LABELS[key]}: {count} in {timing.wall_s:.2f} s = "
+                f"{sample.rate:,.0f} msg/s, client CPU {sample.cpu_us:.0f} us/msg"
+            )
+    return results
+
+
+def profile(ctx: Context, key: str, out: Path | None) -> None:
+    """One extra, untimed drain under cProfile (main thread only); top functions to stderr."""
+    fill(ctx)
+    gc.collect()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        MEASURE[key](ctx)
+    finally:
+        profiler.disable()
+    expect_depth(ctx, ctx.queue, 0, f"after profiling {LABELS[key]}")
+    if out is not None:
+        profiler.dump_stats(str(out))
+        log(f"profile of {LABELS[key]} written to {out}")
+    for sort in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(sort).print_stats(30)
+        log(f"profile of {LABELS[key]}, {ctx.settings.count} messages, by {sort}:")
+        log(text.getvalue())
+
+
+@dataclass(frozen=True)
+class Environment:
+    command: str
+    version: str
+    load: str
+    redis_note: str
+
+
+def report(ctx: Context, results: Results, env: Environment) -> str:
+    s = ctx.settings
+    raw_rate, raw_cpu = results.rate(RAW), results.cpu_us(RAW)
+    width = max(len(v) for v in LABELS.values()) + 2
+    lines = [
+        f"{'mode (prefetch ' + str(s.prefetch) + ')':<{width}}{'msg/s':>9}{'ratio':>8}"
+        f"{'CPU us/msg':>12}   target"
+    ]
+    for key, label in LABELS.items():
+        if key not in results.samples:
+            lines.append(f"{label:<{width}}{'skipped':>9}   ({env.redis_note})")
+            continue
+        rate, cpu = results.rate(key), results.cpu_us(key)
+        ratio = round(rate / raw_rate, 2)  # judged as shown
+        target = TARGETS.get(key)
+        verdict = ""
+        if target is not None:
+            verdict = f">= {target:.2f}" + ("" if ratio >= target else "   BELOW TARGET")
+        lines.append(f"{label:<{width}}{rate:>9,.0f}{ratio:>8.2f}{cpu:>12.0f}   {verdict}")
+
+    lines += [
+        "",
+        f"per mode: msg/s in each of {s.rounds} rounds (ratio to the same round's raw); "
+        "medians",
+    ]
+    for key, label in LABELS.items():
+        if key not in results.samples:
+            continue
+        per_round = ", ".join(
+            f"{x.rate:,.0f} ({q:.2f})"
+            for x, q in zip(results.samples[key], results.round_ratios(key))
+        )
+        lines.append(
+            f"  {label:<{width}}{per_round}  median {results.rate(key):,.0f} msg/s, "
+            f"{results.cpu_us(key):.0f} us CPU/msg"
+        )
+    lines.append("client CPU that AsyncConsumer adds per message over the raw consumer:")
+    for key, label in LABELS.items():
+        if key == RAW or key not in results.samples:
+            continue
+        extra = results.cpu_us(key) - raw_cpu
+        lines.append(f"  {label:<{width}}{extra:+.0f} us ({extra / raw_cpu:+.0%} of raw)")
+
+    redis = f"{redact(ctx.redis_url)}" if ctx.redis_url and ctx.redis_class else env.redis_note
+    lines += [
+        "",
+        f"command:   {env.command}",
+        f"broker:    {env.version}, {redact(ctx.url)}",
+        f"client:    Python {platform.python_version()}, aio-pika {package_version('aio-pika')}, "
+        f"aiormq {package_version('aiormq')}, delayq {package_version('delayq')}",
+        f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, load average {env.load}",
+        f"workload:  {s.count} messages of {s.body_bytes} bytes per drain, prefetch "
+        f"{s.prefetch}, {ctx.topology.queue_type.value} queue {ctx.queue}",
+        f"stores:    SQLite file in {s.sqlite_dir} (fresh per drain); Redis: {redis}",
+    ]
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def benchmark(
+    url: str,
+    settings: Settings,
+    command: str,
+    redis: tuple[str | None, Any, str],
+    profile_key: str | None,
+    profile_out: Path | None,
+) -> None:
+    redis_url, redis_class, redis_note = redis
+    version = broker_version(url)
+    ctx = Context.create(url, settings, redis_url, redis_class)
+    log(f"broker {version} at {redact(url)}; namespace {ctx.topology.namespace}")
+    if redis_class is None:
+        log(f"note: skipping {LABELS[REDIS]}: {redis_note}")
+    load_before = load_average()
+    try:
+        apply_topology(ctx.topology, url)
+        results = run_rounds(ctx)
+        load = f"{load_before} before, {load_average()} after (1/5/15 min)"
+        if profile_key is not None:
+            if profile_key == REDIS and redis_class is None:
+                log(f"note: cannot profile {LABELS[REDIS]}: {redis_note}")
+            else:
+                profile(ctx, profile_key, profile_out)
+    finally:
+        delete_topology(ctx.topology, url)
+        log(f"deleted the queues and exchanges of {ctx.topology.namespace}")
+    env = Environment(command=command, version=version, load=load, redis_note=redis_note)
+    print(report(ctx, results, env), flush=True)
+
+
+# Redis (optional) -------------------------------------------------------------------------
+
+
+def redis_store_class() -> tuple[Any, str]:
+    """``RedisStore``, or ``None`` and why not."""
+    try:
+        module = importlib.import_module("delayq.idempotency_redis")
+        return module.RedisStore, ""
+    except ImportError as exc:
+        return None, f"delayq.idempotency_redis.RedisStore cannot be imported ({exc})"
+    except AttributeError:
+        return None, "delayq.idempotency_redis has no RedisStore"
+
+
+@contextlib.contextmanager
+def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, str]]:
+    """(Redis URL, RedisStore class, note): a local server is started only if needed."""
+    cls, note = redis_store_class()
+    if cls is None:
+        yield None, None, note
+        return
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if url:
+        yield url, cls, ""
+        return
+    try:
+        local_redis = importlib.import_module("delayq.localservers").LocalRedis
+    except (ImportError, AttributeError) as exc:
+        yield None, None, f"no --redis-url or REDIS_URL, and no delayq.localservers ({exc})"
+        return
+    log("no --redis-url or REDIS_URL: starting a local Redis server ...")
+    try:
+        server = local_redis()
+        server.__enter__()
+    except Exception as exc:
+        yield None, None, f"could not start LocalRedis: {type(exc).__name__}: {exc}"
+        return
+    try:
+        log(f"local Redis is up at {redact(server.url)}")
+        yield server.url, cls, "LocalRedis"
+    finally:
+        log("stopping the local Redis server ...")
+        server.__exit__(None, None, None)
+
+
+# Command line -----------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/consume.py",
+        description="Consume throughput of delayq's AsyncConsumer against raw aio-pika.",
+    )
+    parser.add_argument("--url", help="broker URL (default: $RABBITMQ_URL, else a local node)")
+    parser.add_argument(
+        "--redis-url",
+        help="Redis URL for the RedisStore mode (default: $REDIS_URL, else LocalRedis if any)",
+    )
+    parser.add_argument(
+        "--count",
+        type=positive_int,
+        default=50_000,
+        help="messages per drain (default 50000)",
+    )
+    parser.add_argument(
+        "--body-bytes", type=positive_int, default=256, help="body size in bytes (default 256)"
+    )
+    parser.add_argument(
+        "--prefetch", type=positive_int, default=200, help="prefetch of every mode (default 200)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        help="rounds, alternating the order of modes; medians are reported",
+    )
+    parser.add_argument(
+        "--sqlite-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="folder for the SQLite stores' files (default: the temporary folder)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILE_CHOICES),
+        help="after the rounds, drain once more in this mode under cProfile (untimed)",
+    )
+    parser.add_argument("--profile-out", type=Path, help="also write that profile to this file")
+    return parser.parse_args(argv)
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """How this run was started, with any password in a URL redacted."""
+    shown = [redact(arg) if "://" in arg else arg for arg in argv]
+    return shlex.join(["python", sys.argv[0], *shown])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    settings = Settings(
+        count=args.count,
+        body_bytes=args.body_bytes,
+        prefetch=args.prefetch,
+        rounds=args.rounds,
+        sqlite_dir=args.sqlite_dir,
+    )
+    command = command_line(argv)
+    profile_key = PROFILE_CHOICES[args.profile] if args.profile else None
+    with redis_server(args) as redis:
+        url = args.url or os.environ.get("RABBITMQ_URL")
+        if url:
+            benchmark(url, settings, command, redis, profile_key, args.profile_out)
+            return 0
+        log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
+        with LocalNode() as node:
+            log(f"local node {node.name} is up at {redact(node.url)}")
+            benchmark(node.url, settings, command, redis, profile_key, args.profile_out)
+            log("stopping the local node ...")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The blocking consumer (pika): performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
+
+One handler runs at a time, in a worker thread, while the consumer's own thread
+keeps the connection alive (heartbeats) and enforces ``handler_timeout``. For
+parallel handlers run several consumers (processes, or threads each with its
+own ``Consumer``), or use :class:`~delayq.aio.AsyncConsumer`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import pika
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingChannel
+from pydantic import BaseModel
+
+from delayq.delivery import Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
+from delayq.durations import to_ms
+from delayq.envelope import epoch_ms
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput
+from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.retry import RetryPolicy
+from delayq.stats import ConsumerStats
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync.provision import apply_topology
+from delayq.sync.publisher import Publisher
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["Consumer"]
+
+log = logging.getLogger("delayq.consumer")
+
+
+class Consumer:
+    """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
+
+    >>> consumer = Consumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
+    ...                     policy=ExponentialBackoff(initial="30s", max_attempts=5),
+    ...                     store=SQLiteStore("keys.db"), key=lambda order: order["id"])
+    >>> consumer.run()   # until SIGTERM/SIGINT, then a graceful stop  # doctest: +SKIP
+
+    The same arguments, decisions and headers as :class:`~delayq.aio.AsyncConsumer`.
+    A handler that overruns ``handler_timeout`` is retried; its thread cannot be
+    killed and is left to finish on its own while the consumer goes on.
+    """
+
+    def __init__(
+        self,
+        url: str | None,
+        topology: Topology,
+        queue: str,
+        handler: Callable[[Any], Any],
+        *,
+        policy: RetryPolicy | None = None,
+        store: IdempotencyStore | None = None,
+        key: Callable[[Any], str] | None = None,
+        model: type[BaseModel] | None = None,
+        prefetch: int = 50,
+        handler_timeout: object = "5m",
+        non_retryable: tuple[type[BaseException], ...] = (),
+        clock_ms: Callable[[], int] = epoch_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        try:
+            topology.destination(queue)
+        except KeyError:
+            raise InvalidInput(
+                f"queue {queue!r} is not a destination of the topology (namespace "
+                f"{topology.namespace!r}); add it under `destinations`"
+            ) from None
+        if inspect.iscoroutinefunction(handler):
+            raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
+        if prefetch < 1:
+            raise InvalidInput("prefetch must be at least 1")
+        self._url = resolve_url(url)
+        self.topology = topology
+        self.queue = queue
+        self._handler = handler
+        self._planner = DeliveryPlanner(
+            topology,
+            queue,
+            policy=policy,
+            non_retryable=non_retryable,
+            clock_ms=clock_ms,
+            rng=rng,
+        )
+        self._store = store
+        self._key = key
+        self._model = model
+        self._prefetch = prefetch
+        self._timeout_ms = to_ms(handler_timeout, what="handler_timeout")
+        self._lease_ms = self._timeout_ms + 60_000
+        self._clock_ms = clock_ms
+        self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="delayq-handler")
+        self._stop = threading.Event()
+        self.started = threading.Event()
+        self.stats = ConsumerStats()
+
+    def __repr__(self) -> str:
+        return f"Consumer(url={redact(self._url)!r}, queue={self.queue!r})"
+
+    # Life cycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Declare the topology and open the consuming channel."""
+        self._connection = connect(self._url, name=f"delayq-consumer {self.queue}")
+        apply_topology(self.topology, connection=self._connection)
+        self._publisher.connect()
+        self._channel = self._connection.channel()
+        self._channel.basic_qos(prefetch_count=self._prefetch)
+        self._stop.clear()
+        self.started.set()
+        log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    def request_stop(self) -> None:
+        """Stop after the delivery in hand (safe from any thread or a signal handler)."""
+        self._stop.set()
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
+
+        Signal handlers can only be installed from the main thread.
+        """
+        previous: dict[int, Any] = {}
+        if install_signal_handlers:
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                self.request_stop()
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            if self._channel is None:
+                self.start()
+            assert self._channel is not None
+            for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
+                if method is not None:
+                    self._process(method, props, body)
+                if self._stop.is_set():
+                    break
+        finally:
+            for signum, old_handler in previous.items():
+                signal.signal(signum, old_handler)
+            self.close()
+
+    def close(self) -> None:
+        """Cancel consuming (unacked deliveries go back to the queue) and close."""
+        channel = self._channel
+        if channel is not None and channel.is_open:
+            try:
+                channel.cancel()  # requeues what was prefetched but not handled
+            except (pex.AMQPError, OSError) as exc:
+                log.debug("cancel failed: %r", exc)
+        close_quietly(channel)
+        close_quietly(self._connection)
+        self._channel = None
+        self._connection = None
+        self._publisher.close()
+        self._pool.shutdown(wait=False)
+        self.started.clear()
+
+    # Deliveries ---------------------------------------------------------------
+
+    def _process(self, method: Any, props: pika.BasicProperties, body: bytes) -> None:
+        delivery = Delivery(
+            queue=self.queue,
+            body=body,
+            routing_key=method.routing_key or "",
+            message_id=props.message_id,
+            content_type=props.content_type,
+            headers=dict(props.headers or {}),
+            redelivered=bool(method.redelivered),
+        )
+        tag = method.delivery_tag
+        try:
+            value = decode_body(delivery, self._model)
+        except Undecodable as exc:
+            self._perform(tag, self._planner.undecodable(delivery, exc))
+            return
+        key = delivery.message_id if self._key is None else str(self._key(value))
+        store = self._store if key is not None else None
+        if store is not None and key is not None:
+            status = store.claim(key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
+            if status is ClaimStatus.DONE:
+                self._perform(tag, self._planner.duplicate())
+                return
+            if status is ClaimStatus.BUSY:
+                self._perform(tag, self._planner.deferred(delivery))
+                return
+        try:
+            self._call_handler(value)
+        except Exception as exc:
+            if store is not None and key is not None:
+                store.release(key)
+            self._perform(tag, self._planner.failure(delivery, exc))
+            return
+        if store is not None and key is not None:
+            store.complete(key, now_ms=self._clock_ms())
+        self._perform(tag, self._planner.success())
+
+    def _call_handler(self, value: Any) -> None:
+        assert self._connection is not None
+        future = self._pool.submit(self._handler, value)
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        while not future.done():
+            if time.monotonic() >= deadline:
+                # The thread cannot be stopped: leave it and take a fresh one.
+                self._pool.shutdown(wait=False)
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="delayq-handler"
+                )
+                raise HandlerTimeout(
+                    f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
+                )
+            self._connection.sleep(0.01)  # keeps heartbeats flowing
+        future.result()
+
+    def _perform(self, tag: int, decision: Decision) -> None:
+        assert self._channel is not None
+        if decision.message is not None:
+            try:
+                self._publisher.send(decision.message)
+            except DelayqError as exc:
+                log.error(
+                    "could not republish %s (%s); returning it to %s",
+                    decision.message.message_id,
+                    exc,
+                    self.queue,
+                )
+                self.stats.returned += 1
+                self._connection.sleep(1.0) if self._connection else time.sleep(1.0)
+                self._channel.basic_nack(tag, requeue=True)
+                return
+        self._channel.basic_ack(tag)
+        self.stats.record(decision)
