@@ -83,7 +83,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -279,9 +279,7 @@ class Drain:
             if done != seen:
                 seen, progress_at = done, now
             elif now - progress_at > STALL_S:
-                raise RuntimeError(
-                    f"no progress for {STALL_S:.0f} s: {done} of {self.count} acked"
-                )
+                raise RuntimeError(f"no progress for {STALL_S:.0f} s: {done} of {self.count} acked")
             await asyncio.sleep(POLL_S)
         if done != self.count:
             raise RuntimeError(f"{done} messages acked, expected {self.count}")
@@ -369,8 +367,8 @@ def delayq_sqlite(ctx: Context) -> Timing:
 def make_redis_store(cls: Any, url: str) -> IdempotencyStore:
     """A ``RedisStore`` for ``url``, whichever of the usual constructors it offers."""
     from_url = getattr(cls, "from_url", None)
-    store = from_url(url) if callable(from_url) else cls(url)
-    return store  # type: ignore[no-any-return]
+    store: IdempotencyStore = from_url(url) if callable(from_url) else cls(url)
+    return store
 
 
 def delayq_redis(ctx: Context) -> Timing:
@@ -417,7 +415,7 @@ class Results:
 
     def round_ratios(self, key: str) -> list[float]:
         """Each round's rate over the same round's raw rate."""
-        return [s.rate / r.rate for s, r in zip(self.samples[key], self.samples[RAW])]
+        return [s.rate / r.rate for s, r in zip(self.samples[key], self.samples[RAW], strict=True)]
 
 
 def drained(ctx: Context, key: str) -> Timing:
@@ -500,15 +498,14 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
 
     lines += [
         "",
-        f"per mode: msg/s in each of {s.rounds} rounds (ratio to the same round's raw); "
-        "medians",
+        f"per mode: msg/s in each of {s.rounds} rounds (ratio to the same round's raw); medians",
     ]
     for key, label in LABELS.items():
         if key not in results.samples:
             continue
         per_round = ", ".join(
             f"{x.rate:,.0f} ({q:.2f})"
-            for x, q in zip(results.samples[key], results.round_ratios(key))
+            for x, q in zip(results.samples[key], results.round_ratios(key), strict=True)
         )
         lines.append(
             f"  {label:<{width}}{per_round}  median {results.rate(key):,.0f} msg/s, "

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from delayq.declarations import build_declarations, describe
 from delayq.definitions import render_definitions
 from delayq.durations import format_ms
+from delayq.envelope import epoch_ms
 from delayq.errors import DelayqError, InvalidBody, InvalidInput
 from delayq.provisioning import ApplyStatus
 from delayq.retry import (
@@ -108,6 +109,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="deliveries in all, the first included (exponential, fixed)",
     )
+
+    for name, what in (
+        ("dlq", "a destination's dead-letter queue"),
+        ("unrouted", "<ns>.unrouted, where due messages nobody bound are parked"),
+    ):
+        parked = commands.add_parser(name, help=f"list, show, replay or purge {what}")
+        actions = parked.add_subparsers(dest="parked_command", required=True, metavar="ACTION")
+        takes_queue = name == "dlq"
+
+        def with_queue(parser: argparse.ArgumentParser, takes_queue: bool = takes_queue) -> None:
+            if takes_queue:
+                parser.add_argument("queue", metavar="QUEUE", help="the destination queue")
+
+        listing = actions.add_parser("list", parents=[common], help="a table of parked messages")
+        with_queue(listing)
+        listing.add_argument("--limit", type=int, default=100)
+        show = actions.add_parser("show", parents=[common], help="one message, headers and body")
+        with_queue(show)
+        show.add_argument("message_id", metavar="ID")
+        again = actions.add_parser(
+            "replay",
+            parents=[common],
+            help="send messages again (same id, attempt counter reset) and remove them",
+        )
+        with_queue(again)
+        pick = again.add_mutually_exclusive_group(required=True)
+        pick.add_argument(
+            "--id", action="append", dest="ids", metavar="ID", help="a message id (repeatable)"
+        )
+        pick.add_argument("--all", action="store_true", help="every parked message")
+        again.add_argument(
+            "--rate", type=float, default=None, metavar="N", help="at most N messages per second"
+        )
+        drop = actions.add_parser("purge", parents=[common], help="delete every parked message")
+        with_queue(drop)
+        drop.add_argument("--yes", action="store_true", help="really delete them")
 
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
@@ -261,6 +298,99 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
+    """Topology, the parking queue, and what it is called in messages."""
+    topology = _topology(args)
+    if args.command == "dlq":
+        try:
+            topology.destination(args.queue)
+        except KeyError:
+            raise InvalidInput(
+                f"{args.queue!r} is not a destination queue of {args.file}; "
+                f"destinations: {', '.join(d.queue for d in topology.destinations) or 'none'}"
+            ) from None
+        return topology, f"{args.queue}.dlq", f"the DLQ of {args.queue}"
+    return topology, topology.unrouted, topology.unrouted
+
+
+def cmd_parked(args: argparse.Namespace) -> int:
+    from delayq.sync import parking
+
+    topology, queue, label = _parking(args)
+    url = resolve_url(args.url)
+    action = args.parked_command
+    if action == "purge":
+        if not args.yes:
+            raise InvalidInput(f"purge deletes every message of {queue}: add --yes to confirm")
+        print(f"purged {parking.purge(url, queue)} messages from {queue}")
+        return EXIT_OK
+    if action in ("list", "show"):
+        limit = args.limit if action == "list" else 10_000
+        found = parking.browse(url, queue, limit=limit)
+        if action == "show":
+            match = [p for p in found if p.message_id == args.message_id]
+            if not match:
+                print(
+                    f"delayq: no message {args.message_id!r} in {label} ({len(found)} parked)",
+                    file=sys.stderr,
+                )
+                return EXIT_BROKER
+            delivery = match[0].delivery
+            print(f"message_id    {match[0].message_id}")
+            print(f"routing_key   {delivery.routing_key}")
+            print(f"content_type  {delivery.content_type}")
+            for key, value in sorted(delivery.headers.items()):
+                print(f"header        {key} = {value!r}")
+            print(f"body          {delivery.body[:4096]!r}")
+            return EXIT_OK
+        if not found:
+            print(f"{label} is empty")
+            return EXIT_OK
+        now = epoch_ms()
+        print(f"{'message id':<34} {'attempts':>8} {'age':>10}  {'reason':<15} error")
+        for parked in found:
+            age = parked.age_ms(now)
+            print(
+                f"{parked.message_id[:34]:<34} {parked.attempts:>8} "
+                f"{format_ms(age // 1000 * 1000) if age is not None else '?':>10}  "
+                f"{parked.reason:<15} {parked.error[:80]}"
+            )
+        print(f"# {len(found)} shown (at most {limit})")
+        return EXIT_OK
+
+    if args.command == "dlq":
+
+        def target(parked: Any) -> tuple[str, str]:
+            return "", args.queue  # the default exchange: this queue alone
+    else:
+
+        def target(parked: Any) -> tuple[str, str]:
+            return topology.ready_exchange, parked.delivery.origin_routing_key
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rreplayed {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    report = parking.replay(
+        url,
+        queue,
+        topology,
+        target=target,
+        ids=None if args.all else args.ids,
+        rate_per_s=args.rate,
+        progress=progress,
+    )
+    if report.replayed:
+        print(file=sys.stderr)
+    if report.seen == 0:
+        print(f"{label} is empty: nothing to replay")
+    else:
+        print(f"replayed {len(report.replayed)} of {report.seen} parked messages from {queue}")
+    if report.missing:
+        print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
+        return EXIT_BROKER
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from delayq.demo import run_demo
 
@@ -279,7 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("demo", None): cmd_demo,
         ("retry-plan", None): cmd_retry_plan,
     }
-    handler = handlers[(args.command, getattr(args, "topology_command", None))]
+    handler: Callable[[argparse.Namespace], int]
+    if args.command in ("dlq", "unrouted"):
+        handler = cmd_parked
+    else:
+        handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
         return handler(args)
     except InvalidInput as exc:

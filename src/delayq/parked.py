@@ -1,0 +1,102 @@
+"""Parked messages (a DLQ or ``<ns>.unrouted``): summaries and replays, as pure code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from delayq.delivery import (
+    H_DEAD_LETTER_REASON,
+    H_ERROR_MESSAGE,
+    H_ERROR_TYPE,
+    H_FAILED_AT,
+    Delivery,
+)
+from delayq.envelope import (
+    CONTENT_BYTES,
+    H_PUBLISHED_AT,
+    HEADER_PREFIX,
+    OutgoingMessage,
+    Receipt,
+    envelope_headers,
+)
+
+__all__ = ["H_REPLAYED_AT", "ParkedMessage", "replay_message"]
+
+H_REPLAYED_AT = "delayq-replayed-at"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    """One parked message as ``delayq dlq list`` shows it."""
+
+    delivery: Delivery
+    timestamp_s: int | None = None
+
+    @property
+    def message_id(self) -> str:
+        return self.delivery.message_id or "(none)"
+
+    @property
+    def attempts(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def reason(self) -> str:
+        return _text(self.delivery.headers.get(H_DEAD_LETTER_REASON)) or "-"
+
+    @property
+    def error(self) -> str:
+        kind = _text(self.delivery.headers.get(H_ERROR_TYPE)).rsplit(".", 1)[-1]
+        message = _text(self.delivery.headers.get(H_ERROR_MESSAGE))
+        return f"{kind}: {message}" if kind else message or "-"
+
+    def parked_at_ms(self) -> int | None:
+        for key in (H_FAILED_AT, H_PUBLISHED_AT):
+            value = self.delivery.headers.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None if self.timestamp_s is None else self.timestamp_s * 1000
+
+    def age_ms(self, now_ms: int) -> int | None:
+        at = self.parked_at_ms()
+        return None if at is None else max(0, now_ms - at)
+
+
+def replay_message(
+    parked: Delivery, *, exchange: str, routing_key: str, now_ms: int
+) -> OutgoingMessage:
+    """The parked message, sent again: same id and body, attempt counter reset to 1,
+    failure headers dropped (``delayq-replayed-at`` says when)."""
+    headers: dict[str, Any] = {
+        k: v
+        for k, v in parked.headers.items()
+        if not k.lower().startswith(HEADER_PREFIX) and not k.lower().startswith("x-")
+    }
+    headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
+    headers[H_REPLAYED_AT] = now_ms
+    message_id = parked.message_id or f"delayq-replayed-{now_ms}"
+    return OutgoingMessage(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=parked.body,
+        content_type=parked.content_type or CONTENT_BYTES,
+        message_id=message_id,
+        timestamp_s=now_ms // 1000,
+        headers=headers,
+        receipt=Receipt(
+            message_id=message_id,
+            routing_key=routing_key,
+            exchange=exchange,
+            tier=None,
+            delay_ms=0,
+            tier_ms=0,
+            published_at_ms=now_ms,
+        ),
+    )
