@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from delayq.declarations import build_declarations
 from delayq.definitions import export_definitions, render_definitions
+from delayq.delivery import Reject, Retry
 from delayq.durations import format_ms, to_ms
 from delayq.envelope import Message, Receipt
 from delayq.errors import (
@@ -22,6 +23,7 @@ from delayq.errors import (
     ConnectionFailed,
     DelayqError,
     DelayTooLong,
+    HandlerTimeout,
     InvalidBody,
     InvalidDelay,
     InvalidHeaders,
@@ -38,6 +40,7 @@ from delayq.errors import (
     TopologyMissing,
     Unroutable,
 )
+from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.retry import (
@@ -48,10 +51,14 @@ from delayq.retry import (
     ScheduleBackoff,
     ScheduleRow,
 )
+from delayq.stats import ConsumerStats
 from delayq.topology import Destination, QueueType, Topology, load_topology
+from delayq.worker import Worker
 
 if TYPE_CHECKING:
+    from delayq.aio.consumer import AsyncConsumer
     from delayq.aio.publisher import AsyncPublisher
+    from delayq.sync.consumer import Consumer
     from delayq.sync.provision import apply_topology
     from delayq.sync.publisher import Publisher
 
@@ -63,15 +70,22 @@ __all__ = [
     "ApplyReport",
     "ApplyResult",
     "ApplyStatus",
+    "AsyncConsumer",
     "AsyncPublisher",
     "BodyTooLarge",
     "BrokerError",
+    "ClaimStatus",
     "ConnectionFailed",
+    "Consumer",
+    "ConsumerStats",
     "DelayTooLong",
     "DelayqError",
     "Destination",
     "ExponentialBackoff",
     "FixedBackoff",
+    "HandlerTimeout",
+    "IdempotencyStore",
+    "InMemoryStore",
     "InvalidBody",
     "InvalidDelay",
     "InvalidHeaders",
@@ -89,7 +103,10 @@ __all__ = [
     "Publisher",
     "QueueType",
     "Receipt",
+    "Reject",
+    "Retry",
     "RetryPolicy",
+    "SQLiteStore",
     "ScheduleBackoff",
     "ScheduleRow",
     "Tier",
@@ -97,6 +114,7 @@ __all__ = [
     "TopologyConflict",
     "TopologyMissing",
     "Unroutable",
+    "Worker",
     "apply_topology",
     "build_declarations",
     "export_definitions",
@@ -107,6 +125,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Consumer": "delayq.sync.consumer",
+    "AsyncConsumer": "delayq.aio.consumer",
     "Publisher": "delayq.sync.publisher",
     "apply_topology": "delayq.sync.provision",
     "AsyncPublisher": "delayq.aio.publisher",

@@ -146,6 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
         with_queue(drop)
         drop.add_argument("--yes", action="store_true", help="really delete them")
 
+    work = commands.add_parser(
+        "worker", parents=[common], help="run the handlers a module declares (delayq.Worker)"
+    )
+    work.add_argument(
+        "spec",
+        metavar="MODULE[:ATTR]",
+        help="e.g. myapp.tasks or myapp.tasks:worker (default attribute: worker)",
+    )
+    work.add_argument("--prefetch", type=int, default=None, help="deliveries per consumer")
+    work.add_argument(
+        "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
+    )
+    work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
     )
@@ -391,6 +405,29 @@ def cmd_parked(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from delayq.worker import load_worker
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
+    worker = load_worker(args.spec)
+    url = resolve_url(args.url)
+    print(
+        f"delayq worker: {len(worker.registrations)} handlers "
+        f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
+        flush=True,
+    )
+    worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from delayq.demo import run_demo
 
@@ -408,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("publish", None): cmd_publish,
         ("demo", None): cmd_demo,
         ("retry-plan", None): cmd_retry_plan,
+        ("worker", None): cmd_worker,
     }
     handler: Callable[[argparse.Namespace], int]
     if args.command in ("dlq", "unrouted"):

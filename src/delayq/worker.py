@@ -1,0 +1,163 @@
+"""Declaring an application's handlers, and running them: what ``delayq worker`` runs.
+
+>>> worker = Worker(load_topology("topology/delayq.yaml"))          # doctest: +SKIP
+>>> @worker.handler("orders.reminders", policy=ExponentialBackoff(max_attempts=5),
+...                 key=lambda order: order.id, model=Order)        # doctest: +SKIP
+... async def send_reminder(order: Order) -> None: ...
+
+Then ``delayq worker myapp.tasks:worker`` consumes every registered queue:
+coroutine handlers on one event loop (``AsyncConsumer``), plain ones each in a
+thread (``Consumer``), until SIGTERM or SIGINT stops them all gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayq.errors import InvalidInput
+from delayq.topology import Topology
+
+__all__ = ["Registration", "Worker", "load_worker"]
+
+log = logging.getLogger("delayq.worker")
+
+
+@dataclass(frozen=True)
+class Registration:
+    queue: str
+    handler: Callable[..., Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+
+class Worker:
+    """A set of handlers, one per destination queue, run together."""
+
+    def __init__(self, topology: Topology, **defaults: Any) -> None:
+        self.topology = topology
+        self.defaults = defaults
+        """Consumer options for every handler (``store=``, ``policy=``, ...)."""
+        self.registrations: list[Registration] = []
+
+    def handler(self, queue: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+        """Register the decorated function for ``queue`` with consumer ``options``."""
+        try:
+            self.topology.destination(queue)
+        except KeyError:
+            raise InvalidInput(
+                f"queue {queue!r} is not a destination of the topology "
+                f"(namespace {self.topology.namespace!r})"
+            ) from None
+        if any(r.queue == queue for r in self.registrations):
+            raise InvalidInput(f"queue {queue!r} already has a handler")
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.registrations.append(Registration(queue, fn, options))
+            return fn
+
+        return register
+
+    def run(
+        self,
+        url: str | None = None,
+        *,
+        prefetch: int | None = None,
+        concurrency: int | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set)."""
+        from delayq.aio.consumer import AsyncConsumer
+        from delayq.sync.consumer import Consumer
+
+        if not self.registrations:
+            raise InvalidInput("the worker has no handlers: register some with @worker.handler")
+        stop = stop or threading.Event()
+        in_main = threading.current_thread() is threading.main_thread()
+        previous: dict[int, Any] = {}
+        if in_main:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: stop.set())
+
+        def options(reg: Registration) -> dict[str, Any]:
+            merged = {**self.defaults, **reg.options}
+            if prefetch is not None:
+                merged["prefetch"] = prefetch
+            if concurrency is not None and reg.is_async:
+                merged["concurrency"] = concurrency
+            return merged
+
+        sync_consumers = [
+            Consumer(url, self.topology, r.queue, r.handler, **options(r))
+            for r in self.registrations
+            if not r.is_async
+        ]
+
+        def run_sync(consumer: Consumer) -> None:
+            try:
+                consumer.run(install_signal_handlers=False)
+            except Exception:
+                log.exception("consumer of %s failed; stopping the worker", consumer.queue)
+                stop.set()
+
+        threads = [
+            threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
+            for c in sync_consumers
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            async_regs = [r for r in self.registrations if r.is_async]
+
+            async def run_async() -> None:
+                consumers = [
+                    AsyncConsumer(url, self.topology, r.queue, r.handler, **options(r))
+                    for r in async_regs
+                ]
+                for consumer in consumers:
+                    await consumer.start()
+                log.info("worker running %d handlers", len(self.registrations))
+                while not stop.is_set():
+                    await asyncio.sleep(0.2)
+                await asyncio.gather(*(c.stop() for c in consumers))
+
+            if async_regs:
+                asyncio.run(run_async())
+            else:
+                log.info("worker running %d handlers", len(self.registrations))
+                stop.wait()
+        finally:
+            stop.set()
+            for consumer in sync_consumers:
+                consumer.request_stop()
+            for thread in threads:
+                thread.join(60)
+            for signum, old in previous.items():
+                signal.signal(signum, old)
+        log.info("worker stopped")
+
+
+def load_worker(spec: str) -> Worker:
+    """``"package.module"`` (attribute ``worker``) or ``"package.module:attr"``."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInput(f"cannot import {module_name!r}: {exc}") from exc
+    value = getattr(module, attr or "worker", None)
+    if not isinstance(value, Worker):
+        raise InvalidInput(
+            f"{spec!r} is not a delayq.Worker (found {type(value).__name__}); "
+            "declare one with `worker = Worker(topology)` and @worker.handler(...)"
+        )
+    return value
