@@ -32,7 +32,7 @@ from delayq.envelope import (
     envelope_headers,
     epoch_ms,
 )
-from delayq.errors import DelayqError, DelayTooLong
+from delayq.errors import DelayqError, DelayTooLong, InvalidInput
 from delayq.ladder import Tier
 from delayq.retry import ExponentialBackoff, RetryPolicy
 from delayq.topology import Topology
@@ -48,6 +48,7 @@ __all__ = [
     "MAX_ERROR_MESSAGE_BYTES",
     "MAX_ERROR_TRACE_BYTES",
     "Action",
+    "ConsumeSettings",
     "DeadLetterReason",
     "Decision",
     "Delivery",
@@ -57,6 +58,8 @@ __all__ = [
     "Undecodable",
     "bounded",
     "decode_body",
+    "idempotency_key",
+    "republished",
 ]
 
 H_ERROR_TYPE = "delayq-error-type"
@@ -192,6 +195,36 @@ def _user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumeSettings:
+    """A consumer's validated knobs, the same for both adapters."""
+
+    prefetch: int
+    handler_timeout_ms: int
+    lease_ms: int
+    """How long a claim holds a key: past the handler's timeout, so only a crash lets
+    it lapse before the handler is done."""
+
+    @classmethod
+    def parse(
+        cls, *, prefetch: int, handler_timeout: object, lease: object = None
+    ) -> ConsumeSettings:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        timeout_ms = to_ms(handler_timeout, what="handler_timeout")
+        if timeout_ms <= 0:
+            raise InvalidInput("handler_timeout must be longer than 0")
+        lease_ms = timeout_ms + 60_000 if lease is None else to_ms(lease, what="lease")
+        if lease_ms <= timeout_ms:
+            raise InvalidInput("lease must be longer than handler_timeout")
+        return cls(prefetch, timeout_ms, lease_ms)
+
+
+def idempotency_key(value: Any, delivery: Delivery, key: Callable[[Any], Any] | None) -> str | None:
+    """The handler's business key for ``value`` when ``key`` is given, else the message id."""
+    return delivery.message_id if key is None else str(key(value))
+
+
 class DeliveryPlanner:
     """Decides the fate of deliveries from one queue; pure, with injectable clock and rng."""
 
@@ -205,6 +238,13 @@ class DeliveryPlanner:
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
+        try:
+            topology.destination(queue)
+        except KeyError:
+            raise InvalidInput(
+                f"queue {queue!r} is not a destination of the topology (namespace "
+                f"{topology.namespace!r}); add it under `destinations`"
+            ) from None
         self.topology = topology
         self.queue = queue
         self.dlq = f"{queue}.dlq"
@@ -277,7 +317,7 @@ class DeliveryPlanner:
         for key in (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT):
             if key in delivery.headers:  # an earlier failure's record travels on
                 headers[key] = delivery.headers[key]
-        return self._outgoing(delivery, exchange, self.queue, headers, now, delay_ms, tier)
+        return republished(delivery, exchange, self.queue, headers, now, delay_ms, tier)
 
     def _failure_headers(
         self, delivery: Delivery, error: BaseException, trace: str | None, now: int
@@ -308,36 +348,37 @@ class DeliveryPlanner:
         )
         headers.update(self._failure_headers(delivery, error, trace, now))
         headers[H_DEAD_LETTER_REASON] = reason.value
-        message = self._outgoing(delivery, "", self.dlq, headers, now, 0, None)
+        message = republished(delivery, "", self.dlq, headers, now, 0, None)
         return Decision(Action.DEAD_LETTER, message, reason=f"{reason.value}: {error}")
 
-    def _outgoing(
-        self,
-        delivery: Delivery,
-        exchange: str,
-        routing_key: str,
-        headers: dict[str, Any],
-        now: int,
-        delay_ms: int,
-        tier: Tier | None,
-    ) -> OutgoingMessage:
-        message_id = delivery.message_id or f"delayq-unnamed-{now}"
-        tier_ms = 0 if tier is None else tier.ttl_ms
-        return OutgoingMessage(
-            exchange=exchange,
-            routing_key=routing_key,
-            body=delivery.body,
-            content_type=delivery.content_type or CONTENT_BYTES,
+
+def republished(
+    delivery: Delivery,
+    exchange: str,
+    routing_key: str,
+    headers: dict[str, Any],
+    now: int,
+    delay_ms: int = 0,
+    tier: Tier | None = None,
+) -> OutgoingMessage:
+    """``delivery`` sent on again (same id, body and content type) with new headers."""
+    message_id = delivery.message_id or f"delayq-unnamed-{now}"
+    tier_ms = 0 if tier is None else tier.ttl_ms
+    return OutgoingMessage(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=delivery.body,
+        content_type=delivery.content_type or CONTENT_BYTES,
+        message_id=message_id,
+        timestamp_s=now // 1000,
+        headers=headers,
+        receipt=Receipt(
             message_id=message_id,
-            timestamp_s=now // 1000,
-            headers=headers,
-            receipt=Receipt(
-                message_id=message_id,
-                routing_key=routing_key,
-                exchange=exchange,
-                tier=None if tier is None else tier.label,
-                delay_ms=delay_ms,
-                tier_ms=tier_ms,
-                published_at_ms=now,
-            ),
-        )
+            routing_key=routing_key,
+            exchange=exchange,
+            tier=None if tier is None else tier.label,
+            delay_ms=delay_ms,
+            tier_ms=tier_ms,
+            published_at_ms=now,
+        ),
+    )

@@ -11,13 +11,12 @@ from delayq.delivery import (
     H_ERROR_TYPE,
     H_FAILED_AT,
     Delivery,
+    republished,
 )
 from delayq.envelope import (
-    CONTENT_BYTES,
     H_PUBLISHED_AT,
     HEADER_PREFIX,
     OutgoingMessage,
-    Receipt,
     envelope_headers,
 )
 
@@ -81,22 +80,4 @@ def replay_message(
     }
     headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
     headers[H_REPLAYED_AT] = now_ms
-    message_id = parked.message_id or f"delayq-replayed-{now_ms}"
-    return OutgoingMessage(
-        exchange=exchange,
-        routing_key=routing_key,
-        body=parked.body,
-        content_type=parked.content_type or CONTENT_BYTES,
-        message_id=message_id,
-        timestamp_s=now_ms // 1000,
-        headers=headers,
-        receipt=Receipt(
-            message_id=message_id,
-            routing_key=routing_key,
-            exchange=exchange,
-            tier=None,
-            delay_ms=0,
-            tier_ms=0,
-            published_at_ms=now_ms,
-        ),
-    )
+    return republished(parked, exchange, routing_key, headers, now_ms)

@@ -17,6 +17,7 @@ from delayq.delivery import (
     MAX_ERROR_MESSAGE_BYTES,
     MAX_ERROR_TRACE_BYTES,
     Action,
+    ConsumeSettings,
     Delivery,
     DeliveryPlanner,
     Reject,
@@ -199,3 +200,28 @@ def test_a_busy_key_is_deferred_to_the_smallest_tier_without_counting_an_attempt
     assert decision.message.exchange == "ns.retry.1s"
     assert decision.message.headers[H_ATTEMPT] == 2
     assert decision.message.headers[H_FIRST_FAILURE_AT] == 111
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prefetch": 0, "handler_timeout": "1s"},
+        {"prefetch": True, "handler_timeout": "1s"},
+        {"prefetch": 10, "handler_timeout": 5},
+        {"prefetch": 10, "handler_timeout": "0s"},
+        {"prefetch": 10, "handler_timeout": "1m", "lease": "30s"},
+    ],
+)
+def test_consumer_settings_refuse_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        ConsumeSettings.parse(**kwargs)
+
+
+def test_consumer_settings_lease_outlives_the_timeout_by_default():
+    settings = ConsumeSettings.parse(prefetch=10, handler_timeout="2m")
+    assert (settings.handler_timeout_ms, settings.lease_ms) == (120_000, 180_000)
+
+
+def test_a_planner_for_a_queue_outside_the_topology_is_refused():
+    with pytest.raises(ValueError, match="not a destination"):
+        DeliveryPlanner(TOPO, "elsewhere")

@@ -23,10 +23,17 @@ from pydantic import BaseModel
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
-from delayq.delivery import Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
-from delayq.durations import to_ms
+from delayq.delivery import (
+    ConsumeSettings,
+    Decision,
+    Delivery,
+    DeliveryPlanner,
+    Undecodable,
+    decode_body,
+    idempotency_key,
+)
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, PublishError
+from delayq.errors import DelayqError, HandlerTimeout, PublishError
 from delayq.idempotency import ClaimStatus, IdempotencyStore
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
@@ -67,19 +74,14 @@ class AsyncConsumer:
         prefetch: int = 50,
         concurrency: int | None = None,
         handler_timeout: object = "5m",
+        lease: object = None,
         non_retryable: tuple[type[BaseException], ...] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
-        try:
-            topology.destination(queue)
-        except KeyError:
-            raise InvalidInput(
-                f"queue {queue!r} is not a destination of the topology (namespace "
-                f"{topology.namespace!r}); add it under `destinations`"
-            ) from None
-        if prefetch < 1:
-            raise InvalidInput("prefetch must be at least 1")
+        settings = ConsumeSettings.parse(
+            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease
+        )
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
@@ -98,9 +100,8 @@ class AsyncConsumer:
         self._model = model
         self._prefetch = prefetch
         self._slots = asyncio.Semaphore(concurrency or prefetch)
-        self._timeout_ms = to_ms(handler_timeout, what="handler_timeout")
-        # A claim outlives the handler's timeout, so only a crash lets it lapse.
-        self._lease_ms = self._timeout_ms + 60_000
+        self._timeout_ms = settings.handler_timeout_ms
+        self._lease_ms = settings.lease_ms
         self._clock_ms = clock_ms
         self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
         self._connection: AbstractConnection | None = None
@@ -208,7 +209,7 @@ class AsyncConsumer:
         except Undecodable as exc:
             await self._perform(message, self._planner.undecodable(delivery, exc))
             return
-        key = self._idempotency_key(value, delivery)
+        key = idempotency_key(value, delivery, self._key)
         if key is not None and self._store is not None:
             status = await self._store_call(
                 self._store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms()
@@ -233,11 +234,6 @@ class AsyncConsumer:
         if key is not None and self._store is not None:
             await self._store_call(self._store.complete, key, now_ms=self._clock_ms())
         await self._perform(message, self._planner.success())
-
-    def _idempotency_key(self, value: Any, delivery: Delivery) -> str | None:
-        if self._key is None:
-            return delivery.message_id
-        return str(self._key(value))
 
     async def _call_handler(self, value: Any) -> None:
         timeout_s = self._timeout_ms / 1000

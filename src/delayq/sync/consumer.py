@@ -24,8 +24,15 @@ import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
-from delayq.delivery import Decision, Delivery, DeliveryPlanner, Undecodable, decode_body
-from delayq.durations import to_ms
+from delayq.delivery import (
+    ConsumeSettings,
+    Decision,
+    Delivery,
+    DeliveryPlanner,
+    Undecodable,
+    decode_body,
+    idempotency_key,
+)
 from delayq.envelope import epoch_ms
 from delayq.errors import DelayqError, HandlerTimeout, InvalidInput
 from delayq.idempotency import ClaimStatus, IdempotencyStore
@@ -68,21 +75,16 @@ class Consumer:
         model: type[BaseModel] | None = None,
         prefetch: int = 50,
         handler_timeout: object = "5m",
+        lease: object = None,
         non_retryable: tuple[type[BaseException], ...] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
-        try:
-            topology.destination(queue)
-        except KeyError:
-            raise InvalidInput(
-                f"queue {queue!r} is not a destination of the topology (namespace "
-                f"{topology.namespace!r}); add it under `destinations`"
-            ) from None
         if inspect.iscoroutinefunction(handler):
             raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
-        if prefetch < 1:
-            raise InvalidInput("prefetch must be at least 1")
+        settings = ConsumeSettings.parse(
+            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease
+        )
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
@@ -99,8 +101,8 @@ class Consumer:
         self._key = key
         self._model = model
         self._prefetch = prefetch
-        self._timeout_ms = to_ms(handler_timeout, what="handler_timeout")
-        self._lease_ms = self._timeout_ms + 60_000
+        self._timeout_ms = settings.handler_timeout_ms
+        self._lease_ms = settings.lease_ms
         self._clock_ms = clock_ms
         self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
         self._connection: pika.BlockingConnection | None = None
@@ -191,7 +193,7 @@ class Consumer:
         except Undecodable as exc:
             self._perform(tag, self._planner.undecodable(delivery, exc))
             return
-        key = delivery.message_id if self._key is None else str(self._key(value))
+        key = idempotency_key(value, delivery, self._key)
         store = self._store if key is not None else None
         if store is not None and key is not None:
             status = store.claim(key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
