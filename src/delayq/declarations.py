@@ -95,42 +95,26 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
     queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
     bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
 
-    for tier in topology.ladder.tiers:
-        name = topology.tier_name(tier)
-        exchanges.append(ExchangeDecl(name, "fanout"))
-        # No x-dead-letter-routing-key: the destination's routing key survives.
-        # No x-expires: an idle tier must never be deleted with messages in it.
-        queues.append(
-            QueueDecl(
-                name,
-                {
-                    **_safe_dead_lettering(qtype),
-                    "x-message-ttl": tier.ttl_ms,
-                    "x-dead-letter-exchange": ready,
-                },
-                role="tier",
-            )
-        )
-        bindings.append(BindingDecl(name, name))
-
-    for tier in topology.ladder.tiers:
-        # Retries wait here, addressed by routing key to the failing queue alone:
-        # they dead-letter through the default exchange, which routes by queue
-        # name, so no other binding (not even '#') on the ready exchange sees them.
-        name = topology.retry_name(tier)
-        exchanges.append(ExchangeDecl(name, "fanout"))
-        queues.append(
-            QueueDecl(
-                name,
-                {
-                    **_safe_dead_lettering(qtype),
-                    "x-message-ttl": tier.ttl_ms,
-                    "x-dead-letter-exchange": "",
-                },
-                role="retry",
-            )
-        )
-        bindings.append(BindingDecl(name, name))
+    # Two rungs per tier, each a fanout exchange into a fixed-TTL queue.
+    # Delays dead-letter into the ready exchange; no x-dead-letter-routing-key,
+    # so the destination's routing key survives. Retries, addressed by routing
+    # key to the failing queue alone, dead-letter through the default exchange,
+    # which routes by queue name: no other binding (not even '#') sees them.
+    # No x-expires: an idle tier must never be deleted with messages in it.
+    for role, name_of, dead_letter_exchange in (
+        ("tier", topology.tier_name, ready),
+        ("retry", topology.retry_name, ""),
+    ):
+        for tier in topology.ladder.tiers:
+            name = name_of(tier)
+            exchanges.append(ExchangeDecl(name, "fanout"))
+            arguments: dict[str, ArgumentValue] = {
+                **_safe_dead_lettering(qtype),
+                "x-message-ttl": tier.ttl_ms,
+                "x-dead-letter-exchange": dead_letter_exchange,
+            }
+            queues.append(QueueDecl(name, arguments, role=role))
+            bindings.append(BindingDecl(name, name))
 
     for dest in topology.destinations:
         queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
