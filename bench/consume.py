@@ -418,9 +418,10 @@ class Results:
         return [s.rate / r.rate for s, r in zip(self.samples[key], self.samples[RAW], strict=True)]
 
 
-def drained(ctx: Context, key: str) -> Timing:
+def drained(ctx: Context, key: str, prefix: str) -> Timing:
     """Fill the queue, drain it in mode ``key``, check that everything was acked."""
-    fill(ctx)
+    filled_s = fill(ctx)
+    log(f"{prefix} {LABELS[key]}: queue filled in {filled_s:.1f} s (untimed); draining ...")
     gc.collect()
     timing = MEASURE[key](ctx)
     expect_depth(ctx, ctx.queue, 0, f"after {LABELS[key]}")
@@ -436,8 +437,7 @@ def run_rounds(ctx: Context) -> Results:
         order = modes if index % 2 == 0 else tuple(reversed(modes))
         prefix = f"[round {index + 1}/{rounds}]"
         for key in order:
-            log(f"{prefix} {LABELS[key]}: draining {count} messages ...")
-            timing = drained(ctx, key)
+            timing = drained(ctx, key, prefix)
             sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6)
             results.add(key, sample)
             log(

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs what delayq's demo and tests need on a fresh Debian machine:
-# Debian's rabbitmq-server (the tests and the demo start throwaway nodes from it;
-# no system service is needed) and a virtualenv in .venv with delayq and its
-# test tools. Safe to run again: it skips what is already there.
+# Debian's rabbitmq-server (the demo and the tests start throwaway nodes from it;
+# no system service is needed), with --test also redis-server and postgresql
+# (the idempotency-store tests start throwaway servers from them), and a
+# virtualenv in .venv with delayq and its test tools. Safe to run again: it
+# skips what is already there.
+#   bash scripts/setup.sh          # for the demo
+#   bash scripts/setup.sh --test   # for the tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +16,22 @@ if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
   echo "==> installing rabbitmq-server (apt-get)"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+fi
+
+with_test_servers=no
+[ "${1:-}" = "--test" ] && with_test_servers=yes
+
+if [ $with_test_servers = yes ] && ! command -v redis-server >/dev/null 2>&1 \
+    && [ ! -x /usr/bin/redis-server ]; then
+  echo "==> installing redis-server (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+if [ $with_test_servers = yes ] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  echo "==> installing postgresql (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -4,7 +4,7 @@
 # else testcontainers where Docker answers, else local nodes the tests start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 echo "==> ruff"
 .venv/bin/ruff check src tests bench
 echo "==> mypy --strict"

@@ -58,6 +58,8 @@ from delayq.worker import Worker
 if TYPE_CHECKING:
     from delayq.aio.consumer import AsyncConsumer
     from delayq.aio.publisher import AsyncPublisher
+    from delayq.idempotency_postgres import PostgresStore
+    from delayq.idempotency_redis import RedisStore
     from delayq.sync.consumer import Consumer
     from delayq.sync.provision import apply_topology
     from delayq.sync.publisher import Publisher
@@ -96,6 +98,7 @@ __all__ = [
     "InvalidURL",
     "Ladder",
     "Message",
+    "PostgresStore",
     "PublishBatchError",
     "PublishError",
     "PublishRejected",
@@ -103,6 +106,7 @@ __all__ = [
     "Publisher",
     "QueueType",
     "Receipt",
+    "RedisStore",
     "Reject",
     "Retry",
     "RetryPolicy",
@@ -125,6 +129,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "RedisStore": "delayq.idempotency_redis",
+    "PostgresStore": "delayq.idempotency_postgres",
     "Consumer": "delayq.sync.consumer",
     "AsyncConsumer": "delayq.aio.consumer",
     "Publisher": "delayq.sync.publisher",

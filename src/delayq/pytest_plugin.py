@@ -9,6 +9,11 @@
 
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
+
+``redis_url`` and ``postgres_dsn`` (for the Redis and PostgreSQL idempotency stores)
+follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, else a
+throwaway server started from the installed ``redis-server`` / ``postgresql``
+package (see :mod:`delayq.localservers`) and stopped at the end of the session.
 """
 
 from __future__ import annotations
@@ -23,12 +28,23 @@ from typing import Any
 import pytest
 
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
+from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
 
-__all__ = ["local_rabbitmq_node", "rabbitmq_url"]
+__all__ = ["local_rabbitmq_node", "postgres_dsn", "rabbitmq_url", "redis_url"]
 
 NO_BROKER = (
     "no RabbitMQ broker: set RABBITMQ_URL, start a Docker engine (testcontainers), or "
     "install the server (apt-get install rabbitmq-server) so a local node can be started"
+)
+
+
+NO_REDIS = (
+    "no Redis server: set REDIS_URL, or install the server (apt-get install redis-server) "
+    "so a local one can be started"
+)
+NO_POSTGRES = (
+    "no PostgreSQL server: set POSTGRES_DSN, or install the server (apt-get install "
+    "postgresql) so a local one can be started"
 )
 
 
@@ -117,3 +133,57 @@ def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     node: LocalNode = request.getfixturevalue("local_rabbitmq_node")
     yield node.url
+
+
+def _no_server(what: str, reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"{what} ({reason})", pytrace=False)
+    pytest.skip(f"{what} ({reason})")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The URL of a real Redis server for this test session."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    try:
+        server = LocalRedis()
+    except LocalServerError as exc:
+        _no_server(NO_REDIS, str(exc))
+        raise
+    try:
+        server.start()
+    except LocalServerError as exc:
+        server.cleanup()
+        _no_server(NO_REDIS, str(exc))
+        raise
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """The DSN of a real PostgreSQL server for this test session."""
+    dsn = os.environ.get("POSTGRES_DSN")
+    if dsn:
+        yield dsn
+        return
+    try:
+        server = LocalPostgres()
+    except LocalServerError as exc:
+        _no_server(NO_POSTGRES, str(exc))
+        raise
+    try:
+        server.start()
+    except LocalServerError as exc:
+        server.cleanup()
+        _no_server(NO_POSTGRES, str(exc))
+        raise
+    try:
+        yield server.dsn
+    finally:
+        server.cleanup()

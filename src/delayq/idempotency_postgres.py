@@ -1,0 +1,191 @@
+"""An idempotency store in PostgreSQL: shared by consumers on many hosts.
+
+One table (created if missing) holds a row per key, the same shape as the SQLite
+store's: ``done_at`` is NULL while the key is claimed and the epoch ms of completion
+afterwards; ``lease_until`` is when a claim expires. A claim is one
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`` statement: PostgreSQL
+locks the conflicting row and re-checks the condition on its newest version, so two
+consumers (any processes, any hosts) never both win a key.
+
+>>> store = PostgresStore("postgresql://app@db/app")        # doctest: +SKIP
+>>> store.claim("order-42", lease_ms=60_000, now_ms=now)    # doctest: +SKIP
+<ClaimStatus.CLAIMED: 'claimed'>
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "delayq.idempotency_postgres needs psycopg 3: pip install 'delayq[postgres]'"
+    ) from exc
+
+from delayq.idempotency import ClaimStatus
+from delayq.urls import redact
+
+__all__ = ["PostgresStore", "redact_dsn"]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_PASSWORD_PARAM = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` (a ``postgresql://`` URL or a ``key=value`` string) with any password
+    (and ``sslpassword``) replaced by ``***``."""
+    if "://" in dsn:
+        dsn = redact(dsn)
+    return _PASSWORD_PARAM.sub(lambda m: m.group(1) + "***", dsn)
+
+
+def _secrets(dsn: str) -> list[str]:
+    found = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(dsn)]
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:
+        password = None
+    if isinstance(password, str):
+        found.append(password)
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def _scrub(message: str, dsn: str) -> str:
+    for secret in _secrets(dsn):
+        message = message.replace(secret, "***")
+    return message
+
+
+def _table_name(table: str) -> sql.Identifier:
+    parts = table.split(".")
+    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        raise ValueError(
+            f"table must be a plain SQL identifier or schema.identifier "
+            f"(letters, digits, _), not {table!r}"
+        )
+    return sql.Identifier(*parts)
+
+
+class PostgresStore:
+    """An :class:`~delayq.idempotency.IdempotencyStore` in a PostgreSQL table.
+
+    ``dsn`` is anything libpq takes (``postgresql://user:pass@host:5432/db`` or
+    ``host=... dbname=...``); ``table`` may be schema-qualified. The store keeps one
+    autocommit connection, used by one thread at a time; after the connection breaks,
+    the failed call raises and the next one reconnects.
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "delayq_idempotency",
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._dsn = dsn
+        self.table = table
+        self._connect_timeout_s = connect_timeout_s
+        ident = _table_name(table)
+        self._lock = threading.Lock()
+        self._sql_create = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {t} ("
+            " key TEXT PRIMARY KEY,"
+            " done_at BIGINT NULL,"
+            " lease_until BIGINT NOT NULL)"
+        ).format(t=ident)
+        # The claim and, from the statement's snapshot, whether a key it could not
+        # claim is done (else busy; a row completed by a racing consumer reads busy).
+        self._sql_claim = sql.SQL(
+            "WITH won AS ("
+            " INSERT INTO {t} AS cur (key, done_at, lease_until)"
+            " VALUES (%(key)s, NULL, %(until)s)"
+            " ON CONFLICT (key) DO UPDATE SET done_at = NULL, lease_until = EXCLUDED.lease_until"
+            " WHERE cur.done_at IS NULL AND cur.lease_until <= %(now)s"
+            " RETURNING 1)"
+            " SELECT EXISTS (SELECT 1 FROM won),"
+            " EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND done_at IS NOT NULL)"
+        ).format(t=ident)
+        self._sql_complete = sql.SQL(
+            "INSERT INTO {t} (key, done_at, lease_until) VALUES (%s, %s, %s)"
+            " ON CONFLICT (key) DO UPDATE SET done_at = EXCLUDED.done_at"
+        ).format(t=ident)
+        self._sql_release = sql.SQL("DELETE FROM {t} WHERE key = %s AND done_at IS NULL").format(
+            t=ident
+        )
+        self._sql_prune = sql.SQL(
+            "DELETE FROM {t} WHERE (done_at IS NOT NULL AND done_at < %s)"
+            " OR (done_at IS NULL AND lease_until < %s)"
+        ).format(t=ident)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        with self._lock:
+            conn = self._connection()
+            # Several processes may start at once: serialise the CREATE TABLE IF NOT
+            # EXISTS (it is not safe against itself) on an advisory lock.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"delayq:{table}",))
+                conn.execute(self._sql_create)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact_dsn(self._dsn)!r}, table={self.table!r})"
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if self._closed:
+            raise psycopg.InterfaceError(f"{self!r} is closed")
+        if conn is not None:
+            conn.close()
+        try:
+            conn = psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(1, round(self._connect_timeout_s)),
+            )
+        except psycopg.Error as exc:
+            message = _scrub(str(exc).strip(), self._dsn)
+            raise type(exc)(
+                f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {message}"
+            ) from None
+        self._conn = conn
+        return conn
+
+    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
+        params = {"key": key, "until": int(now_ms) + int(lease_ms), "now": int(now_ms)}
+        with self._lock:
+            row = self._connection().execute(self._sql_claim, params).fetchone()
+        assert row is not None
+        won, done = row
+        if won:
+            return ClaimStatus.CLAIMED
+        return ClaimStatus.DONE if done else ClaimStatus.BUSY
+
+    def complete(self, key: str, *, now_ms: int) -> None:
+        with self._lock:
+            self._connection().execute(self._sql_complete, (key, int(now_ms), int(now_ms)))
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._connection().execute(self._sql_release, (key,))
+
+    def prune(self, *, older_than_ms: int) -> int:
+        with self._lock:
+            cursor = self._connection().execute(
+                self._sql_prune, (int(older_than_ms), int(older_than_ms))
+            )
+            return cursor.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
