@@ -141,14 +141,29 @@ def test_two_queues_on_one_key_a_retry_reaches_only_the_failing_one(
     assert audit.values == [{"order": 9}], "the other queue saw a retry"
 
 
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
+def real_store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """An idempotency store on a real SQLite file, Redis server or PostgreSQL server."""
+    unique = f"t{time.monotonic_ns()}"
+    if request.param == "sqlite":
+        return SQLiteStore(tmp_path / "keys.db")
+    if request.param == "redis":
+        from delayq import RedisStore
+
+        return RedisStore(request.getfixturevalue("redis_url"), prefix=f"{unique}:")
+    from delayq import PostgresStore
+
+    return PostgresStore(request.getfixturevalue("postgres_dsn"), table=f"idem_{unique}")
+
+
 @pytest.mark.parametrize("same", ["message-id", "business-key"])
 def test_duplicates_run_the_side_effect_once(
-    make_topology, rabbitmq_url, tmp_path, start_consumer, same
+    make_topology, rabbitmq_url, real_store, start_consumer, same
 ):
     topo = make_topology(["1s"])
     queue = f"{topo.namespace}.work"
     effects = Calls()
-    store = SQLiteStore(tmp_path / "keys.db")
+    store = real_store
     key = (lambda v: str(v["order"])) if same == "business-key" else None
     consumer = start_consumer(topo, queue, effects.record, store=store, key=key)
     if same == "message-id":
