@@ -204,10 +204,18 @@ class ConsumeSettings:
     lease_ms: int
     """How long a claim holds a key: past the handler's timeout, so only a crash lets
     it lapse before the handler is done."""
+    retention_ms: int = 7 * 86_400_000
+    """How long a completed key is remembered (duplicates later than this run again)."""
+    prune_every_ms: int = 600_000
 
     @classmethod
     def parse(
-        cls, *, prefetch: int, handler_timeout: object, lease: object = None
+        cls,
+        *,
+        prefetch: int,
+        handler_timeout: object,
+        lease: object = None,
+        retention: object = "7d",
     ) -> ConsumeSettings:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
@@ -217,7 +225,11 @@ class ConsumeSettings:
         lease_ms = timeout_ms + 60_000 if lease is None else to_ms(lease, what="lease")
         if lease_ms <= timeout_ms:
             raise InvalidInput("lease must be longer than handler_timeout")
-        return cls(prefetch, timeout_ms, lease_ms)
+        retention_ms = to_ms(retention, what="retention")
+        if retention_ms < lease_ms:
+            raise InvalidInput("retention must be at least as long as the claim's lease")
+        prune_every_ms = max(1_000, min(600_000, retention_ms // 10))
+        return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms)
 
 
 def idempotency_key(value: Any, delivery: Delivery, key: Callable[[Any], Any] | None) -> str | None:

@@ -224,3 +224,28 @@ def test_graceful_stop_finishes_in_flight_handlers_and_loses_nothing(
     assert until(lambda: len(set(done.values)) == 30, 30), "a message was lost in the stop"
     second.stop()
     assert first.stats.handled + second.stats.handled >= 30
+
+
+def test_keys_are_forgotten_after_the_retention_period(make_topology, rabbitmq_url, start_consumer):
+    from delayq import InMemoryStore
+
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    effects = Calls()
+    consumer = start_consumer(
+        topo,
+        queue,
+        effects.record,
+        store=InMemoryStore(),
+        handler_timeout="500ms",
+        lease="1s",
+        retention="2s",
+    )
+    again = Message({"order": 1}, "job.r", "0s", message_id="same")
+    publish(rabbitmq_url, topo, again, again)
+    assert until(lambda: consumer.stats.handled + consumer.stats.duplicates == 2, 10)
+    assert (consumer.stats.handled, consumer.stats.duplicates) == (1, 1)
+    time.sleep(3.5)  # past the retention, and a prune has run since
+    publish(rabbitmq_url, topo, again)
+    assert until(lambda: consumer.stats.handled == 2, 10), "the key was never pruned"
+    assert len(effects.values) == 2

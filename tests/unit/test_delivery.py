@@ -225,3 +225,12 @@ def test_consumer_settings_lease_outlives_the_timeout_by_default():
 def test_a_planner_for_a_queue_outside_the_topology_is_refused():
     with pytest.raises(ValueError, match="not a destination"):
         DeliveryPlanner(TOPO, "elsewhere")
+
+
+def test_retention_must_outlive_the_lease_and_sets_the_prune_interval():
+    with pytest.raises(ValueError, match="retention"):
+        ConsumeSettings.parse(prefetch=1, handler_timeout="1m", retention="1m")
+    week = ConsumeSettings.parse(prefetch=1, handler_timeout="1m")
+    assert (week.retention_ms, week.prune_every_ms) == (7 * 86_400_000, 600_000)
+    short = ConsumeSettings.parse(prefetch=1, handler_timeout="500ms", lease="1s", retention="2s")
+    assert short.prune_every_ms == 1_000

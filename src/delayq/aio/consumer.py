@@ -75,12 +75,13 @@ class AsyncConsumer:
         concurrency: int | None = None,
         handler_timeout: object = "5m",
         lease: object = None,
+        retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
         settings = ConsumeSettings.parse(
-            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease
+            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
         self._url = resolve_url(url)
         self.topology = topology
@@ -102,6 +103,8 @@ class AsyncConsumer:
         self._slots = asyncio.Semaphore(concurrency or prefetch)
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
+        self._settings = settings
+        self._pruner: asyncio.Task[None] | None = None
         self._clock_ms = clock_ms
         self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
         self._connection: AbstractConnection | None = None
@@ -126,7 +129,20 @@ class AsyncConsumer:
         queue = await self._channel.get_queue(self.queue, ensure=False)
         self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
         self._stopped.clear()
+        if self._store is not None:
+            self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    async def _prune_forever(self) -> None:
+        """Forget keys past the retention period, every tenth of it (at most 10 min)."""
+        assert self._store is not None
+        while True:
+            try:
+                older_than = self._clock_ms() - self._settings.retention_ms
+                await self._store_call(self._store.prune, older_than_ms=older_than)
+            except Exception as exc:
+                log.warning("pruning the idempotency store failed: %r", exc)
+            await asyncio.sleep(self._settings.prune_every_ms / 1000)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Stop taking deliveries, let in-flight ones finish (up to ``timeout_s``), close.
@@ -134,6 +150,9 @@ class AsyncConsumer:
         In-flight handlers still running at the deadline are cancelled and their
         deliveries go back to the queue unacked, to be delivered again.
         """
+        if self._pruner is not None:
+            self._pruner.cancel()
+            self._pruner = None
         if self._channel is not None and self._consumer_tag is not None:
             try:
                 queue = await self._channel.get_queue(self.queue, ensure=False)

@@ -76,6 +76,7 @@ class Consumer:
         prefetch: int = 50,
         handler_timeout: object = "5m",
         lease: object = None,
+        retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
@@ -83,7 +84,7 @@ class Consumer:
         if inspect.iscoroutinefunction(handler):
             raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
         settings = ConsumeSettings.parse(
-            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease
+            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
         self._url = resolve_url(url)
         self.topology = topology
@@ -103,6 +104,8 @@ class Consumer:
         self._prefetch = prefetch
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
+        self._settings = settings
+        self._next_prune = 0.0
         self._clock_ms = clock_ms
         self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
         self._connection: pika.BlockingConnection | None = None
@@ -154,6 +157,7 @@ class Consumer:
                     self._process(method, props, body)
                 if self._stop.is_set():
                     break
+                self._prune_when_due()
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
@@ -174,6 +178,16 @@ class Consumer:
         self._publisher.close()
         self._pool.shutdown(wait=False)
         self.started.clear()
+
+    def _prune_when_due(self) -> None:
+        """Forget keys past the retention period, every tenth of it (at most 10 min)."""
+        if self._store is None or time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + self._settings.prune_every_ms / 1000
+        try:
+            self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
+        except Exception as exc:
+            log.warning("pruning the idempotency store failed: %r", exc)
 
     # Deliveries ---------------------------------------------------------------
 
