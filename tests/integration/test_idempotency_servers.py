@@ -242,7 +242,9 @@ def test_redis_password_is_never_shown(redis_client):
             user, enabled=True, passwords=["+s3cret-pw"], keys=["*"], commands=["+@all"]
         )
     except redis.ResponseError as exc:
-        pytest.skip(f"cannot create an ACL user on this server: {exc}")
+        if _in_ci():
+            raise
+        pytest.skip(f"cannot create an ACL user on this server (Redis < 6?): {exc}")
     try:
         kwargs = redis_client.connection_pool.connection_kwargs
         where = f"{kwargs['host']}:{kwargs['port']}/0"
