@@ -347,7 +347,8 @@ def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> 
     try:
         return asyncio.run(run(store))
     finally:
-        with contextlib.suppress(Exception):  # keys of this drain only; keeps Redis small
+        # Forget this drain's keys (a Redis store's live under this run's prefix only).
+        with contextlib.suppress(Exception):
             store.prune(older_than_ms=epoch_ms() + 3_600_000)
         store.close()
 
@@ -364,16 +365,25 @@ def delayq_sqlite(ctx: Context) -> Timing:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def make_redis_store(cls: Any, url: str) -> IdempotencyStore:
-    """A ``RedisStore`` for ``url``, whichever of the usual constructors it offers."""
-    from_url = getattr(cls, "from_url", None)
-    store: IdempotencyStore = from_url(url) if callable(from_url) else cls(url)
+def make_redis_store(cls: Any, url: str, prefix: str) -> IdempotencyStore:
+    """A ``RedisStore`` for ``url`` whose keys live under this run's own ``prefix``.
+
+    The prefix matters: the drain's keys are pruned afterwards, and a Redis given
+    with ``--redis-url`` may hold other keys under the store's default prefix.
+    """
+    try:
+        store: IdempotencyStore = cls(url, prefix=prefix)
+    except TypeError as exc:
+        raise RuntimeError(f"RedisStore does not take prefix=: {exc}") from exc
     return store
 
 
 def delayq_redis(ctx: Context) -> Timing:
     assert ctx.redis_class is not None and ctx.redis_url is not None
-    return async_consumer(ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or ""))
+    prefix = f"{ctx.topology.namespace}:idem:"
+    return async_consumer(
+        ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or "", prefix)
+    )
 
 
 MEASURE: dict[str, Callable[[Context], Timing]] = {
@@ -518,7 +528,11 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
         extra = results.cpu_us(key) - raw_cpu
         lines.append(f"  {label:<{width}}{extra:+.0f} us ({extra / raw_cpu:+.0%} of raw)")
 
-    redis = f"{redact(ctx.redis_url)}" if ctx.redis_url and ctx.redis_class else env.redis_note
+    redis = env.redis_note
+    if ctx.redis_url and ctx.redis_class:
+        redis = (
+            f"{redact(ctx.redis_url)} ({env.redis_note}), keys under {ctx.topology.namespace}:idem:"
+        )
     lines += [
         "",
         f"command:   {env.command}",
@@ -594,7 +608,7 @@ def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, st
         return
     url = args.redis_url or os.environ.get("REDIS_URL")
     if url:
-        yield url, cls, ""
+        yield url, cls, "--redis-url" if args.redis_url else "REDIS_URL"
         return
     try:
         local_redis = importlib.import_module("delayq.localservers").LocalRedis
@@ -610,7 +624,7 @@ def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, st
         return
     try:
         log(f"local Redis is up at {redact(server.url)}")
-        yield server.url, cls, "LocalRedis"
+        yield server.url, cls, "a LocalRedis started for this run"
     finally:
         log("stopping the local Redis server ...")
         server.__exit__(None, None, None)
