@@ -22,7 +22,7 @@ import importlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -141,49 +141,36 @@ def _no_server(what: str, reason: str) -> None:
     pytest.skip(f"{what} ({reason})")
 
 
+def _local_server(
+    env: str, make: Callable[[], LocalRedis | LocalPostgres], missing: str
+) -> Iterator[str]:
+    """``$env`` if set, else a throwaway local server (stopped afterwards)."""
+    address = os.environ.get(env)
+    if address:
+        yield address
+        return
+    server: LocalRedis | LocalPostgres | None = None
+    try:
+        server = make()
+        server.start()
+    except LocalServerError as exc:
+        if server is not None:
+            server.cleanup()
+        _no_server(missing, str(exc))
+        raise
+    try:
+        yield server.url if isinstance(server, LocalRedis) else server.dsn
+    finally:
+        server.cleanup()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """The URL of a real Redis server for this test session."""
-    url = os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    try:
-        server = LocalRedis()
-    except LocalServerError as exc:
-        _no_server(NO_REDIS, str(exc))
-        raise
-    try:
-        server.start()
-    except LocalServerError as exc:
-        server.cleanup()
-        _no_server(NO_REDIS, str(exc))
-        raise
-    try:
-        yield server.url
-    finally:
-        server.cleanup()
+    yield from _local_server("REDIS_URL", LocalRedis, NO_REDIS)
 
 
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     """The DSN of a real PostgreSQL server for this test session."""
-    dsn = os.environ.get("POSTGRES_DSN")
-    if dsn:
-        yield dsn
-        return
-    try:
-        server = LocalPostgres()
-    except LocalServerError as exc:
-        _no_server(NO_POSTGRES, str(exc))
-        raise
-    try:
-        server.start()
-    except LocalServerError as exc:
-        server.cleanup()
-        _no_server(NO_POSTGRES, str(exc))
-        raise
-    try:
-        yield server.dsn
-    finally:
-        server.cleanup()
+    yield from _local_server("POSTGRES_DSN", LocalPostgres, NO_POSTGRES)
