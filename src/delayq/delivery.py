@@ -232,9 +232,34 @@ class ConsumeSettings:
         return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms)
 
 
-def idempotency_key(value: Any, delivery: Delivery, key: Callable[[Any], Any] | None) -> str | None:
-    """The handler's business key for ``value`` when ``key`` is given, else the message id."""
-    return delivery.message_id if key is None else str(key(value))
+def idempotency_key(
+    value: Any,
+    delivery: Delivery,
+    key: Callable[[Any], Any] | None,
+    *,
+    required: bool = False,
+) -> str | None:
+    """The handler's business key for ``value`` when ``key`` is given, else the message id.
+
+    With ``required`` (a transactional handler: its writes commit with the key), a
+    message without either is :class:`Undecodable`, dead-lettered with that reason.
+    """
+    if key is None:
+        found = delivery.message_id
+    else:
+        try:
+            found = str(key(value))
+        except Exception as exc:
+            raise Undecodable(
+                f"the consumer's key function failed on message {delivery.message_id!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    if required and not found:
+        raise Undecodable(
+            "the message has no message id (and the consumer no key function): a "
+            "transactional handler needs an idempotency key"
+        )
+    return found
 
 
 class DeliveryPlanner:

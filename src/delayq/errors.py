@@ -15,15 +15,18 @@ and aiormq are translated at one place per adapter and chained with
     │   ├── InvalidMessageId
     │   ├── InvalidTopology
     │   └── InvalidURL
-    └── BrokerError: the broker said no, or could not be reached
-        ├── ConnectionFailed
-        ├── TopologyMissing
-        ├── TopologyConflict
-        └── PublishError: the fate of a message is not "confirmed"
-            ├── Unroutable
-            ├── PublishRejected
-            ├── PublishUnconfirmed
-            └── PublishBatchError: some messages of a batch failed
+    ├── BrokerError: the broker said no, or could not be reached
+    │   ├── ConnectionFailed
+    │   ├── TopologyMissing
+    │   ├── TopologyConflict
+    │   └── PublishError: the fate of a message is not "confirmed"
+    │       ├── Unroutable
+    │       ├── PublishRejected
+    │       ├── PublishUnconfirmed
+    │       └── PublishBatchError: some messages of a batch failed
+    ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
+    │   └── ClaimLost
+    └── HandlerTimeout
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 __all__ = [
     "BodyTooLarge",
     "BrokerError",
+    "ClaimLost",
     "ConnectionFailed",
     "DelayTooLong",
     "DelayqError",
@@ -49,6 +53,7 @@ __all__ = [
     "PublishError",
     "PublishRejected",
     "PublishUnconfirmed",
+    "StoreError",
     "TopologyConflict",
     "TopologyMissing",
     "Unroutable",
@@ -61,6 +66,20 @@ class DelayqError(Exception):
 
 class HandlerTimeout(DelayqError):
     """A handler ran longer than its consumer's ``handler_timeout``; it is retried."""
+
+
+class StoreError(DelayqError):
+    """An idempotency store could not be read or written (server down, disk full).
+
+    The consumer returns the delivery to its queue and goes on: nothing is acked
+    whose key was not recorded. ``__cause__`` holds the store client's error.
+    """
+
+
+class ClaimLost(StoreError):
+    """A handler's transaction found its claim gone (released after a timeout, or
+    expired and taken by another consumer): the transaction was rolled back, so the
+    handler's effects did not happen and whoever holds the key now runs them."""
 
 
 class InvalidInput(DelayqError, ValueError):

@@ -15,12 +15,13 @@ import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
 from delayq.aio._connection import close_quietly, connect
+from delayq.aio._store import StoreBatcher
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
@@ -33,8 +34,14 @@ from delayq.delivery import (
     idempotency_key,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, PublishError
-from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.errors import DelayqError, HandlerTimeout, PublishError, StoreError
+from delayq.idempotency import (
+    ClaimStatus,
+    IdempotencyStore,
+    TransactionalStore,
+    call_in_transaction,
+    check_transactional,
+)
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.topology import Topology
@@ -44,7 +51,10 @@ __all__ = ["AsyncConsumer"]
 
 log = logging.getLogger("delayq.consumer")
 
-Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
+Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
+"""``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
+transactional."""
+TransactionalHandler = Callable[[Any, Any], object]
 
 
 class AsyncConsumer:
@@ -77,9 +87,12 @@ class AsyncConsumer:
         lease: object = None,
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
+        transactional: bool = False,
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
+        if transactional:
+            check_transactional(store, handler)
         settings = ConsumeSettings.parse(
             prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
@@ -96,15 +109,23 @@ class AsyncConsumer:
             clock_ms=clock_ms,
             rng=rng,
         )
-        self._store = store
+        self._store = None if store is None else StoreBatcher(store)
+        self._transactional = transactional
         self._key = key
         self._model = model
         self._prefetch = prefetch
-        self._slots = asyncio.Semaphore(concurrency or prefetch)
+        # The prefetch already bounds what runs at once; a semaphore only for less.
+        self._slots = (
+            asyncio.Semaphore(concurrency) if concurrency and concurrency < prefetch else None
+        )
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._timed_out: set[asyncio.Task[Any]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
         self._settings = settings
         self._pruner: asyncio.Task[None] | None = None
+        self._return_pause_s = 1.0
         self._clock_ms = clock_ms
         self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
         self._connection: AbstractConnection | None = None
@@ -129,6 +150,7 @@ class AsyncConsumer:
         queue = await self._channel.get_queue(self.queue, ensure=False)
         self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
         self._stopped.clear()
+        self._watchdog = asyncio.create_task(self._watch_timeouts())
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
@@ -139,7 +161,7 @@ class AsyncConsumer:
         while True:
             try:
                 older_than = self._clock_ms() - self._settings.retention_ms
-                await self._store_call(self._store.prune, older_than_ms=older_than)
+                await self._store.prune(older_than_ms=older_than)
             except Exception as exc:
                 log.warning("pruning the idempotency store failed: %r", exc)
             await asyncio.sleep(self._settings.prune_every_ms / 1000)
@@ -166,9 +188,14 @@ class AsyncConsumer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         await close_quietly(self._channel)
         await close_quietly(self._connection)
         await self._publisher.aclose()
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
         self._stopped.set()
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
@@ -201,17 +228,14 @@ class AsyncConsumer:
         if task is not None:
             self._in_flight.add(task)
         try:
-            async with self._slots:
+            if self._slots is None:
                 await self._process(message)
+            else:
+                async with self._slots:
+                    await self._process(message)
         finally:
             if task is not None:
                 self._in_flight.discard(task)
-
-    async def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        assert self._store is not None
-        if self._store.blocking:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        return fn(*args, **kwargs)
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         delivery = Delivery(
@@ -220,19 +244,25 @@ class AsyncConsumer:
             routing_key=message.routing_key or "",
             message_id=message.message_id,
             content_type=message.content_type,
-            headers=dict(message.headers or {}),
+            headers=message.headers or {},
             redelivered=bool(message.redelivered),
         )
         try:
             value = decode_body(delivery, self._model)
+            key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
             await self._perform(message, self._planner.undecodable(delivery, exc))
             return
-        key = idempotency_key(value, delivery, self._key)
-        if key is not None and self._store is not None:
-            status = await self._store_call(
-                self._store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms()
-            )
+        store = self._store if key is not None else None
+        lease_until = 0
+        if store is not None and key is not None:
+            now = self._clock_ms()
+            lease_until = now + self._lease_ms
+            try:
+                status = await store.claim(key, lease_ms=self._lease_ms, now_ms=now)
+            except StoreError as exc:
+                await self._return(message, f"claiming its key failed: {exc}")
+                return
             if status is ClaimStatus.DONE:
                 await self._perform(message, self._planner.duplicate())
                 return
@@ -240,31 +270,85 @@ class AsyncConsumer:
                 await self._perform(message, self._planner.deferred(delivery))
                 return
         try:
-            await self._call_handler(value)
+            await self._call_handler(value, key, lease_until)
         except asyncio.CancelledError:
-            if key is not None and self._store is not None:
-                await self._store_call(self._store.release, key)
+            if store is not None and key is not None:
+                await self._release(store, key)
             raise  # shutting down: the delivery goes back to the queue unacked
         except Exception as exc:
-            if key is not None and self._store is not None:
-                await self._store_call(self._store.release, key)
+            if store is not None and key is not None:
+                await self._release(store, key)
             await self._perform(message, self._planner.failure(delivery, exc))
             return
-        if key is not None and self._store is not None:
-            await self._store_call(self._store.complete, key, now_ms=self._clock_ms())
+        if store is not None and key is not None and not self._transactional:
+            try:
+                await store.complete(key, now_ms=self._clock_ms())
+            except StoreError as exc:
+                await self._return(message, f"recording its key as done failed: {exc}")
+                return
         await self._perform(message, self._planner.success())
 
-    async def _call_handler(self, value: Any) -> None:
-        timeout_s = self._timeout_ms / 1000
+    async def _release(self, store: StoreBatcher, key: str) -> None:
         try:
-            if self._is_async:
-                await asyncio.wait_for(self._handler(value), timeout_s)
+            await store.release(key)
+        except StoreError as exc:  # the claim's lease ends by itself
+            log.warning("releasing key %r failed: %s", key, exc)
+
+    async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
+        """Run the handler; the watchdog cancels it past ``handler_timeout``."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._deadlines[task] = asyncio.get_running_loop().time() + self._timeout_ms / 1000
+        try:
+            if self._transactional:
+                assert self._store is not None and key is not None
+                store = self._store.store
+                assert isinstance(store, TransactionalStore)
+                await asyncio.to_thread(
+                    call_in_transaction,
+                    store,
+                    cast(TransactionalHandler, self._handler),
+                    value,
+                    key=key,
+                    lease_until_ms=lease_until,
+                    now_ms=self._clock_ms(),
+                )
+            elif self._is_async:
+                await self._handler(value)
             else:
-                await asyncio.wait_for(asyncio.to_thread(self._handler, value), timeout_s)
-        except asyncio.TimeoutError:
+                await asyncio.to_thread(self._handler, value)
+        except asyncio.CancelledError:
+            if task not in self._timed_out:
+                raise
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
             raise HandlerTimeout(
-                f"handler for {self.queue!r} ran longer than {timeout_s:g} s"
+                f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
             ) from None
+        finally:
+            self._deadlines.pop(task, None)
+            self._timed_out.discard(task)
+
+    async def _watch_timeouts(self) -> None:
+        """One timer for all handlers: cancel those past their deadline."""
+        loop = asyncio.get_running_loop()
+        period = min(1.0, max(0.01, self._timeout_ms / 10_000))
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            late = [task for task, deadline in self._deadlines.items() if deadline <= now]
+            for task in late:
+                del self._deadlines[task]
+                self._timed_out.add(task)
+                task.cancel()
+
+    async def _return(self, message: AbstractIncomingMessage, why: str) -> None:
+        """Put a delivery back on the queue: its fate could not be made safe now."""
+        log.error("returning %s to %s: %s", message.message_id, self.queue, why)
+        self.stats.returned += 1
+        await asyncio.sleep(self._return_pause_s)
+        await message.nack(requeue=True)
 
     async def _perform(self, message: AbstractIncomingMessage, decision: Decision) -> None:
         if decision.message is not None:
@@ -273,15 +357,7 @@ class AsyncConsumer:
             except (PublishError, DelayqError) as exc:
                 # Not safely elsewhere: back to the queue (the broker's delivery
                 # limit dead-letters it if this keeps happening).
-                log.error(
-                    "could not republish %s (%s); returning it to %s",
-                    decision.message.message_id,
-                    exc,
-                    self.queue,
-                )
-                self.stats.returned += 1
-                await asyncio.sleep(1.0)
-                await message.nack(requeue=True)
+                await self._return(message, f"its republish was not confirmed: {exc}")
                 return
         await message.ack()
         self.stats.record(decision)

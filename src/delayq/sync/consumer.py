@@ -34,8 +34,19 @@ from delayq.delivery import (
     idempotency_key,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput
-from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
+from delayq.idempotency import (
+    Claim,
+    ClaimStatus,
+    Complete,
+    IdempotencyStore,
+    Release,
+    TransactionalStore,
+    call_in_transaction,
+    check_transactional,
+    run_ops,
+    store_error,
+)
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.sync._connection import close_quietly, connect
@@ -67,7 +78,7 @@ class Consumer:
         url: str | None,
         topology: Topology,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: Callable[..., Any],
         *,
         policy: RetryPolicy | None = None,
         store: IdempotencyStore | None = None,
@@ -78,11 +89,14 @@ class Consumer:
         lease: object = None,
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
+        transactional: bool = False,
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
         if inspect.iscoroutinefunction(handler):
             raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
+        if transactional:
+            check_transactional(store, handler)
         settings = ConsumeSettings.parse(
             prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
@@ -99,6 +113,7 @@ class Consumer:
             rng=rng,
         )
         self._store = store
+        self._transactional = transactional
         self._key = key
         self._model = model
         self._prefetch = prefetch
@@ -185,8 +200,11 @@ class Consumer:
             return
         self._next_prune = time.monotonic() + self._settings.prune_every_ms / 1000
         try:
-            self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
-        except Exception as exc:
+            try:
+                self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
+            except Exception as exc:
+                raise store_error(self._store, exc) from exc
+        except StoreError as exc:
             log.warning("pruning the idempotency store failed: %r", exc)
 
     # Deliveries ---------------------------------------------------------------
@@ -198,19 +216,24 @@ class Consumer:
             routing_key=method.routing_key or "",
             message_id=props.message_id,
             content_type=props.content_type,
-            headers=dict(props.headers or {}),
+            headers=props.headers or {},
             redelivered=bool(method.redelivered),
         )
         tag = method.delivery_tag
         try:
             value = decode_body(delivery, self._model)
+            key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
             self._perform(tag, self._planner.undecodable(delivery, exc))
             return
-        key = idempotency_key(value, delivery, self._key)
         store = self._store if key is not None else None
-        if store is not None and key is not None:
-            status = store.claim(key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
+        claim = Claim(key or "", self._lease_ms, self._clock_ms())
+        if store is not None:
+            try:
+                status = run_ops(store, [claim])[0]
+            except StoreError as exc:
+                self._return(tag, delivery.message_id, f"claiming its key failed: {exc}")
+                return
             if status is ClaimStatus.DONE:
                 self._perform(tag, self._planner.duplicate())
                 return
@@ -218,19 +241,38 @@ class Consumer:
                 self._perform(tag, self._planner.deferred(delivery))
                 return
         try:
-            self._call_handler(value)
+            self._call_handler(value, claim)
         except Exception as exc:
-            if store is not None and key is not None:
-                store.release(key)
+            if store is not None:
+                try:
+                    run_ops(store, [Release(claim.key)])
+                except StoreError as release_error:  # the claim's lease ends by itself
+                    log.warning("releasing key %r failed: %s", claim.key, release_error)
             self._perform(tag, self._planner.failure(delivery, exc))
             return
-        if store is not None and key is not None:
-            store.complete(key, now_ms=self._clock_ms())
+        if store is not None and not self._transactional:
+            try:
+                run_ops(store, [Complete(claim.key, self._clock_ms())])
+            except StoreError as exc:
+                self._return(tag, delivery.message_id, f"recording its key as done failed: {exc}")
+                return
         self._perform(tag, self._planner.success())
 
-    def _call_handler(self, value: Any) -> None:
+    def _call_handler(self, value: Any, claim: Claim) -> None:
         assert self._connection is not None
-        future = self._pool.submit(self._handler, value)
+        if self._transactional:
+            assert isinstance(self._store, TransactionalStore)
+            future = self._pool.submit(
+                call_in_transaction,
+                self._store,
+                self._handler,
+                value,
+                key=claim.key,
+                lease_until_ms=claim.lease_until_ms,
+                now_ms=self._clock_ms(),
+            )
+        else:
+            future = self._pool.submit(self._handler, value)
         deadline = time.monotonic() + self._timeout_ms / 1000
         while not future.done():
             if time.monotonic() >= deadline:
@@ -245,21 +287,24 @@ class Consumer:
             self._connection.sleep(0.01)  # keeps heartbeats flowing
         future.result()
 
+    def _return(self, tag: int, message_id: str | None, why: str) -> None:
+        """Put a delivery back on the queue: its fate could not be made safe now."""
+        assert self._channel is not None
+        log.error("returning %s to %s: %s", message_id, self.queue, why)
+        self.stats.returned += 1
+        self._connection.sleep(1.0) if self._connection else time.sleep(1.0)
+        self._channel.basic_nack(tag, requeue=True)
+
     def _perform(self, tag: int, decision: Decision) -> None:
         assert self._channel is not None
         if decision.message is not None:
             try:
                 self._publisher.send(decision.message)
             except DelayqError as exc:
-                log.error(
-                    "could not republish %s (%s); returning it to %s",
-                    decision.message.message_id,
-                    exc,
-                    self.queue,
-                )
-                self.stats.returned += 1
-                self._connection.sleep(1.0) if self._connection else time.sleep(1.0)
-                self._channel.basic_nack(tag, requeue=True)
+                # Not safely elsewhere: back to the queue (the broker's delivery
+                # limit dead-letters it if this keeps happening).
+                why = f"its republish was not confirmed: {exc}"
+                self._return(tag, decision.message.message_id, why)
                 return
         self._channel.basic_ack(tag)
         self.stats.record(decision)
