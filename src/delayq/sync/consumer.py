@@ -121,6 +121,7 @@ class Consumer:
         self._lease_ms = settings.lease_ms
         self._settings = settings
         self._next_prune = 0.0
+        self._return_pause_s = 1.0
         self._clock_ms = clock_ms
         self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
         self._connection: pika.BlockingConnection | None = None
@@ -292,7 +293,8 @@ class Consumer:
         assert self._channel is not None
         log.error("returning %s to %s: %s", message_id, self.queue, why)
         self.stats.returned += 1
-        self._connection.sleep(1.0) if self._connection else time.sleep(1.0)
+        if self._connection is not None:
+            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
         self._channel.basic_nack(tag, requeue=True)
 
     def _perform(self, tag: int, decision: Decision) -> None:
