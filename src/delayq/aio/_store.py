@@ -24,6 +24,7 @@ from delayq.idempotency import (
     IdempotencyStore,
     Release,
     StoreOp,
+    apply_op,
     run_ops,
     store_error,
 )
@@ -72,7 +73,10 @@ class StoreBatcher:
 
     async def _submit(self, op: StoreOp) -> ClaimStatus | None:
         if self._executor is None:  # an in-memory store: no I/O, no batching
-            return run_ops(self.store, [op])[0]
+            try:
+                return apply_op(self.store, op)
+            except Exception as exc:
+                raise store_error(self.store, exc) from exc
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ClaimStatus | None] = loop.create_future()
         self._pending.append((op, future))

@@ -302,11 +302,9 @@ class AsyncConsumer:
         try:
             if self._transactional:
                 assert self._store is not None and key is not None
-                store = self._store.store
-                assert isinstance(store, TransactionalStore)
                 await asyncio.to_thread(
                     call_in_transaction,
-                    store,
+                    cast(TransactionalStore, self._store.store),
                     cast(TransactionalHandler, self._handler),
                     value,
                     key=key,

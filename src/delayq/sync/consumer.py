@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import pika
 import pika.exceptions as pex
@@ -262,10 +262,9 @@ class Consumer:
     def _call_handler(self, value: Any, claim: Claim) -> None:
         assert self._connection is not None
         if self._transactional:
-            assert isinstance(self._store, TransactionalStore)
             future = self._pool.submit(
                 call_in_transaction,
-                self._store,
+                cast(TransactionalStore, self._store),
                 self._handler,
                 value,
                 key=claim.key,
