@@ -20,6 +20,7 @@ from typing import Any, cast
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
+from delayq.aio._acks import AckCoalescer
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._store import StoreBatcher
 from delayq.aio.provision import apply_topology
@@ -132,6 +133,7 @@ class AsyncConsumer:
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._acks = AckCoalescer()
         self._stopped = asyncio.Event()
         self.stats = ConsumerStats()
 
@@ -148,6 +150,7 @@ class AsyncConsumer:
         self._channel = await self._connection.channel(publisher_confirms=False)
         await self._channel.set_qos(prefetch_count=self._prefetch)
         queue = await self._channel.get_queue(self.queue, ensure=False)
+        self._acks = AckCoalescer()
         self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
         self._stopped.clear()
         self._watchdog = asyncio.create_task(self._watch_timeouts())
@@ -191,6 +194,7 @@ class AsyncConsumer:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        await self._acks.drain()
         await close_quietly(self._channel)
         await close_quietly(self._connection)
         await self._publisher.aclose()
@@ -227,12 +231,16 @@ class AsyncConsumer:
         task = asyncio.current_task()
         if task is not None:
             self._in_flight.add(task)
+        self._acks.track(message)
         try:
             if self._slots is None:
                 await self._process(message)
             else:
                 async with self._slots:
                     await self._process(message)
+        except asyncio.CancelledError:
+            self._acks.forget(message)  # back to the queue when the channel closes
+            raise
         finally:
             if task is not None:
                 self._in_flight.discard(task)
@@ -346,7 +354,7 @@ class AsyncConsumer:
         log.error("returning %s to %s: %s", message.message_id, self.queue, why)
         self.stats.returned += 1
         await asyncio.sleep(self._return_pause_s)
-        await message.nack(requeue=True)
+        await self._acks.nack(message, requeue=True)
 
     async def _perform(self, message: AbstractIncomingMessage, decision: Decision) -> None:
         if decision.message is not None:
@@ -357,5 +365,5 @@ class AsyncConsumer:
                 # limit dead-letters it if this keeps happening).
                 await self._return(message, f"its republish was not confirmed: {exc}")
                 return
-        await message.ack()
+        self._acks.ack(message)
         self.stats.record(decision)
