@@ -47,6 +47,8 @@ __all__ = [
     "H_QUEUE",
     "MAX_ERROR_MESSAGE_BYTES",
     "MAX_ERROR_TRACE_BYTES",
+    "RECONNECT_MAX_S",
+    "RECONNECT_MIN_S",
     "Action",
     "ConsumeSettings",
     "DeadLetterReason",
@@ -69,6 +71,10 @@ H_FIRST_FAILURE_AT = "delayq-first-failure-at"
 H_FAILED_AT = "delayq-failed-at"
 H_QUEUE = "delayq-queue"
 H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
+
+RECONNECT_MIN_S = 0.5
+RECONNECT_MAX_S = 10.0
+"""A consumer's back-off between attempts to reopen a lost connection (doubling, capped)."""
 
 MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_ERROR_TRACE_BYTES = 8192

@@ -43,8 +43,8 @@ class AckCoalescer:
     def ack(self, message: AbstractIncomingMessage) -> None:
         """Ack ``message`` at the end of this loop turn."""
         tag = message.delivery_tag
-        if tag is None or tag not in self._outstanding:
-            self._send(message.ack())
+        if tag is None or self._outstanding.get(tag) is not message:
+            self._send(message.ack())  # from an earlier channel: it fails, the broker requeues
             return
         self._to_ack[tag] = message
         if not self._scheduled:
@@ -52,15 +52,15 @@ class AckCoalescer:
             asyncio.get_running_loop().call_soon(self._flush)
 
     async def nack(self, message: AbstractIncomingMessage, *, requeue: bool) -> None:
-        if message.delivery_tag is not None:
-            self._outstanding.pop(message.delivery_tag, None)
+        self.forget(message)
         await message.nack(requeue=requeue)
 
     def forget(self, message: AbstractIncomingMessage) -> None:
         """A delivery that will never be settled here (its handler was cancelled at
         shutdown): the broker requeues it when the channel closes."""
-        if message.delivery_tag is not None:
-            self._outstanding.pop(message.delivery_tag, None)
+        tag = message.delivery_tag
+        if tag is not None and self._outstanding.get(tag) is message:
+            del self._outstanding[tag]
 
     def _flush(self) -> None:
         self._scheduled = False

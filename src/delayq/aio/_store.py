@@ -39,11 +39,8 @@ class StoreBatcher:
 
     def __init__(self, store: IdempotencyStore) -> None:
         self.store = store
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        if store.blocking:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="delayq-store"
-            )
+        self._blocking = bool(store.blocking)
+        self._executor_: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]] = []
         self._scheduled = False
         self._running = False
@@ -59,10 +56,19 @@ class StoreBatcher:
     async def release(self, key: str) -> None:
         await self._submit(Release(key))
 
+    @property
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread all I/O goes through (made again after :meth:`close`)."""
+        if self._executor_ is None:
+            self._executor_ = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="delayq-store"
+            )
+        return self._executor_
+
     async def prune(self, *, older_than_ms: int) -> int:
         """Run in the store's thread, between batches."""
         try:
-            if self._executor is None:
+            if not self._blocking:
                 return self.store.prune(older_than_ms=older_than_ms)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
@@ -72,7 +78,7 @@ class StoreBatcher:
             raise store_error(self.store, exc) from exc
 
     async def _submit(self, op: StoreOp) -> ClaimStatus | None:
-        if self._executor is None:  # an in-memory store: no I/O, no batching
+        if not self._blocking:  # an in-memory store: no I/O, no batching
             try:
                 return apply_op(self.store, op)
             except Exception as exc:
@@ -124,5 +130,6 @@ class StoreBatcher:
             self._flush()
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._executor_ is not None:
+            self._executor_.shutdown(wait=True)
+            self._executor_ = None

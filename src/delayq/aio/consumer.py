@@ -26,6 +26,8 @@ from delayq.aio._store import StoreBatcher
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -134,6 +136,8 @@ class AsyncConsumer:
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._acks = AckCoalescer()
+        self._stopping = False
+        self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.stats = ConsumerStats()
 
@@ -143,20 +147,67 @@ class AsyncConsumer:
     # Life cycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Declare the topology, then start taking deliveries."""
-        self._connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
-        await apply_topology(self.topology, connection=self._connection)
-        await self._publisher.connect()
-        self._channel = await self._connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=self._prefetch)
-        queue = await self._channel.get_queue(self.queue, ensure=False)
-        self._acks = AckCoalescer()
-        self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        """Declare the topology, then start taking deliveries.
+
+        Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
+        reached now; once started, a lost connection or channel is reopened in the
+        background (back-off up to ``RECONNECT_MAX_S``) until :meth:`stop`.
+        """
+        self._stopping = False
+        await self._open()
         self._stopped.clear()
         self._watchdog = asyncio.create_task(self._watch_timeouts())
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    async def _open(self) -> None:
+        connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
+        try:
+            await apply_topology(self.topology, connection=connection)
+            await self._publisher.connect()
+            channel = await connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=self._prefetch)
+            queue = await channel.get_queue(self.queue, ensure=False)
+            self._connection, self._channel = connection, channel
+            self._acks = AckCoalescer()  # delivery tags are per channel
+            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        except BaseException:
+            await close_quietly(connection)
+            raise
+        connection.close_callbacks.add(self._on_lost)
+        channel.close_callbacks.add(self._on_lost)
+
+    def _on_lost(self, sender: object, exc: BaseException | None = None) -> None:
+        """The connection or the channel closed: unless stopping, open them again."""
+        if self._stopping or sender not in (self._connection, self._channel):
+            return
+        if self._reconnecting is None or self._reconnecting.done():
+            log.warning("lost the broker while consuming %s (%r); reconnecting", self.queue, exc)
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = RECONNECT_MIN_S
+        old = self._connection
+        self._connection = self._channel = None
+        self._consumer_tag = None
+        await close_quietly(old)
+        while not self._stopping:
+            try:
+                await self._open()
+            except Exception as exc:
+                log.warning(
+                    "reconnecting the consumer of %s failed (%s); next try in %.1f s",
+                    self.queue,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self.stats.reconnects += 1
+            log.info("reconnected; consuming %s again", self.queue)
+            return
 
     async def _prune_forever(self) -> None:
         """Forget keys past the retention period, every tenth of it (at most 10 min)."""
@@ -175,6 +226,10 @@ class AsyncConsumer:
         In-flight handlers still running at the deadline are cancelled and their
         deliveries go back to the queue unacked, to be delivered again.
         """
+        self._stopping = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            self._reconnecting = None
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None

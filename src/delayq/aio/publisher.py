@@ -109,10 +109,19 @@ class AsyncPublisher:
         async with self._lock:  # one reconnect for many concurrent publishes
             if self._channel is not None and not self._channel.is_closed:
                 return self._channel
-            if self._connection is None or self._connection.is_closed:
-                self._connection = await connect(
-                    self._url, name="delayq-publisher", attempts=self._connect_attempts
-                )
+            connection = self._connection
+            if connection is not None and not connection.is_closed:
+                try:
+                    self._channel = await connection.channel(
+                        publisher_confirms=True, on_return_raises=True
+                    )
+                    self._exchanges = {}
+                    return self._channel
+                except (*CONNECTION_ERRORS, RuntimeError):  # closed, not yet noticed here
+                    await close_quietly(connection)
+            self._connection = await connect(
+                self._url, name="delayq-publisher", attempts=self._connect_attempts
+            )
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )

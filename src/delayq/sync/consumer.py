@@ -25,6 +25,8 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
 from delayq.delivery import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -49,13 +51,20 @@ from delayq.idempotency import (
 )
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
-from delayq.sync._connection import close_quietly, connect
+from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["Consumer"]
+
+LOST: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
+    pex.ChannelWrongStateError,
+)
+"""Errors after which the consumer reopens its connection and channel."""
 
 log = logging.getLogger("delayq.consumer")
 
@@ -137,15 +146,28 @@ class Consumer:
     # Life cycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Declare the topology and open the consuming channel."""
-        self._connection = connect(self._url, name=f"delayq-consumer {self.queue}")
-        apply_topology(self.topology, connection=self._connection)
-        self._publisher.connect()
-        self._channel = self._connection.channel()
-        self._channel.basic_qos(prefetch_count=self._prefetch)
+        """Declare the topology and open the consuming channel.
+
+        Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
+        reached now; once running, a lost connection or channel is reopened (back-off
+        up to ``RECONNECT_MAX_S``) until a stop is requested.
+        """
         self._stop.clear()
+        self._open()
         self.started.set()
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    def _open(self) -> None:
+        connection = connect(self._url, name=f"delayq-consumer {self.queue}")
+        try:
+            apply_topology(self.topology, connection=connection)
+            self._publisher.connect()
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self._prefetch)
+        except BaseException:
+            close_quietly(connection)
+            raise
+        self._connection, self._channel = connection, channel
 
     def request_stop(self) -> None:
         """Stop after the delivery in hand (safe from any thread or a signal handler)."""
@@ -167,17 +189,51 @@ class Consumer:
         try:
             if self._channel is None:
                 self.start()
-            assert self._channel is not None
-            for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
-                if method is not None:
-                    self._process(method, props, body)
-                if self._stop.is_set():
-                    break
-                self._prune_when_due()
+            while not self._stop.is_set():
+                try:
+                    self._consume()
+                except LOST as exc:
+                    if self._stop.is_set():
+                        break
+                    log.warning(
+                        "lost the broker while consuming %s (%r); reconnecting", self.queue, exc
+                    )
+                    self._reconnect()
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
             self.close()
+
+    def _consume(self) -> None:
+        assert self._channel is not None
+        for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
+            if method is not None:
+                self._process(method, props, body)
+            if self._stop.is_set():
+                return
+            self._prune_when_due()
+
+    def _reconnect(self) -> None:
+        close_quietly(self._channel)
+        close_quietly(self._connection)
+        self._channel = self._connection = None
+        delay = RECONNECT_MIN_S
+        while not self._stop.is_set():
+            try:
+                self._open()
+            except DelayqError as exc:
+                log.warning(
+                    "reconnecting the consumer of %s failed (%s); next try in %.1f s",
+                    self.queue,
+                    exc,
+                    delay,
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self.stats.reconnects += 1
+            log.info("reconnected; consuming %s again", self.queue)
+            return
 
     def close(self) -> None:
         """Cancel consuming (unacked deliveries go back to the queue) and close."""
@@ -274,6 +330,7 @@ class Consumer:
         else:
             future = self._pool.submit(self._handler, value)
         deadline = time.monotonic() + self._timeout_ms / 1000
+        connected = True
         while not future.done():
             if time.monotonic() >= deadline:
                 # The thread cannot be stopped: leave it and take a fresh one.
@@ -284,7 +341,15 @@ class Consumer:
                 raise HandlerTimeout(
                     f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
                 )
-            self._connection.sleep(0.01)  # keeps heartbeats flowing
+            if connected:
+                try:
+                    self._connection.sleep(0.01)  # keeps heartbeats flowing
+                except LOST:
+                    # The handler goes on; its key is still recorded when it ends, so
+                    # the redelivery after the reconnect is a skipped duplicate.
+                    connected = False
+            else:
+                concurrent.futures.wait([future], timeout=0.01)
         future.result()
 
     def _return(self, tag: int, message_id: str | None, why: str) -> None:
