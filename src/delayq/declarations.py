@@ -113,6 +113,8 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
                 "x-message-ttl": tier.ttl_ms,
                 "x-dead-letter-exchange": dead_letter_exchange,
             }
+            if topology.tier_max_length is not None:
+                arguments["x-max-length"] = topology.tier_max_length
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
 

@@ -119,6 +119,10 @@ class Topology(BaseModel):
     queue_type: QueueType = QueueType.QUORUM
     ladder: LadderField = DEFAULT_LADDER
     destinations: tuple[Destination, ...] = ()
+    tier_max_length: int | None = Field(default=None, ge=1)
+    """A cap on each tier queue's depth (``x-max-length``). With ``reject-publish``
+    (quorum queues) a publish into a full tier is nacked: the publisher raises
+    ``PublishRejected`` and nothing is half-published. ``None``: no cap."""
 
     @field_validator("namespace")
     @classmethod

@@ -56,6 +56,9 @@ def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
     )
 
 
+CHANNEL_REFUSED: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RuntimeError)
+"""Opening a channel on a connection the broker closed raises these (aiormq: RuntimeError)."""
+
 class AsyncPublisher:
     """Publishes delayed messages through aio-pika; every publish is confirmed.
 
@@ -117,7 +120,7 @@ class AsyncPublisher:
                     )
                     self._exchanges = {}
                     return self._channel
-                except (*CONNECTION_ERRORS, RuntimeError):  # closed, not yet noticed here
+                except CHANNEL_REFUSED:  # the connection closed, not yet noticed here
                     await close_quietly(connection)
             self._connection = await connect(
                 self._url, name="delayq-publisher", attempts=self._connect_attempts
