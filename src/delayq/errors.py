@@ -23,6 +23,7 @@ and aiormq are translated at one place per adapter and chained with
     │       ├── Unroutable
     │       ├── PublishRejected
     │       ├── PublishUnconfirmed
+    │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
     │       └── PublishBatchError: some messages of a batch failed
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
     │   └── ClaimLost
@@ -50,6 +51,7 @@ __all__ = [
     "InvalidTopology",
     "InvalidURL",
     "PublishBatchError",
+    "PublishBlocked",
     "PublishError",
     "PublishRejected",
     "PublishUnconfirmed",
@@ -186,6 +188,11 @@ class PublishRejected(PublishError):
 
 class PublishUnconfirmed(PublishError):
     """The connection was lost before a confirm, and the retries ran out."""
+
+
+class PublishBlocked(PublishUnconfirmed):
+    """The broker blocked publishing (a memory or disk alarm) for longer than the
+    publisher's bound; delayq stopped waiting instead of hanging."""
 
 
 class PublishBatchError(PublishError):

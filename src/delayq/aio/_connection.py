@@ -13,7 +13,13 @@ from delayq.conflicts import conflict_from_reply, missing_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
 from delayq.urls import redact, validate_url
 
-__all__ = ["CONNECTION_ERRORS", "close_quietly", "connect", "translate_channel_error"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "close_quietly",
+    "connect",
+    "is_blocked",
+    "translate_channel_error",
+]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aex.AMQPConnectionError,
@@ -87,3 +93,12 @@ async def close_quietly(thing: Any) -> None:
             await thing.close()
     except Exception:
         pass
+
+
+def is_blocked(connection: AbstractConnection | None) -> bool:
+    """Whether the broker has blocked this connection (``connection.blocked``: a memory or
+    disk alarm). aiormq keeps that in a private event; if it cannot be read, False."""
+    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+    amqp = getattr(transport, "connection", None)  # aiormq's Connection
+    unblocked = getattr(amqp, "_Connection__connection_unblocked", None)
+    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()

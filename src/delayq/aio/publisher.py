@@ -19,6 +19,7 @@ from delayq.aio._connection import (
     CONNECTION_ERRORS,
     close_quietly,
     connect,
+    is_blocked,
     translate_channel_error,
 )
 from delayq.envelope import (
@@ -239,6 +240,10 @@ class AsyncPublisher:
                 last = exc
                 break
             except CONNECTION_ERRORS as exc:
+                if isinstance(exc, asyncio.TimeoutError) and is_blocked(connection):
+                    # Retrying cannot help while the broker blocks publishers.
+                    await self._drop_connection(connection)
+                    raise outcomes.blocked(msg, timeout_s or 0, redact(self._url)) from exc
                 last = exc
                 log.warning(
                     "publish of %s failed (%s), attempt %d of %d",

@@ -28,7 +28,9 @@ BLOCKED_CONNECTION_TIMEOUT_S = 30
 """How long a publish waits while the broker blocks publishers (memory or disk alarm)."""
 
 
-def parameters(url: str, *, name: str) -> pika.URLParameters:
+def parameters(
+    url: str, *, name: str, blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S
+) -> pika.URLParameters:
     """pika parameters for ``url``, with delayq's defaults where the URL says nothing."""
     validate_url(url)
     try:
@@ -38,7 +40,7 @@ def parameters(url: str, *, name: str) -> pika.URLParameters:
             f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
         ) from None
     if "blocked_connection_timeout" not in url:
-        params.blocked_connection_timeout = BLOCKED_CONNECTION_TIMEOUT_S
+        params.blocked_connection_timeout = blocked_timeout_s
     params.client_properties = {"connection_name": name, "product": "delayq"}
     return params
 
@@ -49,9 +51,10 @@ def connect(
     name: str = "delayq",
     attempts: int = 3,
     backoff_s: float = 0.25,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
 ) -> pika.BlockingConnection:
     """Open a blocking connection, retrying ``attempts`` times with doubling back-off."""
-    params = parameters(url, name=name)
+    params = parameters(url, name=name, blocked_timeout_s=blocked_timeout_s)
     last: BaseException | None = None
     for attempt in range(attempts):
         if attempt:

@@ -27,6 +27,7 @@ from delayq.errors import (
     TopologyMissing,
 )
 from delayq.sync._connection import (
+    BLOCKED_CONNECTION_TIMEOUT_S,
     CONNECTION_ERRORS,
     close_quietly,
     connect,
@@ -71,10 +72,12 @@ class Publisher:
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,
+        blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
     ) -> None:
         self._url = resolve_url(url)
+        self._blocked_timeout_s = blocked_timeout_s
         self.topology = topology if topology is not None else Topology()
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
@@ -97,7 +100,10 @@ class Publisher:
     def _ensure_channel(self) -> BlockingChannel:
         if self._connection is None or not self._connection.is_open:
             self._connection = connect(
-                self._url, name="delayq-publisher", attempts=self._connect_attempts
+                self._url,
+                name="delayq-publisher",
+                attempts=self._connect_attempts,
+                blocked_timeout_s=self._blocked_timeout_s,
             )
             self._channel = None
         if self._channel is None or not self._channel.is_open:
@@ -168,6 +174,9 @@ class Publisher:
                 raise outcomes.unroutable(msg) from exc
             except pex.NackError as exc:
                 raise outcomes.rejected(msg) from exc
+            except pex.ConnectionBlockedTimeout as exc:  # retrying cannot help while blocked
+                self._drop_connection()
+                raise outcomes.blocked(msg, self._blocked_timeout_s, redact(self._url)) from exc
             except pex.ChannelClosedByBroker as exc:
                 self._channel = None
                 error = translate_channel_error(exc)
@@ -204,7 +213,9 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
-        params = parameters(self._url, name="delayq-publisher-batch")
+        params = parameters(
+            self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
+        )
         publish_pipelined(
             params,
             built,
