@@ -31,6 +31,7 @@ from delayq.envelope import (
     new_message_id,
 )
 from delayq.errors import (
+    AccessRefused,
     ConnectionFailed,
     PublishBatchError,
     PublishError,
@@ -218,7 +219,7 @@ class AsyncPublisher:
                 raise outcomes.rejected(msg) from exc
             except aex.AMQPChannelError as exc:
                 error = translate_channel_error(exc)
-                if isinstance(error, TopologyMissing):
+                if isinstance(error, (TopologyMissing, AccessRefused)):
                     raise error from exc
                 raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
@@ -252,6 +253,7 @@ class AsyncPublisher:
             return []
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
+        refused: list[AccessRefused] = []
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
@@ -260,10 +262,14 @@ class AsyncPublisher:
             # outstanding, with no task or semaphore per message.
             nonlocal last_progress
             for index, msg in queue:
+                if refused:
+                    return  # the user may not publish there: nothing else will pass
                 try:
                     # No per-message confirm timer (one each costs more than the
                     # publish): the watchdog below guards the batch as a whole.
                     await self._send(msg, None)
+                except AccessRefused as exc:
+                    refused.append(exc)
                 except TopologyMissing as exc:  # deleted during the batch
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
@@ -288,6 +294,8 @@ class AsyncPublisher:
             await asyncio.gather(*(sender() for _ in range(min(max(1, window), len(built)))))
         finally:
             guard.cancel()
+        if refused:
+            raise refused[0]
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)
