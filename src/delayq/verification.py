@@ -226,8 +226,8 @@ def compare_redeclared(
     return Check(
         subject,
         Status.OK,
-        "exists; a re-declare with the topology's "
-        f"{'type and ' if decl.kind == 'exchange' else ''}arguments was accepted",
+        f"exists; re-declare with its {'type and ' if decl.kind == 'exchange' else ''}"
+        "arguments accepted",
     )
 
 
@@ -235,6 +235,7 @@ def compare_bindings(
     expected: Sequence[BindingDecl],
     observed: Mapping[str, Collection[tuple[str, str]]],
     owned: Collection[str],
+    keyless: Collection[str] = (),
 ) -> Check:
     """Every binding the topology wants exists; delayq's own exchanges have no others.
 
@@ -242,9 +243,18 @@ def compare_bindings(
     ``owned`` are the exchanges only delayq binds from (tiers, retries,
     unrouted): another queue bound there would receive copies of every message.
     The ready exchange is not owned: other applications' queues bind there.
+    ``keyless`` exchanges (fanout) ignore routing keys, so their keys are not compared.
     """
-    wanted = {(b.source, b.destination, b.routing_key) for b in expected}
-    present = {(src, dest, key) for src, pairs in observed.items() for dest, key in pairs}
+
+    def key(source: str, routing_key: str) -> str:
+        return "" if source in keyless else routing_key
+
+    wanted = {(b.source, b.destination, key(b.source, b.routing_key)) for b in expected}
+    present = {
+        (src, dest, key(src, routing_key))
+        for src, pairs in observed.items()
+        for dest, routing_key in pairs
+    }
     missing = sorted(wanted - present)
     unexpected = sorted(b for b in present - wanted if b[0] in owned)
     if not missing and not unexpected:

@@ -220,6 +220,16 @@ def test_many_missing_bindings_are_counted_not_all_listed() -> None:
     assert f"and {len(BINDINGS) - 4} more" in check.detail
 
 
+def test_routing_keys_of_fanout_bindings_do_not_matter() -> None:
+    observed = _observed_bindings(BINDINGS)
+    observed["shop.tier.1s"] = {("shop.tier.1s", "shop.tier.1s")}  # pika's default key
+    assert compare_bindings(BINDINGS, observed, OWNED).status is Status.FAIL
+    assert compare_bindings(BINDINGS, observed, OWNED, keyless=OWNED).status is Status.OK
+    observed["shop.ready"] = {("emails", "other.key")}  # a topic exchange: keys matter
+    check = compare_bindings(BINDINGS, observed, OWNED, keyless=OWNED)
+    assert check.status is Status.FAIL and "shop.ready -> emails [email.*]" in check.detail
+
+
 def test_a_stray_queue_on_a_tier_exchange_fails_but_other_apps_on_ready_do_not() -> None:
     observed = _observed_bindings(BINDINGS)
     observed["shop.ready"].add(("other.app", "other.#"))  # another application: fine

@@ -108,7 +108,8 @@ def _bindings(api: ManagementAPI | None, topology: Topology, vhost: str) -> Chec
     except DelayqError as exc:
         return Check("bindings", Status.FAIL, str(exc))
     owned = {s for s in sources if s != topology.ready_exchange}
-    return compare_bindings(expected, observed, owned)
+    fanout = {d.name for d in decls if isinstance(d, ExchangeDecl) and d.type == "fanout"}
+    return compare_bindings(expected, observed, owned, keyless=fanout)
 
 
 def _flags(api: ManagementAPI | None) -> tuple[dict[str, str] | None, str]:
