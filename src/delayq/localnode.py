@@ -148,26 +148,25 @@ class LocalNode:
         )
         log.close()
         deadline = time.monotonic() + timeout_s
-        while not _port_open(self.port):
-            if self._process.poll() is not None:
+        self._await_port(self.port, deadline)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        if self.management_port is not None:
+            self._await_port(self.management_port, deadline)
+        return self
+
+    def _await_port(self, port: int, deadline: float) -> None:
+        """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
+        while not _port_open(port):
+            process = self._process
+            if process is not None and process.poll() is not None:
                 raise LocalNodeError(
-                    f"rabbitmq-server exited with {self._process.returncode}; see "
+                    f"rabbitmq-server exited with {process.returncode}; see "
                     f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise LocalNodeError(f"node {self.name} did not open port {self.port} in time")
+                raise LocalNodeError(f"node {self.name} did not open port {port} in time")
             time.sleep(0.2)
-        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
-        while self.management_port is not None and not _port_open(self.management_port):
-            if time.monotonic() > deadline:
-                self.stop()
-                raise LocalNodeError(
-                    f"node {self.name} did not open its management port "
-                    f"{self.management_port} in time"
-                )
-            time.sleep(0.2)
-        return self
 
     def ctl(self, *args: str, timeout_s: float = 60.0, check: bool = True) -> str:
         """Run ``rabbitmqctl`` against this node and return its output."""

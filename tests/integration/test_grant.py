@@ -219,3 +219,26 @@ def test_a_grant_for_a_user_that_does_not_exist_fails_clearly(
     assert run.returncode == 1
     assert "nobody-here" in run.stderr
     assert ("does not exist" in run.stderr) if via == "management" else ("failed" in run.stderr)
+
+
+def test_a_producer_granted_another_namespace_is_refused_when_publishing(
+    local_rabbitmq_management_node: LocalNode, node_topology, make_user, driver_for
+):
+    node = local_rabbitmq_management_node
+    topology, _ = node_topology(node, ("1s", "2s"))
+    apply_topology(topology, node.url)
+    _, elsewhere = node_topology(node)  # the grant is for this other namespace
+    producer = make_user("producer")
+    run = _grant(
+        node, elsewhere, "--producer-user", producer.name,
+        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
+    )
+    assert run.returncode == 0, run.stderr
+    publisher = driver_for(producer.url)
+    tier = f"exchange '{topology.namespace}.tier.1s'"
+    with pytest.raises(AccessRefused, match=f"refused user '{producer.name}' access to {tier}"):
+        publisher.publish(topology, {"n": 1}, "job.a", "1s")
+    with pytest.raises(AccessRefused, match=f"access to exchange '{topology.namespace}.ready'"):
+        publisher.publish(topology, {"n": 2}, "job.a", "0s")
+    with pytest.raises(AccessRefused, match=tier):
+        publisher.publish_many(topology, [Message({"n": n}, "job.b", "1s") for n in range(50)])

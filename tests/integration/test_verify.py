@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pika
 import pika.exceptions as pex
 import pytest
 
+from delayq import Topology
 from delayq.localnode import LocalNode, free_port
 from delayq.sync import apply_topology
 from tests.integration.ops import delayq, queue_names, rows
@@ -13,6 +18,16 @@ from tests.integration.ops import delayq, queue_names, rows
 
 def _verify_queues(node: LocalNode, namespace: str) -> set[str]:
     return {q for q in queue_names(node) if q.startswith(f"{namespace}.verify.")}
+
+
+def _verify(node: LocalNode, path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return delayq("topology", "verify", "--file", str(path), "--url", node.url, *args)
+
+
+def _applied(node: LocalNode, node_topology: Any) -> tuple[Topology, Path]:
+    topology, path = node_topology(node)
+    apply_topology(topology, node.url)
+    return topology, path
 
 
 def _admin(node: LocalNode) -> pika.BlockingConnection:
@@ -23,13 +38,9 @@ def test_an_applied_topology_passes_every_check_through_the_management_api(
     local_rabbitmq_management_node: LocalNode, node_topology
 ):
     node = local_rabbitmq_management_node
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
+    topology, path = _applied(node, node_topology)
     assert node.management_url is not None
-    run = delayq(
-        "topology", "verify", "--file", str(path), "--url", node.url,
-        "--management-url", node.management_url,
-    )
+    run = _verify(node, path, "--management-url", node.management_url)
     assert run.returncode == 0, run.stdout + run.stderr
     table = rows(run.stdout)
     assert all(status == "OK" for status, _ in table.values()), run.stdout
@@ -51,20 +62,18 @@ def test_an_unapplied_topology_fails_and_the_probe_leaves_nothing_behind(
     node = local_rabbitmq_management_node
     topology, path = node_topology(node)
     assert node.management_url is not None
-    run = delayq(
-        "topology", "verify", "--file", str(path), "--url", node.url,
-        "--management-url", node.management_url,
-    )
+    run = _verify(node, path, "--management-url", node.management_url)
     assert run.returncode == 1
     table = rows(run.stdout)
     assert table[f"exchange {topology.namespace}.ready"] == (
-        "FAIL", "missing: run `delayq topology apply`"
+        "FAIL",
+        "missing: run `delayq topology apply`",
     )
     assert table["bindings"][0] == "FAIL" and "6 of 6 missing" in table["bindings"][1]
     assert table["dead-lettering probe"][0] == "FAIL"
-    assert f"exchange '{topology.namespace}.ready' does not exist" in table[
-        "dead-lettering probe"
-    ][1]
+    assert (
+        f"exchange '{topology.namespace}.ready' does not exist" in table["dead-lettering probe"][1]
+    )
     assert {q for q in queue_names(node) if q.startswith(topology.namespace)} == set()
 
 
@@ -107,9 +116,10 @@ def test_what_differs_is_named_through_the_api_and_over_amqp(
     assert api.returncode == 1
     table = rows(api.stdout)
     assert table[f"queue {ns}.tier.30s"][0] == "FAIL"
-    assert "x-overflow is 'drop-head', the topology wants 'reject-publish'" in table[
-        f"queue {ns}.tier.30s"
-    ][1]
+    assert (
+        "x-overflow is 'drop-head', the topology wants 'reject-publish'"
+        in table[f"queue {ns}.tier.30s"][1]
+    )
     assert table[f"queue {ns}.retry.1s"] == ("FAIL", "missing: run `delayq topology apply`")
     assert table[f"queue {ns}.tier.1s"][0] == "OK"
     bindings = table["bindings"][1]
@@ -143,9 +153,8 @@ def test_without_the_plugin_verify_goes_over_amqp_and_says_so(
 ):
     node = local_rabbitmq_node
     assert node.management_url is None
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
-    run = delayq("topology", "verify", "--file", str(path), "--url", node.url)
+    topology, path = _applied(node, node_topology)
+    run = _verify(node, path)
     assert run.returncode == 0, run.stdout + run.stderr
     table = rows(run.stdout)
     for skipped in ("management API", "feature flags", "bindings"):
@@ -153,7 +162,8 @@ def test_without_the_plugin_verify_goes_over_amqp_and_says_so(
     assert "AMQP checks only" in table["management API"][1]
     assert "AMQP cannot list feature flags" in table["feature flags"][1]
     assert table[f"queue {topology.namespace}.tier.1s"] == (
-        "OK", "exists; re-declare with its arguments accepted"
+        "OK",
+        "exists; re-declare with its arguments accepted",
     )
     assert table["dead-lettering probe"][0] == "OK"
     assert _verify_queues(node, topology.namespace) == set()
@@ -163,13 +173,9 @@ def test_an_explicit_management_url_that_does_not_answer_fails(
     local_rabbitmq_node: LocalNode, node_topology
 ):
     node = local_rabbitmq_node
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
+    topology, path = _applied(node, node_topology)
     dead = f"http://guest:s3cret@127.0.0.1:{free_port()}/"
-    run = delayq(
-        "topology", "verify", "--file", str(path), "--url", node.url, "--management-url", dead,
-        "--no-probe",
-    )
+    run = _verify(node, path, "--management-url", dead, "--no-probe")
     assert run.returncode == 1
     table = rows(run.stdout)
     assert table["management API"][0] == "FAIL"
@@ -178,38 +184,35 @@ def test_an_explicit_management_url_that_does_not_answer_fails(
     assert "s3cret" not in run.stdout + run.stderr
 
 
+def _failed_probe(run: subprocess.CompletedProcess[str], node: LocalNode, namespace: str) -> str:
+    """The probe's detail, once sure it failed the verify and left no queue behind."""
+    assert run.returncode == 1
+    status, detail = rows(run.stdout)["dead-lettering probe"]
+    assert status == "FAIL", detail
+    assert _verify_queues(node, namespace) == set()
+    return detail
+
+
 def test_a_probe_that_times_out_fails_and_deletes_its_queues(
     local_rabbitmq_node: LocalNode, node_topology
 ):
     node = local_rabbitmq_node
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
-    run = delayq(
-        "topology", "verify", "--file", str(path), "--url", node.url, "--probe-timeout", "1ms"
-    )
-    assert run.returncode == 1
-    status, detail = rows(run.stdout)["dead-lettering probe"]
-    assert status == "FAIL" and "within 1ms" in detail
-    assert _verify_queues(node, topology.namespace) == set()
+    topology, path = _applied(node, node_topology)
+    run = _verify(node, path, "--probe-timeout", "1ms")
+    assert "within 1ms" in _failed_probe(run, node, topology.namespace)
 
 
 def test_a_policy_that_drops_dead_letters_fails_the_probe_and_it_cleans_up(
     local_rabbitmq_node: LocalNode, node_topology
 ):
     node = local_rabbitmq_node
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
+    topology, path = _applied(node, node_topology)
     policy = f"block-{topology.namespace}"
     pattern = f"^{topology.namespace}\\.verify\\."
     node.ctl("set_operator_policy", policy, pattern, '{"max-length": 0}', "--apply-to", "queues")
     try:
-        run = delayq(
-            "topology", "verify", "--file", str(path), "--url", node.url, "--probe-timeout", "3s"
-        )
+        run = _verify(node, path, "--probe-timeout", "3s")
     finally:
         node.ctl("clear_operator_policy", policy)
-    assert run.returncode == 1
-    status, detail = rows(run.stdout)["dead-lettering probe"]
-    assert status == "FAIL" and "did not reach" in detail
+    assert "did not reach" in _failed_probe(run, node, topology.namespace)
     assert rows(run.stdout)[f"queue {topology.namespace}.tier.1s"][0] == "OK"
-    assert _verify_queues(node, topology.namespace) == set()

@@ -19,6 +19,7 @@ from delayq.permissions import apply_grant
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topology" / "delayq.yaml"
 DEAD_URL = "amqp://guest:s3cret@127.0.0.1:1/"
+VIA_MANAGEMENT = ["topology", "grant", "--producer-user", "a", "--apply", "--via", "management"]
 
 
 def test_grant_prints_one_rabbitmqctl_command_per_user(capsys):
@@ -51,31 +52,9 @@ def test_grant_takes_the_vhost_and_the_rabbitmqctl_command(capsys):
     ("argv", "message"),
     [
         (["topology", "grant"], "--producer-user, --consumer-user or both"),
+        ([*VIA_MANAGEMENT, "--no-management"], "--no-management"),
         (
-            [
-                "topology",
-                "grant",
-                "--producer-user",
-                "a",
-                "--apply",
-                "--via",
-                "management",
-                "--no-management",
-            ],
-            "--no-management",
-        ),
-        (
-            [
-                "topology",
-                "grant",
-                "--producer-user",
-                "a",
-                "--apply",
-                "--via",
-                "management",
-                "--management-url",
-                "ftp://u:s3cret@h/",
-            ],
+            [*VIA_MANAGEMENT, "--management-url", "ftp://u:s3cret@h/"],
             "http://user:pass@host:15672/",
         ),
         (
