@@ -216,3 +216,20 @@ def test_a_policy_that_drops_dead_letters_fails_the_probe_and_it_cleans_up(
         node.ctl("clear_operator_policy", policy)
     assert "did not reach" in _failed_probe(run, node, topology.namespace)
     assert rows(run.stdout)[f"queue {topology.namespace}.tier.1s"][0] == "OK"
+
+
+def test_the_python_api(local_rabbitmq_management_node: LocalNode, node_topology):
+    from delayq.management import ManagementAPI
+    from delayq.sync import queue_depths, verify_topology
+    from delayq.verification import Status, passed
+
+    node = local_rabbitmq_management_node
+    topology, _ = _applied(node, node_topology)
+    assert node.management_url is not None
+    api = ManagementAPI(node.management_url)
+    checks = verify_topology(topology, node.url, management=api, probe_bound_ms=5000)
+    assert passed(checks) and all(c.status is Status.OK for c in checks)
+    depths, source = queue_depths([f"{topology.namespace}.work", "no.such.queue"], node.url)
+    assert source.startswith("AMQP passive declares")
+    assert depths["no.such.queue"] is None
+    assert depths[f"{topology.namespace}.work"] is not None

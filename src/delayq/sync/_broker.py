@@ -45,8 +45,15 @@ def url_vhost(url: str) -> str:
     return str(pika.URLParameters(url).virtual_host)
 
 
-def reach_management(choice: ManagementChoice | None, connection: pika.BlockingConnection) -> Reach:
-    """The management API if it answers for the broker ``connection`` reaches."""
+def reach_management(
+    choice: ManagementChoice | ManagementAPI | None, connection: pika.BlockingConnection
+) -> Reach:
+    """The management API if it answers for the broker ``connection`` reaches.
+
+    A bare :class:`ManagementAPI` counts as asked for: if it does not answer, say so.
+    """
+    if isinstance(choice, ManagementAPI):
+        choice = ManagementChoice(choice, explicit=True)
     if choice is None:
         return Reach(None, "not asked for (--no-management)")
     try:

@@ -59,7 +59,10 @@ def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Depth | None]:
 
 
 def queue_depths(
-    queues: list[str], url: str | None = None, *, management: ManagementChoice | None = None
+    queues: list[str],
+    url: str | None = None,
+    *,
+    management: ManagementChoice | ManagementAPI | None = None,
 ) -> tuple[dict[str, Depth | None], str]:
     """Each queue's depth (``None``: it does not exist) and the source used, to print."""
     resolved = resolve_url(url)

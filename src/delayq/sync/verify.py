@@ -125,15 +125,21 @@ def verify_topology(
     topology: Topology,
     url: str | None = None,
     *,
-    management: ManagementChoice | None = None,
+    management: ManagementChoice | ManagementAPI | None = None,
     probe: bool = True,
     probe_ttl_ms: int = 200,
     probe_bound_ms: int = 10_000,
 ) -> list[Check]:
     """Every check of the live broker against ``topology``, in a fixed order.
 
-    Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
-    reached; every other problem is a failed check.
+    >>> api = ManagementAPI("http://guest:guest@localhost:15672/")  # doctest: +SKIP
+    >>> passed(verify_topology(topology, url, management=api))  # doctest: +SKIP
+    True
+
+    Without ``management`` (or when it does not answer) entities are checked
+    over AMQP, and bindings and feature flags are skipped. Raises
+    :class:`~delayq.errors.ConnectionFailed` when the broker cannot be reached;
+    every other problem is a failed check.
     """
     resolved = resolve_url(url)
     plan = plan_probe(
