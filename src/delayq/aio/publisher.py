@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
@@ -114,9 +114,12 @@ class AsyncPublisher:
                 self._connection = await connect(
                     self._url, name="delayq-publisher", attempts=self._connect_attempts
                 )
-            self._channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
+            try:
+                self._channel = await self._connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
+            except RuntimeError as exc:  # aiormq, when the connection closed under us
+                raise aex.AMQPConnectionError(str(exc)) from exc
             self._exchanges = {}
             return self._channel
 
@@ -239,6 +242,27 @@ class AsyncPublisher:
                 await self._drop_connection(connection)
         raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
 
+    @staticmethod
+    async def _run_senders(
+        sender: Callable[[], Coroutine[Any, Any, None]],
+        watchdog: Callable[[], Coroutine[Any, Any, None]],
+        count: int,
+    ) -> None:
+        """Run ``count`` senders to the end; the first error (``AccessRefused`` first)
+        cancels the others, which would only fail the same way or race a closing channel."""
+        guard = asyncio.create_task(watchdog())
+        senders = [asyncio.create_task(sender()) for _ in range(count)]
+        try:
+            done, _ = await asyncio.wait(senders, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            guard.cancel()
+            for task in senders:
+                task.cancel()
+            await asyncio.gather(guard, *senders, return_exceptions=True)
+        errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, AccessRefused)), errors[0])
+
     async def publish_many(
         self, messages: Iterable[Message], *, window: int = 1000
     ) -> list[Receipt]:
@@ -253,7 +277,6 @@ class AsyncPublisher:
             return []
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
-        refused: list[AccessRefused] = []
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
@@ -262,14 +285,10 @@ class AsyncPublisher:
             # outstanding, with no task or semaphore per message.
             nonlocal last_progress
             for index, msg in queue:
-                if refused:
-                    return  # the user may not publish there: nothing else will pass
                 try:
                     # No per-message confirm timer (one each costs more than the
                     # publish): the watchdog below guards the batch as a whole.
                     await self._send(msg, None)
-                except AccessRefused as exc:
-                    refused.append(exc)
                 except TopologyMissing as exc:  # deleted during the batch
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
@@ -289,13 +308,7 @@ class AsyncPublisher:
                     last_progress = time.monotonic()
                     await self._drop_connection(self._connection)
 
-        guard = asyncio.create_task(watchdog())
-        try:
-            await asyncio.gather(*(sender() for _ in range(min(max(1, window), len(built)))))
-        finally:
-            guard.cancel()
-        if refused:
-            raise refused[0]
+        await self._run_senders(sender, watchdog, min(max(1, window), len(built)))
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)
