@@ -18,6 +18,7 @@ from delayq.delivery import Reject, Retry
 from delayq.durations import format_ms, to_ms
 from delayq.envelope import Message, Receipt
 from delayq.errors import (
+    AccessRefused,
     BodyTooLarge,
     BrokerError,
     ClaimLost,
@@ -33,6 +34,7 @@ from delayq.errors import (
     InvalidRoutingKey,
     InvalidTopology,
     InvalidURL,
+    ManagementUnavailable,
     PublishBatchError,
     PublishBlocked,
     PublishError,
@@ -72,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_LADDER",
     "ROCKETMQ_SCHEDULE",
+    "AccessRefused",
     "ApplyReport",
     "ApplyResult",
     "ApplyStatus",
@@ -101,6 +104,7 @@ __all__ = [
     "InvalidTopology",
     "InvalidURL",
     "Ladder",
+    "ManagementUnavailable",
     "Message",
     "PostgresStore",
     "PublishBatchError",

@@ -16,7 +16,9 @@ and aiormq are translated at one place per adapter and chained with
     │   ├── InvalidTopology
     │   └── InvalidURL
     ├── BrokerError: the broker said no, or could not be reached
+    │   ├── AccessRefused
     │   ├── ConnectionFailed
+    │   │   └── ManagementUnavailable
     │   ├── TopologyMissing
     │   ├── TopologyConflict
     │   └── PublishError: the fate of a message is not "confirmed"
@@ -35,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccessRefused",
     "BodyTooLarge",
     "BrokerError",
     "ClaimLost",
@@ -50,6 +53,7 @@ __all__ = [
     "InvalidRoutingKey",
     "InvalidTopology",
     "InvalidURL",
+    "ManagementUnavailable",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
@@ -128,8 +132,16 @@ class BrokerError(DelayqError):
     """The broker refused an operation or could not be reached."""
 
 
+class AccessRefused(BrokerError):
+    """The user's permissions do not cover an exchange or queue (ACCESS_REFUSED, 403)."""
+
+
 class ConnectionFailed(BrokerError):
     """No connection to the broker could be made (after the allowed retries)."""
+
+
+class ManagementUnavailable(ConnectionFailed):
+    """The management HTTP API cannot be reached, or refused the login."""
 
 
 class TopologyMissing(BrokerError):

@@ -6,6 +6,10 @@ node name, ports and data folders pointed at a scratch directory.
 
 >>> with LocalNode() as node:            # doctest: +SKIP
 ...     print(node.url)                  # amqp://guest:guest@127.0.0.1:<port>/
+
+``LocalNode(management=True)`` also enables the ``rabbitmq_management`` plugin
+on a free port of its own (``node.management_url``); without it the node runs
+no plugin at all, which is how a broker without the HTTP API looks.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class LocalNode:
         *,
         port: int | None = None,
         config: Mapping[str, str] | None = None,
+        management: bool = False,
     ) -> None:
         if not server_installed():
             raise LocalNodeError(
@@ -69,10 +74,17 @@ class LocalNode:
         self.port = port or free_port()
         self.dist_port = free_port()
         self.name = f"delayq-{self.port}@localhost"
+        self.management_port = free_port() if management else None
+        plugin_config = (
+            {"management.tcp.port": str(self.management_port), "management.tcp.ip": "127.0.0.1"}
+            if self.management_port is not None
+            else {}
+        )
         self.config = {
             "listeners.tcp.default": str(self.port),
             "loopback_users": "none",
             "log.console": "false",
+            **plugin_config,
             **(config or {}),
         }
         self._process: subprocess.Popen[bytes] | None = None
@@ -80,6 +92,13 @@ class LocalNode:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def management_url(self) -> str | None:
+        """The HTTP API's URL when the node runs the management plugin, else ``None``."""
+        if self.management_port is None:
+            return None
+        return f"http://guest:guest@127.0.0.1:{self.management_port}/"
 
     def env(self) -> dict[str, str]:
         base = self.base_dir
@@ -102,7 +121,8 @@ class LocalNode:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         lines = [f"{key} = {value}" for key, value in self.config.items()]
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
-        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        plugins = "rabbitmq_management" if self.management_port is not None else ""
+        (self.base_dir / "enabled_plugins").write_text(f"[{plugins}].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         advanced = self.base_dir / "advanced.config"
         if not advanced.exists():
@@ -128,18 +148,25 @@ class LocalNode:
         )
         log.close()
         deadline = time.monotonic() + timeout_s
-        while not _port_open(self.port):
-            if self._process.poll() is not None:
+        self._await_port(self.port, deadline)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        if self.management_port is not None:
+            self._await_port(self.management_port, deadline)
+        return self
+
+    def _await_port(self, port: int, deadline: float) -> None:
+        """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
+        while not _port_open(port):
+            process = self._process
+            if process is not None and process.poll() is not None:
                 raise LocalNodeError(
-                    f"rabbitmq-server exited with {self._process.returncode}; see "
+                    f"rabbitmq-server exited with {process.returncode}; see "
                     f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise LocalNodeError(f"node {self.name} did not open port {self.port} in time")
+                raise LocalNodeError(f"node {self.name} did not open port {port} in time")
             time.sleep(0.2)
-        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
-        return self
 
     def ctl(self, *args: str, timeout_s: float = 60.0, check: bool = True) -> str:
         """Run ``rabbitmqctl`` against this node and return its output."""

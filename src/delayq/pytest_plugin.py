@@ -7,6 +7,10 @@
 3. a local node started from the installed ``rabbitmq-server`` (see
    :mod:`delayq.localnode`), stopped at the end of the session.
 
+``local_rabbitmq_node`` and ``local_rabbitmq_management_node`` are local nodes
+the session controls (users, restarts, rabbitmqctl), the second with the
+management plugin enabled.
+
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
 
@@ -30,7 +34,13 @@ import pytest
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
 
-__all__ = ["local_rabbitmq_node", "postgres_dsn", "rabbitmq_url", "redis_url"]
+__all__ = [
+    "local_rabbitmq_management_node",
+    "local_rabbitmq_node",
+    "postgres_dsn",
+    "rabbitmq_url",
+    "redis_url",
+]
 
 NO_BROKER = (
     "no RabbitMQ broker: set RABBITMQ_URL, start a Docker engine (testcontainers), or "
@@ -109,6 +119,24 @@ def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
         _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
     try:
         return _delayq_nodes.start()
+    except LocalNodeError as exc:
+        _no_broker(str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
+    """A local node this session controls, running the management plugin.
+
+    Its statistics are sampled every 500 ms (instead of 5 s), so figures read
+    from the HTTP API (``node.management_url``) follow the queues closely.
+    """
+    if not server_installed():
+        _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
+    try:
+        return _delayq_nodes.start(
+            management=True, config={"collect_statistics_interval": "500"}
+        )
     except LocalNodeError as exc:
         _no_broker(str(exc))
         raise

@@ -25,6 +25,11 @@ CORE_MODULES = [
     "delayq.urls",
     "delayq.errors",
     "delayq.provisioning",
+    "delayq.verification",
+    "delayq.grants",
+    "delayq.depths",
+    "delayq.management",
+    "delayq.permissions",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 

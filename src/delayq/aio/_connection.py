@@ -9,7 +9,7 @@ import aio_pika
 import aiormq.exceptions as aex
 from aio_pika.abc import AbstractConnection
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
 from delayq.urls import redact, validate_url
 
@@ -80,7 +80,9 @@ def _reply_text(exc: aex.AMQPChannelError) -> str:
 def translate_channel_error(exc: aex.AMQPChannelError) -> DelayqError:
     """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
     text = _reply_text(exc)
-    found: DelayqError | None = missing_from_reply(text) or conflict_from_reply(text)
+    found: DelayqError | None = (
+        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
+    )
     if found is not None:
         return found
     return BrokerError(f"the broker closed the channel: {text}")

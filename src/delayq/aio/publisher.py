@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
@@ -32,6 +32,7 @@ from delayq.envelope import (
     new_message_id,
 )
 from delayq.errors import (
+    AccessRefused,
     ConnectionFailed,
     PublishBatchError,
     PublishError,
@@ -231,7 +232,7 @@ class AsyncPublisher:
                 raise outcomes.rejected(msg) from exc
             except aex.AMQPChannelError as exc:
                 error = translate_channel_error(exc)
-                if isinstance(error, TopologyMissing):
+                if isinstance(error, (TopologyMissing, AccessRefused)):
                     raise error from exc
                 raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
@@ -254,6 +255,27 @@ class AsyncPublisher:
                 )
                 await self._drop_connection(connection)
         raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
+
+    @staticmethod
+    async def _run_senders(
+        sender: Callable[[], Coroutine[Any, Any, None]],
+        watchdog: Callable[[], Coroutine[Any, Any, None]],
+        count: int,
+    ) -> None:
+        """Run ``count`` senders to the end; the first error (``AccessRefused`` first)
+        cancels the others, which would only fail the same way or race a closing channel."""
+        guard = asyncio.create_task(watchdog())
+        senders = [asyncio.create_task(sender()) for _ in range(count)]
+        try:
+            done, _ = await asyncio.wait(senders, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            guard.cancel()
+            for task in senders:
+                task.cancel()
+            await asyncio.gather(guard, *senders, return_exceptions=True)
+        errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, AccessRefused)), errors[0])
 
     async def publish_many(
         self, messages: Iterable[Message], *, window: int = 1000
@@ -300,11 +322,7 @@ class AsyncPublisher:
                     last_progress = time.monotonic()
                     await self._drop_connection(self._connection)
 
-        guard = asyncio.create_task(watchdog())
-        try:
-            await asyncio.gather(*(sender() for _ in range(min(max(1, window), len(built)))))
-        finally:
-            guard.cancel()
+        await self._run_senders(sender, watchdog, min(max(1, window), len(built)))
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)

@@ -8,7 +8,7 @@ from typing import Any
 import pika
 import pika.exceptions as pex
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
 from delayq.urls import redact, validate_url
 
@@ -81,7 +81,9 @@ def connect(
 def translate_channel_error(exc: pex.ChannelClosedByBroker) -> DelayqError:
     """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
     text: str = exc.reply_text or ""
-    found: DelayqError | None = missing_from_reply(text) or conflict_from_reply(text)
+    found: DelayqError | None = (
+        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
+    )
     if found is not None:
         return found
     return BrokerError(f"the broker closed the channel: ({exc.reply_code}) {text}")

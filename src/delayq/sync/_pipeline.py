@@ -19,9 +19,10 @@ import pika.exceptions as pex
 from pika.spec import Basic
 
 from delayq import outcomes
-from delayq.conflicts import missing_from_reply
+from delayq.conflicts import missing_from_reply, refused_from_reply
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
+    AccessRefused,
     ConnectionFailed,
     PublishBatchError,
     PublishError,
@@ -99,8 +100,8 @@ class _Round:
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
         if isinstance(reason, pex.ChannelClosedByBroker):
-            missing = missing_from_reply(reason.reply_text or "")
-            self.fatal = missing or PublishRejected(
+            text = reason.reply_text or ""
+            self.fatal = missing_from_reply(text) or refused_from_reply(text) or PublishRejected(
                 f"the broker closed the channel: ({reason.reply_code}) {reason.reply_text}"
             )
         self._finish()
@@ -206,7 +207,7 @@ def publish_pipelined(
         rnd = _Round(params, messages, todo, window, properties, results)
         rnd.run()
         handed_over = handed_over or rnd.next_tag > 1
-        if isinstance(rnd.fatal, TopologyMissing):
+        if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
             raise rnd.fatal
         todo = [i for i in todo if i not in results]
         if not todo:

@@ -22,10 +22,7 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import (
-    ConnectionFailed,
-    TopologyMissing,
-)
+from delayq.errors import AccessRefused, ConnectionFailed, TopologyMissing
 from delayq.sync._connection import (
     BLOCKED_CONNECTION_TIMEOUT_S,
     CONNECTION_ERRORS,
@@ -148,7 +145,8 @@ class Publisher:
         immediate. Raises a :class:`~delayq.errors.InvalidInput` subclass before
         sending anything on bad input, :class:`~delayq.errors.Unroutable`,
         :class:`~delayq.errors.PublishRejected`,
-        :class:`~delayq.errors.TopologyMissing` or
+        :class:`~delayq.errors.TopologyMissing`,
+        :class:`~delayq.errors.AccessRefused` (the user may not publish there) or
         :class:`~delayq.errors.PublishUnconfirmed` when the broker did not take it.
         """
         msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
@@ -180,7 +178,7 @@ class Publisher:
             except pex.ChannelClosedByBroker as exc:
                 self._channel = None
                 error = translate_channel_error(exc)
-                if isinstance(error, TopologyMissing):
+                if isinstance(error, (TopologyMissing, AccessRefused)):
                     raise error from exc
                 raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
