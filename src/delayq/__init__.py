@@ -24,6 +24,7 @@ from delayq.errors import (
     DelayqError,
     DelayTooLong,
     HandlerTimeout,
+    HeadersTooLarge,
     InvalidBody,
     InvalidDelay,
     InvalidHeaders,
@@ -42,6 +43,7 @@ from delayq.errors import (
 )
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.limits import MessageLimits
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
@@ -86,6 +88,7 @@ __all__ = [
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
+    "HeadersTooLarge",
     "IdempotencyStore",
     "InMemoryStore",
     "InvalidBody",
@@ -98,6 +101,7 @@ __all__ = [
     "InvalidURL",
     "Ladder",
     "Message",
+    "MessageLimits",
     "PostgresStore",
     "PublishBatchError",
     "PublishError",

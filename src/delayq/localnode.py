@@ -6,6 +6,9 @@ node name, ports and data folders pointed at a scratch directory.
 
 >>> with LocalNode() as node:            # doctest: +SKIP
 ...     print(node.url)                  # amqp://guest:guest@127.0.0.1:<port>/
+
+With ``tls=NodeTLS(...)`` the node also listens for TLS (``amqps://``) on a
+second free port, :attr:`LocalNode.tls_url` (certificates: :mod:`delayq.localtls`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RABBITMQ_BIN", "LocalNode", "LocalNodeError", "free_port", "server_installed"]
+__all__ = [
+    "RABBITMQ_BIN",
+    "LocalNode",
+    "LocalNodeError",
+    "NodeTLS",
+    "free_port",
+    "server_installed",
+]
 
 RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
@@ -48,6 +59,31 @@ def _port_open(port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class NodeTLS:
+    """A TLS listener for a :class:`LocalNode` (RabbitMQ's ``ssl_options``)."""
+
+    cacertfile: Path
+    """CA certificates the node trusts for client certificates."""
+    certfile: Path
+    keyfile: Path
+    verify_peer: bool = False
+    """Ask clients for a certificate and verify it against ``cacertfile``."""
+    fail_if_no_peer_cert: bool = False
+    """Refuse clients that send no certificate (needs ``verify_peer``)."""
+
+    def config(self, port: int) -> dict[str, str]:
+        """The ``rabbitmq.conf`` lines of this listener on ``port``."""
+        return {
+            "listeners.ssl.default": str(port),
+            "ssl_options.cacertfile": str(self.cacertfile),
+            "ssl_options.certfile": str(self.certfile),
+            "ssl_options.keyfile": str(self.keyfile),
+            "ssl_options.verify": "verify_peer" if self.verify_peer else "verify_none",
+            "ssl_options.fail_if_no_peer_cert": str(self.fail_if_no_peer_cert).lower(),
+        }
+
+
 class LocalNode:
     """One RabbitMQ node on free ports with its own data folder; stop() removes nothing
     until :meth:`cleanup`, so a restart keeps the parked messages."""
@@ -58,6 +94,7 @@ class LocalNode:
         *,
         port: int | None = None,
         config: Mapping[str, str] | None = None,
+        tls: NodeTLS | None = None,
     ) -> None:
         if not server_installed():
             raise LocalNodeError(
@@ -69,10 +106,13 @@ class LocalNode:
         self.port = port or free_port()
         self.dist_port = free_port()
         self.name = f"delayq-{self.port}@localhost"
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
         self.config = {
             "listeners.tcp.default": str(self.port),
             "loopback_users": "none",
             "log.console": "false",
+            **(tls.config(self.tls_port) if tls is not None and self.tls_port else {}),
             **(config or {}),
         }
         self._process: subprocess.Popen[bytes] | None = None
@@ -80,6 +120,13 @@ class LocalNode:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def tls_url(self) -> str:
+        """The ``amqps://`` URL of the TLS listener, without TLS options (add them)."""
+        if self.tls_port is None:
+            raise LocalNodeError("this node was started without tls=NodeTLS(...)")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def env(self) -> dict[str, str]:
         base = self.base_dir
@@ -128,7 +175,8 @@ class LocalNode:
         )
         log.close()
         deadline = time.monotonic() + timeout_s
-        while not _port_open(self.port):
+        ports = [self.port] if self.tls_port is None else [self.port, self.tls_port]
+        while not all(_port_open(port) for port in ports):
             if self._process.poll() is not None:
                 raise LocalNodeError(
                     f"rabbitmq-server exited with {self._process.returncode}; see "
@@ -136,7 +184,7 @@ class LocalNode:
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise LocalNodeError(f"node {self.name} did not open port {self.port} in time")
+                raise LocalNodeError(f"node {self.name} did not open ports {ports} in time")
             time.sleep(0.2)
         self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
         return self

@@ -14,7 +14,6 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq import outcomes
 from delayq.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -60,6 +59,10 @@ class Publisher:
 
     ``publish_many`` pipelines confirms and is several times faster for batches.
     Not thread-safe: use one publisher per thread.
+
+    Bodies and headers are checked against ``topology.limits`` before anything
+    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     """
 
     def __init__(
@@ -67,7 +70,7 @@ class Publisher:
         url: str | None = None,
         topology: Topology | None = None,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,
