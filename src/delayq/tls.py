@@ -42,6 +42,7 @@ __all__ = [
     "TLSOptions",
     "describe_tls_failure",
     "tls_options",
+    "wrapped_errors",
 ]
 
 TLS_OPTIONS = ("cafile", "certfile", "keyfile", "verify", "server_hostname")
@@ -189,7 +190,7 @@ _CLIENT_CERT_REFUSED = ("UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN", 
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG")
 
 
-def _errors(exc: BaseException) -> Iterator[BaseException]:
+def wrapped_errors(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and everything it wraps: causes, contexts, and exceptions in its args."""
     todo: list[BaseException] = [exc]
     seen: set[int] = set()
@@ -207,14 +208,14 @@ def _errors(exc: BaseException) -> Iterator[BaseException]:
 def _reason(exc: BaseException) -> tuple[str, str] | None:
     """The OpenSSL reason code and its detail, from an ``ssl.SSLError`` or from text
     (pika sometimes wraps the SSL error's text in another exception's message)."""
-    for error in _errors(exc):
+    for error in wrapped_errors(exc):
         detail = getattr(error, "verify_message", None)
         if isinstance(error, ssl.SSLCertVerificationError) and detail:
             return "CERTIFICATE_VERIFY_FAILED", str(detail)
         reason = getattr(error, "reason", None)
         if isinstance(error, ssl.SSLError) and reason:
             return str(reason), str(reason)
-    for error in _errors(exc):
+    for error in wrapped_errors(exc):
         found = _REASON.search(str(error))
         if found is not None:
             return found.group(1), found.group(1)

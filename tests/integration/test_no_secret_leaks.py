@@ -28,6 +28,7 @@ from delayq import DelayqError, Message, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.localnode import LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
+from delayq.tls import wrapped_errors
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -81,19 +82,8 @@ def secret(local_rabbitmq_node: LocalNode) -> Secret:
 def exception_texts(exc: BaseException) -> list[str]:
     """str, repr and formatted traceback of ``exc`` and everything chained to it."""
     texts = ["".join(traceback.format_exception(type(exc), exc, exc.__traceback__))]
-    todo: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in wrapped_errors(exc):
         texts += [str(current), repr(current), repr(current.args)]
-        todo += [
-            e
-            for e in (current.__cause__, current.__context__, *current.args)
-            if isinstance(e, BaseException)
-        ]
     return texts
 
 
