@@ -41,6 +41,7 @@ __all__ = [
     "TLS_OPTIONS",
     "TLSOptions",
     "describe_tls_failure",
+    "describe_tls_reset",
     "tls_options",
     "wrapped_errors",
 ]
@@ -191,7 +192,8 @@ _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_L
 
 
 def wrapped_errors(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything it wraps: causes, contexts, and exceptions in its args."""
+    """``exc`` and everything it wraps: causes, contexts, exceptions in its args, and
+    pika's ``exception`` / ``exceptions`` attributes."""
     todo: list[BaseException] = [exc]
     seen: set[int] = set()
     while todo:
@@ -201,6 +203,7 @@ def wrapped_errors(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         inner = [current.__cause__, current.__context__, *current.args]
+        inner.append(getattr(current, "exception", None))
         inner.extend(getattr(current, "exceptions", None) or ())
         todo.extend(e for e in inner if isinstance(e, BaseException))
 
@@ -265,3 +268,24 @@ def describe_tls_failure(exc: BaseException, options: TLSOptions, where: str) ->
             f"(is it the amqp:// port? RabbitMQ's TLS port is usually 5671) [{code}]"
         )
     return f"TLS handshake with the broker at {where} failed [{code}]"
+
+
+def describe_tls_reset(exc: BaseException, options: TLSOptions) -> str | None:
+    """A hint when an ``amqps://`` connection without a client certificate was reset.
+
+    A broker that requires a client certificate sends its alert and closes the
+    socket; when the client's AMQP greeting is still unread there, the close
+    is a reset and the alert is lost (aiormq sees this about once in six
+    tries). A reset can have other causes, so the connection is retried, and
+    this hint ends the final error.
+    """
+    if options.certfile is not None:
+        return None
+    for error in wrapped_errors(exc):
+        if isinstance(error, (ConnectionResetError, ssl.SSLEOFError)):
+            return (
+                "the broker closed the TLS connection during setup: it may require a client "
+                "certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE and "
+                "$DELAYQ_TLS_KEYFILE)"
+            )
+    return None

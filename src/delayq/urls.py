@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from delayq.errors import InvalidURL
-from delayq.tls import TLS_OPTIONS, TLSOptions, tls_options
+from delayq.tls import (
+    TLS_OPTIONS,
+    TLSOptions,
+    describe_tls_failure,
+    describe_tls_reset,
+    tls_options,
+)
 
 __all__ = [
     "CLIENT_OPTIONS",
@@ -75,6 +81,21 @@ class BrokerURL:
 
     def __repr__(self) -> str:
         return f"BrokerURL({redact(self.client_url)!r}, tls={self.tls!r})"
+
+    def tls_failure(self, exc: BaseException) -> str | None:
+        """What went wrong in TLS when ``exc`` ended a connection attempt, else ``None``
+        (the same words for pika's and aiormq's errors)."""
+        if self.tls is None:
+            return None
+        return describe_tls_failure(exc, self.tls, redact(self.client_url))
+
+    def unreachable_hint(self, exc: BaseException | None) -> str:
+        """The end of a "cannot connect" error: a TLS hint when ``exc`` suggests one."""
+        if self.tls is not None and exc is not None:
+            hint = describe_tls_reset(exc, self.tls)
+            if hint is not None:
+                return hint
+        return "is RabbitMQ running and the URL right?"
 
 
 def parse_url(url: object, environ: Mapping[str, str] | None = None) -> BrokerURL:

@@ -8,6 +8,7 @@ LocalNode with ``ssl_options.verify = verify_peer`` and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -128,6 +129,9 @@ def test_a_wrong_ca_is_a_clear_connection_failure(
     assert f"trusted: CA file {pki.other_ca.cert}" in message
     assert PASSWORD not in message
     assert time.monotonic() - started < 5  # not retried: it cannot get better
+    with pytest.raises(ConnectionFailed) as caught:  # a batch: pika's SelectConnection too
+        driver.publish_many(topology(), [Message(b"x", "job.a", "1s")] * 3)
+    assert str(caught.value) == message
 
 
 def test_a_missing_client_certificate_is_a_clear_connection_failure(
@@ -137,7 +141,9 @@ def test_a_missing_client_certificate_is_a_clear_connection_failure(
     with pytest.raises(ConnectionFailed) as caught:
         driver.apply(topology())
     message = str(caught.value)
-    assert "the broker requires a client certificate (set certfile= and keyfile=" in message
+    # "requires a client certificate", or, when the broker's alert was lost to a
+    # reset on every attempt (aiormq, now and then), "may require a client certificate"
+    assert re.search(r"requires? a client certificate \(set certfile= and keyfile=", message)
     assert PASSWORD not in message
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from delayq import InvalidURL
 from delayq.localtls import Pki, make_pki
-from delayq.tls import TLSOptions, describe_tls_failure
+from delayq.tls import TLSOptions, describe_tls_failure, describe_tls_reset
 from delayq.urls import parse_url, redact, validate_url
 
 
@@ -254,3 +254,34 @@ def test_failure_kinds(code: str, expected: str) -> None:
 
 def test_other_errors_are_not_tls_failures() -> None:
     assert describe_tls_failure(ConnectionRefusedError(111, "refused"), TLSOptions(), WHERE) is None
+
+
+def test_pikas_workflow_errors_are_looked_into(pki: Pki, server_context: Any) -> None:
+    class PhaseError(Exception):  # like pika's AMQPConnectorTransportSetupError
+        def __init__(self, exception: BaseException) -> None:
+            super().__init__()
+            self.exception = exception
+
+    class WorkflowFailed(Exception):  # like pika's AMQPConnectionWorkflowFailed
+        def __init__(self, exceptions: list[BaseException]) -> None:
+            super().__init__()
+            self.exceptions = tuple(exceptions)
+
+    error = WorkflowFailed([PhaseError(real_verify_error(pki, server_context))])
+    message = describe_tls_failure(error, TLSOptions(cafile=str(pki.other_ca.cert)), WHERE)
+    assert message is not None and message.startswith("TLS verification failed")
+
+
+def test_a_reset_without_a_client_certificate_hints_at_one() -> None:
+    reset = ConnectionError("Server connection reset")
+    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+    assert describe_tls_failure(reset, TLSOptions(), WHERE) is None  # retried: not certain
+    hint = describe_tls_reset(reset, TLSOptions())
+    assert hint is not None and "may require a client certificate" in hint
+    assert describe_tls_reset(reset, TLSOptions(certfile="/c.pem")) is None
+    assert describe_tls_reset(ConnectionRefusedError(111, "refused"), TLSOptions()) is None
+    broker = parse_url("amqps://h/", environ={})
+    assert broker.unreachable_hint(reset) == hint
+    assert broker.unreachable_hint(None) == "is RabbitMQ running and the URL right?"
+    plain = parse_url("amqp://h/", environ={})
+    assert plain.unreachable_hint(reset) == "is RabbitMQ running and the URL right?"

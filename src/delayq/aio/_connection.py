@@ -11,7 +11,6 @@ from aio_pika.abc import AbstractConnection
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.tls import describe_tls_failure
 from delayq.urls import parse_url, redact
 
 __all__ = ["CONNECTION_ERRORS", "close_quietly", "connect", "translate_channel_error"]
@@ -59,10 +58,9 @@ async def connect(
         except aex.ChannelAccessRefused as exc:
             raise ConnectionFailed(f"broker at {redact(url)} refused access to the vhost") from exc
         except CONNECTION_ERRORS as exc:
-            if broker.tls is not None:
-                failure = describe_tls_failure(exc, broker.tls, redact(broker.client_url))
-                if failure is not None:
-                    raise ConnectionFailed(failure) from exc
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
         except ValueError as exc:
             raise ConnectionFailed(
@@ -70,7 +68,7 @@ async def connect(
             ) from None
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

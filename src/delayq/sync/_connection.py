@@ -10,10 +10,14 @@ import pika.exceptions as pex
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.tls import describe_tls_failure
 from delayq.urls import BrokerURL, parse_url, redact
 
-__all__ = ["CONNECTION_ERRORS", "connect", "parameters", "translate_channel_error"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "connect",
+    "parameters",
+    "translate_channel_error",
+]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError,
@@ -80,14 +84,13 @@ def connect(
                 "this user use it?)"
             ) from exc
         except CONNECTION_ERRORS as exc:
-            if broker.tls is not None:
-                failure = describe_tls_failure(exc, broker.tls, redact(broker.client_url))
-                if failure is not None:
-                    raise ConnectionFailed(failure) from exc
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

@@ -34,7 +34,7 @@ from delayq.sync._connection import (
 )
 from delayq.sync._pipeline import publish_pipelined
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import parse_url, redact, resolve_url
 
 __all__ = ["Publisher"]
 
@@ -207,6 +207,7 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        broker = parse_url(self._url)
         params = parameters(self._url, name="delayq-publisher-batch")
         publish_pipelined(
             params,
@@ -216,5 +217,6 @@ class Publisher:
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,
             url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
         )
         return [m.receipt for m in built]
