@@ -186,7 +186,7 @@ def tls_options(
 
 _REASON = re.compile(r"\[SSL: ([A-Z0-9_]+)\]")
 
-_CLIENT_CERT_REQUIRED = ("CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE")
+_CLIENT_CERT_REQUIRED = ("CERTIFICATE_REQUIRED",)
 _CLIENT_CERT_REFUSED = ("UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN", "DECRYPT_ERROR")
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG")
 
@@ -247,15 +247,22 @@ def describe_tls_failure(exc: BaseException, options: TLSOptions, where: str) ->
             f"trusted: {options.describe_trust()}{hint}"
         )
     if any(code.endswith(suffix) for suffix in _CLIENT_CERT_REQUIRED):
+        return (
+            f"TLS handshake with the broker at {where} failed: the broker requires a "
+            "client certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE "
+            f"and $DELAYQ_TLS_KEYFILE) [{code}]"
+        )
+    if code.endswith("HANDSHAKE_FAILURE"):  # TLS 1.2 says this for several causes
         if options.certfile is None:
             return (
-                f"TLS handshake with the broker at {where} failed: the broker requires a "
-                "client certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE "
-                f"and $DELAYQ_TLS_KEYFILE) [{code}]"
+                f"TLS handshake with the broker at {where} failed: the broker may require a "
+                "client certificate (set certfile= and keyfile=), or shares no TLS version "
+                f"or cipher with this client [{code}]"
             )
         return (
             f"TLS handshake with the broker at {where} failed: the broker refused the "
-            f"client certificate {options.certfile} [{code}]"
+            f"client certificate {options.certfile}, or shares no TLS version or cipher "
+            f"with this client [{code}]"
         )
     if any(code.endswith(suffix) for suffix in _CLIENT_CERT_REFUSED):
         return (

@@ -241,7 +241,7 @@ def test_a_missing_client_certificate_is_named_even_from_a_wrapped_text() -> Non
     ("code", "expected"),
     [
         ("TLSV1_ALERT_UNKNOWN_CA", "does not trust the client certificate /c.pem"),
-        ("SSLV3_ALERT_HANDSHAKE_FAILURE", "refused the client certificate /c.pem"),
+        ("SSLV3_ALERT_HANDSHAKE_FAILURE", "refused the client certificate /c.pem, or shares"),
         ("WRONG_VERSION_NUMBER", "the port does not speak TLS"),
         ("SOMETHING_NEW", "TLS handshake with the broker at amqps://app:***@rabbit:5671/ failed"),
     ],
@@ -250,6 +250,13 @@ def test_failure_kinds(code: str, expected: str) -> None:
     options = TLSOptions(certfile="/c.pem")
     message = describe_tls_failure(OSError(f"[SSL: {code}] oops"), options, WHERE)
     assert message is not None and expected in message
+
+
+def test_a_tls12_handshake_failure_without_a_certificate_names_both_causes() -> None:
+    error = OSError("[SSL: SSLV3_ALERT_HANDSHAKE_FAILURE] sslv3 alert handshake failure")
+    message = describe_tls_failure(error, TLSOptions(), WHERE)
+    assert message is not None
+    assert "may require a client certificate" in message and "no TLS version" in message
 
 
 def test_other_errors_are_not_tls_failures() -> None:
