@@ -26,6 +26,7 @@ from delayq.errors import (
     DelayqError,
     DelayTooLong,
     HandlerTimeout,
+    HeadersTooLarge,
     InvalidBody,
     InvalidDelay,
     InvalidHeaders,
@@ -47,6 +48,7 @@ from delayq.errors import (
 )
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.limits import MessageLimits
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
@@ -93,6 +95,7 @@ __all__ = [
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
+    "HeadersTooLarge",
     "IdempotencyStore",
     "InMemoryStore",
     "InvalidBody",
@@ -106,6 +109,7 @@ __all__ = [
     "Ladder",
     "ManagementUnavailable",
     "Message",
+    "MessageLimits",
     "PostgresStore",
     "PublishBatchError",
     "PublishBlocked",

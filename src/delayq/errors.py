@@ -12,6 +12,7 @@ and aiormq are translated at one place per adapter and chained with
     │   │   └── BodyTooLarge
     │   ├── InvalidRoutingKey
     │   ├── InvalidHeaders
+    │   │   └── HeadersTooLarge
     │   ├── InvalidMessageId
     │   ├── InvalidTopology
     │   └── InvalidURL
@@ -45,6 +46,7 @@ __all__ = [
     "DelayTooLong",
     "DelayqError",
     "HandlerTimeout",
+    "HeadersTooLarge",
     "InvalidBody",
     "InvalidDelay",
     "InvalidHeaders",
@@ -116,6 +118,10 @@ class InvalidHeaders(InvalidInput):
     """User headers use a reserved prefix or a value AMQP cannot carry."""
 
 
+class HeadersTooLarge(InvalidHeaders):
+    """User headers are too many, or too large once encoded, for the topology's limits."""
+
+
 class InvalidMessageId(InvalidInput):
     """A message id is empty, too long or not a string."""
 
@@ -125,7 +131,8 @@ class InvalidTopology(InvalidInput):
 
 
 class InvalidURL(InvalidInput):
-    """A broker URL cannot be used (scheme, syntax). Never shows the password."""
+    """A broker URL cannot be used (scheme, syntax, an unknown option, a TLS file that
+    is missing or unusable). Never shows the password."""
 
 
 class BrokerError(DelayqError):

@@ -10,6 +10,8 @@ node name, ports and data folders pointed at a scratch directory.
 ``LocalNode(management=True)`` also enables the ``rabbitmq_management`` plugin
 on a free port of its own (``node.management_url``); without it the node runs
 no plugin at all, which is how a broker without the HTTP API looks.
+With ``tls=NodeTLS(...)`` the node also listens for TLS (``amqps://``) on a
+second free port, :attr:`LocalNode.tls_url` (certificates: :mod:`delayq.localtls`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RABBITMQ_BIN", "LocalNode", "LocalNodeError", "free_port", "server_installed"]
+__all__ = [
+    "RABBITMQ_BIN",
+    "LocalNode",
+    "LocalNodeError",
+    "NodeTLS",
+    "free_port",
+    "server_installed",
+]
 
 RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
@@ -52,6 +62,31 @@ def _port_open(port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class NodeTLS:
+    """A TLS listener for a :class:`LocalNode` (RabbitMQ's ``ssl_options``)."""
+
+    cacertfile: Path
+    """CA certificates the node trusts for client certificates."""
+    certfile: Path
+    keyfile: Path
+    verify_peer: bool = False
+    """Ask clients for a certificate and verify it against ``cacertfile``."""
+    fail_if_no_peer_cert: bool = False
+    """Refuse clients that send no certificate (needs ``verify_peer``)."""
+
+    def config(self, port: int) -> dict[str, str]:
+        """The ``rabbitmq.conf`` lines of this listener on ``port``."""
+        return {
+            "listeners.ssl.default": str(port),
+            "ssl_options.cacertfile": str(self.cacertfile),
+            "ssl_options.certfile": str(self.certfile),
+            "ssl_options.keyfile": str(self.keyfile),
+            "ssl_options.verify": "verify_peer" if self.verify_peer else "verify_none",
+            "ssl_options.fail_if_no_peer_cert": str(self.fail_if_no_peer_cert).lower(),
+        }
+
+
 class LocalNode:
     """One RabbitMQ node on free ports with its own data folder; stop() removes nothing
     until :meth:`cleanup`, so a restart keeps the parked messages."""
@@ -63,6 +98,7 @@ class LocalNode:
         port: int | None = None,
         config: Mapping[str, str] | None = None,
         management: bool = False,
+        tls: NodeTLS | None = None,
     ) -> None:
         if not server_installed():
             raise LocalNodeError(
@@ -80,11 +116,14 @@ class LocalNode:
             if self.management_port is not None
             else {}
         )
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
         self.config = {
             "listeners.tcp.default": str(self.port),
             "loopback_users": "none",
             "log.console": "false",
             **plugin_config,
+            **(tls.config(self.tls_port) if tls is not None and self.tls_port else {}),
             **(config or {}),
         }
         self._process: subprocess.Popen[bytes] | None = None
@@ -99,6 +138,11 @@ class LocalNode:
         if self.management_port is None:
             return None
         return f"http://guest:guest@127.0.0.1:{self.management_port}/"
+    def tls_url(self) -> str:
+        """The ``amqps://`` URL of the TLS listener, without TLS options (add them)."""
+        if self.tls_port is None:
+            raise LocalNodeError("this node was started without tls=NodeTLS(...)")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def env(self) -> dict[str, str]:
         base = self.base_dir
@@ -149,6 +193,8 @@ class LocalNode:
         log.close()
         deadline = time.monotonic() + timeout_s
         self._await_port(self.port, deadline)
+        if self.tls_port is not None:
+            self._await_port(self.tls_port, deadline)
         self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
         if self.management_port is not None:
             self._await_port(self.management_port, deadline)

@@ -14,6 +14,9 @@ management plugin enabled.
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
 
+The URL it gives is a ``str`` whose ``repr`` hides the password, so an
+assertion that shows it, or ``--showlocals``, does not print the password.
+
 ``redis_url`` and ``postgres_dsn`` (for the Redis and PostgreSQL idempotency stores)
 follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, else a
 throwaway server started from the installed ``redis-server`` / ``postgresql``
@@ -33,6 +36,7 @@ import pytest
 
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
+from delayq.urls import redact
 
 __all__ = [
     "local_rabbitmq_management_node",
@@ -56,6 +60,16 @@ NO_POSTGRES = (
     "no PostgreSQL server: set POSTGRES_DSN, or install the server (apt-get install "
     "postgresql) so a local one can be started"
 )
+
+
+class _RedactedURL(str):
+    """The URL itself (``str()``, connecting), with the password hidden in its ``repr``,
+    which pytest uses to explain a failed assertion."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(redact(str(self)))
 
 
 def _in_ci() -> bool:
@@ -147,20 +161,20 @@ def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The AMQP URL of a real broker for this test session."""
     url = os.environ.get("RABBITMQ_URL")
     if url:
-        yield url
+        yield _RedactedURL(url)
         return
     if _docker_answers():
         from testcontainers.rabbitmq import RabbitMqContainer
 
         with RabbitMqContainer("rabbitmq:3.13-management") as container:
             params = container.get_connection_params()
-            yield (
+            yield _RedactedURL(
                 f"amqp://{params.credentials.username}:{params.credentials.password}"
                 f"@{params.host}:{params.port}/"
             )
         return
     node: LocalNode = request.getfixturevalue("local_rabbitmq_node")
-    yield node.url
+    yield _RedactedURL(node.url)
 
 
 def _no_server(what: str, reason: str) -> None:

@@ -23,6 +23,8 @@ CORE_MODULES = [
     "delayq.envelope",
     "delayq.conflicts",
     "delayq.urls",
+    "delayq.tls",
+    "delayq.limits",
     "delayq.errors",
     "delayq.provisioning",
     "delayq.verification",

@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import redact, validate_url
+from delayq.urls import parse_url, redact
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -39,15 +39,21 @@ async def connect(
     backoff_s: float = 0.25,
     timeout_s: float = 10.0,
 ) -> AbstractConnection:
-    """Open a (non-robust) connection; delayq itself decides what to re-send on loss."""
-    validate_url(url)
+    """Open a (non-robust) connection; delayq itself decides what to re-send on loss.
+
+    A TLS failure (an untrusted certificate, a client certificate the broker
+    wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
+    """
+    broker = parse_url(url)
+    context = broker.tls.context() if broker.tls is not None else None
     last: BaseException | None = None
     for attempt in range(attempts):
         if attempt:
             await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
         try:
             return await aio_pika.connect(
-                url,
+                broker.client_url,
+                ssl_context=context,
                 timeout=timeout_s,
                 client_properties={"connection_name": name, "product": "delayq"},
             )
@@ -58,6 +64,9 @@ async def connect(
         except aex.ChannelAccessRefused as exc:
             raise ConnectionFailed(f"broker at {redact(url)} refused access to the vhost") from exc
         except CONNECTION_ERRORS as exc:
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
         except ValueError as exc:
             raise ConnectionFailed(
@@ -65,7 +74,7 @@ async def connect(
             ) from None
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

@@ -23,7 +23,6 @@ from delayq.aio._connection import (
     translate_channel_error,
 )
 from delayq.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -47,10 +46,24 @@ __all__ = ["AsyncPublisher"]
 log = logging.getLogger("delayq.publisher")
 
 
+def _pamqp_value(value: Any) -> Any:
+    """pamqp encodes byte strings only as ``bytearray`` (pika only as ``bytes``)."""
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, list):
+        return [_pamqp_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _pamqp_value(v) for k, v in value.items()}
+    return value
+
+
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
+    headers = msg.headers
+    if any(isinstance(v, (bytes, list, dict)) for v in headers.values()):
+        headers = {k: _pamqp_value(v) for k, v in headers.items()}
     return aio_pika.Message(
         msg.body,
-        headers=msg.headers,
+        headers=headers,
         content_type=msg.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=msg.message_id,
@@ -69,6 +82,10 @@ class AsyncPublisher:
 
     Concurrent ``publish`` calls share one channel and pipeline their confirms;
     ``publish_many`` keeps up to ``window`` messages unconfirmed.
+
+    Bodies and headers are checked against ``topology.limits`` before anything
+    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     """
 
     def __init__(
@@ -76,7 +93,7 @@ class AsyncPublisher:
         url: str | None = None,
         topology: Topology | None = None,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,

@@ -10,9 +10,14 @@ import pika.exceptions as pex
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import redact, validate_url
+from delayq.urls import BrokerURL, parse_url, redact
 
-__all__ = ["CONNECTION_ERRORS", "connect", "parameters", "translate_channel_error"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "connect",
+    "parameters",
+    "translate_channel_error",
+]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError,
@@ -31,16 +36,27 @@ BLOCKED_CONNECTION_TIMEOUT_S = 30
 def parameters(
     url: str, *, name: str, blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S
 ) -> pika.URLParameters:
-    """pika parameters for ``url``, with delayq's defaults where the URL says nothing."""
-    validate_url(url)
+    """pika parameters for ``url`` (TLS options applied), with delayq's defaults."""
+    return _parameters(parse_url(url), url, name, blocked_timeout_s)
+
+
+def _parameters(
+    broker: BrokerURL,
+    url: str,
+    name: str,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
+) -> pika.URLParameters:
     try:
-        params = pika.URLParameters(url)
+        params = pika.URLParameters(broker.client_url)
     except Exception as exc:  # pika raises ValueError, TypeError, KeyError on bad URLs
         raise ConnectionFailed(
             f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
         ) from None
-    if "blocked_connection_timeout" not in url:
-        params.blocked_connection_timeout = blocked_timeout_s
+    if broker.tls is not None:
+        params.ssl_options = pika.SSLOptions(
+            broker.tls.context(), server_hostname=broker.tls.server_hostname or broker.host
+        )
+    params.blocked_connection_timeout = blocked_timeout_s
     params.client_properties = {"connection_name": name, "product": "delayq"}
     return params
 
@@ -53,8 +69,13 @@ def connect(
     backoff_s: float = 0.25,
     blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
 ) -> pika.BlockingConnection:
-    """Open a blocking connection, retrying ``attempts`` times with doubling back-off."""
-    params = parameters(url, name=name, blocked_timeout_s=blocked_timeout_s)
+    """Open a blocking connection, retrying ``attempts`` times with doubling back-off.
+
+    A TLS failure (an untrusted certificate, a client certificate the broker
+    wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
+    """
+    broker = parse_url(url)
+    params = _parameters(broker, url, name, blocked_timeout_s)
     last: BaseException | None = None
     for attempt in range(attempts):
         if attempt:
@@ -71,10 +92,13 @@ def connect(
                 "this user use it?)"
             ) from exc
         except CONNECTION_ERRORS as exc:
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

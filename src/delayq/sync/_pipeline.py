@@ -190,12 +190,14 @@ def publish_pipelined(
     attempts: int,
     backoff_s: float,
     url_for_errors: str,
+    explain: Callable[[BaseException], str | None] = lambda _exc: None,
 ) -> None:
     """Publish ``messages`` with up to ``window`` unconfirmed; raise for any not confirmed.
 
     A lost connection costs an attempt only when its round confirmed nothing, so
     a long batch survives several drops; what was in flight is sent again (same
-    message ids: idempotent consumers skip the duplicates).
+    message ids: idempotent consumers skip the duplicates). ``explain`` names a
+    failure that no retry can mend (TLS): nothing sent yet, it raises at once.
     """
     results: dict[int, PublishError | None] = {}
     todo = list(range(len(messages)))
@@ -213,6 +215,9 @@ def publish_pipelined(
         if not todo:
             break
         last = rnd.fatal or rnd.lost
+        reason = explain(last) if last is not None and not handed_over else None
+        if reason is not None:
+            raise ConnectionFailed(reason) from last
         barren_rounds = 0 if len(results) > before else barren_rounds + 1
         if barren_rounds >= attempts:
             break

@@ -14,7 +14,6 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq import outcomes
 from delayq.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -33,7 +32,7 @@ from delayq.sync._connection import (
 )
 from delayq.sync._pipeline import publish_pipelined
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import parse_url, redact, resolve_url
 
 __all__ = ["Publisher"]
 
@@ -58,6 +57,10 @@ class Publisher:
 
     ``publish_many`` pipelines confirms and is several times faster for batches.
     Not thread-safe: use one publisher per thread.
+
+    Bodies and headers are checked against ``topology.limits`` before anything
+    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     """
 
     def __init__(
@@ -65,7 +68,7 @@ class Publisher:
         url: str | None = None,
         topology: Topology | None = None,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,
@@ -211,6 +214,7 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        broker = parse_url(self._url)
         params = parameters(
             self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
         )
@@ -222,5 +226,6 @@ class Publisher:
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,
             url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
         )
         return [m.receipt for m in built]
