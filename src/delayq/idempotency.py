@@ -263,8 +263,9 @@ class SQLiteStore:
     It is also a :class:`TransactionalStore`: a transactional handler writes its
     effects with the connection :meth:`transaction` yields, into tables of the same
     file, and the key is completed in the same commit. SQLite has one writer at a
-    time, so such transactions run one after another: keep them short, or use
-    PostgreSQL for many concurrent transactional handlers.
+    time: from its first write to the commit, a handler holds the file's write lock
+    (others wait up to ``busy_timeout_ms``), so write late in the handler and keep
+    the rest short, or use PostgreSQL for many concurrent transactional handlers.
     """
 
     blocking = True
@@ -325,7 +326,9 @@ class SQLiteStore:
         if db is None:
             with self._lock:
                 db = self._own.db = self._open()
-        db.execute("BEGIN IMMEDIATE")
+        # Deferred: the write lock is taken at the handler's first write, not while it
+        # waits on other things (a slow or timed-out handler holds up no one until then).
+        db.execute("BEGIN")
         try:
             yield db
             if not db.in_transaction:

@@ -27,8 +27,6 @@ from typing import Any
 
 from delayq import FixedBackoff, SQLiteStore, Topology
 
-HANDLER_SLEEP_S = (0.004, 0.012)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
@@ -39,22 +37,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--started", required=True)
     parser.add_argument("--adapter", choices=["sync", "async"], required=True)
     parser.add_argument("--no-transaction", action="store_true")
+    parser.add_argument(
+        "--sleep-ms", type=float, nargs=2, default=[4.0, 12.0],
+        help="each of the handler's two pauses is uniform over this range",
+    )
     args = parser.parse_args(argv)
 
     topology = Topology.model_validate_json(Path(args.topology).read_text())
     store = SQLiteStore(args.db)
     log_fd = os.open(args.started, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
+    pause_s = (args.sleep_ms[0] / 1000, args.sleep_ms[1] / 1000)
 
     own = sqlite3.connect(args.db, isolation_level=None, timeout=30, check_same_thread=False)
 
     def handler(body: Any, tx: Any = None) -> None:
         n = int(body["n"])
         os.write(log_fd, f"start {n} {pid}\n".encode())
-        time.sleep(random.uniform(*HANDLER_SLEEP_S))
+        time.sleep(random.uniform(*pause_s))
         (tx or own).execute("INSERT INTO effects (n, pid) VALUES (?, ?)", (n, pid))
         os.write(log_fd, f"wrote {n} {pid}\n".encode())
-        time.sleep(random.uniform(*HANDLER_SLEEP_S))
+        time.sleep(random.uniform(*pause_s))
 
     options: dict[str, Any] = dict(
         store=store,

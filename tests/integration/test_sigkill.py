@@ -85,19 +85,30 @@ def _kill_inside_a_handler(
     target: Target, started: Path, stage: str, timeout_s: float = 30
 ) -> None:
     """SIGKILL as soon as a handler reaches ``stage`` ("start" or "wrote"); it then
-    sleeps a few ms before going on, so the kill lands inside it."""
-    seen = started.read_text().count(stage) if started.exists() else 0
+    pauses a few ms before going on, so the kill lands inside it."""
+    marker = f"{stage} ".encode()
+    offset = started.stat().st_size if started.exists() else 0
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if started.exists() and started.read_text().count(stage) > seen:
-            target.kill()
-            return
-        time.sleep(0.0005)
+    with open(started, "ab+") as log:
+        while time.monotonic() < deadline:
+            log.seek(offset)
+            fresh = log.read()
+            if marker in fresh:
+                target.kill()
+                return
+            offset += len(fresh)
+            time.sleep(0.0002)
     raise AssertionError(f"no handler reached {stage!r} within the time allowed")
 
 
 def _run_with_kills(
-    topo: Any, url: str, adapter: str, tmp_path: Path, *extra: str
+    topo: Any,
+    url: str,
+    adapter: str,
+    tmp_path: Path,
+    *extra: str,
+    messages: int = MESSAGES,
+    drain_timeout_s: float = 120,
 ) -> tuple[int, int, int, list[int]]:
     """Publish, kill the consumer :data:`KILLS` times mid-handler, restart it each time,
     wait until every message has an effect; return (handled, doubles, interrupted, pids)."""
@@ -115,21 +126,21 @@ def _run_with_kills(
     target.start()  # declares the topology
     with Publisher(url, topo) as pub:
         receipts = pub.publish_many(
-            [Message({"n": n}, "job.k", "0s", message_id=f"k{n}") for n in range(MESSAGES)]
+            [Message({"n": n}, "job.k", "0s", message_id=f"k{n}") for n in range(messages)]
         )
-    assert len(receipts) == MESSAGES  # all confirmed
+    assert len(receipts) == messages  # all confirmed
     try:
         for kill in range(KILLS):
-            goal = MESSAGES * (kill + 1) // (KILLS + 2)
+            goal = messages * (kill + 1) // (KILLS + 2)
             deadline = time.monotonic() + 60
             while _effects(db)[0] < goal:
                 assert time.monotonic() < deadline, f"stuck below {goal} before kill {kill + 1}"
                 time.sleep(0.05)
             _kill_inside_a_handler(target, started, "start" if kill % 2 == 0 else "wrote")
             target.start()
-        deadline = time.monotonic() + 120
-        while _effects(db)[0] < MESSAGES:
-            assert time.monotonic() < deadline, f"only {_effects(db)[0]} of {MESSAGES} handled"
+        deadline = time.monotonic() + drain_timeout_s
+        while _effects(db)[0] < messages:
+            assert time.monotonic() < deadline, f"only {_effects(db)[0]} of {messages} handled"
             time.sleep(0.2)
         time.sleep(2.0)  # let redeliveries of already handled messages come and go
     finally:

@@ -74,6 +74,10 @@ def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
 CHANNEL_REFUSED: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RuntimeError)
 """Opening a channel on a connection the broker closed raises these (aiormq: RuntimeError)."""
 
+
+class _BlockedBatch(Exception):
+    """A batch's watchdog found the broker blocking publishers past the bound."""
+
 class AsyncPublisher:
     """Publishes delayed messages through aio-pika; every publish is confirmed.
 
@@ -284,7 +288,9 @@ class AsyncPublisher:
         guard = asyncio.create_task(watchdog())
         senders = [asyncio.create_task(sender()) for _ in range(count)]
         try:
-            done, _ = await asyncio.wait(senders, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait([*senders, guard], return_when=asyncio.FIRST_EXCEPTION)
+            if guard in done and guard.exception() is not None:
+                raise guard.exception()  # type: ignore[misc]
         finally:
             guard.cancel()
             for task in senders:
@@ -308,6 +314,7 @@ class AsyncPublisher:
             return []
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
+        in_flight: set[int] = set()
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
@@ -316,6 +323,7 @@ class AsyncPublisher:
             # outstanding, with no task or semaphore per message.
             nonlocal last_progress
             for index, msg in queue:
+                in_flight.add(index)
                 try:
                     # No per-message confirm timer (one each costs more than the
                     # publish): the watchdog below guards the batch as a whole.
@@ -324,6 +332,7 @@ class AsyncPublisher:
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
                     failures[index] = exc
+                in_flight.discard(index)
                 last_progress = time.monotonic()
 
         async def watchdog() -> None:
@@ -331,6 +340,11 @@ class AsyncPublisher:
             while True:
                 await asyncio.sleep(1.0)
                 if time.monotonic() - last_progress > self._confirm_timeout_s:
+                    if is_blocked(self._connection):
+                        # Re-sending cannot help while the broker blocks publishers
+                        # (a fresh connection is blocked at its first publish too):
+                        # what is still unconfirmed fails with PublishBlocked.
+                        raise _BlockedBatch
                     log.warning(
                         "no confirm for %.0f s; reconnecting to re-send the batch's "
                         "unconfirmed messages",
@@ -339,7 +353,13 @@ class AsyncPublisher:
                     last_progress = time.monotonic()
                     await self._drop_connection(self._connection)
 
-        await self._run_senders(sender, watchdog, min(max(1, window), len(built)))
+        try:
+            await self._run_senders(sender, watchdog, min(max(1, window), len(built)))
+        except _BlockedBatch:
+            url = redact(self._url)
+            for index, msg in [*((i, built[i]) for i in in_flight), *queue]:
+                failures[index] = outcomes.blocked(msg, self._confirm_timeout_s, url)
+            await self._drop_connection(self._connection)
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)
