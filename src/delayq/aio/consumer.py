@@ -177,6 +177,14 @@ class AsyncConsumer:
             raise
         connection.close_callbacks.add(self._on_lost)
         channel.close_callbacks.add(self._on_lost)
+        # The broker cancels a consumer when its queue goes away or restarts (a quorum
+        # queue losing its leader): the channel stays open but nothing arrives any more.
+        channel.channel.on_consumer_cancel_callbacks.add(self._on_cancelled)
+
+    def _on_cancelled(self, frame: Any) -> None:
+        if self._stopping or getattr(frame, "consumer_tag", None) != self._consumer_tag:
+            return
+        self._on_lost(self._connection, RuntimeError("the broker cancelled the consumer"))
 
     def _on_lost(self, sender: object, exc: BaseException | None = None) -> None:
         """The connection or the channel closed: unless stopping, open them again."""

@@ -192,13 +192,18 @@ class Consumer:
             while not self._stop.is_set():
                 try:
                     self._consume()
+                    if self._stop.is_set():
+                        break
+                    # The generator ended by itself: the broker cancelled the consumer
+                    # (its queue went away or restarted, a quorum queue losing its leader).
+                    log.warning("the broker cancelled the consumer of %s; reconnecting", self.queue)
                 except LOST as exc:
                     if self._stop.is_set():
                         break
                     log.warning(
                         "lost the broker while consuming %s (%r); reconnecting", self.queue, exc
                     )
-                    self._reconnect()
+                self._reconnect()
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
