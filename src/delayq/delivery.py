@@ -51,6 +51,7 @@ __all__ = [
     "MAX_ERROR_TRACE_BYTES",
     "RECONNECT_MAX_S",
     "RECONNECT_MIN_S",
+    "STALL_CHECK_S",
     "Action",
     "ConsumeSettings",
     "DeadLetterReason",
@@ -78,6 +79,9 @@ H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 10.0
 """A consumer's back-off between attempts to reopen a lost connection (doubling, capped)."""
+
+STALL_CHECK_S = 10.0
+"""A consumer idle this long while its queue holds ready messages re-subscribes."""
 
 MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_ERROR_TRACE_BYTES = 8192

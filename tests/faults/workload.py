@@ -82,6 +82,8 @@ class ConsumerThread:
         self.kind = kind
         self.store = SQLiteStore(effects.path)
         options = {"store": self.store, "transactional": True, "prefetch": 50, **options}
+        if kind == "async":  # SQLite has one writer: a few handlers at once are plenty
+            options.setdefault("concurrency", 4)
         queue = topo.destinations[0].queue
         self._error: list[BaseException] = []
         if kind == "async":

@@ -28,6 +28,7 @@ from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
     RECONNECT_MAX_S,
     RECONNECT_MIN_S,
+    STALL_CHECK_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -124,6 +125,8 @@ class AsyncConsumer:
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._timed_out: set[asyncio.Task[Any]] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._stall_guard: asyncio.Task[None] | None = None
+        self._last_delivery = 0.0
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
         self._settings = settings
@@ -157,6 +160,7 @@ class AsyncConsumer:
         await self._open()
         self._stopped.clear()
         self._watchdog = asyncio.create_task(self._watch_timeouts())
+        self._stall_guard = asyncio.create_task(self._watch_stalls())
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
@@ -257,6 +261,9 @@ class AsyncConsumer:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        if self._stall_guard is not None:
+            self._stall_guard.cancel()
+            self._stall_guard = None
         await self._acks.drain()
         await close_quietly(self._channel)
         await close_quietly(self._connection)
@@ -295,6 +302,7 @@ class AsyncConsumer:
         if task is not None:
             self._in_flight.add(task)
         self._acks.track(message)
+        self._last_delivery = asyncio.get_running_loop().time()
         try:
             if self._slots is None:
                 await self._process(message)
@@ -398,6 +406,32 @@ class AsyncConsumer:
         finally:
             self._deadlines.pop(task, None)
             self._timed_out.discard(task)
+
+    async def _watch_stalls(self) -> None:
+        """Re-subscribe when the queue holds ready messages but none has arrived for a while
+        and nothing is in flight: a consumer the broker forgot without telling (seen with
+        quorum queues after many connection losses in a row) must not sit idle forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(STALL_CHECK_S)
+            channel = self._channel
+            if (
+                self._in_flight
+                or channel is None
+                or (self._reconnecting is not None and not self._reconnecting.done())
+                or loop.time() - self._last_delivery < STALL_CHECK_S
+            ):
+                continue
+            try:
+                queue = await channel.declare_queue(self.queue, passive=True)
+                waiting = queue.declaration_result.message_count or 0
+            except Exception as exc:
+                log.debug("stall check on %s failed: %r", self.queue, exc)
+                continue
+            idle_s = loop.time() - self._last_delivery
+            if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
+                why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
+                self._on_lost(self._connection, RuntimeError(why))
 
     async def _watch_timeouts(self) -> None:
         """One timer for all handlers: cancel those past their deadline."""

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from delayq.delivery import (
     RECONNECT_MAX_S,
     RECONNECT_MIN_S,
+    STALL_CHECK_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -59,8 +60,13 @@ from delayq.urls import redact, resolve_url
 
 __all__ = ["Consumer"]
 
+class StalledConsumer(Exception):
+    """The queue holds ready messages but the broker delivers none: subscribe again."""
+
+
 LOST: tuple[type[BaseException], ...] = (
     *CONNECTION_ERRORS,
+    StalledConsumer,
     pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
     pex.ChannelWrongStateError,
 )
@@ -211,12 +217,28 @@ class Consumer:
 
     def _consume(self) -> None:
         assert self._channel is not None
+        last_delivery = time.monotonic()
         for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
             if method is not None:
                 self._process(method, props, body)
+                last_delivery = time.monotonic()
             if self._stop.is_set():
                 return
             self._prune_when_due()
+            if time.monotonic() - last_delivery >= STALL_CHECK_S:
+                last_delivery = time.monotonic()
+                if self._stalled():
+                    raise StalledConsumer(f"messages ready in {self.queue} but none delivered")
+
+    def _stalled(self) -> bool:
+        """Ready messages, none delivered for a while (see AsyncConsumer._watch_stalls)."""
+        assert self._connection is not None
+        probe = self._connection.channel()
+        try:
+            ok = probe.queue_declare(self.queue, passive=True)
+            return int(ok.method.message_count) > 0
+        finally:
+            close_quietly(probe)
 
     def _reconnect(self) -> None:
         close_quietly(self._channel)
