@@ -118,3 +118,21 @@ def test_prune_errors_are_store_errors(tmp_path):
     with pytest.raises(StoreError, match="SQLiteStore"):
         asyncio.run(batcher.prune(older_than_ms=0))
     batcher.close()
+
+
+def test_a_claim_won_for_a_cancelled_caller_is_given_back(tmp_path):
+    """aiormq cancels deliveries in flight when the connection is lost: a claim that still
+    lands must not keep the key busy until its lease ends."""
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> ClaimStatus:
+        doomed = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
+        await asyncio.sleep(0)  # the batch is on its way to the store's thread
+        doomed.cancel()
+        await asyncio.sleep(0.2)
+        return await batcher.claim("k", lease_ms=LEASE, now_ms=1)
+
+    assert asyncio.run(main()) is ClaimStatus.CLAIMED
+    batcher.close()
+    store.close()

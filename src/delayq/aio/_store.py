@@ -117,8 +117,18 @@ class StoreBatcher:
             error = done.exception()
         else:
             results = done.result()
-        for index, (_, future) in enumerate(batch):
-            if future.done():  # its caller was cancelled
+        for index, (op, future) in enumerate(batch):
+            if future.done():  # its caller was cancelled (aiormq cancels deliveries in
+                # flight when the connection is lost): a claim it won must be given back,
+                # or every redelivery of the key is deferred until the lease runs out.
+                if (
+                    error is None
+                    and isinstance(op, Claim)
+                    and results[index] is ClaimStatus.CLAIMED
+                ):
+                    self._pending.append(
+                        (Release(op.key), asyncio.get_running_loop().create_future())
+                    )
                 continue
             if error is not None:
                 failure = StoreError(str(error))
