@@ -90,6 +90,7 @@ from soak_report import (
     RssSample,
     account,
     accounting_table,
+    broker_memory_brief,
     broker_memory_line,
     counts_line,
     lateness_table,
@@ -123,6 +124,8 @@ POLL_S = 0.5
 PARK_CHUNK = 10_000
 """Messages per ``publish_many`` call in park mode (a receipt each is kept per call)."""
 CHILD_TIMEOUT_S = 90.0
+SETTLE_S = 5.0
+"""Wait after deleting a namespace before reading the broker's memory."""
 
 
 def log(text: str) -> None:
@@ -224,6 +227,14 @@ class BrokerMemory:
             return broker_memory_line(self.read_json())
         except Exception as exc:  # a figure is missing from the report, the run goes on
             return f"unavailable ({type(exc).__name__}: {exc})"
+
+    def brief(self) -> str:
+        if self.read_json is None:
+            return ""
+        try:
+            return broker_memory_brief(self.read_json())
+        except Exception as exc:
+            return f"unavailable ({type(exc).__name__})"
 
     def disk(self) -> str | None:
         """Bytes under the local node's data folder (queues, WAL, segments), if known."""
@@ -511,25 +522,26 @@ async def publish_paced(
 
 
 class RssSampler:
-    """Samples the consumer's RSS now and every ``every_s`` until stopped."""
+    """Samples the consumer's RSS (and the broker's memory) now and every ``every_s``."""
 
-    def __init__(self, child: ConsumerProcess, every_s: float) -> None:
+    def __init__(self, child: ConsumerProcess, memory: BrokerMemory, every_s: float) -> None:
         self.child = child
+        self.memory = memory
         self.every_s = every_s
         self.started = time.monotonic()
         self.samples: list[RssSample] = []
         self._task: asyncio.Task[None] | None = None
 
-    def take(self) -> RssSample:
-        sample = RssSample(time.monotonic() - self.started, self.child.rss_kib())
-        self.samples.append(sample)
-        log(f"  consumer RSS at {sample.at_s:6.0f} s: {mib(sample.kib)}")
-        return sample
+    async def take(self) -> None:
+        at_s, kib = time.monotonic() - self.started, self.child.rss_kib()
+        broker = await asyncio.to_thread(self.memory.brief)  # rabbitmqctl takes a second
+        self.samples.append(RssSample(at_s, kib, broker))
+        log(f"  consumer RSS at {at_s:6.0f} s: {mib(kib)}; broker {broker or 'unknown'}")
 
     def start(self) -> None:
         async def run() -> None:
             while True:
-                self.take()
+                await self.take()
                 await asyncio.sleep(self.every_s - (time.monotonic() - self.started) % self.every_s)
 
         self._task = asyncio.create_task(run())
@@ -539,9 +551,9 @@ class RssSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.samples and time.monotonic() - self.started - self.samples[-1].at_s < 1:
+        if self.samples and time.monotonic() - self.started - self.samples[-1].at_s < 2:
             self.samples.pop()  # the periodic sample of this very moment
-        self.take()  # the last sample, at the end of the drain
+        await self.take()  # the last sample, at the end of the drain
 
 
 async def report_progress(ledger: Ledger, records: Records, started: float) -> None:
@@ -570,8 +582,13 @@ async def drain(ledger: Ledger, records: Records, settings: Settings) -> float:
 
 @dataclass(frozen=True)
 class Result:
-    text: str
+    lines: list[str]
+    verdict: str
     failed: bool
+
+    @property
+    def text(self) -> str:
+        return "\n".join([*self.lines, "", "verdict: " + self.verdict])
 
 
 async def steady(env: Environment, settings: Settings, folder: Path) -> Result:
@@ -581,10 +598,13 @@ async def steady(env: Environment, settings: Settings, folder: Path) -> Result:
     ledger = Ledger(settings.total, labels)
     try:
         await apply_topology(topology, url)
-        return await steady_in(env, settings, folder, topology, ledger)
+        result = await steady_in(env, settings, folder, topology, ledger)
     finally:
         delete_topology(topology, url)
         log(f"deleted the queues and exchanges of {topology.namespace}")
+    await asyncio.sleep(SETTLE_S)  # let the deleted queues' processes and memory go
+    result.lines.append(f"  deleted  {env.memory.line()}")
+    return result
 
 
 async def steady_in(
@@ -596,7 +616,7 @@ async def steady_in(
     child = await ConsumerProcess.start("consumer", url, topology, settings.prefetch, folder)
     records = Records(child.records, settings.total)
     try:
-        sampler = RssSampler(child, settings.rss_every_ms / 1000)
+        sampler = RssSampler(child, env.memory, settings.rss_every_ms / 1000)
         sampler.start()
         progress = asyncio.create_task(report_progress(ledger, records, sampler.started))
         log(
@@ -650,13 +670,11 @@ async def steady_in(
         "",
         f"broker memory ({env.memory.source}):",
         f"  before   {memory_before}",
-        f"  after    {memory_after}",
-        "",
-        "verdict: "
-        + ("FAILED" if failed else "ok")
-        + f" (lost {accounting.lost}, early {early}, stray records {records.stray})",
+        f"  drained  {memory_after}",
     ]
-    return Result("\n".join(lines), failed)
+    verdict = "FAILED" if failed else "ok"
+    verdict += f" (lost {accounting.lost}, early {early}, stray records {records.stray})"
+    return Result(lines, verdict, failed)
 
 
 # Park mode --------------------------------------------------------------------------------
@@ -728,6 +746,7 @@ async def park(env: Environment, settings: Settings, folder: Path) -> Result:
         log(f"holding for {format_ms(settings.park_hold_ms)} ...")
         await asyncio.sleep(settings.park_hold_ms / 1000)
         rss.append((f"+{format_ms(settings.park_hold_ms)}", sample_rss(children)))
+        note_memory(f"+{format_ms(settings.park_hold_ms)}")
         stats = [await c.stop() for c in children]
         received = [c.records.stat().st_size // RECORD.size for c in children]
         log(f"deleting namespace {parked.namespace} with its backlog ...")
@@ -735,7 +754,7 @@ async def park(env: Environment, settings: Settings, folder: Path) -> Result:
         delete_topology(parked, url)
         delete_s = time.monotonic() - started
         deleted.append(parked)
-        await asyncio.sleep(5)  # let the deleted queues' processes and memory go
+        await asyncio.sleep(SETTLE_S)  # let the deleted queues' processes and memory go
         note_memory("deleted")
     finally:
         for child in children:
@@ -783,10 +802,8 @@ async def park(env: Environment, settings: Settings, folder: Path) -> Result:
         "",
         f"namespace {parked.namespace} ({queues} queues, {exchanges} exchanges) with its "
         f"{in_tiers:,} parked messages deleted in {delete_s:.1f} s",
-        "",
-        "verdict: " + ("FAILED" if failed else "ok") + f" (lost {lost}, early {early})",
     ]
-    return Result("\n".join(lines), failed)
+    return Result(lines, ("FAILED" if failed else "ok") + f" (lost {lost}, early {early})", failed)
 
 
 # Running ----------------------------------------------------------------------------------

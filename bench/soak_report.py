@@ -227,6 +227,8 @@ class RssSample:
     at_s: float
     """Seconds since the consumer was ready."""
     kib: int
+    broker: str = ""
+    """The broker's memory at that moment, in brief (``broker_memory_brief``), if known."""
 
 
 @dataclass(frozen=True)
@@ -267,9 +269,9 @@ def signed_mib(kib: int) -> str:
 
 def rss_table(samples: Sequence[RssSample]) -> str:
     """The RSS series, one sample a line, then the growth first to last."""
-    lines = [f"{'at':>8}  {'consumer RSS':>12}"]
+    lines = [f"{'at':>8}  {'consumer RSS':>12}  broker memory".rstrip()]
     for s in samples:
-        lines.append(f"{format_ms(round(s.at_s) * 1000):>8}  {mib(s.kib):>12}")
+        lines.append(f"{format_ms(round(s.at_s) * 1000):>8}  {mib(s.kib):>12}  {s.broker}".rstrip())
     g = rss_growth(samples)
     pct = g.growth_kib / g.first_kib if g.first_kib else 0.0
     line = f"growth first to last: {signed_mib(g.growth_kib)} ({pct:+.1%}), max {mib(g.max_kib)}"
@@ -300,3 +302,17 @@ def broker_memory_line(memory: Mapping[str, object]) -> str:
         if isinstance(value, int):
             parts.append(f"{key} {value / 2**20:,.1f} MiB")
     return ", ".join(parts) or "no figures"
+
+
+def broker_memory_brief(memory: Mapping[str, object]) -> str:
+    """The broker's total RSS and its two largest categories: ``rss 912 MiB (quorum_ets
+    609, binary 158)``."""
+    total = memory.get("total")
+    rss = total.get("rss") if isinstance(total, Mapping) else None
+    sizes = sorted(
+        ((v, k) for k, v in memory.items() if k in MEMORY_KEYS and isinstance(v, int)),
+        reverse=True,
+    )
+    top = ", ".join(f"{k} {v / 2**20:,.0f}" for v, k in sizes[:2])
+    head = f"rss {rss / 2**20:,.0f} MiB" if isinstance(rss, int) else "rss ?"
+    return f"{head} ({top})" if top else head

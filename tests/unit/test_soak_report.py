@@ -243,3 +243,22 @@ def test_broker_memory_line_from_rabbitmqctl_status():
     assert "quorum_queue_procs 4.0 MiB" in line and "binary 33.0 MiB" in line
     assert "msg_index" not in line  # absent figures are left out, not shown as 0
     assert report.broker_memory_line({}) == "no figures"
+
+
+def test_broker_memory_brief_names_the_two_largest_categories():
+    memory = {
+        "binary": 158 * 2**20,
+        "quorum_ets": 609 * 2**20,
+        "other_proc": 19 * 2**20,
+        "code": 900 * 2**20,  # not one of the categories a backlog shows up in
+        "total": {"rss": 912 * 2**20},
+    }
+    assert report.broker_memory_brief(memory) == "rss 912 MiB (quorum_ets 609, binary 158)"
+    assert report.broker_memory_brief({"total": {"rss": 2**20}}) == "rss 1 MiB"
+
+
+def test_rss_table_shows_the_broker_column_when_known():
+    samples = [report.RssSample(0, 2048, "rss 150 MiB"), report.RssSample(60, 2048, "rss 900 MiB")]
+    lines = report.rss_table(samples).splitlines()
+    assert lines[0].split() == ["at", "consumer", "RSS", "broker", "memory"]
+    assert lines[2].split() == ["1m", "2.0", "MiB", "rss", "900", "MiB"]
