@@ -58,6 +58,8 @@ class LocalNode:
         *,
         port: int | None = None,
         config: Mapping[str, str] | None = None,
+        cookie: str | None = None,
+        advanced_config: str | None = None,
     ) -> None:
         if not server_installed():
             raise LocalNodeError(
@@ -75,7 +77,14 @@ class LocalNode:
             "log.console": "false",
             **(config or {}),
         }
+        self.cookie = cookie
+        self.advanced_config = advanced_config
+        """Erlang terms for ``advanced.config`` (settings rabbitmq.conf cannot express)."""
+        """The Erlang cookie; nodes of one cluster share it (None: the node makes its own)."""
         self._process: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalNode({self.name!r}, port={self.port})"
 
     @property
     def url(self) -> str:
@@ -105,8 +114,16 @@ class LocalNode:
         (self.base_dir / "enabled_plugins").write_text("[].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         advanced = self.base_dir / "advanced.config"
-        if not advanced.exists():
+        if self.advanced_config is not None:
+            advanced.write_text(self.advanced_config)
+        elif not advanced.exists():
             advanced.write_text("[].\n")
+        if self.cookie is not None:  # HOME is base_dir: the node and rabbitmqctl read it there
+            cookie = self.base_dir / ".erlang.cookie"
+            if cookie.exists():
+                cookie.chmod(0o600)
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)  # Erlang refuses a cookie file others can read
 
     @property
     def running(self) -> bool:

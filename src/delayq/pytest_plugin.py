@@ -7,6 +7,9 @@
 3. a local node started from the installed ``rabbitmq-server`` (see
    :mod:`delayq.localnode`), stopped at the end of the session.
 
+``local_rabbitmq_cluster`` starts three local nodes joined into one cluster
+(:mod:`delayq.localcluster`) for one test, and stops them after it.
+
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
 
@@ -27,10 +30,17 @@ from typing import Any
 
 import pytest
 
+from delayq.localcluster import LocalCluster
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
 
-__all__ = ["local_rabbitmq_node", "postgres_dsn", "rabbitmq_url", "redis_url"]
+__all__ = [
+    "local_rabbitmq_cluster",
+    "local_rabbitmq_node",
+    "postgres_dsn",
+    "rabbitmq_url",
+    "redis_url",
+]
 
 NO_BROKER = (
     "no RabbitMQ broker: set RABBITMQ_URL, start a Docker engine (testcontainers), or "
@@ -112,6 +122,23 @@ def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
     except LocalNodeError as exc:
         _no_broker(str(exc))
         raise
+
+
+@pytest.fixture
+def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
+    """Three local nodes joined into one cluster, for this test only (then stopped)."""
+    if not server_installed():
+        _no_broker("rabbitmq-server is not installed, and this test needs a local cluster")
+    cluster = LocalCluster(3)
+    try:
+        cluster.start()
+    except LocalNodeError as exc:
+        _no_broker(str(exc))
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
 
 
 @pytest.fixture(scope="session")

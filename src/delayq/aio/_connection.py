@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import aio_pika
@@ -11,7 +12,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import redact, validate_url
+from delayq.urls import connection_plan, redact, tried_hosts, validate_url
 
 __all__ = ["CONNECTION_ERRORS", "close_quietly", "connect", "translate_channel_error"]
 
@@ -31,17 +32,22 @@ async def connect(
     name: str = "delayq",
     attempts: int = 3,
     backoff_s: float = 0.25,
+    rng: random.Random | None = None,
     timeout_s: float = 10.0,
 ) -> AbstractConnection:
-    """Open a (non-robust) connection; delayq itself decides what to re-send on loss."""
+    """Open a (non-robust) connection; delayq itself decides what to re-send on loss.
+
+    Each of ``attempts`` rounds tries every host of ``url`` once, from a random
+    start (:func:`delayq.urls.connection_plan`), with a doubling back-off between rounds.
+    """
     validate_url(url)
     last: BaseException | None = None
-    for attempt in range(attempts):
-        if attempt:
-            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
+        if pause_s:
+            await asyncio.sleep(pause_s)
         try:
             return await aio_pika.connect(
-                url,
+                one,
                 timeout=timeout_s,
                 client_properties={"connection_name": name, "product": "delayq"},
             )
@@ -58,8 +64,8 @@ async def connect(
                 f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
             ) from None
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"{tried_hosts(url)} ({type(last).__name__}); is RabbitMQ running and the URL right?"
     ) from last
 
 

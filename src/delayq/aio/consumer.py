@@ -17,10 +17,11 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
-from delayq.aio._connection import close_quietly, connect
+from delayq.aio._connection import CONNECTION_ERRORS, close_quietly, connect
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
@@ -43,6 +44,15 @@ from delayq.urls import redact, resolve_url
 __all__ = ["AsyncConsumer"]
 
 log = logging.getLogger("delayq.consumer")
+
+MAX_RECONNECT_PAUSE_S = 10.0
+"""The longest pause between two reconnect attempts after the connection was lost."""
+
+_RECONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    DelayqError,
+    aex.AMQPError,
+    *CONNECTION_ERRORS,
+)
 
 Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
 
@@ -112,6 +122,10 @@ class AsyncConsumer:
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._stopping = False
+        self._reconnector: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """How many times the connection was lost and a reconnect began."""
         self.stats = ConsumerStats()
 
     def __repr__(self) -> str:
@@ -121,17 +135,49 @@ class AsyncConsumer:
 
     async def start(self) -> None:
         """Declare the topology, then start taking deliveries."""
+        self._stopping = False
         self._connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
         await apply_topology(self.topology, connection=self._connection)
         await self._publisher.connect()
-        self._channel = await self._connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=self._prefetch)
-        queue = await self._channel.get_queue(self.queue, ensure=False)
-        self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        await self._consume(self._connection)
         self._stopped.clear()
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    async def _consume(self, connection: AbstractConnection) -> None:
+        """Take deliveries on ``connection``; when it is lost, reconnect (any host of the URL)."""
+        self._connection = connection
+        self._channel = await connection.channel(publisher_confirms=False)
+        await self._channel.set_qos(prefetch_count=self._prefetch)
+        queue = await self._channel.get_queue(self.queue, ensure=False)
+        self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        connection.close_callbacks.add(self._on_connection_closed)
+
+    def _on_connection_closed(self, connection: object, exc: BaseException | None) -> None:
+        if self._stopping or connection is not self._connection:
+            return
+        log.warning("lost the connection of %s (%r); reconnecting", self.queue, exc)
+        self.reconnects += 1
+        self._reconnector = asyncio.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        # Unacked deliveries went back to the queue with the connection; the
+        # idempotency store absorbs those whose effect already happened.
+        pause_s = 0.5
+        while not self._stopping:
+            connection: AbstractConnection | None = None
+            try:
+                connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
+                await self._consume(connection)
+                log.info("consuming %s again", self.queue)
+                return
+            except _RECONNECT_ERRORS as exc:
+                log.warning("reconnecting %s failed (%r); again in %g s", self.queue, exc, pause_s)
+                self._connection = None
+                await close_quietly(connection)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, MAX_RECONNECT_PAUSE_S)
 
     async def _prune_forever(self) -> None:
         """Forget keys past the retention period, every tenth of it (at most 10 min)."""
@@ -150,6 +196,10 @@ class AsyncConsumer:
         In-flight handlers still running at the deadline are cancelled and their
         deliveries go back to the queue unacked, to be delivered again.
         """
+        self._stopping = True
+        if self._reconnector is not None:
+            self._reconnector.cancel()
+            self._reconnector = None
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -10,9 +11,15 @@ import pika.exceptions as pex
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import redact, validate_url
+from delayq.urls import connection_plan, hosts_in_turn, redact, tried_hosts, validate_url
 
-__all__ = ["CONNECTION_ERRORS", "connect", "parameters", "translate_channel_error"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "connect",
+    "host_parameters",
+    "parameters",
+    "translate_channel_error",
+]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError,
@@ -29,7 +36,7 @@ BLOCKED_CONNECTION_TIMEOUT_S = 30
 
 
 def parameters(url: str, *, name: str) -> pika.URLParameters:
-    """pika parameters for ``url``, with delayq's defaults where the URL says nothing."""
+    """pika parameters for a single-host ``url``, with delayq's defaults where it says nothing."""
     validate_url(url)
     try:
         params = pika.URLParameters(url)
@@ -43,21 +50,34 @@ def parameters(url: str, *, name: str) -> pika.URLParameters:
     return params
 
 
+def host_parameters(
+    url: str, *, name: str, rng: random.Random | None = None
+) -> list[pika.URLParameters]:
+    """pika parameters for each host of ``url``, from a random start."""
+    validate_url(url)
+    return [parameters(one, name=name) for one in hosts_in_turn(url, rng)]
+
+
 def connect(
     url: str,
     *,
     name: str = "delayq",
     attempts: int = 3,
     backoff_s: float = 0.25,
+    rng: random.Random | None = None,
 ) -> pika.BlockingConnection:
-    """Open a blocking connection, retrying ``attempts`` times with doubling back-off."""
-    params = parameters(url, name=name)
+    """Open a blocking connection, retrying ``attempts`` times with doubling back-off.
+
+    Each round tries every host of ``url`` once, from a random start
+    (:func:`delayq.urls.connection_plan`).
+    """
+    validate_url(url)
     last: BaseException | None = None
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
+        if pause_s:
+            time.sleep(pause_s)
         try:
-            return pika.BlockingConnection(params)
+            return pika.BlockingConnection(parameters(one, name=name))
         except pex.ProbableAuthenticationError as exc:
             raise ConnectionFailed(
                 f"broker at {redact(url)} refused the credentials (wrong user or password?)"
@@ -70,8 +90,8 @@ def connect(
         except CONNECTION_ERRORS as exc:
             last = exc
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"{tried_hosts(url)} ({type(last).__name__}); is RabbitMQ running and the URL right?"
     ) from last
 
 

@@ -30,7 +30,7 @@ from delayq.sync._connection import (
     CONNECTION_ERRORS,
     close_quietly,
     connect,
-    parameters,
+    host_parameters,
     translate_channel_error,
 )
 from delayq.sync._pipeline import publish_pipelined
@@ -204,9 +204,8 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
-        params = parameters(self._url, name="delayq-publisher-batch")
         publish_pipelined(
-            params,
+            host_parameters(self._url, name="delayq-publisher-batch"),
             built,
             window=max(1, window),
             properties=pika_properties,
