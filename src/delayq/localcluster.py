@@ -197,6 +197,29 @@ class LocalCluster:
         """Queue name to the name of the node that leads it (quorum queues)."""
         return {row["name"]: row["leader"] for row in self.queues(vhost) if row.get("leader")}
 
+    def pending_dead_letters(self, vhost: str = "/") -> dict[str, int]:
+        """Quorum queues holding messages that are neither ready nor unacknowledged: expired
+        or rejected ones waiting for at-least-once dead-lettering, by queue name."""
+        found = {}
+        for row in self.queues(vhost):
+            pending = row["messages"] - row["messages_ready"] - row["messages_unacknowledged"]
+            if row.get("type") == "quorum" and pending > 0:
+                found[row["name"]] = pending
+        return found
+
+    def move_leader(self, queue: str, vhost: str = "/") -> str:
+        """Give ``queue`` a new leader: remove its leader's member, then add it back.
+
+        On RabbitMQ 3.10 this is what restarts a quorum queue's at-least-once
+        dead-letter worker when it stopped forwarding after a node loss. Returns
+        the name of the node that led it.
+        """
+        leader = self.queue_leaders(vhost)[queue]
+        runner = next(n for n in self.nodes if n.running and n.name != leader)
+        runner.ctl("delete_member", "-p", vhost, queue, leader, tool="rabbitmq-queues")
+        runner.ctl("add_member", "-p", vhost, queue, leader, tool="rabbitmq-queues")
+        return leader
+
     def connections(self) -> list[tuple[str, LocalNode]]:
         """``(connection_name, node)`` of every client connection the cluster holds."""
         rows = self._ctl_json("list_connections", "port", "client_properties") or []

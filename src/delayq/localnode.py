@@ -158,10 +158,13 @@ class LocalNode:
         self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
         return self
 
-    def ctl(self, *args: str, timeout_s: float = 60.0, check: bool = True) -> str:
-        """Run ``rabbitmqctl`` against this node and return its output."""
+    def ctl(
+        self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"
+    ) -> str:
+        """Run ``rabbitmqctl`` (or ``tool``, e.g. ``rabbitmq-queues``) against this node and
+        return its output."""
         result = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            [str(RABBITMQ_BIN / tool), "-n", self.name, *args],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -170,7 +173,7 @@ class LocalNode:
         )
         if check and result.returncode != 0:
             raise LocalNodeError(
-                f"rabbitmqctl {' '.join(args)} failed ({result.returncode}): "
+                f"{tool} {' '.join(args)} failed ({result.returncode}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
         return result.stdout
