@@ -207,7 +207,7 @@ class LocalCluster:
                 found[row["name"]] = pending
         return found
 
-    def move_leader(self, queue: str, vhost: str = "/") -> str:
+    def move_leader(self, queue: str, vhost: str = "/", timeout_s: float = 120.0) -> str:
         """Give ``queue`` a new leader: remove its leader's member, then add it back.
 
         On RabbitMQ 3.10 this is what restarts a quorum queue's at-least-once
@@ -216,8 +216,13 @@ class LocalCluster:
         """
         leader = self.queue_leaders(vhost)[queue]
         runner = next(n for n in self.nodes if n.running and n.name != leader)
-        runner.ctl("delete_member", "-p", vhost, queue, leader, tool="rabbitmq-queues")
-        runner.ctl("add_member", "-p", vhost, queue, leader, tool="rabbitmq-queues")
+        for step in ("delete_member", "add_member"):
+            try:
+                runner.ctl(
+                    step, "-p", vhost, queue, leader, tool="rabbitmq-queues", timeout_s=timeout_s
+                )
+            except subprocess.TimeoutExpired:
+                raise LocalNodeError(f"{step} {queue} {leader} took over {timeout_s:g} s") from None
         return leader
 
     def connections(self) -> list[tuple[str, LocalNode]]:
