@@ -121,6 +121,7 @@ class AsyncConsumer:
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Future[Any]] = set()  # claims given back after a cancel
         self._stopped = asyncio.Event()
         self._stopping = False
         self._reconnector: asyncio.Task[None] | None = None
@@ -280,9 +281,7 @@ class AsyncConsumer:
             return
         key = idempotency_key(value, delivery, self._key)
         if key is not None and self._store is not None:
-            status = await self._store_call(
-                self._store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms()
-            )
+            status = await self._claim(self._store, key)
             if status is ClaimStatus.DONE:
                 await self._perform(message, self._planner.duplicate())
                 return
@@ -303,6 +302,29 @@ class AsyncConsumer:
         if key is not None and self._store is not None:
             await self._store_call(self._store.complete, key, now_ms=self._clock_ms())
         await self._perform(message, self._planner.success())
+
+    async def _claim(self, store: IdempotencyStore, key: str) -> ClaimStatus:
+        """Claim ``key``. If this delivery is cancelled meanwhile (aiormq cancels every
+        delivery in flight when the connection is lost), the claim still lands in the
+        store's thread: give it back then, or the key stays busy until its lease ends
+        and every redelivery of it is deferred until then."""
+        claiming = asyncio.ensure_future(
+            self._store_call(store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
+        )
+        try:
+            status: ClaimStatus = await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+
+            def give_back(done: asyncio.Future[Any]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    if done.result() is ClaimStatus.CLAIMED:
+                        releasing = asyncio.ensure_future(self._store_call(store.release, key))
+                        self._releasing.add(releasing)
+                        releasing.add_done_callback(self._releasing.discard)
+
+            claiming.add_done_callback(give_back)
+            raise
+        return status
 
     async def _call_handler(self, value: Any) -> None:
         timeout_s = self._timeout_ms / 1000
