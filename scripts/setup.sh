@@ -2,7 +2,8 @@
 # Installs what delayq's demo and tests need on a fresh Debian machine:
 # Debian's rabbitmq-server (the demo and the tests start throwaway nodes from it;
 # no system service is needed), with --test also redis-server and postgresql
-# (the idempotency-store tests start throwaway servers from them), and a
+# (the idempotency-store tests start throwaway servers from them) and openssl
+# (the TLS tests make throwaway certificates with it), and a
 # virtualenv in .venv with delayq and its test tools. Safe to run again: it
 # skips what is already there.
 #   bash scripts/setup.sh          # for the demo
@@ -26,6 +27,12 @@ if [ $with_test_servers = yes ] && ! command -v redis-server >/dev/null 2>&1 \
   echo "==> installing redis-server (apt-get)"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+if [ $with_test_servers = yes ] && ! command -v openssl >/dev/null 2>&1; then
+  echo "==> installing openssl (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 
 if [ $with_test_servers = yes ] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then

@@ -18,12 +18,15 @@ from delayq.delivery import Reject, Retry
 from delayq.durations import format_ms, to_ms
 from delayq.envelope import Message, Receipt
 from delayq.errors import (
+    AccessRefused,
     BodyTooLarge,
     BrokerError,
+    ClaimLost,
     ConnectionFailed,
     DelayqError,
     DelayTooLong,
     HandlerTimeout,
+    HeadersTooLarge,
     InvalidBody,
     InvalidDelay,
     InvalidHeaders,
@@ -32,16 +35,20 @@ from delayq.errors import (
     InvalidRoutingKey,
     InvalidTopology,
     InvalidURL,
+    ManagementUnavailable,
     PublishBatchError,
+    PublishBlocked,
     PublishError,
     PublishRejected,
     PublishUnconfirmed,
+    StoreError,
     TopologyConflict,
     TopologyMissing,
     Unroutable,
 )
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.limits import MessageLimits
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
@@ -69,6 +76,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_LADDER",
     "ROCKETMQ_SCHEDULE",
+    "AccessRefused",
     "ApplyReport",
     "ApplyResult",
     "ApplyStatus",
@@ -76,6 +84,7 @@ __all__ = [
     "AsyncPublisher",
     "BodyTooLarge",
     "BrokerError",
+    "ClaimLost",
     "ClaimStatus",
     "ConnectionFailed",
     "Consumer",
@@ -86,6 +95,7 @@ __all__ = [
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
+    "HeadersTooLarge",
     "IdempotencyStore",
     "InMemoryStore",
     "InvalidBody",
@@ -97,9 +107,12 @@ __all__ = [
     "InvalidTopology",
     "InvalidURL",
     "Ladder",
+    "ManagementUnavailable",
     "Message",
+    "MessageLimits",
     "PostgresStore",
     "PublishBatchError",
+    "PublishBlocked",
     "PublishError",
     "PublishRejected",
     "PublishUnconfirmed",
@@ -113,6 +126,7 @@ __all__ = [
     "SQLiteStore",
     "ScheduleBackoff",
     "ScheduleRow",
+    "StoreError",
     "Tier",
     "Topology",
     "TopologyConflict",

@@ -1,25 +1,30 @@
 """The ``delayq`` command line.
 
-Exit codes: 0 success; 1 the broker refused or could not be reached, or the
-topology conflicts with what exists; 2 bad input (nothing was sent).
+Exit codes: 0 success; 1 the broker refused or could not be reached, the
+topology conflicts with what exists, or a check of ``topology verify`` failed;
+2 bad input (nothing was sent).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from delayq.declarations import build_declarations, describe
 from delayq.definitions import render_definitions
-from delayq.durations import format_ms
+from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
+from delayq.durations import format_ms, to_ms
 from delayq.envelope import epoch_ms
 from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.grants import grants_for
+from delayq.permissions import VIAS
 from delayq.provisioning import ApplyStatus
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
@@ -30,6 +35,10 @@ from delayq.retry import (
 )
 from delayq.topology import DEFAULT_TOPOLOGY_FILE, Topology, load_topology
 from delayq.urls import redact, resolve_url
+from delayq.verification import passed, render_checks
+
+if TYPE_CHECKING:
+    from delayq.sync._broker import ManagementChoice
 
 __all__ = ["main"]
 
@@ -53,6 +62,18 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+def _management_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--management-url",
+        default=None,
+        help="management HTTP API, e.g. http://user:pass@host:15672/ (default: "
+        "$DELAYQ_MANAGEMENT_URL, else the AMQP URL's host and user on port 15672)",
+    )
+    parser.add_argument(
+        "--no-management", action="store_true", help="use AMQP only, even if the API answers"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(
@@ -71,6 +92,44 @@ def build_parser() -> argparse.ArgumentParser:
         "export", parents=[common], help="write RabbitMQ definitions JSON (no broker)"
     )
     export.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
+    verify = topo_cmds.add_parser(
+        "verify",
+        parents=[common],
+        help="check the live broker against the topology (exit 0 only if nothing failed)",
+    )
+    _management_options(verify)
+    verify.add_argument(
+        "--no-probe", action="store_true", help="skip the dead-lettering probe (creates nothing)"
+    )
+    verify.add_argument(
+        "--probe-timeout",
+        default="10s",
+        help="how long the probe message may take to be dead-lettered (default 10s)",
+    )
+    grant = topo_cmds.add_parser(
+        "grant",
+        parents=[common],
+        help="least-privilege permissions for a producer and a consumer user",
+    )
+    grant.add_argument("--producer-user", metavar="USER", help="the user that publishes")
+    grant.add_argument("--consumer-user", metavar="USER", help="the user that runs consumers")
+    grant.add_argument("--vhost", help="default: the topology's vhost")
+    grant.add_argument("--apply", action="store_true", help="set the permissions (else print)")
+    grant.add_argument("--via", choices=VIAS, default="rabbitmqctl", help="how --apply sets them")
+    grant.add_argument(
+        "--rabbitmqctl",
+        default="rabbitmqctl",
+        help='the rabbitmqctl command, e.g. "rabbitmqctl -n rabbit@host" (default rabbitmqctl)',
+    )
+    _management_options(grant)
+
+    stats = commands.add_parser(
+        "stats",
+        parents=[common],
+        help="messages and consumers of every tier, retry tier, destination and DLQ",
+    )
+    _management_options(stats)
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     pub = commands.add_parser("publish", parents=[common], help="publish one delayed message")
     pub.add_argument("--routing-key", "-k", required=True)
@@ -224,6 +283,82 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _management(args: argparse.Namespace, url: str) -> ManagementChoice | None:
+    from delayq.management import ManagementAPI, management_url_for
+    from delayq.sync._broker import ManagementChoice
+
+    if args.no_management:
+        return None
+    chosen, explicit = management_url_for(url, args.management_url)
+    return ManagementChoice(ManagementAPI(chosen), explicit)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from delayq.sync.verify import verify_topology
+
+    topology = _topology(args)
+    url = resolve_url(args.url)
+    bound_ms = to_ms(args.probe_timeout, what="--probe-timeout")
+    management = _management(args, url)
+    print(f"verifying {args.file} (namespace {topology.namespace!r}) on {redact(url)}")
+    checks = verify_topology(
+        topology, url, management=management, probe=not args.no_probe, probe_bound_ms=bound_ms
+    )
+    sys.stdout.write(render_checks(checks))
+    return EXIT_OK if passed(checks) else EXIT_BROKER
+
+
+def cmd_grant(args: argparse.Namespace) -> int:
+    from delayq.permissions import apply_grant, rabbitmqctl_command
+
+    topology = _topology(args)
+    if not args.producer_user and not args.consumer_user:
+        raise InvalidInput("give --producer-user, --consumer-user or both")
+    grants = grants_for(
+        topology, producer=args.producer_user, consumer=args.consumer_user, vhost=args.vhost
+    )
+    rabbitmqctl = shlex.split(args.rabbitmqctl)
+    print(f"# least-privilege permissions for namespace {topology.namespace!r}")
+    for grant in grants:
+        print(f"# {grant.role.value} {grant.user!r} on vhost {grant.vhost!r}")
+        for reason in grant.reasons:
+            print(f"#   {reason}")
+        print(rabbitmqctl_command(grant, rabbitmqctl))
+    if not args.apply:
+        return EXIT_OK
+    api = None
+    if args.via == "management":
+        choice = _management(args, resolve_url(args.url))
+        if choice is None:
+            raise InvalidInput("--via management cannot be used with --no-management")
+        api = choice.api
+    for grant in grants:
+        apply_grant(grant, args.via, management=api, rabbitmqctl=rabbitmqctl)
+        where = api.url if api is not None else "rabbitmqctl"
+        print(f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}")
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from delayq.sync.depths import queue_depths
+
+    topology = _topology(args)
+    url = resolve_url(args.url)
+    rows = stats_rows(topology)
+    depths, source = queue_depths(stats_queues(rows), url, management=_management(args, url))
+    render = stats_json if args.json else render_stats
+    sys.stdout.write(render(rows, depths, source))
+    missing = sorted(name for name, depth in depths.items() if depth is None)
+    if missing:
+        print(
+            f"delayq: {len(missing)} queues do not exist ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): run `delayq topology apply`",
+            file=sys.stderr,
+        )
+        return EXIT_BROKER
     return EXIT_OK
 
 
@@ -442,6 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("topology", "plan"): cmd_plan,
         ("topology", "apply"): cmd_apply,
         ("topology", "export"): cmd_export,
+        ("topology", "verify"): cmd_verify,
+        ("topology", "grant"): cmd_grant,
+        ("stats", None): cmd_stats,
         ("publish", None): cmd_publish,
         ("demo", None): cmd_demo,
         ("retry-plan", None): cmd_retry_plan,

@@ -1,4 +1,4 @@
-"""Reading the broker's refusals: PRECONDITION_FAILED and NOT_FOUND texts.
+"""Reading the broker's refusals: PRECONDITION_FAILED, NOT_FOUND and ACCESS_REFUSED texts.
 
 RabbitMQ names the first inequivalent argument and both values, for example::
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-from delayq.errors import TopologyConflict, TopologyMissing
+from delayq.errors import AccessRefused, TopologyConflict, TopologyMissing
 
-__all__ = ["conflict_from_reply", "missing_from_reply"]
+__all__ = ["conflict_from_reply", "missing_from_reply", "refused_from_reply"]
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -22,6 +22,10 @@ _INEQUIVALENT = re.compile(
 )
 _VALUE = re.compile(r"(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?")
 _NOT_FOUND = re.compile(r"no (?P<kind>queue|exchange) '(?P<name>[^']*)'")
+_REFUSED = re.compile(
+    r"ACCESS_REFUSED - access to (?P<kind>queue|exchange) '(?P<name>[^']*)' in vhost "
+    r"'(?P<vhost>[^']*)' refused for user '(?P<user>[^']*)'"
+)
 
 
 def _value(text: str) -> str | None:
@@ -55,4 +59,17 @@ def missing_from_reply(reply_text: str) -> TopologyMissing | None:
         f"{match.group('kind')} {match.group('name')!r} does not exist: the delayq topology "
         "is not applied on this broker/vhost. Run `delayq topology apply` "
         "(or apply_topology()) first."
+    )
+
+
+def refused_from_reply(reply_text: str) -> AccessRefused | None:
+    """An :class:`AccessRefused` for an ACCESS_REFUSED text about an entity, else ``None``."""
+    match = _REFUSED.search(reply_text)
+    if match is None:
+        return None
+    return AccessRefused(
+        f"the broker refused user {match.group('user')!r} access to {match.group('kind')} "
+        f"{match.group('name')!r} in vhost {match.group('vhost')!r} (ACCESS_REFUSED): the "
+        "user's permissions do not cover it. `delayq topology grant` prints what a producer "
+        "and a consumer need."
     )

@@ -20,6 +20,7 @@ __all__ = [
     "QueueDecl",
     "build_declarations",
     "describe",
+    "rung_arguments",
 ]
 
 ArgumentValue = str | int
@@ -82,6 +83,20 @@ def _safe_dead_lettering(queue_type: QueueType) -> dict[str, ArgumentValue]:
     }
 
 
+def rung_arguments(
+    queue_type: QueueType, ttl_ms: int, dead_letter_exchange: str
+) -> dict[str, ArgumentValue]:
+    """The arguments of a fixed-TTL queue that dead-letters into ``dead_letter_exchange``.
+
+    No ``x-dead-letter-routing-key`` (the routing key survives) and no ``x-expires``.
+    """
+    return {
+        **_safe_dead_lettering(queue_type),
+        "x-message-ttl": ttl_ms,
+        "x-dead-letter-exchange": dead_letter_exchange,
+    }
+
+
 def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
     """Everything ``apply`` declares, in dependency order."""
     qtype = topology.queue_type
@@ -108,11 +123,9 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
         for tier in topology.ladder.tiers:
             name = name_of(tier)
             exchanges.append(ExchangeDecl(name, "fanout"))
-            arguments: dict[str, ArgumentValue] = {
-                **_safe_dead_lettering(qtype),
-                "x-message-ttl": tier.ttl_ms,
-                "x-dead-letter-exchange": dead_letter_exchange,
-            }
+            arguments = rung_arguments(qtype, tier.ttl_ms, dead_letter_exchange)
+            if topology.tier_max_length is not None:
+                arguments["x-max-length"] = topology.tier_max_length
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
 

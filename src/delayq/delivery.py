@@ -31,9 +31,11 @@ from delayq.envelope import (
     Receipt,
     envelope_headers,
     epoch_ms,
+    headers_size,
 )
-from delayq.errors import DelayqError, DelayTooLong, InvalidInput
+from delayq.errors import DelayqError, DelayTooLong, InvalidHeaders, InvalidInput
 from delayq.ladder import Tier
+from delayq.limits import ERROR_TYPE_MAX_BYTES, FRAME_MAX, PROPERTIES_RESERVED_BYTES
 from delayq.retry import ExponentialBackoff, RetryPolicy
 from delayq.topology import Topology
 
@@ -47,6 +49,9 @@ __all__ = [
     "H_QUEUE",
     "MAX_ERROR_MESSAGE_BYTES",
     "MAX_ERROR_TRACE_BYTES",
+    "RECONNECT_MAX_S",
+    "RECONNECT_MIN_S",
+    "STALL_CHECK_S",
     "Action",
     "ConsumeSettings",
     "DeadLetterReason",
@@ -58,6 +63,7 @@ __all__ = [
     "Undecodable",
     "bounded",
     "decode_body",
+    "fit_headers",
     "idempotency_key",
     "republished",
 ]
@@ -69,6 +75,13 @@ H_FIRST_FAILURE_AT = "delayq-first-failure-at"
 H_FAILED_AT = "delayq-failed-at"
 H_QUEUE = "delayq-queue"
 H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
+
+RECONNECT_MIN_S = 0.5
+RECONNECT_MAX_S = 10.0
+"""A consumer's back-off between attempts to reopen a lost connection (doubling, capped)."""
+
+STALL_CHECK_S = 10.0
+"""A consumer idle this long while its queue holds ready messages re-subscribes."""
 
 MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_ERROR_TRACE_BYTES = 8192
@@ -232,9 +245,34 @@ class ConsumeSettings:
         return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms)
 
 
-def idempotency_key(value: Any, delivery: Delivery, key: Callable[[Any], Any] | None) -> str | None:
-    """The handler's business key for ``value`` when ``key`` is given, else the message id."""
-    return delivery.message_id if key is None else str(key(value))
+def idempotency_key(
+    value: Any,
+    delivery: Delivery,
+    key: Callable[[Any], Any] | None,
+    *,
+    required: bool = False,
+) -> str | None:
+    """The handler's business key for ``value`` when ``key`` is given, else the message id.
+
+    With ``required`` (a transactional handler: its writes commit with the key), a
+    message without either is :class:`Undecodable`, dead-lettered with that reason.
+    """
+    if key is None:
+        found = delivery.message_id
+    else:
+        try:
+            found = str(key(value))
+        except Exception as exc:
+            raise Undecodable(
+                f"the consumer's key function failed on message {delivery.message_id!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    if required and not found:
+        raise Undecodable(
+            "the message has no message id (and the consumer no key function): a "
+            "transactional handler needs an idempotency key"
+        )
+    return found
 
 
 class DeliveryPlanner:
@@ -329,14 +367,25 @@ class DeliveryPlanner:
         for key in (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT):
             if key in delivery.headers:  # an earlier failure's record travels on
                 headers[key] = delivery.headers[key]
-        return republished(delivery, exchange, self.queue, headers, now, delay_ms, tier)
+        return republished(
+            delivery,
+            exchange,
+            self.queue,
+            headers,
+            now,
+            delay_ms,
+            tier,
+            frame_max=self.topology.limits.frame_max,
+        )
 
     def _failure_headers(
         self, delivery: Delivery, error: BaseException, trace: str | None, now: int
     ) -> dict[str, Any]:
         first = delivery.headers.get(H_FIRST_FAILURE_AT)
         headers: dict[str, Any] = {
-            H_ERROR_TYPE: f"{type(error).__module__}.{type(error).__qualname__}",
+            H_ERROR_TYPE: bounded(
+                f"{type(error).__module__}.{type(error).__qualname__}", ERROR_TYPE_MAX_BYTES
+            ),
             H_ERROR_MESSAGE: bounded(str(error), MAX_ERROR_MESSAGE_BYTES),
             H_FIRST_FAILURE_AT: first if isinstance(first, int) else now,
             H_FAILED_AT: now,
@@ -360,8 +409,33 @@ class DeliveryPlanner:
         )
         headers.update(self._failure_headers(delivery, error, trace, now))
         headers[H_DEAD_LETTER_REASON] = reason.value
-        message = republished(delivery, "", self.dlq, headers, now, 0, None)
+        message = republished(
+            delivery, "", self.dlq, headers, now, 0, None, frame_max=self.topology.limits.frame_max
+        )
         return Decision(Action.DEAD_LETTER, message, reason=f"{reason.value}: {error}")
+
+
+def fit_headers(headers: dict[str, Any], frame_max: int = FRAME_MAX) -> dict[str, Any]:
+    """``headers``, made to fit one content-header frame of ``frame_max`` bytes.
+
+    A message published through delayq always fits (its limits keep room for
+    delayq's headers). One published by another client with headers near the
+    frame size would make the republish fail, so it loses the error trace
+    first, then most of the error message. Headers of types delayq does not
+    send (floats, decimals, timestamps from other clients) cannot be measured
+    here and go on as they are.
+    """
+    budget = frame_max - PROPERTIES_RESERVED_BYTES
+    try:
+        if headers_size(headers) <= budget:
+            return headers
+        headers.pop(H_ERROR_TRACE, None)
+        message = headers.get(H_ERROR_MESSAGE)
+        if isinstance(message, str) and headers_size(headers) > budget:
+            headers[H_ERROR_MESSAGE] = bounded(message, 128)
+    except InvalidHeaders:
+        pass
+    return headers
 
 
 def republished(
@@ -372,8 +446,12 @@ def republished(
     now: int,
     delay_ms: int = 0,
     tier: Tier | None = None,
+    *,
+    frame_max: int = FRAME_MAX,
 ) -> OutgoingMessage:
-    """``delivery`` sent on again (same id, body and content type) with new headers."""
+    """``delivery`` sent on again (same id, body and content type) with new headers,
+    fitted into one frame of ``frame_max`` bytes (see :func:`fit_headers`)."""
+    headers = fit_headers(headers, frame_max)
     message_id = delivery.message_id or f"delayq-unnamed-{now}"
     tier_ms = 0 if tier is None else tier.ttl_ms
     return OutgoingMessage(

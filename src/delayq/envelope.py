@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from delayq.durations import to_ms
 from delayq.errors import (
     BodyTooLarge,
+    HeadersTooLarge,
     InvalidBody,
     InvalidHeaders,
     InvalidInput,
@@ -30,6 +31,13 @@ from delayq.errors import (
     InvalidRoutingKey,
 )
 from delayq.ladder import Tier
+from delayq.limits import (
+    DEFAULT_LIMITS,
+    MAX_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    MessageLimits,
+)
 from delayq.topology import Topology
 
 __all__ = [
@@ -47,6 +55,8 @@ __all__ = [
     "H_TIER",
     "H_TIER_MS",
     "H_VERSION",
+    "MAX_HEADERS",
+    "MAX_HEADERS_BYTES",
     "Message",
     "MessageFactory",
     "OutgoingMessage",
@@ -54,6 +64,7 @@ __all__ = [
     "encode_body",
     "envelope_headers",
     "epoch_ms",
+    "headers_size",
     "new_message_id",
     "validate_headers",
     "validate_routing_key",
@@ -75,10 +86,9 @@ CONTENT_JSON = "application/json"
 CONTENT_TEXT = "text/plain; charset=utf-8"
 CONTENT_BYTES = "application/octet-stream"
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-"""16 MiB: RabbitMQ 4's default ``max_message_size``; larger bodies belong in a blob store."""
-MAX_HEADERS = 64
-MAX_HEADERS_BYTES = 16 * 1024
+DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES
+"""16 MiB (see :mod:`delayq.limits` for why); a topology's ``limits`` may change it."""
+MAX_HEADERS_BYTES = MAX_HEADER_BYTES
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -193,11 +203,19 @@ def validate_routing_key(routing_key: object) -> str:
 
 
 def _check_value(key: str, value: object, depth: int = 0) -> int:
-    """Validate one header value; returns its approximate encoded size."""
+    """Validate one header value; return the most bytes AMQP needs for it, type tag included.
+
+    Field-table encoding: str and bytes are a 4-byte length and the data, ints at
+    most 8 bytes (pika and pamqp pick the smallest width), a bool 1, None 0, an
+    array a 4-byte length and its tagged values, a table a 4-byte length and its
+    entries (a 1-byte name length, the name, the tagged value).
+    """
     if depth > 8:
         raise InvalidHeaders(f"header {key!r} is nested more than 8 levels deep")
-    if value is None or isinstance(value, bool):
+    if value is None:
         return 1
+    if isinstance(value, bool):
+        return 2
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
             raise InvalidHeaders(f"header {key!r}: int {value} does not fit in 64 bits")
@@ -214,45 +232,71 @@ def _check_value(key: str, value: object, depth: int = 0) -> int:
     if isinstance(value, (list, tuple)):
         return 5 + sum(_check_value(key, v, depth + 1) for v in value)
     if isinstance(value, Mapping):
-        size = 5
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidHeaders(f"header {key!r} has a non-str key {k!r}")
-            size += 1 + len(k.encode()) + _check_value(key, v, depth + 1)
-        return size
+        return 1 + _table_size(key, value, depth + 1)
     raise InvalidHeaders(
         f"header {key!r} has a value of type {type(value).__name__}; allowed: str, int, "
         "bool, bytes, None, and lists or dicts of those"
     )
 
 
-def validate_headers(headers: object) -> dict[str, Any]:
-    """User headers: str keys without the reserved ``delayq-``/``x-`` prefixes, AMQP values."""
+def _table_size(where: str, table: Mapping[Any, Any], depth: int) -> int:
+    """Validate a field table's names and values; return its encoded size (at most)."""
+    size = 4
+    for name, value in table.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidHeaders(
+                f"header {where!r} has a name that is not a non-empty str: {name!r}"
+            )
+        length = _utf8_len(name, InvalidHeaders, "header name")
+        if length > 255:
+            raise InvalidHeaders(f"header name {name[:40]!r}... is longer than 255 bytes")
+        size += 1 + length + _check_value(name if depth == 0 else where, value, depth)
+    return size
+
+
+def headers_size(headers: Mapping[str, Any]) -> int:
+    """The most bytes AMQP needs to encode ``headers`` as a field table (validating them)."""
+    return _table_size("(headers)", headers, 0)
+
+
+def validate_headers(headers: object, limits: MessageLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """User headers: str keys without the reserved ``delayq-``/``x-`` prefixes, AMQP values,
+    within ``limits`` (:class:`~delayq.errors.HeadersTooLarge` otherwise)."""
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
         raise InvalidHeaders(f"headers must be a mapping, got {type(headers).__name__}")
-    if len(headers) > MAX_HEADERS:
-        raise InvalidHeaders(f"{len(headers)} headers; at most {MAX_HEADERS} are allowed")
-    size = 0
-    for key, value in headers.items():
+    if len(headers) > limits.max_headers:
+        raise HeadersTooLarge(
+            f"{len(headers)} headers; at most {limits.max_headers} are allowed "
+            "(limits.max_headers; put large data in the body)"
+        )
+    for key in headers:
         if not isinstance(key, str) or not key:
             raise InvalidHeaders(f"header names must be non-empty str, got {key!r}")
-        if _utf8_len(key, InvalidHeaders, "header name") > 255:
-            raise InvalidHeaders(f"header name {key[:40]!r}... is longer than 255 bytes")
         lowered = key.lower()
         if lowered.startswith(HEADER_PREFIX) or lowered.startswith("x-"):
             raise InvalidHeaders(
                 f"header {key!r} uses a reserved prefix: 'delayq-' belongs to delayq and "
                 "'x-' to RabbitMQ"
             )
-        size += len(key.encode("utf-8")) + _check_value(key, value)
-    if size > MAX_HEADERS_BYTES:
-        raise InvalidHeaders(
-            f"headers take about {size} bytes; at most {MAX_HEADERS_BYTES} are allowed "
-            "(put large data in the body)"
+    size = headers_size(headers)
+    if size > limits.max_header_bytes:
+        raise HeadersTooLarge(
+            f"headers take {size} bytes encoded; at most {limits.max_header_bytes} are "
+            "allowed (limits.max_header_bytes: the headers and delayq's own must fit in one "
+            "AMQP frame; put large data in the body)"
         )
-    return dict(headers)
+    return {key: _plain(value) for key, value in headers.items()}
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and mappings as dicts: the only containers pika and pamqp encode."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def validate_message_id(message_id: object) -> str:
@@ -291,12 +335,16 @@ class MessageFactory:
         self,
         topology: Topology,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
     ) -> None:
+        """``max_body_bytes`` overrides the topology's ``limits.max_body_bytes``."""
         self.topology = topology
-        self.max_body_bytes = max_body_bytes
+        self.limits = topology.limits
+        if max_body_bytes is not None:
+            self.limits = self.limits.replace(max_body_bytes=max_body_bytes)
+        self.max_body_bytes = self.limits.max_body_bytes
         self._clock_ms = clock_ms
         self._new_id = new_id
         # Per tier, computed once: (exchange, TTL ms, label) for the hot path.
@@ -343,11 +391,12 @@ class MessageFactory:
         tier = self.topology.ladder.select_ms(delay_ms)
         routing_key = validate_routing_key(routing_key)
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)
-        user_headers = validate_headers(headers)
+        user_headers = validate_headers(headers, self.limits)
         data, content_type = encode_body(body)
         if len(data) > self.max_body_bytes:
             raise BodyTooLarge(
-                f"body is {len(data)} bytes, more than the limit of {self.max_body_bytes}"
+                f"body is {len(data)} bytes, more than the limit of {self.max_body_bytes} "
+                "(limits.max_body_bytes; put large data in a blob store and send its address)"
             )
         now_ms = self._clock_ms()
         exchange, tier_ms, tier_label = self._route[tier]

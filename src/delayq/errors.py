@@ -12,18 +12,25 @@ and aiormq are translated at one place per adapter and chained with
     │   │   └── BodyTooLarge
     │   ├── InvalidRoutingKey
     │   ├── InvalidHeaders
+    │   │   └── HeadersTooLarge
     │   ├── InvalidMessageId
     │   ├── InvalidTopology
     │   └── InvalidURL
-    └── BrokerError: the broker said no, or could not be reached
-        ├── ConnectionFailed
-        ├── TopologyMissing
-        ├── TopologyConflict
-        └── PublishError: the fate of a message is not "confirmed"
-            ├── Unroutable
-            ├── PublishRejected
-            ├── PublishUnconfirmed
-            └── PublishBatchError: some messages of a batch failed
+    ├── BrokerError: the broker said no, or could not be reached
+    │   ├── AccessRefused
+    │   ├── ConnectionFailed
+    │   │   └── ManagementUnavailable
+    │   ├── TopologyMissing
+    │   ├── TopologyConflict
+    │   └── PublishError: the fate of a message is not "confirmed"
+    │       ├── Unroutable
+    │       ├── PublishRejected
+    │       ├── PublishUnconfirmed
+    │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
+    │       └── PublishBatchError: some messages of a batch failed
+    ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
+    │   └── ClaimLost
+    └── HandlerTimeout
 """
 
 from __future__ import annotations
@@ -31,12 +38,15 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccessRefused",
     "BodyTooLarge",
     "BrokerError",
+    "ClaimLost",
     "ConnectionFailed",
     "DelayTooLong",
     "DelayqError",
     "HandlerTimeout",
+    "HeadersTooLarge",
     "InvalidBody",
     "InvalidDelay",
     "InvalidHeaders",
@@ -45,10 +55,13 @@ __all__ = [
     "InvalidRoutingKey",
     "InvalidTopology",
     "InvalidURL",
+    "ManagementUnavailable",
     "PublishBatchError",
+    "PublishBlocked",
     "PublishError",
     "PublishRejected",
     "PublishUnconfirmed",
+    "StoreError",
     "TopologyConflict",
     "TopologyMissing",
     "Unroutable",
@@ -61,6 +74,20 @@ class DelayqError(Exception):
 
 class HandlerTimeout(DelayqError):
     """A handler ran longer than its consumer's ``handler_timeout``; it is retried."""
+
+
+class StoreError(DelayqError):
+    """An idempotency store could not be read or written (server down, disk full).
+
+    The consumer returns the delivery to its queue and goes on: nothing is acked
+    whose key was not recorded. ``__cause__`` holds the store client's error.
+    """
+
+
+class ClaimLost(StoreError):
+    """A handler's transaction found its claim gone (released after a timeout, or
+    expired and taken by another consumer): the transaction was rolled back, so the
+    handler's effects did not happen and whoever holds the key now runs them."""
 
 
 class InvalidInput(DelayqError, ValueError):
@@ -91,6 +118,10 @@ class InvalidHeaders(InvalidInput):
     """User headers use a reserved prefix or a value AMQP cannot carry."""
 
 
+class HeadersTooLarge(InvalidHeaders):
+    """User headers are too many, or too large once encoded, for the topology's limits."""
+
+
 class InvalidMessageId(InvalidInput):
     """A message id is empty, too long or not a string."""
 
@@ -100,15 +131,24 @@ class InvalidTopology(InvalidInput):
 
 
 class InvalidURL(InvalidInput):
-    """A broker URL cannot be used (scheme, syntax). Never shows the password."""
+    """A broker URL cannot be used (scheme, syntax, an unknown option, a TLS file that
+    is missing or unusable). Never shows the password."""
 
 
 class BrokerError(DelayqError):
     """The broker refused an operation or could not be reached."""
 
 
+class AccessRefused(BrokerError):
+    """The user's permissions do not cover an exchange or queue (ACCESS_REFUSED, 403)."""
+
+
 class ConnectionFailed(BrokerError):
     """No connection to the broker could be made (after the allowed retries)."""
+
+
+class ManagementUnavailable(ConnectionFailed):
+    """The management HTTP API cannot be reached, or refused the login."""
 
 
 class TopologyMissing(BrokerError):
@@ -167,6 +207,11 @@ class PublishRejected(PublishError):
 
 class PublishUnconfirmed(PublishError):
     """The connection was lost before a confirm, and the retries ran out."""
+
+
+class PublishBlocked(PublishUnconfirmed):
+    """The broker blocked publishing (a memory or disk alarm) for longer than the
+    publisher's bound; delayq stopped waiting instead of hanging."""
 
 
 class PublishBatchError(PublishError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -27,7 +29,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "delayq.idempotency_postgres needs psycopg 3: pip install 'delayq[postgres]'"
     ) from exc
 
-from delayq.idempotency import ClaimStatus
+from delayq.errors import ClaimLost
+from delayq.idempotency import Claim, ClaimStatus, Complete, Release, StoreOp
 from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
@@ -69,6 +72,15 @@ def _table_name(table: str) -> sql.Identifier:
             f"(letters, digits, _), not {table!r}"
         )
     return sql.Identifier(*parts)
+
+
+def _claim_status(cursor: psycopg.Cursor[Any]) -> ClaimStatus:
+    row = cursor.fetchone()
+    assert row is not None
+    won, done = row
+    if won:
+        return ClaimStatus.CLAIMED
+    return ClaimStatus.DONE if done else ClaimStatus.BUSY
 
 
 class PostgresStore:
@@ -119,11 +131,16 @@ class PostgresStore:
         self._sql_release = sql.SQL("DELETE FROM {t} WHERE key = %s AND done_at IS NULL").format(
             t=ident
         )
+        self._sql_finish = sql.SQL(
+            "UPDATE {t} SET done_at = %s WHERE key = %s AND done_at IS NULL AND lease_until = %s"
+        ).format(t=ident)
         self._sql_prune = sql.SQL(
             "DELETE FROM {t} WHERE (done_at IS NOT NULL AND done_at < %s)"
             " OR (done_at IS NULL AND lease_until < %s)"
         ).format(t=ident)
         self._conn: psycopg.Connection[Any] | None = None
+        self._idle: list[psycopg.Connection[Any]] = []
+        """Connections for handlers' transactions, kept for the next one."""
         self._closed = False
         with self._lock:
             conn = self._connection()
@@ -140,12 +157,16 @@ class PostgresStore:
         conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
             return conn
-        if self._closed:
-            raise psycopg.InterfaceError(f"{self!r} is closed")
         if conn is not None:
             conn.close()
+        self._conn = conn = self._connect()
+        return conn
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise psycopg.InterfaceError(f"{self!r} is closed")
         try:
-            conn = psycopg.connect(
+            return psycopg.connect(
                 self._dsn,
                 autocommit=True,
                 connect_timeout=max(1, round(self._connect_timeout_s)),
@@ -155,26 +176,63 @@ class PostgresStore:
             raise type(exc)(
                 f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {message}"
             ) from None
-        self._conn = conn
-        return conn
 
     def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
-        params = {"key": key, "until": int(now_ms) + int(lease_ms), "now": int(now_ms)}
         with self._lock:
-            row = self._connection().execute(self._sql_claim, params).fetchone()
-        assert row is not None
-        won, done = row
-        if won:
-            return ClaimStatus.CLAIMED
-        return ClaimStatus.DONE if done else ClaimStatus.BUSY
+            cursor = self._execute(self._connection(), Claim(key, lease_ms, now_ms))
+            return _claim_status(cursor)
 
     def complete(self, key: str, *, now_ms: int) -> None:
         with self._lock:
-            self._connection().execute(self._sql_complete, (key, int(now_ms), int(now_ms)))
+            self._execute(self._connection(), Complete(key, now_ms))
 
     def release(self, key: str) -> None:
         with self._lock:
-            self._connection().execute(self._sql_release, (key,))
+            self._execute(self._connection(), Release(key))
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        """``ops`` in one pipeline (one round trip), each statement its own transaction."""
+        with self._lock:
+            conn = self._connection()
+            with conn.pipeline():
+                cursors = [self._execute(conn, op) for op in ops]
+            return [
+                _claim_status(cursor) if isinstance(op, Claim) else None
+                for op, cursor in zip(ops, cursors, strict=True)
+            ]
+
+    def _execute(self, conn: psycopg.Connection[Any], op: StoreOp) -> psycopg.Cursor[Any]:
+        if isinstance(op, Claim):
+            params = {"key": op.key, "until": op.lease_until_ms, "now": int(op.now_ms)}
+            return conn.execute(self._sql_claim, params)
+        if isinstance(op, Complete):
+            return conn.execute(self._sql_complete, (op.key, int(op.now_ms), int(op.now_ms)))
+        return conn.execute(self._sql_release, (op.key,))
+
+    @contextmanager
+    def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
+        """A transaction on a connection of its own (kept for the next one); see
+        :class:`~delayq.idempotency.TransactionalStore`. The final ``UPDATE`` locks the
+        key's row, so a consumer claiming it after an expiry waits for this commit."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed or conn.broken:
+            conn = self._connect()
+        try:
+            with conn.transaction():
+                yield conn
+                finished = conn.execute(self._sql_finish, (now_ms, key, lease_until_ms))
+                if finished.rowcount != 1:
+                    raise ClaimLost(
+                        f"the claim on key {key!r} was lost before the handler's transaction "
+                        "could commit; its writes were rolled back"
+                    )
+        finally:
+            with self._lock:
+                if self._closed or conn.closed or conn.broken:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
 
     def prune(self, *, older_than_ms: int) -> int:
         with self._lock:
@@ -186,6 +244,8 @@ class PostgresStore:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            for conn in [self._conn, *self._idle]:
+                if conn is not None:
+                    conn.close()
+            self._conn = None
+            self._idle.clear()

@@ -19,7 +19,7 @@ removed by its TTL) is claimed afresh.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 try:
@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "delayq.idempotency_redis needs the redis package: pip install 'delayq[redis]'"
     ) from exc
 
-from delayq.idempotency import ClaimStatus
+from delayq.idempotency import Claim, ClaimStatus, Complete, StoreOp
 from delayq.urls import redact
 
 __all__ = ["RedisStore"]
@@ -144,17 +144,38 @@ class RedisStore:
         return self.prefix + key
 
     def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
-        result = self._claim(
-            keys=[self._key(key)],
-            args=[int(now_ms), int(now_ms) + int(lease_ms), max(1, int(lease_ms))],
-        )
+        result = self._claim(keys=[self._key(key)], args=self._claim_args(lease_ms, now_ms))
         return _STATUS[int(result)]
 
+    @staticmethod
+    def _claim_args(lease_ms: int, now_ms: int) -> list[int]:
+        return [int(now_ms), int(now_ms) + int(lease_ms), max(1, int(lease_ms))]
+
     def complete(self, key: str, *, now_ms: int) -> None:
-        self._complete(keys=[self._key(key)], args=[int(now_ms), self.retention_ms or 0])
+        self._complete(keys=[self._key(key)], args=self._complete_args(now_ms))
+
+    def _complete_args(self, now_ms: int) -> list[int]:
+        return [int(now_ms), self.retention_ms or 0]
 
     def release(self, key: str) -> None:
         self._release(keys=[self._key(key)])
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        """``ops`` in one pipeline (one round trip); each is still its own atomic script."""
+        pipe = self._client.pipeline(transaction=False)
+        for op in ops:
+            name = [self._key(op.key)]
+            if isinstance(op, Claim):
+                self._claim(keys=name, args=self._claim_args(op.lease_ms, op.now_ms), client=pipe)
+            elif isinstance(op, Complete):
+                self._complete(keys=name, args=self._complete_args(op.now_ms), client=pipe)
+            else:
+                self._release(keys=name, client=pipe)
+        replies = pipe.execute()
+        return [
+            _STATUS[int(reply)] if isinstance(op, Claim) else None
+            for op, reply in zip(ops, replies, strict=True)
+        ]
 
     def _scan(self) -> Iterator[bytes | str]:
         yield from self._client.scan_iter(match=_glob_escape(self.prefix) + "*", count=_PRUNE_BATCH)

@@ -6,6 +6,12 @@ node name, ports and data folders pointed at a scratch directory.
 
 >>> with LocalNode() as node:            # doctest: +SKIP
 ...     print(node.url)                  # amqp://guest:guest@127.0.0.1:<port>/
+
+``LocalNode(management=True)`` also enables the ``rabbitmq_management`` plugin
+on a free port of its own (``node.management_url``); without it the node runs
+no plugin at all, which is how a broker without the HTTP API looks.
+With ``tls=NodeTLS(...)`` the node also listens for TLS (``amqps://``) on a
+second free port, :attr:`LocalNode.tls_url` (certificates: :mod:`delayq.localtls`).
 """
 
 from __future__ import annotations
@@ -18,10 +24,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RABBITMQ_BIN", "LocalNode", "LocalNodeError", "free_port", "server_installed"]
+__all__ = [
+    "RABBITMQ_BIN",
+    "LocalNode",
+    "LocalNodeError",
+    "NodeTLS",
+    "free_port",
+    "server_installed",
+]
 
 RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
@@ -48,6 +62,31 @@ def _port_open(port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class NodeTLS:
+    """A TLS listener for a :class:`LocalNode` (RabbitMQ's ``ssl_options``)."""
+
+    cacertfile: Path
+    """CA certificates the node trusts for client certificates."""
+    certfile: Path
+    keyfile: Path
+    verify_peer: bool = False
+    """Ask clients for a certificate and verify it against ``cacertfile``."""
+    fail_if_no_peer_cert: bool = False
+    """Refuse clients that send no certificate (needs ``verify_peer``)."""
+
+    def config(self, port: int) -> dict[str, str]:
+        """The ``rabbitmq.conf`` lines of this listener on ``port``."""
+        return {
+            "listeners.ssl.default": str(port),
+            "ssl_options.cacertfile": str(self.cacertfile),
+            "ssl_options.certfile": str(self.certfile),
+            "ssl_options.keyfile": str(self.keyfile),
+            "ssl_options.verify": "verify_peer" if self.verify_peer else "verify_none",
+            "ssl_options.fail_if_no_peer_cert": str(self.fail_if_no_peer_cert).lower(),
+        }
+
+
 class LocalNode:
     """One RabbitMQ node on free ports with its own data folder; stop() removes nothing
     until :meth:`cleanup`, so a restart keeps the parked messages."""
@@ -58,6 +97,8 @@ class LocalNode:
         *,
         port: int | None = None,
         config: Mapping[str, str] | None = None,
+        management: bool = False,
+        tls: NodeTLS | None = None,
         cookie: str | None = None,
         advanced_config: str | None = None,
     ) -> None:
@@ -71,16 +112,26 @@ class LocalNode:
         self.port = port or free_port()
         self.dist_port = free_port()
         self.name = f"delayq-{self.port}@localhost"
+        self.management_port = free_port() if management else None
+        plugin_config = (
+            {"management.tcp.port": str(self.management_port), "management.tcp.ip": "127.0.0.1"}
+            if self.management_port is not None
+            else {}
+        )
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
         self.config = {
             "listeners.tcp.default": str(self.port),
             "loopback_users": "none",
             "log.console": "false",
+            **plugin_config,
+            **(tls.config(self.tls_port) if tls is not None and self.tls_port else {}),
             **(config or {}),
         }
         self.cookie = cookie
+        """The Erlang cookie; nodes of one cluster share it (None: the node makes its own)."""
         self.advanced_config = advanced_config
         """Erlang terms for ``advanced.config`` (settings rabbitmq.conf cannot express)."""
-        """The Erlang cookie; nodes of one cluster share it (None: the node makes its own)."""
         self._process: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
@@ -89,6 +140,18 @@ class LocalNode:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def management_url(self) -> str | None:
+        """The HTTP API's URL when the node runs the management plugin, else ``None``."""
+        if self.management_port is None:
+            return None
+        return f"http://guest:guest@127.0.0.1:{self.management_port}/"
+    def tls_url(self) -> str:
+        """The ``amqps://`` URL of the TLS listener, without TLS options (add them)."""
+        if self.tls_port is None:
+            raise LocalNodeError("this node was started without tls=NodeTLS(...)")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def env(self) -> dict[str, str]:
         base = self.base_dir
@@ -111,7 +174,8 @@ class LocalNode:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         lines = [f"{key} = {value}" for key, value in self.config.items()]
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
-        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        plugins = "rabbitmq_management" if self.management_port is not None else ""
+        (self.base_dir / "enabled_plugins").write_text(f"[{plugins}].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         advanced = self.base_dir / "advanced.config"
         if self.advanced_config is not None:
@@ -145,18 +209,27 @@ class LocalNode:
         )
         log.close()
         deadline = time.monotonic() + timeout_s
-        while not _port_open(self.port):
-            if self._process.poll() is not None:
+        self._await_port(self.port, deadline)
+        if self.tls_port is not None:
+            self._await_port(self.tls_port, deadline)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        if self.management_port is not None:
+            self._await_port(self.management_port, deadline)
+        return self
+
+    def _await_port(self, port: int, deadline: float) -> None:
+        """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
+        while not _port_open(port):
+            process = self._process
+            if process is not None and process.poll() is not None:
                 raise LocalNodeError(
-                    f"rabbitmq-server exited with {self._process.returncode}; see "
+                    f"rabbitmq-server exited with {process.returncode}; see "
                     f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise LocalNodeError(f"node {self.name} did not open port {self.port} in time")
+                raise LocalNodeError(f"node {self.name} did not open port {port} in time")
             time.sleep(0.2)
-        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
-        return self
 
     def ctl(
         self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"

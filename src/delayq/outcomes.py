@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from delayq.envelope import OutgoingMessage
-from delayq.errors import PublishRejected, PublishUnconfirmed, Unroutable
+from delayq.errors import PublishBlocked, PublishRejected, PublishUnconfirmed, Unroutable
 
-__all__ = ["rejected", "unconfirmed", "unroutable"]
+__all__ = ["blocked", "rejected", "unconfirmed", "unroutable"]
 
 
 def unroutable(msg: OutgoingMessage) -> Unroutable:
@@ -31,5 +31,16 @@ def unconfirmed(msg: OutgoingMessage, attempts: int, url: str, cause: object) ->
         f"connections to {url} ({type(cause).__name__ if cause else 'connection closed'}); "
         "it may or may not have reached the broker: publishing it again with the same "
         "message id is safe with idempotent consumers",
+        msg.message_id,
+    )
+
+
+def blocked(msg: OutgoingMessage, waited_s: float, url: str) -> PublishBlocked:
+    """``url`` must be redacted already."""
+    return PublishBlocked(
+        f"the broker at {url} is blocking publishers (a memory or disk alarm) and did not "
+        f"confirm message {msg.message_id!r} within {waited_s:g} s; delayq stopped waiting. "
+        "If the broker read it before blocking, it is delivered once the alarm clears; "
+        "publishing it again with the same message id is safe with idempotent consumers",
         msg.message_id,
     )

@@ -7,11 +7,17 @@
 3. a local node started from the installed ``rabbitmq-server`` (see
    :mod:`delayq.localnode`), stopped at the end of the session.
 
-``local_rabbitmq_cluster`` starts three local nodes joined into one cluster
-(:mod:`delayq.localcluster`) for one test, and stops them after it.
+``local_rabbitmq_node`` and ``local_rabbitmq_management_node`` are local nodes
+the session controls (users, restarts, rabbitmqctl), the second with the
+management plugin enabled. ``local_rabbitmq_cluster`` starts three local nodes
+joined into one cluster (:mod:`delayq.localcluster`) for one test, and stops
+them after it.
 
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
+
+The URL it gives is a ``str`` whose ``repr`` hides the password, so an
+assertion that shows it, or ``--showlocals``, does not print the password.
 
 ``redis_url`` and ``postgres_dsn`` (for the Redis and PostgreSQL idempotency stores)
 follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, else a
@@ -33,9 +39,11 @@ import pytest
 from delayq.localcluster import LocalCluster
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
+from delayq.urls import redact
 
 __all__ = [
     "local_rabbitmq_cluster",
+    "local_rabbitmq_management_node",
     "local_rabbitmq_node",
     "postgres_dsn",
     "rabbitmq_url",
@@ -56,6 +64,16 @@ NO_POSTGRES = (
     "no PostgreSQL server: set POSTGRES_DSN, or install the server (apt-get install "
     "postgresql) so a local one can be started"
 )
+
+
+class _RedactedURL(str):
+    """The URL itself (``str()``, connecting), with the password hidden in its ``repr``,
+    which pytest uses to explain a failed assertion."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(redact(str(self)))
 
 
 def _in_ci() -> bool:
@@ -124,6 +142,24 @@ def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
         raise
 
 
+@pytest.fixture(scope="session")
+def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
+    """A local node this session controls, running the management plugin.
+
+    Its statistics are sampled every 500 ms (instead of 5 s), so figures read
+    from the HTTP API (``node.management_url``) follow the queues closely.
+    """
+    if not server_installed():
+        _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
+    try:
+        return _delayq_nodes.start(
+            management=True, config={"collect_statistics_interval": "500"}
+        )
+    except LocalNodeError as exc:
+        _no_broker(str(exc))
+        raise
+
+
 @pytest.fixture
 def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
     """Three local nodes joined into one cluster, for this test only (then stopped)."""
@@ -146,20 +182,20 @@ def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The AMQP URL of a real broker for this test session."""
     url = os.environ.get("RABBITMQ_URL")
     if url:
-        yield url
+        yield _RedactedURL(url)
         return
     if _docker_answers():
         from testcontainers.rabbitmq import RabbitMqContainer
 
         with RabbitMqContainer("rabbitmq:3.13-management") as container:
             params = container.get_connection_params()
-            yield (
+            yield _RedactedURL(
                 f"amqp://{params.credentials.username}:{params.credentials.password}"
                 f"@{params.host}:{params.port}/"
             )
         return
     node: LocalNode = request.getfixturevalue("local_rabbitmq_node")
-    yield node.url
+    yield _RedactedURL(node.url)
 
 
 def _no_server(what: str, reason: str) -> None:

@@ -21,7 +21,10 @@ class ConsumerStats:
     retried: int = 0
     dead_lettered: int = 0
     returned: int = 0
-    """Deliveries put back on the queue because their republish was not confirmed."""
+    """Deliveries put back on the queue: their republish was not confirmed, or the
+    idempotency store failed."""
+    reconnects: int = 0
+    """Times the consumer reopened a lost connection or channel."""
 
     def record(self, decision: Decision) -> None:
         """Count a delivery whose fate is settled (acked), and log retries and dead letters."""

@@ -28,6 +28,7 @@ from pydantic import (
 
 from delayq.errors import InvalidTopology
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.limits import DEFAULT_LIMITS, MessageLimits
 
 __all__ = ["DEFAULT_TOPOLOGY_FILE", "Destination", "QueueType", "Topology", "load_topology"]
 
@@ -110,7 +111,7 @@ class Destination(BaseModel):
 
 
 class Topology(BaseModel):
-    """Namespace, ladder, queue type and destination queues."""
+    """Namespace, ladder, queue type, destination queues, and message size limits."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -119,6 +120,12 @@ class Topology(BaseModel):
     queue_type: QueueType = QueueType.QUORUM
     ladder: LadderField = DEFAULT_LADDER
     destinations: tuple[Destination, ...] = ()
+    tier_max_length: int | None = Field(default=None, ge=1)
+    """A cap on each tier queue's depth (``x-max-length``). With ``reject-publish``
+    (quorum queues) a publish into a full tier is nacked: the publisher raises
+    ``PublishRejected`` and nothing is half-published. ``None``: no cap."""
+    limits: MessageLimits = DEFAULT_LIMITS
+    """Body and header sizes checked before every publish (see :mod:`delayq.limits`)."""
 
     @field_validator("namespace")
     @classmethod

@@ -13,14 +13,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pika
 import pytest
+import yaml
 
 from delayq import Message, Receipt, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio import apply_topology as apply_async
+from delayq.localnode import LocalNode
 from delayq.provisioning import ApplyReport
 from delayq.sync import Publisher, delete_topology
 from delayq.sync import apply_topology as apply_sync
@@ -329,5 +332,30 @@ def start_consumer(driver_kind: str, rabbitmq_url: str) -> Iterator[Callable[...
     for handle in handles:
         try:
             handle.stop(5)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def node_topology(tmp_path: Path) -> Iterator[Callable[..., tuple[Topology, Path]]]:
+    """Unique-namespace topologies written to YAML; deleted from their node afterwards."""
+    made: list[tuple[Topology, str]] = []
+
+    def make(node: LocalNode, ladder: tuple[str, ...] = ("1s", "30s")) -> tuple[Topology, Path]:
+        ns = f"o{uuid.uuid4().hex[:10]}"
+        topology = Topology(
+            namespace=ns,
+            ladder=list(ladder),
+            destinations=[{"queue": f"{ns}.work", "bindings": ["job.#"]}],
+        )
+        path = tmp_path / f"{ns}.yaml"
+        path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+        made.append((topology, node.url))
+        return topology, path
+
+    yield make
+    for topology, url in made:
+        try:
+            delete_topology(topology, url)
         except Exception:
             pass

@@ -37,7 +37,8 @@ CLAIMED, DONE, BUSY = ClaimStatus.CLAIMED, ClaimStatus.DONE, ClaimStatus.BUSY
 BEHAVIOUR = {
     name: case
     for name, case in vars(unit_suite).items()
-    if name.startswith("test_") and "store" in inspect.signature(case).parameters
+    if name.startswith("test_")
+    and {"store", "tx_store"} & set(inspect.signature(case).parameters)
 }
 globals().update(BEHAVIOUR)
 
@@ -111,6 +112,34 @@ def store(request: pytest.FixtureRequest) -> IdempotencyStore:
     """The store the shared behaviour cases run against (closed by its factory)."""
     factory: Callable[..., IdempotencyStore] = request.getfixturevalue(f"{request.param}_store")
     return factory()
+
+
+@pytest.fixture
+def tx_store(postgres_store: Callable[..., Any], postgres_dsn: str) -> Iterator[Any]:
+    """The transactional cases on PostgreSQL (Redis cannot commit a handler's writes)."""
+    psycopg = _client_module("psycopg", "postgres")
+    store = postgres_store()
+    effects = f"effects_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {effects} (key TEXT)")
+
+    def write(tx: Any, key: str) -> None:
+        tx.execute(f"INSERT INTO {effects} VALUES (%s)", (key,))
+
+    def count(key: str) -> int:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            row = conn.execute(f"SELECT COUNT(*) FROM {effects} WHERE key = %s", (key,))
+            return int(row.fetchone()[0])
+
+    yield unit_suite.TxHarness(store, write, count)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {effects}")
+
+
+def test_redis_is_not_a_transactional_store(redis_store):
+    from delayq.idempotency import supports_transactions
+
+    assert not supports_transactions(redis_store())
 
 
 # --- exclusive across processes ------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from delayq import (
     BodyTooLarge,
     DelayTooLong,
+    HeadersTooLarge,
     InvalidBody,
     InvalidDelay,
     InvalidHeaders,
@@ -28,7 +29,7 @@ from delayq import (
     Topology,
     load_topology,
 )
-from delayq.envelope import DEFAULT_MAX_BODY_BYTES, MAX_HEADERS, MessageFactory
+from delayq.envelope import DEFAULT_MAX_BODY_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES, MessageFactory
 from delayq.urls import validate_url
 
 TOPOLOGY = Topology()  # the default ladder: 30s .. 24h
@@ -95,8 +96,15 @@ CASES = [
     pytest.param(publish(headers=[("k", "v")]), InvalidHeaders, id="headers-not-a-mapping"),
     pytest.param(
         publish(headers={f"h{i}": i for i in range(MAX_HEADERS + 1)}),
-        InvalidHeaders,
+        HeadersTooLarge,
         id="headers-too-many",
+    ),
+    pytest.param(
+        publish(headers={"blob": "x" * MAX_HEADERS_BYTES}), HeadersTooLarge, id="headers-too-large"
+    ),
+    pytest.param(publish(headers={"": "v"}), InvalidHeaders, id="header-empty-name"),
+    pytest.param(
+        publish(headers={"h": {"n" * 256: 1}}), InvalidHeaders, id="header-nested-long-name"
     ),
     # message ids
     pytest.param(publish(message_id=""), InvalidMessageId, id="message-id-empty"),
@@ -117,6 +125,13 @@ CASES = [
     pytest.param(url("amqp://"), InvalidURL, id="url-no-host"),
     pytest.param(url("amqp://h:99999/"), InvalidURL, id="url-port-out-of-range"),
     pytest.param(url(None), InvalidURL, id="url-none"),
+    pytest.param(url("amqp://h/?colour=blue"), InvalidURL, id="url-unknown-option"),
+    pytest.param(url("amqp://h/?heartbeat=1&heartbeat=2"), InvalidURL, id="url-repeated-option"),
+    pytest.param(url("amqp://h/?heartbeat=-1"), InvalidURL, id="url-bad-heartbeat"),
+    pytest.param(url("amqp://h/?cafile=/etc/hosts"), InvalidURL, id="url-tls-option-on-amqp"),
+    pytest.param(url("amqps://h/?cafile=/no/such/ca.pem"), InvalidURL, id="url-missing-cafile"),
+    pytest.param(url("amqps://h/?verify=maybe"), InvalidURL, id="url-bad-verify"),
+    pytest.param(url("amqps://h/?keyfile=/etc/hosts"), InvalidURL, id="url-keyfile-alone"),
 ]
 
 
@@ -139,6 +154,7 @@ def test_the_table_covers_every_invalid_input_class() -> None:
         BodyTooLarge,
         InvalidRoutingKey,
         InvalidHeaders,
+        HeadersTooLarge,
         InvalidMessageId,
         InvalidTopology,
         InvalidURL,

@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.declarations import ExchangeDecl, QueueDecl
-from delayq.errors import BrokerError, TopologyConflict, TopologyMissing
+from delayq.errors import AccessRefused, BrokerError, TopologyConflict, TopologyMissing
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 
 TTL_CHANGED = (
@@ -140,6 +140,31 @@ def test_missing_queue() -> None:
 @pytest.mark.parametrize("reply", [TTL_CHANGED, "", "NOT_FOUND - something else"])
 def test_not_missing(reply: str) -> None:
     assert missing_from_reply(reply) is None
+
+
+# --- ACCESS_REFUSED ------------------------------------------------------------------------------
+
+REFUSED = (
+    "ACCESS_REFUSED - access to exchange 'other.unrouted' in vhost '/' refused for user 'prod'"
+)
+
+
+def test_access_refused_names_user_entity_and_vhost() -> None:
+    refused = refused_from_reply(REFUSED)
+    assert isinstance(refused, AccessRefused)
+    text = str(refused)
+    assert "user 'prod'" in text and "exchange 'other.unrouted'" in text and "vhost '/'" in text
+    assert "delayq topology grant" in text
+
+
+def test_access_refused_on_a_queue() -> None:
+    reply = "ACCESS_REFUSED - access to queue 'orders' in vhost 'prod' refused for user 'app'"
+    assert "queue 'orders' in vhost 'prod'" in str(refused_from_reply(reply))
+
+
+@pytest.mark.parametrize("reply", [TTL_CHANGED, NO_EXCHANGE, "", "ACCESS_REFUSED - no"])
+def test_not_refused(reply: str) -> None:
+    assert refused_from_reply(reply) is None
 
 
 # --- the apply report that carries conflicts -----------------------------------------------------

@@ -23,8 +23,15 @@ CORE_MODULES = [
     "delayq.envelope",
     "delayq.conflicts",
     "delayq.urls",
+    "delayq.tls",
+    "delayq.limits",
     "delayq.errors",
     "delayq.provisioning",
+    "delayq.verification",
+    "delayq.grants",
+    "delayq.depths",
+    "delayq.management",
+    "delayq.permissions",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 

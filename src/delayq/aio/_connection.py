@@ -10,11 +10,17 @@ import aio_pika
 import aiormq.exceptions as aex
 from aio_pika.abc import AbstractConnection
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import connection_plan, redact, tried_hosts, validate_url
+from delayq.urls import connection_plan, parse_url, redact, tried_hosts
 
-__all__ = ["CONNECTION_ERRORS", "close_quietly", "connect", "translate_channel_error"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "close_quietly",
+    "connect",
+    "is_blocked",
+    "translate_channel_error",
+]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aex.AMQPConnectionError,
@@ -32,22 +38,27 @@ async def connect(
     name: str = "delayq",
     attempts: int = 3,
     backoff_s: float = 0.25,
-    rng: random.Random | None = None,
     timeout_s: float = 10.0,
+    rng: random.Random | None = None,
 ) -> AbstractConnection:
     """Open a (non-robust) connection; delayq itself decides what to re-send on loss.
 
+    A TLS failure (an untrusted certificate, a client certificate the broker
+    wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
     Each of ``attempts`` rounds tries every host of ``url`` once, from a random
-    start (:func:`delayq.urls.connection_plan`), with a doubling back-off between rounds.
+    start (:func:`delayq.urls.connection_plan`).
     """
-    validate_url(url)
+    broker = parse_url(url)
     last: BaseException | None = None
     for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
         if pause_s:
             await asyncio.sleep(pause_s)
+        broker = parse_url(one)
+        context = broker.tls.context() if broker.tls is not None else None
         try:
             return await aio_pika.connect(
-                one,
+                broker.client_url,
+                ssl_context=context,
                 timeout=timeout_s,
                 client_properties={"connection_name": name, "product": "delayq"},
             )
@@ -58,6 +69,9 @@ async def connect(
         except aex.ChannelAccessRefused as exc:
             raise ConnectionFailed(f"broker at {redact(url)} refused access to the vhost") from exc
         except CONNECTION_ERRORS as exc:
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
         except ValueError as exc:
             raise ConnectionFailed(
@@ -65,7 +79,7 @@ async def connect(
             ) from None
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
-        f"{tried_hosts(url)} ({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 
@@ -80,7 +94,9 @@ def _reply_text(exc: aex.AMQPChannelError) -> str:
 def translate_channel_error(exc: aex.AMQPChannelError) -> DelayqError:
     """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
     text = _reply_text(exc)
-    found: DelayqError | None = missing_from_reply(text) or conflict_from_reply(text)
+    found: DelayqError | None = (
+        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
+    )
     if found is not None:
         return found
     return BrokerError(f"the broker closed the channel: {text}")
@@ -93,3 +109,12 @@ async def close_quietly(thing: Any) -> None:
             await thing.close()
     except Exception:
         pass
+
+
+def is_blocked(connection: AbstractConnection | None) -> bool:
+    """Whether the broker has blocked this connection (``connection.blocked``: a memory or
+    disk alarm). aiormq keeps that in a private event; if it cannot be read, False."""
+    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+    amqp = getattr(transport, "connection", None)  # aiormq's Connection
+    unblocked = getattr(amqp, "_Connection__connection_unblocked", None)
+    return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()

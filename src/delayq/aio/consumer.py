@@ -15,16 +15,20 @@ import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
-from delayq.aio._connection import CONNECTION_ERRORS, close_quietly, connect
+from delayq.aio._acks import AckCoalescer
+from delayq.aio._connection import close_quietly, connect
+from delayq.aio._store import StoreBatcher
 from delayq.aio.provision import apply_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
+    STALL_CHECK_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -34,8 +38,14 @@ from delayq.delivery import (
     idempotency_key,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, PublishError
-from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.errors import DelayqError, HandlerTimeout, PublishError, StoreError
+from delayq.idempotency import (
+    ClaimStatus,
+    IdempotencyStore,
+    TransactionalStore,
+    call_in_transaction,
+    check_transactional,
+)
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.topology import Topology
@@ -45,16 +55,10 @@ __all__ = ["AsyncConsumer"]
 
 log = logging.getLogger("delayq.consumer")
 
-MAX_RECONNECT_PAUSE_S = 10.0
-"""The longest pause between two reconnect attempts after the connection was lost."""
-
-_RECONNECT_ERRORS: tuple[type[BaseException], ...] = (
-    DelayqError,
-    aex.AMQPError,
-    *CONNECTION_ERRORS,
-)
-
-Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
+Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
+"""``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
+transactional."""
+TransactionalHandler = Callable[[Any, Any], object]
 
 
 class AsyncConsumer:
@@ -87,9 +91,12 @@ class AsyncConsumer:
         lease: object = None,
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
+        transactional: bool = False,
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
+        if transactional:
+            check_transactional(store, handler)
         settings = ConsumeSettings.parse(
             prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
@@ -106,27 +113,35 @@ class AsyncConsumer:
             clock_ms=clock_ms,
             rng=rng,
         )
-        self._store = store
+        self._store = None if store is None else StoreBatcher(store)
+        self._transactional = transactional
         self._key = key
         self._model = model
         self._prefetch = prefetch
-        self._slots = asyncio.Semaphore(concurrency or prefetch)
+        # The prefetch already bounds what runs at once; a semaphore only for less.
+        self._slots = (
+            asyncio.Semaphore(concurrency) if concurrency and concurrency < prefetch else None
+        )
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._timed_out: set[asyncio.Task[Any]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._stall_guard: asyncio.Task[None] | None = None
+        self._last_delivery = 0.0
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
         self._settings = settings
         self._pruner: asyncio.Task[None] | None = None
+        self._return_pause_s = 1.0
         self._clock_ms = clock_ms
         self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._releasing: set[asyncio.Future[Any]] = set()  # claims given back after a cancel
-        self._stopped = asyncio.Event()
+        self._acks = AckCoalescer()
         self._stopping = False
-        self._reconnector: asyncio.Task[None] | None = None
-        self.reconnects = 0
-        """How many times the connection was lost and a reconnect began."""
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
         self.stats = ConsumerStats()
 
     def __repr__(self) -> str:
@@ -135,50 +150,76 @@ class AsyncConsumer:
     # Life cycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Declare the topology, then start taking deliveries."""
+        """Declare the topology, then start taking deliveries.
+
+        Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
+        reached now; once started, a lost connection or channel is reopened in the
+        background (back-off up to ``RECONNECT_MAX_S``) until :meth:`stop`.
+        """
         self._stopping = False
-        self._connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
-        await apply_topology(self.topology, connection=self._connection)
-        await self._publisher.connect()
-        await self._consume(self._connection)
+        await self._open()
         self._stopped.clear()
+        self._watchdog = asyncio.create_task(self._watch_timeouts())
+        self._stall_guard = asyncio.create_task(self._watch_stalls())
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
 
-    async def _consume(self, connection: AbstractConnection) -> None:
-        """Take deliveries on ``connection``; when it is lost, reconnect (any host of the URL)."""
-        self._connection = connection
-        self._channel = await connection.channel(publisher_confirms=False)
-        await self._channel.set_qos(prefetch_count=self._prefetch)
-        queue = await self._channel.get_queue(self.queue, ensure=False)
-        self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
-        connection.close_callbacks.add(self._on_connection_closed)
+    async def _open(self) -> None:
+        connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
+        try:
+            await apply_topology(self.topology, connection=connection)
+            await self._publisher.connect()
+            channel = await connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=self._prefetch)
+            queue = await channel.get_queue(self.queue, ensure=False)
+            self._connection, self._channel = connection, channel
+            self._acks = AckCoalescer()  # delivery tags are per channel
+            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        except BaseException:
+            await close_quietly(connection)
+            raise
+        connection.close_callbacks.add(self._on_lost)
+        channel.close_callbacks.add(self._on_lost)
+        # The broker cancels a consumer when its queue goes away or restarts (a quorum
+        # queue losing its leader): the channel stays open but nothing arrives any more.
+        channel.channel.on_consumer_cancel_callbacks.add(self._on_cancelled)
 
-    def _on_connection_closed(self, connection: object, exc: BaseException | None) -> None:
-        if self._stopping or connection is not self._connection:
+    def _on_cancelled(self, frame: Any) -> None:
+        if self._stopping or getattr(frame, "consumer_tag", None) != self._consumer_tag:
             return
-        log.warning("lost the connection of %s (%r); reconnecting", self.queue, exc)
-        self.reconnects += 1
-        self._reconnector = asyncio.create_task(self._reconnect())
+        self._on_lost(self._connection, RuntimeError("the broker cancelled the consumer"))
+
+    def _on_lost(self, sender: object, exc: BaseException | None = None) -> None:
+        """The connection or the channel closed: unless stopping, open them again."""
+        if self._stopping or sender not in (self._connection, self._channel):
+            return
+        if self._reconnecting is None or self._reconnecting.done():
+            log.warning("lost the broker while consuming %s (%r); reconnecting", self.queue, exc)
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        # Unacked deliveries went back to the queue with the connection; the
-        # idempotency store absorbs those whose effect already happened.
-        pause_s = 0.5
+        delay = RECONNECT_MIN_S
+        old = self._connection
+        self._connection = self._channel = None
+        self._consumer_tag = None
+        await close_quietly(old)
         while not self._stopping:
-            connection: AbstractConnection | None = None
             try:
-                connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
-                await self._consume(connection)
-                log.info("consuming %s again", self.queue)
-                return
-            except _RECONNECT_ERRORS as exc:
-                log.warning("reconnecting %s failed (%r); again in %g s", self.queue, exc, pause_s)
-                self._connection = None
-                await close_quietly(connection)
-            await asyncio.sleep(pause_s)
-            pause_s = min(pause_s * 2, MAX_RECONNECT_PAUSE_S)
+                await self._open()
+            except Exception as exc:
+                log.warning(
+                    "reconnecting the consumer of %s failed (%s); next try in %.1f s",
+                    self.queue,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self.stats.reconnects += 1
+            log.info("reconnected; consuming %s again", self.queue)
+            return
 
     async def _prune_forever(self) -> None:
         """Forget keys past the retention period, every tenth of it (at most 10 min)."""
@@ -186,7 +227,7 @@ class AsyncConsumer:
         while True:
             try:
                 older_than = self._clock_ms() - self._settings.retention_ms
-                await self._store_call(self._store.prune, older_than_ms=older_than)
+                await self._store.prune(older_than_ms=older_than)
             except Exception as exc:
                 log.warning("pruning the idempotency store failed: %r", exc)
             await asyncio.sleep(self._settings.prune_every_ms / 1000)
@@ -198,9 +239,9 @@ class AsyncConsumer:
         deliveries go back to the queue unacked, to be delivered again.
         """
         self._stopping = True
-        if self._reconnector is not None:
-            self._reconnector.cancel()
-            self._reconnector = None
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            self._reconnecting = None
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None
@@ -217,9 +258,18 @@ class AsyncConsumer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._stall_guard is not None:
+            self._stall_guard.cancel()
+            self._stall_guard = None
+        await self._acks.drain()
         await close_quietly(self._channel)
         await close_quietly(self._connection)
         await self._publisher.aclose()
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
         self._stopped.set()
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
@@ -251,18 +301,20 @@ class AsyncConsumer:
         task = asyncio.current_task()
         if task is not None:
             self._in_flight.add(task)
+        self._acks.track(message)
+        self._last_delivery = asyncio.get_running_loop().time()
         try:
-            async with self._slots:
+            if self._slots is None:
                 await self._process(message)
+            else:
+                async with self._slots:
+                    await self._process(message)
+        except asyncio.CancelledError:
+            self._acks.forget(message)  # back to the queue when the channel closes
+            raise
         finally:
             if task is not None:
                 self._in_flight.discard(task)
-
-    async def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        assert self._store is not None
-        if self._store.blocking:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        return fn(*args, **kwargs)
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         delivery = Delivery(
@@ -271,17 +323,25 @@ class AsyncConsumer:
             routing_key=message.routing_key or "",
             message_id=message.message_id,
             content_type=message.content_type,
-            headers=dict(message.headers or {}),
+            headers=message.headers or {},
             redelivered=bool(message.redelivered),
         )
         try:
             value = decode_body(delivery, self._model)
+            key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
             await self._perform(message, self._planner.undecodable(delivery, exc))
             return
-        key = idempotency_key(value, delivery, self._key)
-        if key is not None and self._store is not None:
-            status = await self._claim(self._store, key)
+        store = self._store if key is not None else None
+        lease_until = 0
+        if store is not None and key is not None:
+            now = self._clock_ms()
+            lease_until = now + self._lease_ms
+            try:
+                status = await store.claim(key, lease_ms=self._lease_ms, now_ms=now)
+            except StoreError as exc:
+                await self._return(message, f"claiming its key failed: {exc}")
+                return
             if status is ClaimStatus.DONE:
                 await self._perform(message, self._planner.duplicate())
                 return
@@ -289,54 +349,109 @@ class AsyncConsumer:
                 await self._perform(message, self._planner.deferred(delivery))
                 return
         try:
-            await self._call_handler(value)
+            await self._call_handler(value, key, lease_until)
         except asyncio.CancelledError:
-            if key is not None and self._store is not None:
-                await self._store_call(self._store.release, key)
+            if store is not None and key is not None:
+                await self._release(store, key)
             raise  # shutting down: the delivery goes back to the queue unacked
         except Exception as exc:
-            if key is not None and self._store is not None:
-                await self._store_call(self._store.release, key)
+            if store is not None and key is not None:
+                await self._release(store, key)
             await self._perform(message, self._planner.failure(delivery, exc))
             return
-        if key is not None and self._store is not None:
-            await self._store_call(self._store.complete, key, now_ms=self._clock_ms())
+        if store is not None and key is not None and not self._transactional:
+            try:
+                await store.complete(key, now_ms=self._clock_ms())
+            except StoreError as exc:
+                await self._return(message, f"recording its key as done failed: {exc}")
+                return
         await self._perform(message, self._planner.success())
 
-    async def _claim(self, store: IdempotencyStore, key: str) -> ClaimStatus:
-        """Claim ``key``. If this delivery is cancelled meanwhile (aiormq cancels every
-        delivery in flight when the connection is lost), the claim still lands in the
-        store's thread: give it back then, or the key stays busy until its lease ends
-        and every redelivery of it is deferred until then."""
-        claiming = asyncio.ensure_future(
-            self._store_call(store.claim, key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
-        )
+    async def _release(self, store: StoreBatcher, key: str) -> None:
         try:
-            status: ClaimStatus = await asyncio.shield(claiming)
-        except asyncio.CancelledError:
+            await store.release(key)
+        except StoreError as exc:  # the claim's lease ends by itself
+            log.warning("releasing key %r failed: %s", key, exc)
 
-            def give_back(done: asyncio.Future[Any]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    if done.result() is ClaimStatus.CLAIMED:
-                        releasing = asyncio.ensure_future(self._store_call(store.release, key))
-                        self._releasing.add(releasing)
-                        releasing.add_done_callback(self._releasing.discard)
-
-            claiming.add_done_callback(give_back)
-            raise
-        return status
-
-    async def _call_handler(self, value: Any) -> None:
-        timeout_s = self._timeout_ms / 1000
+    async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
+        """Run the handler; the watchdog cancels it past ``handler_timeout``."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._deadlines[task] = asyncio.get_running_loop().time() + self._timeout_ms / 1000
         try:
-            if self._is_async:
-                await asyncio.wait_for(self._handler(value), timeout_s)
+            if self._transactional:
+                assert self._store is not None and key is not None
+                await asyncio.to_thread(
+                    call_in_transaction,
+                    cast(TransactionalStore, self._store.store),
+                    cast(TransactionalHandler, self._handler),
+                    value,
+                    key=key,
+                    lease_until_ms=lease_until,
+                    now_ms=self._clock_ms(),
+                )
+            elif self._is_async:
+                await self._handler(value)
             else:
-                await asyncio.wait_for(asyncio.to_thread(self._handler, value), timeout_s)
-        except asyncio.TimeoutError:
+                await asyncio.to_thread(self._handler, value)
+        except asyncio.CancelledError:
+            if task not in self._timed_out:
+                raise
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
             raise HandlerTimeout(
-                f"handler for {self.queue!r} ran longer than {timeout_s:g} s"
+                f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
             ) from None
+        finally:
+            self._deadlines.pop(task, None)
+            self._timed_out.discard(task)
+
+    async def _watch_stalls(self) -> None:
+        """Re-subscribe when the queue holds ready messages but none has arrived for a while
+        and nothing is in flight: a consumer the broker forgot without telling (seen with
+        quorum queues after many connection losses in a row) must not sit idle forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(STALL_CHECK_S)
+            channel = self._channel
+            if (
+                self._in_flight
+                or channel is None
+                or (self._reconnecting is not None and not self._reconnecting.done())
+                or loop.time() - self._last_delivery < STALL_CHECK_S
+            ):
+                continue
+            try:
+                queue = await channel.declare_queue(self.queue, passive=True)
+                waiting = queue.declaration_result.message_count or 0
+            except Exception as exc:
+                log.debug("stall check on %s failed: %r", self.queue, exc)
+                continue
+            idle_s = loop.time() - self._last_delivery
+            if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
+                why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
+                self._on_lost(self._connection, RuntimeError(why))
+
+    async def _watch_timeouts(self) -> None:
+        """One timer for all handlers: cancel those past their deadline."""
+        loop = asyncio.get_running_loop()
+        period = min(1.0, max(0.01, self._timeout_ms / 10_000))
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            late = [task for task, deadline in self._deadlines.items() if deadline <= now]
+            for task in late:
+                del self._deadlines[task]
+                self._timed_out.add(task)
+                task.cancel()
+
+    async def _return(self, message: AbstractIncomingMessage, why: str) -> None:
+        """Put a delivery back on the queue: its fate could not be made safe now."""
+        log.error("returning %s to %s: %s", message.message_id, self.queue, why)
+        self.stats.returned += 1
+        await asyncio.sleep(self._return_pause_s)
+        await self._acks.nack(message, requeue=True)
 
     async def _perform(self, message: AbstractIncomingMessage, decision: Decision) -> None:
         if decision.message is not None:
@@ -345,15 +460,7 @@ class AsyncConsumer:
             except (PublishError, DelayqError) as exc:
                 # Not safely elsewhere: back to the queue (the broker's delivery
                 # limit dead-letters it if this keeps happening).
-                log.error(
-                    "could not republish %s (%s); returning it to %s",
-                    decision.message.message_id,
-                    exc,
-                    self.queue,
-                )
-                self.stats.returned += 1
-                await asyncio.sleep(1.0)
-                await message.nack(requeue=True)
+                await self._return(message, f"its republish was not confirmed: {exc}")
                 return
-        await message.ack()
+        self._acks.ack(message)
         self.stats.record(decision)

@@ -64,7 +64,10 @@ async def _declare(chan: AbstractChannel, decl: ExchangeDecl | QueueDecl, passiv
 async def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
     if isinstance(decl, BindingDecl):
         queue = await (await channels.get()).get_queue(decl.destination, ensure=False)
-        await queue.bind(decl.source, decl.routing_key)
+        try:
+            await queue.bind(decl.source, decl.routing_key)
+        except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
+            raise translate_channel_error(exc) from exc
         return ApplyResult(decl, ApplyStatus.BOUND)
     try:
         await _declare(await channels.get(), decl, passive=True)

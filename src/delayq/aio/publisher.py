@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
@@ -19,10 +19,10 @@ from delayq.aio._connection import (
     CONNECTION_ERRORS,
     close_quietly,
     connect,
+    is_blocked,
     translate_channel_error,
 )
 from delayq.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -31,6 +31,7 @@ from delayq.envelope import (
     new_message_id,
 )
 from delayq.errors import (
+    AccessRefused,
     ConnectionFailed,
     PublishBatchError,
     PublishError,
@@ -45,16 +46,37 @@ __all__ = ["AsyncPublisher"]
 log = logging.getLogger("delayq.publisher")
 
 
+def _pamqp_value(value: Any) -> Any:
+    """pamqp encodes byte strings only as ``bytearray`` (pika only as ``bytes``)."""
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, list):
+        return [_pamqp_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _pamqp_value(v) for k, v in value.items()}
+    return value
+
+
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
+    headers = msg.headers
+    if any(isinstance(v, (bytes, list, dict)) for v in headers.values()):
+        headers = {k: _pamqp_value(v) for k, v in headers.items()}
     return aio_pika.Message(
         msg.body,
-        headers=msg.headers,
+        headers=headers,
         content_type=msg.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=msg.message_id,
         timestamp=datetime.fromtimestamp(msg.timestamp_s, tz=timezone.utc),
     )
 
+
+CHANNEL_REFUSED: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RuntimeError)
+"""Opening a channel on a connection the broker closed raises these (aiormq: RuntimeError)."""
+
+
+class _BlockedBatch(Exception):
+    """A batch's watchdog found the broker blocking publishers past the bound."""
 
 class AsyncPublisher:
     """Publishes delayed messages through aio-pika; every publish is confirmed.
@@ -64,6 +86,10 @@ class AsyncPublisher:
 
     Concurrent ``publish`` calls share one channel and pipeline their confirms;
     ``publish_many`` keeps up to ``window`` messages unconfirmed.
+
+    Bodies and headers are checked against ``topology.limits`` before anything
+    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     """
 
     def __init__(
@@ -71,7 +97,7 @@ class AsyncPublisher:
         url: str | None = None,
         topology: Topology | None = None,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,
@@ -109,10 +135,19 @@ class AsyncPublisher:
         async with self._lock:  # one reconnect for many concurrent publishes
             if self._channel is not None and not self._channel.is_closed:
                 return self._channel
-            if self._connection is None or self._connection.is_closed:
-                self._connection = await connect(
-                    self._url, name="delayq-publisher", attempts=self._connect_attempts
-                )
+            connection = self._connection
+            if connection is not None and not connection.is_closed:
+                try:
+                    self._channel = await connection.channel(
+                        publisher_confirms=True, on_return_raises=True
+                    )
+                    self._exchanges = {}
+                    return self._channel
+                except CHANNEL_REFUSED:  # the connection closed, not yet noticed here
+                    await close_quietly(connection)
+            self._connection = await connect(
+                self._url, name="delayq-publisher", attempts=self._connect_attempts
+            )
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
@@ -218,7 +253,7 @@ class AsyncPublisher:
                 raise outcomes.rejected(msg) from exc
             except aex.AMQPChannelError as exc:
                 error = translate_channel_error(exc)
-                if isinstance(error, TopologyMissing):
+                if isinstance(error, (TopologyMissing, AccessRefused)):
                     raise error from exc
                 raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
@@ -227,6 +262,10 @@ class AsyncPublisher:
                 last = exc
                 break
             except CONNECTION_ERRORS as exc:
+                if isinstance(exc, asyncio.TimeoutError) and is_blocked(connection):
+                    # Retrying cannot help while the broker blocks publishers.
+                    await self._drop_connection(connection)
+                    raise outcomes.blocked(msg, timeout_s or 0, redact(self._url)) from exc
                 last = exc
                 log.warning(
                     "publish of %s failed (%s), attempt %d of %d",
@@ -237,6 +276,29 @@ class AsyncPublisher:
                 )
                 await self._drop_connection(connection)
         raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
+
+    @staticmethod
+    async def _run_senders(
+        sender: Callable[[], Coroutine[Any, Any, None]],
+        watchdog: Callable[[], Coroutine[Any, Any, None]],
+        count: int,
+    ) -> None:
+        """Run ``count`` senders to the end; the first error (``AccessRefused`` first)
+        cancels the others, which would only fail the same way or race a closing channel."""
+        guard = asyncio.create_task(watchdog())
+        senders = [asyncio.create_task(sender()) for _ in range(count)]
+        try:
+            done, _ = await asyncio.wait([*senders, guard], return_when=asyncio.FIRST_EXCEPTION)
+            if guard in done and guard.exception() is not None:
+                raise guard.exception()  # type: ignore[misc]
+        finally:
+            guard.cancel()
+            for task in senders:
+                task.cancel()
+            await asyncio.gather(guard, *senders, return_exceptions=True)
+        errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, AccessRefused)), errors[0])
 
     async def publish_many(
         self, messages: Iterable[Message], *, window: int = 1000
@@ -252,6 +314,7 @@ class AsyncPublisher:
             return []
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
+        in_flight: set[int] = set()
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
@@ -260,6 +323,7 @@ class AsyncPublisher:
             # outstanding, with no task or semaphore per message.
             nonlocal last_progress
             for index, msg in queue:
+                in_flight.add(index)
                 try:
                     # No per-message confirm timer (one each costs more than the
                     # publish): the watchdog below guards the batch as a whole.
@@ -268,6 +332,7 @@ class AsyncPublisher:
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
                     failures[index] = exc
+                in_flight.discard(index)
                 last_progress = time.monotonic()
 
         async def watchdog() -> None:
@@ -275,6 +340,11 @@ class AsyncPublisher:
             while True:
                 await asyncio.sleep(1.0)
                 if time.monotonic() - last_progress > self._confirm_timeout_s:
+                    if is_blocked(self._connection):
+                        # Re-sending cannot help while the broker blocks publishers
+                        # (a fresh connection is blocked at its first publish too):
+                        # what is still unconfirmed fails with PublishBlocked.
+                        raise _BlockedBatch
                     log.warning(
                         "no confirm for %.0f s; reconnecting to re-send the batch's "
                         "unconfirmed messages",
@@ -283,11 +353,13 @@ class AsyncPublisher:
                     last_progress = time.monotonic()
                     await self._drop_connection(self._connection)
 
-        guard = asyncio.create_task(watchdog())
         try:
-            await asyncio.gather(*(sender() for _ in range(min(max(1, window), len(built)))))
-        finally:
-            guard.cancel()
+            await self._run_senders(sender, watchdog, min(max(1, window), len(built)))
+        except _BlockedBatch:
+            url = redact(self._url)
+            for index, msg in [*((i, built[i]) for i in in_flight), *queue]:
+                failures[index] = outcomes.blocked(msg, self._confirm_timeout_s, url)
+            await self._drop_connection(self._connection)
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)

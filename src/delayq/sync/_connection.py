@@ -9,9 +9,9 @@ from typing import Any
 import pika
 import pika.exceptions as pex
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply
+from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import connection_plan, hosts_in_turn, redact, tried_hosts, validate_url
+from delayq.urls import BrokerURL, connection_plan, hosts_in_turn, parse_url, redact, tried_hosts
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -35,27 +35,47 @@ BLOCKED_CONNECTION_TIMEOUT_S = 30
 """How long a publish waits while the broker blocks publishers (memory or disk alarm)."""
 
 
-def parameters(url: str, *, name: str) -> pika.URLParameters:
-    """pika parameters for a single-host ``url``, with delayq's defaults where it says nothing."""
-    validate_url(url)
+def parameters(
+    url: str, *, name: str, blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S
+) -> pika.URLParameters:
+    """pika parameters for ``url`` (TLS options applied), with delayq's defaults."""
+    return _parameters(parse_url(url), url, name, blocked_timeout_s)
+
+
+def _parameters(
+    broker: BrokerURL,
+    url: str,
+    name: str,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
+) -> pika.URLParameters:
     try:
-        params = pika.URLParameters(url)
+        params = pika.URLParameters(broker.client_url)
     except Exception as exc:  # pika raises ValueError, TypeError, KeyError on bad URLs
         raise ConnectionFailed(
             f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
         ) from None
-    if "blocked_connection_timeout" not in url:
-        params.blocked_connection_timeout = BLOCKED_CONNECTION_TIMEOUT_S
+    if broker.tls is not None:
+        params.ssl_options = pika.SSLOptions(
+            broker.tls.context(), server_hostname=broker.tls.server_hostname or broker.host
+        )
+    params.blocked_connection_timeout = blocked_timeout_s
     params.client_properties = {"connection_name": name, "product": "delayq"}
     return params
 
 
 def host_parameters(
-    url: str, *, name: str, rng: random.Random | None = None
+    url: str,
+    *,
+    name: str,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
+    rng: random.Random | None = None,
 ) -> list[pika.URLParameters]:
     """pika parameters for each host of ``url``, from a random start."""
-    validate_url(url)
-    return [parameters(one, name=name) for one in hosts_in_turn(url, rng)]
+    parse_url(url)
+    return [
+        parameters(one, name=name, blocked_timeout_s=blocked_timeout_s)
+        for one in hosts_in_turn(url, rng)
+    ]
 
 
 def connect(
@@ -64,20 +84,24 @@ def connect(
     name: str = "delayq",
     attempts: int = 3,
     backoff_s: float = 0.25,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
     rng: random.Random | None = None,
 ) -> pika.BlockingConnection:
     """Open a blocking connection, retrying ``attempts`` times with doubling back-off.
 
+    A TLS failure (an untrusted certificate, a client certificate the broker
+    wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
     Each round tries every host of ``url`` once, from a random start
     (:func:`delayq.urls.connection_plan`).
     """
-    validate_url(url)
+    broker = parse_url(url)
     last: BaseException | None = None
     for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
         if pause_s:
             time.sleep(pause_s)
+        broker = parse_url(one)
         try:
-            return pika.BlockingConnection(parameters(one, name=name))
+            return pika.BlockingConnection(_parameters(broker, one, name, blocked_timeout_s))
         except pex.ProbableAuthenticationError as exc:
             raise ConnectionFailed(
                 f"broker at {redact(url)} refused the credentials (wrong user or password?)"
@@ -88,17 +112,22 @@ def connect(
                 "this user use it?)"
             ) from exc
         except CONNECTION_ERRORS as exc:
+            failure = broker.tls_failure(exc)
+            if failure is not None:
+                raise ConnectionFailed(failure) from exc
             last = exc
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
-        f"{tried_hosts(url)} ({type(last).__name__}); is RabbitMQ running and the URL right?"
+        f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 
 def translate_channel_error(exc: pex.ChannelClosedByBroker) -> DelayqError:
     """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
     text: str = exc.reply_text or ""
-    found: DelayqError | None = missing_from_reply(text) or conflict_from_reply(text)
+    found: DelayqError | None = (
+        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
+    )
     if found is not None:
         return found
     return BrokerError(f"the broker closed the channel: ({exc.reply_code}) {text}")

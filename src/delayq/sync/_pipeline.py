@@ -19,9 +19,10 @@ import pika.exceptions as pex
 from pika.spec import Basic
 
 from delayq import outcomes
-from delayq.conflicts import missing_from_reply
+from delayq.conflicts import missing_from_reply, refused_from_reply
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
+    AccessRefused,
     ConnectionFailed,
     PublishBatchError,
     PublishError,
@@ -99,8 +100,8 @@ class _Round:
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
         if isinstance(reason, pex.ChannelClosedByBroker):
-            missing = missing_from_reply(reason.reply_text or "")
-            self.fatal = missing or PublishRejected(
+            text = reason.reply_text or ""
+            self.fatal = missing_from_reply(text) or refused_from_reply(text) or PublishRejected(
                 f"the broker closed the channel: ({reason.reply_code}) {reason.reply_text}"
             )
         self._finish()
@@ -189,14 +190,16 @@ def publish_pipelined(
     attempts: int,
     backoff_s: float,
     url_for_errors: str,
+    explain: Callable[[BaseException], str | None] = lambda _exc: None,
 ) -> None:
     """Publish ``messages`` with up to ``window`` unconfirmed; raise for any not confirmed.
 
     A lost connection costs an attempt only when its round confirmed nothing, so
     a long batch survives several drops; what was in flight is sent again (same
-    message ids: idempotent consumers skip the duplicates). Each round after a
-    lost one goes to the next of ``hosts`` (the nodes of a cluster); an attempt is
-    a pass over all of them.
+    message ids: idempotent consumers skip the duplicates). ``explain`` names a
+    failure that no retry can mend (TLS): nothing sent yet, it raises at once.
+    Each round after a lost one goes to the next of ``hosts`` (the nodes of a
+    cluster); an attempt is a pass over all of them.
     """
     results: dict[int, PublishError | None] = {}
     todo = list(range(len(messages)))
@@ -210,12 +213,15 @@ def publish_pipelined(
         rounds += 1
         rnd.run()
         handed_over = handed_over or rnd.next_tag > 1
-        if isinstance(rnd.fatal, TopologyMissing):
+        if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
             raise rnd.fatal
         todo = [i for i in todo if i not in results]
         if not todo:
             break
         last = rnd.fatal or rnd.lost
+        reason = explain(last) if last is not None and not handed_over else None
+        if reason is not None:
+            raise ConnectionFailed(reason) from last
         barren_rounds = 0 if len(results) > before else barren_rounds + 1
         if barren_rounds >= attempts * len(hosts):
             break

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import pika
 import pika.exceptions as pex
@@ -25,6 +25,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pydantic import BaseModel
 
 from delayq.delivery import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
+    STALL_CHECK_S,
     ConsumeSettings,
     Decision,
     Delivery,
@@ -34,17 +37,40 @@ from delayq.delivery import (
     idempotency_key,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput
-from delayq.idempotency import ClaimStatus, IdempotencyStore
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
+from delayq.idempotency import (
+    Claim,
+    ClaimStatus,
+    Complete,
+    IdempotencyStore,
+    Release,
+    TransactionalStore,
+    call_in_transaction,
+    check_transactional,
+    run_ops,
+    store_error,
+)
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
-from delayq.sync._connection import close_quietly, connect
+from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["Consumer"]
+
+class StalledConsumer(Exception):
+    """The queue holds ready messages but the broker delivers none: subscribe again."""
+
+
+LOST: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    StalledConsumer,
+    pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
+    pex.ChannelWrongStateError,
+)
+"""Errors after which the consumer reopens its connection and channel."""
 
 log = logging.getLogger("delayq.consumer")
 
@@ -67,7 +93,7 @@ class Consumer:
         url: str | None,
         topology: Topology,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: Callable[..., Any],
         *,
         policy: RetryPolicy | None = None,
         store: IdempotencyStore | None = None,
@@ -78,11 +104,14 @@ class Consumer:
         lease: object = None,
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
+        transactional: bool = False,
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
         if inspect.iscoroutinefunction(handler):
             raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
+        if transactional:
+            check_transactional(store, handler)
         settings = ConsumeSettings.parse(
             prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
         )
@@ -99,6 +128,7 @@ class Consumer:
             rng=rng,
         )
         self._store = store
+        self._transactional = transactional
         self._key = key
         self._model = model
         self._prefetch = prefetch
@@ -106,6 +136,7 @@ class Consumer:
         self._lease_ms = settings.lease_ms
         self._settings = settings
         self._next_prune = 0.0
+        self._return_pause_s = 1.0
         self._clock_ms = clock_ms
         self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
         self._connection: pika.BlockingConnection | None = None
@@ -121,15 +152,28 @@ class Consumer:
     # Life cycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Declare the topology and open the consuming channel."""
-        self._connection = connect(self._url, name=f"delayq-consumer {self.queue}")
-        apply_topology(self.topology, connection=self._connection)
-        self._publisher.connect()
-        self._channel = self._connection.channel()
-        self._channel.basic_qos(prefetch_count=self._prefetch)
+        """Declare the topology and open the consuming channel.
+
+        Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
+        reached now; once running, a lost connection or channel is reopened (back-off
+        up to ``RECONNECT_MAX_S``) until a stop is requested.
+        """
         self._stop.clear()
+        self._open()
         self.started.set()
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+
+    def _open(self) -> None:
+        connection = connect(self._url, name=f"delayq-consumer {self.queue}")
+        try:
+            apply_topology(self.topology, connection=connection)
+            self._publisher.connect()
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self._prefetch)
+        except BaseException:
+            close_quietly(connection)
+            raise
+        self._connection, self._channel = connection, channel
 
     def request_stop(self) -> None:
         """Stop after the delivery in hand (safe from any thread or a signal handler)."""
@@ -151,17 +195,72 @@ class Consumer:
         try:
             if self._channel is None:
                 self.start()
-            assert self._channel is not None
-            for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
-                if method is not None:
-                    self._process(method, props, body)
-                if self._stop.is_set():
-                    break
-                self._prune_when_due()
+            while not self._stop.is_set():
+                try:
+                    self._consume()
+                    if self._stop.is_set():
+                        break
+                    # The generator ended by itself: the broker cancelled the consumer
+                    # (its queue went away or restarted, a quorum queue losing its leader).
+                    log.warning("the broker cancelled the consumer of %s; reconnecting", self.queue)
+                except LOST as exc:
+                    if self._stop.is_set():
+                        break
+                    log.warning(
+                        "lost the broker while consuming %s (%r); reconnecting", self.queue, exc
+                    )
+                self._reconnect()
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
             self.close()
+
+    def _consume(self) -> None:
+        assert self._channel is not None
+        last_delivery = time.monotonic()
+        for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
+            if method is not None:
+                self._process(method, props, body)
+                last_delivery = time.monotonic()
+            if self._stop.is_set():
+                return
+            self._prune_when_due()
+            if time.monotonic() - last_delivery >= STALL_CHECK_S:
+                last_delivery = time.monotonic()
+                if self._stalled():
+                    raise StalledConsumer(f"messages ready in {self.queue} but none delivered")
+
+    def _stalled(self) -> bool:
+        """Ready messages, none delivered for a while (see AsyncConsumer._watch_stalls)."""
+        assert self._connection is not None
+        probe = self._connection.channel()
+        try:
+            ok = probe.queue_declare(self.queue, passive=True)
+            return int(ok.method.message_count) > 0
+        finally:
+            close_quietly(probe)
+
+    def _reconnect(self) -> None:
+        close_quietly(self._channel)
+        close_quietly(self._connection)
+        self._channel = self._connection = None
+        delay = RECONNECT_MIN_S
+        while not self._stop.is_set():
+            try:
+                self._open()
+            except DelayqError as exc:
+                log.warning(
+                    "reconnecting the consumer of %s failed (%s); next try in %.1f s",
+                    self.queue,
+                    exc,
+                    delay,
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self.stats.reconnects += 1
+            log.info("reconnected; consuming %s again", self.queue)
+            return
 
     def close(self) -> None:
         """Cancel consuming (unacked deliveries go back to the queue) and close."""
@@ -185,8 +284,11 @@ class Consumer:
             return
         self._next_prune = time.monotonic() + self._settings.prune_every_ms / 1000
         try:
-            self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
-        except Exception as exc:
+            try:
+                self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
+            except Exception as exc:
+                raise store_error(self._store, exc) from exc
+        except StoreError as exc:
             log.warning("pruning the idempotency store failed: %r", exc)
 
     # Deliveries ---------------------------------------------------------------
@@ -198,19 +300,24 @@ class Consumer:
             routing_key=method.routing_key or "",
             message_id=props.message_id,
             content_type=props.content_type,
-            headers=dict(props.headers or {}),
+            headers=props.headers or {},
             redelivered=bool(method.redelivered),
         )
         tag = method.delivery_tag
         try:
             value = decode_body(delivery, self._model)
+            key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
             self._perform(tag, self._planner.undecodable(delivery, exc))
             return
-        key = idempotency_key(value, delivery, self._key)
         store = self._store if key is not None else None
-        if store is not None and key is not None:
-            status = store.claim(key, lease_ms=self._lease_ms, now_ms=self._clock_ms())
+        claim = Claim(key or "", self._lease_ms, self._clock_ms())
+        if store is not None:
+            try:
+                status = run_ops(store, [claim])[0]
+            except StoreError as exc:
+                self._return(tag, delivery.message_id, f"claiming its key failed: {exc}")
+                return
             if status is ClaimStatus.DONE:
                 self._perform(tag, self._planner.duplicate())
                 return
@@ -218,20 +325,39 @@ class Consumer:
                 self._perform(tag, self._planner.deferred(delivery))
                 return
         try:
-            self._call_handler(value)
+            self._call_handler(value, claim)
         except Exception as exc:
-            if store is not None and key is not None:
-                store.release(key)
+            if store is not None:
+                try:
+                    run_ops(store, [Release(claim.key)])
+                except StoreError as release_error:  # the claim's lease ends by itself
+                    log.warning("releasing key %r failed: %s", claim.key, release_error)
             self._perform(tag, self._planner.failure(delivery, exc))
             return
-        if store is not None and key is not None:
-            store.complete(key, now_ms=self._clock_ms())
+        if store is not None and not self._transactional:
+            try:
+                run_ops(store, [Complete(claim.key, self._clock_ms())])
+            except StoreError as exc:
+                self._return(tag, delivery.message_id, f"recording its key as done failed: {exc}")
+                return
         self._perform(tag, self._planner.success())
 
-    def _call_handler(self, value: Any) -> None:
+    def _call_handler(self, value: Any, claim: Claim) -> None:
         assert self._connection is not None
-        future = self._pool.submit(self._handler, value)
+        if self._transactional:
+            future = self._pool.submit(
+                call_in_transaction,
+                cast(TransactionalStore, self._store),
+                self._handler,
+                value,
+                key=claim.key,
+                lease_until_ms=claim.lease_until_ms,
+                now_ms=self._clock_ms(),
+            )
+        else:
+            future = self._pool.submit(self._handler, value)
         deadline = time.monotonic() + self._timeout_ms / 1000
+        connected = True
         while not future.done():
             if time.monotonic() >= deadline:
                 # The thread cannot be stopped: leave it and take a fresh one.
@@ -242,8 +368,25 @@ class Consumer:
                 raise HandlerTimeout(
                     f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
                 )
-            self._connection.sleep(0.01)  # keeps heartbeats flowing
+            if connected:
+                try:
+                    self._connection.sleep(0.01)  # keeps heartbeats flowing
+                except LOST:
+                    # The handler goes on; its key is still recorded when it ends, so
+                    # the redelivery after the reconnect is a skipped duplicate.
+                    connected = False
+            else:
+                concurrent.futures.wait([future], timeout=0.01)
         future.result()
+
+    def _return(self, tag: int, message_id: str | None, why: str) -> None:
+        """Put a delivery back on the queue: its fate could not be made safe now."""
+        assert self._channel is not None
+        log.error("returning %s to %s: %s", message_id, self.queue, why)
+        self.stats.returned += 1
+        if self._connection is not None:
+            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
+        self._channel.basic_nack(tag, requeue=True)
 
     def _perform(self, tag: int, decision: Decision) -> None:
         assert self._channel is not None
@@ -251,15 +394,10 @@ class Consumer:
             try:
                 self._publisher.send(decision.message)
             except DelayqError as exc:
-                log.error(
-                    "could not republish %s (%s); returning it to %s",
-                    decision.message.message_id,
-                    exc,
-                    self.queue,
-                )
-                self.stats.returned += 1
-                self._connection.sleep(1.0) if self._connection else time.sleep(1.0)
-                self._channel.basic_nack(tag, requeue=True)
+                # Not safely elsewhere: back to the queue (the broker's delivery
+                # limit dead-letters it if this keeps happening).
+                why = f"its republish was not confirmed: {exc}"
+                self._return(tag, decision.message.message_id, why)
                 return
         self._channel.basic_ack(tag)
         self.stats.record(decision)

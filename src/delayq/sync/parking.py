@@ -20,7 +20,7 @@ from delayq.delivery import Delivery
 from delayq.envelope import epoch_ms
 from delayq.errors import TopologyMissing
 from delayq.parked import ParkedMessage, replay_message
-from delayq.sync._connection import close_quietly, connect
+from delayq.sync._connection import close_quietly, connect, translate_channel_error
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import resolve_url
@@ -72,6 +72,8 @@ def browse(url: str | None, queue: str, *, limit: int = 100) -> list[ParkedMessa
                 break
             found.append(_parked(queue, method, props, body))
         channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
+    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise translate_channel_error(exc) from exc
     finally:
         close_quietly(connection)
     return found
@@ -123,6 +125,8 @@ def replay(
                 if interval:
                     time.sleep(max(0.0, interval - (time.monotonic() - started)))
         channel.basic_nack(0, multiple=True, requeue=True)
+    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise translate_channel_error(exc) from exc
     finally:
         close_quietly(connection)
     if wanted is not None:
@@ -135,5 +139,7 @@ def purge(url: str | None, queue: str) -> int:
     connection, channel, _ = _open(url, queue)
     try:
         return int(channel.queue_purge(queue).method.message_count)
+    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise translate_channel_error(exc) from exc
     finally:
         close_quietly(connection)

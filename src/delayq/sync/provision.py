@@ -27,7 +27,7 @@ from delayq.urls import redact, resolve_url
 __all__ = ["apply_topology", "delete_topology"]
 
 
-class _Channels:
+class Channels:
     """One channel at a time; a new one whenever the broker closes the current one."""
 
     def __init__(self, connection: pika.BlockingConnection) -> None:
@@ -44,7 +44,8 @@ class _Channels:
         close_quietly(self._channel)
 
 
-def _declare(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
+def declare_entity(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
+    """Declare one exchange or queue; ``passive`` only checks that it exists."""
     if isinstance(decl, ExchangeDecl):
         chan.exchange_declare(
             decl.name,
@@ -62,25 +63,43 @@ def _declare(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: boo
         )
 
 
-def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
-    if isinstance(decl, BindingDecl):
-        channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
-        return ApplyResult(decl, ApplyStatus.BOUND)
+def declare_checked(
+    channels: Channels, decl: ExchangeDecl | QueueDecl, *, create: bool = True
+) -> ApplyResult | None:
+    """A passive declare, then a declare with the topology's arguments.
+
+    Created, present, or conflict (the broker refused the arguments: nothing
+    changed). With ``create=False`` a missing entity stays missing: ``None``.
+    """
     try:
-        _declare(channels.channel, decl, passive=True)
+        declare_entity(channels.channel, decl, passive=True)
         existed = True
     except pex.ChannelClosedByBroker as exc:
         if exc.reply_code != 404:
             raise translate_channel_error(exc) from exc
         existed = False
+    if not existed and not create:
+        return None
     try:
-        _declare(channels.channel, decl, passive=False)
+        declare_entity(channels.channel, decl, passive=False)
     except pex.ChannelClosedByBroker as exc:
         error = translate_channel_error(exc)
         if isinstance(error, TopologyConflict):
             return ApplyResult(decl, ApplyStatus.CONFLICT, error)
         raise error from exc
     return ApplyResult(decl, ApplyStatus.PRESENT if existed else ApplyStatus.CREATED)
+
+
+def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
+    if isinstance(decl, BindingDecl):
+        try:
+            channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
+        except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED
+            raise translate_channel_error(exc) from exc
+        return ApplyResult(decl, ApplyStatus.BOUND)
+    result = declare_checked(channels, decl)
+    assert result is not None  # created when missing
+    return result
 
 
 def apply_topology(
@@ -101,7 +120,7 @@ def apply_topology(
     resolved = resolve_url(url)
     own = connection is None
     conn = connect(resolved, name="delayq-provision") if connection is None else connection
-    channels = _Channels(conn)
+    channels = Channels(conn)
     report = ApplyReport()
     try:
         for decl in build_declarations(topology):
@@ -132,7 +151,7 @@ def delete_topology(
     """
     own = connection is None
     conn = connect(resolve_url(url), name="delayq-teardown") if connection is None else connection
-    channels = _Channels(conn)
+    channels = Channels(conn)
     try:
         for decl in reversed(build_declarations(topology)):
             if isinstance(decl, ExchangeDecl):

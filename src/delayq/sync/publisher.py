@@ -14,7 +14,6 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq import outcomes
 from delayq.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -22,11 +21,9 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import (
-    ConnectionFailed,
-    TopologyMissing,
-)
+from delayq.errors import AccessRefused, ConnectionFailed, TopologyMissing
 from delayq.sync._connection import (
+    BLOCKED_CONNECTION_TIMEOUT_S,
     CONNECTION_ERRORS,
     close_quietly,
     connect,
@@ -35,7 +32,7 @@ from delayq.sync._connection import (
 )
 from delayq.sync._pipeline import publish_pipelined
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import parse_url, redact, resolve_url
 
 __all__ = ["Publisher"]
 
@@ -60,6 +57,10 @@ class Publisher:
 
     ``publish_many`` pipelines confirms and is several times faster for batches.
     Not thread-safe: use one publisher per thread.
+
+    Bodies and headers are checked against ``topology.limits`` before anything
+    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     """
 
     def __init__(
@@ -67,14 +68,16 @@ class Publisher:
         url: str | None = None,
         topology: Topology | None = None,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
         retry_backoff_s: float = 0.2,
+        blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
     ) -> None:
         self._url = resolve_url(url)
+        self._blocked_timeout_s = blocked_timeout_s
         self.topology = topology if topology is not None else Topology()
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
@@ -97,7 +100,10 @@ class Publisher:
     def _ensure_channel(self) -> BlockingChannel:
         if self._connection is None or not self._connection.is_open:
             self._connection = connect(
-                self._url, name="delayq-publisher", attempts=self._connect_attempts
+                self._url,
+                name="delayq-publisher",
+                attempts=self._connect_attempts,
+                blocked_timeout_s=self._blocked_timeout_s,
             )
             self._channel = None
         if self._channel is None or not self._channel.is_open:
@@ -142,7 +148,8 @@ class Publisher:
         immediate. Raises a :class:`~delayq.errors.InvalidInput` subclass before
         sending anything on bad input, :class:`~delayq.errors.Unroutable`,
         :class:`~delayq.errors.PublishRejected`,
-        :class:`~delayq.errors.TopologyMissing` or
+        :class:`~delayq.errors.TopologyMissing`,
+        :class:`~delayq.errors.AccessRefused` (the user may not publish there) or
         :class:`~delayq.errors.PublishUnconfirmed` when the broker did not take it.
         """
         msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
@@ -168,10 +175,13 @@ class Publisher:
                 raise outcomes.unroutable(msg) from exc
             except pex.NackError as exc:
                 raise outcomes.rejected(msg) from exc
+            except pex.ConnectionBlockedTimeout as exc:  # retrying cannot help while blocked
+                self._drop_connection()
+                raise outcomes.blocked(msg, self._blocked_timeout_s, redact(self._url)) from exc
             except pex.ChannelClosedByBroker as exc:
                 self._channel = None
                 error = translate_channel_error(exc)
-                if isinstance(error, TopologyMissing):
+                if isinstance(error, (TopologyMissing, AccessRefused)):
                     raise error from exc
                 raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
@@ -204,13 +214,17 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        broker = parse_url(self._url)
         publish_pipelined(
-            host_parameters(self._url, name="delayq-publisher-batch"),
+            host_parameters(
+                self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
+            ),
             built,
             window=max(1, window),
             properties=pika_properties,
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,
             url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
         )
         return [m.receipt for m in built]

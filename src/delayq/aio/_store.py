@@ -1,0 +1,145 @@
+"""Idempotency-store calls for the asyncio consumer, batched per event-loop turn.
+
+Every delivery claims its key before the handler and completes it after. With a
+store that does I/O, one thread hop and one round trip (or one SQLite commit)
+per call would cost more than the rest of the consumer together; so the
+operations requested during one turn of the event loop are sent together, from
+one dedicated thread, in one :meth:`~delayq.idempotency.BatchingStore.run_batch`
+(one transaction, one pipeline). While a batch runs, the next one gathers: a
+group commit. Each caller still awaits its own result, so nothing is acked
+before its key is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+from delayq.errors import StoreError
+from delayq.idempotency import (
+    Claim,
+    ClaimStatus,
+    Complete,
+    IdempotencyStore,
+    Release,
+    StoreOp,
+    apply_op,
+    run_ops,
+    store_error,
+)
+
+__all__ = ["StoreBatcher"]
+
+MAX_BATCH = 500
+
+
+class StoreBatcher:
+    """Awaitable claim / complete / release / prune on one store, batched."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        self.store = store
+        self._blocking = bool(store.blocking)
+        self._executor_: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]] = []
+        self._scheduled = False
+        self._running = False
+
+    async def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
+        status = await self._submit(Claim(key, lease_ms, now_ms))
+        assert status is not None
+        return status
+
+    async def complete(self, key: str, *, now_ms: int) -> None:
+        await self._submit(Complete(key, now_ms))
+
+    async def release(self, key: str) -> None:
+        await self._submit(Release(key))
+
+    @property
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread all I/O goes through (made again after :meth:`close`)."""
+        if self._executor_ is None:
+            self._executor_ = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="delayq-store"
+            )
+        return self._executor_
+
+    async def prune(self, *, older_than_ms: int) -> int:
+        """Run in the store's thread, between batches."""
+        try:
+            if not self._blocking:
+                return self.store.prune(older_than_ms=older_than_ms)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, lambda: self.store.prune(older_than_ms=older_than_ms)
+            )
+        except Exception as exc:
+            raise store_error(self.store, exc) from exc
+
+    async def _submit(self, op: StoreOp) -> ClaimStatus | None:
+        if not self._blocking:  # an in-memory store: no I/O, no batching
+            try:
+                return apply_op(self.store, op)
+            except Exception as exc:
+                raise store_error(self.store, exc) from exc
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ClaimStatus | None] = loop.create_future()
+        self._pending.append((op, future))
+        if not self._scheduled and not self._running:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._running or not self._pending:
+            return
+        batch = self._pending[:MAX_BATCH]
+        del self._pending[:MAX_BATCH]
+        self._running = True
+        loop = asyncio.get_running_loop()
+        ops = [op for op, _ in batch]
+        done = loop.run_in_executor(self._executor, run_ops, self.store, ops)
+        done.add_done_callback(lambda f: self._settle(batch, f))
+
+    def _settle(
+        self,
+        batch: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]],
+        done: asyncio.Future[list[ClaimStatus | None]],
+    ) -> None:
+        self._running = False
+        error: BaseException | None = None
+        results: list[Any] = []
+        if done.cancelled():
+            error = StoreError(f"idempotency store {self.store!r}: the batch was cancelled")
+        elif done.exception() is not None:
+            error = done.exception()
+        else:
+            results = done.result()
+        for index, (op, future) in enumerate(batch):
+            if future.done():  # its caller was cancelled (aiormq cancels deliveries in
+                # flight when the connection is lost): a claim it won must be given back,
+                # or every redelivery of the key is deferred until the lease runs out.
+                if (
+                    error is None
+                    and isinstance(op, Claim)
+                    and results[index] is ClaimStatus.CLAIMED
+                ):
+                    self._pending.append(
+                        (Release(op.key), asyncio.get_running_loop().create_future())
+                    )
+                continue
+            if error is not None:
+                failure = StoreError(str(error))
+                failure.__cause__ = error.__cause__ or error
+                future.set_exception(failure)
+            else:
+                future.set_result(results[index])
+        if self._pending:
+            self._flush()
+
+    def close(self) -> None:
+        if self._executor_ is not None:
+            self._executor_.shutdown(wait=True)
+            self._executor_ = None

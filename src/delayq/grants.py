@@ -1,0 +1,171 @@
+"""Least-privilege RabbitMQ permissions for a producer and a consumer of one namespace.
+
+RabbitMQ grants each user, per vhost, three regular expressions matched against
+exchange and queue names (the default exchange is called ``amq.default``):
+
+- ``configure``: declare and delete (``exchange.declare``, ``queue.declare``);
+- ``write``: publish to an exchange, bind *to* a queue, be named as a
+  dead-letter or alternate exchange in a declaration;
+- ``read``: consume or get from a queue, bind *from* an exchange, declare a
+  queue that dead-letters or an exchange that has an alternate exchange.
+
+Passive declares need no permission. What each role does, read from the code:
+
+- a **producer** (``Publisher``, ``AsyncPublisher``) publishes to the tier
+  exchanges ``<ns>.tier.<label>`` and, for delay 0, to ``<ns>.ready``; it checks
+  that exchanges exist with passive declares and never declares anything;
+- a **consumer** (``Consumer``, ``AsyncConsumer``, ``delayq worker``) applies the
+  whole topology at start (every exchange, queue and binding of the namespace
+  and of the topology's destination queues), consumes its destination queue,
+  and republishes retries to ``<ns>.retry.<label>`` and dead letters to
+  ``<queue>.dlq`` through the default exchange.
+
+>>> from delayq.topology import Topology
+>>> grant = producer_grant(Topology(namespace="shop"), "app")
+>>> grant.permissions.write
+'^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+)$'
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from delayq.topology import Topology
+
+__all__ = [
+    "NOTHING",
+    "Grant",
+    "Permissions",
+    "Role",
+    "consumer_grant",
+    "grants_for",
+    "producer_grant",
+]
+
+NOTHING = "^$"
+"""The regex that matches no exchange or queue (RabbitMQ reads ``""`` the same way)."""
+
+_LABEL = "[0-9hms]+"
+"""A tier label (``30s``, ``1h30m``, ``500ms``): a ladder change needs no new grant."""
+
+
+class Role(str, enum.Enum):
+    PRODUCER = "producer"
+    """Publishes delayed and immediate messages."""
+    CONSUMER = "consumer"
+    """Applies the topology, consumes destination queues, retries and dead-letters."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One user's regexes on one vhost, as ``rabbitmqctl set_permissions`` takes them."""
+
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one user of one role may do, and why."""
+
+    role: Role
+    user: str
+    vhost: str
+    permissions: Permissions
+    reasons: tuple[str, ...]
+    """One line per permission: what needs it."""
+
+    def rabbitmqctl_args(self) -> list[str]:
+        """Arguments of ``rabbitmqctl`` that set these permissions."""
+        p = self.permissions
+        return ["set_permissions", "-p", self.vhost, self.user, p.configure, p.write, p.read]
+
+    def management_body(self) -> dict[str, str]:
+        """The body of ``PUT /api/permissions/<vhost>/<user>``."""
+        p = self.permissions
+        return {"configure": p.configure, "write": p.write, "read": p.read}
+
+
+def _escape(name: str) -> str:
+    # Names are letters, digits, '.', '_' and '-' (the topology model checks):
+    # only '.' means something in a regex.
+    return name.replace(".", r"\.")
+
+
+def _pattern(alternatives: list[str]) -> str:
+    if not alternatives:
+        return NOTHING
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+def _names(topology: Topology) -> dict[str, str]:
+    ns = _escape(topology.namespace)
+    return {
+        "ready": f"{ns}\\.ready",
+        "unrouted": f"{ns}\\.unrouted",
+        "tier": f"{ns}\\.tier\\.{_LABEL}",
+        "retry": f"{ns}\\.retry\\.{_LABEL}",
+        "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
+    }
+
+
+def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Publish to the tier exchanges and the ready exchange; nothing else."""
+    n = _names(topology)
+    return Grant(
+        role=Role.PRODUCER,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=NOTHING, write=_pattern([n["ready"], n["tier"]]), read=NOTHING
+        ),
+        reasons=(
+            "configure: nothing (a producer only checks exchanges with passive declares)",
+            f"write: publish to the tier exchanges {topology.namespace}.tier.<label> and, "
+            f"for delay 0, to {topology.ready_exchange}",
+            "read: nothing (a producer never consumes or gets)",
+        ),
+    )
+
+
+def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Apply the topology, consume destination queues, republish retries and dead letters."""
+    n = _names(topology)
+    queues = [_escape(d.queue) for d in topology.destinations]
+    dlqs = [_escape(d.dlq) for d in topology.destinations]
+    entities = [n["ready"], n["unrouted"], n["rungs"], *queues, *dlqs]
+    write = ["amq\\.default", n["ready"], n["unrouted"], n["rungs"], *queues]
+    read = [n["ready"], n["unrouted"], n["rungs"], *queues]
+    return Grant(
+        role=Role.CONSUMER,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=_pattern(entities), write=_pattern(write), read=_pattern(read)
+        ),
+        reasons=(
+            "configure: declare every exchange and queue of the namespace and the "
+            "destination queues with their DLQs (consumers apply the topology at start)",
+            "write: republish retries to the retry exchanges and dead letters through the "
+            "default exchange (amq.default); bind the tier, retry, unrouted and destination "
+            "queues; name the ready and default exchanges as dead-letter exchanges and "
+            "the unrouted exchange as the alternate exchange",
+            "read: consume the destination queues; bind from the ready, tier, retry and "
+            "unrouted exchanges; declare the queues that dead-letter and the ready "
+            "exchange with its alternate exchange",
+        ),
+    )
+
+
+def grants_for(
+    topology: Topology, *, producer: str | None, consumer: str | None, vhost: str | None = None
+) -> list[Grant]:
+    """The grants for whichever users are given, producer first."""
+    grants = []
+    if producer is not None:
+        grants.append(producer_grant(topology, producer, vhost))
+    if consumer is not None:
+        grants.append(consumer_grant(topology, consumer, vhost))
+    return grants

@@ -1,0 +1,75 @@
+"""What a pika connection says about its broker, and the management API that goes with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pika
+
+from delayq.errors import DelayqError
+from delayq.management import ManagementAPI
+
+__all__ = ["ManagementChoice", "Reach", "reach_management", "server_property", "url_vhost"]
+
+
+@dataclass(frozen=True)
+class ManagementChoice:
+    """The management API to try, and whether the user asked for it (then it must answer)."""
+
+    api: ManagementAPI
+    explicit: bool
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The outcome of trying the management API: the API to use, or why not."""
+
+    api: ManagementAPI | None
+    detail: str
+    failed: bool = False
+    """True when the user asked for this API and it did not answer (or is another broker's)."""
+
+
+def server_property(connection: pika.BlockingConnection, name: str) -> str | None:
+    """One of the server properties the broker sent when the connection opened."""
+    # pika keeps the server properties on the underlying connection only.
+    properties = getattr(connection._impl, "server_properties", None) or {}
+    value = properties.get(name)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def url_vhost(url: str) -> str:
+    """The vhost an AMQP URL connects to (``/`` when it names none)."""
+    return str(pika.URLParameters(url).virtual_host)
+
+
+def reach_management(
+    choice: ManagementChoice | ManagementAPI | None, connection: pika.BlockingConnection
+) -> Reach:
+    """The management API if it answers for the broker ``connection`` reaches.
+
+    A bare :class:`ManagementAPI` counts as asked for: if it does not answer, say so.
+    """
+    if isinstance(choice, ManagementAPI):
+        choice = ManagementChoice(choice, explicit=True)
+    if choice is None:
+        return Reach(None, "not asked for (--no-management)")
+    try:
+        overview = choice.api.overview()
+    except DelayqError as exc:
+        hint = "" if choice.explicit else " (pass --management-url)"
+        return Reach(None, f"{exc}{hint}", failed=choice.explicit)
+    theirs = overview.get("cluster_name")
+    ours = server_property(connection, "cluster_name")
+    if theirs and ours and theirs != ours:
+        # A derived URL (same host, port 15672) may reach another broker.
+        return Reach(
+            None,
+            f"{choice.api.url} answers for cluster {theirs!r}, but the AMQP URL reaches "
+            f"{ours!r}: not used",
+            failed=choice.explicit,
+        )
+    version = overview.get("rabbitmq_version") or "?"
+    return Reach(choice.api, f"{choice.api.url} (RabbitMQ {version}, cluster {theirs!r})")

@@ -1,0 +1,88 @@
+"""``delayq stats`` with pika: queue depths from the management API, else AMQP.
+
+The management API reports ready and unacknowledged messages and consumers
+(its figures are sampled every few seconds). Over AMQP a passive declare
+returns the ready count and the consumer count only; a quorum queue's count
+can lag a little behind.
+"""
+
+from __future__ import annotations
+
+import pika.exceptions as pex
+
+from delayq.depths import Depth
+from delayq.errors import ConnectionFailed, DelayqError
+from delayq.management import ManagementAPI
+from delayq.sync._broker import ManagementChoice, Reach, reach_management, url_vhost
+from delayq.sync._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
+from delayq.sync.provision import Channels
+from delayq.urls import redact, resolve_url
+
+__all__ = ["queue_depths"]
+
+
+def _by_api(api: ManagementAPI, vhost: str, queues: list[str]) -> dict[str, Depth | None]:
+    depths: dict[str, Depth | None] = {}
+    for name in queues:
+        found = api.queue(vhost, name)
+        depths[name] = (
+            None
+            if found is None
+            else Depth(
+                ready=int(found.get("messages_ready") or 0),
+                unacked=int(found.get("messages_unacknowledged") or 0),
+                consumers=int(found.get("consumers") or 0),
+            )
+        )
+    return depths
+
+
+def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Depth | None]:
+    depths: dict[str, Depth | None] = {}
+    for name in queues:
+        try:
+            ok = channels.channel.queue_declare(name, passive=True).method
+        except pex.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:
+                raise translate_channel_error(exc) from exc
+            depths[name] = None
+            continue
+        depths[name] = Depth(
+            ready=int(ok.message_count), unacked=None, consumers=int(ok.consumer_count)
+        )
+    return depths
+
+
+def queue_depths(
+    queues: list[str],
+    url: str | None = None,
+    *,
+    management: ManagementChoice | ManagementAPI | None = None,
+) -> tuple[dict[str, Depth | None], str]:
+    """Each queue's depth (``None``: it does not exist) and the source used, to print."""
+    resolved = resolve_url(url)
+    vhost = url_vhost(resolved)
+    connection = connect(resolved, name="delayq-stats")
+    channels = Channels(connection)
+    try:
+        reach = reach_management(management, connection)
+        if reach.api is not None:
+            try:
+                depths = _by_api(reach.api, vhost, queues)
+                return depths, f"management API {reach.api.url} (vhost {vhost!r})"
+            except DelayqError as exc:
+                reach = Reach(None, str(exc))
+        source = f"AMQP passive declares on {redact(resolved)} (management API: {reach.detail})"
+        return _by_amqp(channels, queues), source
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailed(
+            f"lost the connection to {redact(resolved)} while counting messages"
+        ) from exc
+    finally:
+        channels.close()
+        close_quietly(connection)

@@ -1,0 +1,181 @@
+"""``delayq topology verify`` with pika (and the management API when it answers).
+
+It gathers what the broker shows and lets :mod:`delayq.verification` judge it:
+
+- the version, from the connection's server properties;
+- every exchange and queue: from the management API (type, durability, every
+  argument), else over AMQP: a passive declare for existence, then a declare
+  with the topology's arguments, which the broker refuses with
+  PRECONDITION_FAILED when they differ (it never creates anything);
+- bindings and feature flags: management API only;
+- a probe that dead-lettering fires (:mod:`delayq.sync.probe`).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.errors import ConnectionFailed, DelayqError
+from delayq.management import ManagementAPI
+from delayq.sync._broker import (
+    ManagementChoice,
+    Reach,
+    reach_management,
+    server_property,
+    url_vhost,
+)
+from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
+from delayq.sync.probe import run_probe
+from delayq.sync.provision import Channels, declare_checked
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+from delayq.verification import (
+    Check,
+    Observed,
+    Status,
+    check_feature_flags,
+    check_version,
+    check_vhost,
+    compare_bindings,
+    compare_entity,
+    compare_redeclared,
+    plan_probe,
+)
+
+__all__ = ["verify_topology"]
+
+
+def _management_check(reach: Reach) -> Check:
+    subject = "management API"
+    if reach.api is not None:
+        return Check(subject, Status.OK, reach.detail)
+    if reach.failed:
+        return Check(subject, Status.FAIL, f"{reach.detail}; AMQP checks only")
+    return Check(subject, Status.SKIPPED, f"{reach.detail}; AMQP checks only")
+
+
+def _observed(api: ManagementAPI, vhost: str, decl: ExchangeDecl | QueueDecl) -> Observed | None:
+    if isinstance(decl, ExchangeDecl):
+        found = api.exchange(vhost, decl.name)
+    else:
+        found = api.queue(vhost, decl.name)
+    if found is None:
+        return None
+    return Observed(
+        type=found.get("type"),
+        durable=bool(found.get("durable")),
+        arguments=dict(found.get("arguments") or {}),
+    )
+
+
+def _entity_by_api(api: ManagementAPI, vhost: str, decl: ExchangeDecl | QueueDecl) -> Check:
+    try:
+        return compare_entity(decl, _observed(api, vhost, decl))
+    except DelayqError as exc:
+        return Check(f"{decl.kind} {decl.name}", Status.FAIL, str(exc))
+
+
+def _entity_by_amqp(channels: Channels, decl: ExchangeDecl | QueueDecl) -> Check:
+    try:
+        result = declare_checked(channels, decl, create=False)
+    except DelayqError as exc:  # e.g. ACCESS_REFUSED: this user may not declare it
+        return Check(f"{decl.kind} {decl.name}", Status.FAIL, str(exc))
+    return compare_redeclared(
+        decl, existed=result is not None, conflict=None if result is None else result.conflict
+    )
+
+
+def _bindings(api: ManagementAPI | None, topology: Topology, vhost: str) -> Check:
+    if api is None:
+        return Check(
+            "bindings",
+            Status.SKIPPED,
+            "AMQP cannot list bindings: pass a reachable --management-url to check them",
+        )
+    decls = build_declarations(topology)
+    expected = [d for d in decls if isinstance(d, BindingDecl)]
+    sources = sorted({b.source for b in expected})
+    observed: dict[str, set[tuple[str, str]]] = {}
+    try:
+        for source in sources:
+            rows = api.bindings_from(vhost, source) or []
+            observed[source] = {
+                (str(r["destination"]), str(r.get("routing_key", "")))
+                for r in rows
+                if r.get("destination_type") == "queue"
+            }
+    except DelayqError as exc:
+        return Check("bindings", Status.FAIL, str(exc))
+    owned = {s for s in sources if s != topology.ready_exchange}
+    fanout = {d.name for d in decls if isinstance(d, ExchangeDecl) and d.type == "fanout"}
+    return compare_bindings(expected, observed, owned, keyless=fanout)
+
+
+def _flags(api: ManagementAPI | None) -> tuple[dict[str, str] | None, str]:
+    if api is None:
+        return None, "no management API"
+    try:
+        return api.feature_flags(), ""
+    except DelayqError as exc:
+        return None, f"the management API did not list them ({exc})"
+
+
+def verify_topology(
+    topology: Topology,
+    url: str | None = None,
+    *,
+    management: ManagementChoice | ManagementAPI | None = None,
+    probe: bool = True,
+    probe_ttl_ms: int = 200,
+    probe_bound_ms: int = 10_000,
+) -> list[Check]:
+    """Every check of the live broker against ``topology``, in a fixed order.
+
+    >>> api = ManagementAPI("http://guest:guest@localhost:15672/")  # doctest: +SKIP
+    >>> passed(verify_topology(topology, url, management=api))  # doctest: +SKIP
+    True
+
+    Without ``management`` (or when it does not answer) entities are checked
+    over AMQP, and bindings and feature flags are skipped. Raises
+    :class:`~delayq.errors.ConnectionFailed` when the broker cannot be reached;
+    every other problem is a failed check.
+    """
+    resolved = resolve_url(url)
+    plan = plan_probe(
+        topology, secrets.token_hex(4), ttl_ms=probe_ttl_ms, bound_ms=probe_bound_ms
+    )  # before connecting: bad input is refused before any I/O
+    connection = connect(resolved, name="delayq-verify")
+    channels = Channels(connection)
+    vhost = url_vhost(resolved)
+    try:
+        version = server_property(connection, "version")
+        reach = reach_management(management, connection)
+        api = reach.api
+        flags, flags_why = _flags(api)
+        checks = [
+            check_version(version),
+            check_vhost(topology, vhost),
+            _management_check(reach),
+            check_feature_flags(topology, flags, version, flags_why),
+        ]
+        for decl in build_declarations(topology):
+            if isinstance(decl, BindingDecl):
+                continue
+            if api is not None:
+                checks.append(_entity_by_api(api, vhost, decl))
+            else:
+                checks.append(_entity_by_amqp(channels, decl))
+        checks.append(_bindings(api, topology, vhost))
+        if probe:
+            checks.append(run_probe(connection, plan))
+        else:
+            checks.append(Check("dead-lettering probe", Status.SKIPPED, "--no-probe"))
+        return checks
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailed(
+            f"lost the connection to {redact(resolved)} while verifying ({type(exc).__name__})"
+        ) from exc
+    finally:
+        channels.close()
+        close_quietly(connection)

@@ -1,0 +1,41 @@
+"""Helpers for the operations tests (verify, stats, grant) on nodes they control."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from delayq.localnode import LocalNode
+
+
+def delayq(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI through this interpreter, with no management URL from the environment."""
+    environment = dict(env if env is not None else os.environ)
+    for name in ("DELAYQ_MANAGEMENT_URL", "DELAYQ_URL"):
+        environment.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "delayq", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
+
+
+def queue_names(node: LocalNode) -> set[str]:
+    out = node.ctl("list_queues", "name", "--no-table-headers", "--quiet")
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def rows(output: str) -> dict[str, tuple[str, str]]:
+    """The verify table as {check: (status, detail)}."""
+    table: dict[str, tuple[str, str]] = {}
+    for line in output.splitlines():
+        status, _, rest = line.partition(" ")
+        if status in ("OK", "FAIL", "SKIPPED"):
+            subject, _, detail = rest.strip().partition("  ")
+            table[subject.strip()] = (status, detail.strip())
+    return table

@@ -1,0 +1,48 @@
+"""Consumers (both adapters) reopen a lost connection and go on: the broker closing all
+connections while they work loses nothing, and a store keeps effects to one each."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from delayq import InMemoryStore, Message
+from delayq.sync import Publisher
+
+
+def test_a_consumer_reconnects_after_its_connection_is_closed_and_loses_nothing(
+    local_rabbitmq_node, make_topology, start_consumer
+):
+    node = local_rabbitmq_node
+    url = node.url
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    seen: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: dict[str, int]) -> None:
+        time.sleep(0.002)
+        with lock:
+            seen[body["n"]] += 1
+
+    consumer = start_consumer(topo, queue, handler, url=url, store=InMemoryStore(), prefetch=20)
+    total = 600
+    with Publisher(url, topo) as pub:
+        pub.publish_many(
+            [Message({"n": n}, "job.r", "0s", message_id=f"r{n}") for n in range(total)]
+        )
+    for _ in range(3):
+        deadline = time.monotonic() + 20
+        before = sum(seen.values())
+        while sum(seen.values()) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        node.ctl("close_all_connections", "delayq consumer reconnect test", check=False)
+        time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while len(seen) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    consumer.stop()
+    assert len(seen) == total, f"{total - len(seen)} messages were never handled"
+    assert max(seen.values()) == 1, "a handler ran twice despite the store"
+    assert consumer.stats.reconnects >= 1

@@ -1,0 +1,299 @@
+"""A password never shows: not in logs (delayq's, pika's, aio-pika's, aiormq's, at DEBUG),
+errors (with their chained causes), reprs, CLI output or the pytest plugin's output.
+
+Every operation below uses a URL whose password is a fresh random string; the
+test then searches everything it captured for that string. The user name is not
+a secret and does show (in redacted URLs), which proves the capture saw the
+clients' DEBUG lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import traceback
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayq import DelayqError, Message, Topology
+from delayq.aio import AsyncConsumer, AsyncPublisher
+from delayq.localnode import LocalNode
+from delayq.sync import Consumer, Publisher, apply_topology
+from delayq.tls import wrapped_errors
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+class Secret:
+    """A user with a random password on a local node, and URLs that carry it."""
+
+    def __init__(self, node: LocalNode) -> None:
+        self.password = f"pw{uuid.uuid4().hex}"
+        self.user = f"leak{uuid.uuid4().hex[:8]}"
+        self.port = node.port
+        node.ctl("add_user", self.user, self.password)
+        node.ctl("set_permissions", self.user, ".*", ".*", ".*")
+
+    def url(self, *, port: int | None = None, password: str | None = None) -> str:
+        pw = self.password if password is None else password
+        return f"amqp://{self.user}:{pw}@127.0.0.1:{port or self.port}/"
+
+    @property
+    def good(self) -> str:
+        return self.url()
+
+    @property
+    def wrong_password(self) -> str:
+        # the secret is still in the URL: a refused login must not echo it either
+        return f"amqp://guest:{self.password}@127.0.0.1:{self.port}/"
+
+    @property
+    def unreachable(self) -> str:
+        return self.url(port=1)
+
+    @property
+    def not_tls(self) -> str:
+        return self.url().replace("amqp://", "amqps://") + "?verify=false"
+
+    @property
+    def malformed(self) -> list[str]:
+        return [
+            f"amqp://{self.user}:{self.password}@127.0.0.1:notaport/",
+            f"http://{self.user}:{self.password}@127.0.0.1/",
+            f"amqp://{self.user}:{self.password}@127.0.0.1/?colour=blue",
+            f"amqps://{self.user}:{self.password}@127.0.0.1/?cafile=/no/such.pem",
+        ]
+
+
+@pytest.fixture(scope="module")
+def secret(local_rabbitmq_node: LocalNode) -> Secret:
+    return Secret(local_rabbitmq_node)
+
+
+def exception_texts(exc: BaseException) -> list[str]:
+    """str, repr and formatted traceback of ``exc`` and everything chained to it."""
+    texts = ["".join(traceback.format_exception(type(exc), exc, exc.__traceback__))]
+    for current in wrapped_errors(exc):
+        texts += [str(current), repr(current), repr(current.args)]
+    return texts
+
+
+@pytest.fixture
+def debug_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.DEBUG)  # the root logger: delayq, pika, aio_pika, aiormq
+    for name in ("delayq", "pika", "aio_pika", "aiormq"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    yield caplog
+
+
+def captured_logs(caplog: pytest.LogCaptureFixture) -> str:
+    lines = [caplog.text]
+    for record in caplog.records:
+        lines.append(record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            lines += exception_texts(record.exc_info[1])
+    return "\n".join(lines)
+
+
+def topology() -> Topology:
+    ns = f"leak{uuid.uuid4().hex[:8]}"
+    return Topology(
+        namespace=ns, ladder=["1s"], destinations=[{"queue": f"{ns}.work", "bindings": ["job.#"]}]
+    )
+
+
+def test_no_password_in_logs_errors_or_reprs(
+    secret: Secret, debug_logs: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    texts: list[str] = []
+    topo = topology()
+    queue = f"{topo.namespace}.work"
+
+    def attempt(action: Any) -> None:
+        try:
+            action()
+        except DelayqError as exc:
+            texts.extend(exception_texts(exc))
+
+    async def attempt_async(action: Any) -> None:
+        try:
+            await action()
+        except DelayqError as exc:
+            texts.extend(exception_texts(exc))
+
+    for url in secret.malformed:
+        attempt(lambda url=url: Publisher(url, topo))
+        attempt(lambda url=url: AsyncPublisher(url, topo))
+        attempt(lambda url=url: Consumer(url, topo, queue, print))
+        attempt(lambda url=url: AsyncConsumer(url, topo, queue, print))
+
+    for url in (secret.wrong_password, secret.unreachable, secret.not_tls):
+        attempt(lambda url=url: apply_topology(topo, url))
+        with Publisher(url, topo, connect_attempts=1) as pub:
+            texts.append(repr(pub))
+            attempt(lambda pub=pub: pub.publish(b"x", "job.a", "1s"))
+            attempt(lambda pub=pub: pub.publish_many([Message(b"x", "job.a", "1s")]))
+
+        async def publish_async(url: str = url) -> None:
+            async with AsyncPublisher(url, topo, connect_attempts=1) as pub:
+                texts.append(repr(pub))
+                await attempt_async(lambda: pub.publish(b"x", "job.a", "1s"))
+                await attempt_async(lambda: pub.publish_many([Message(b"x", "job.a", "1s")]))
+
+        asyncio.run(publish_async())
+        consumer = Consumer(url, topo, queue, print)
+        texts.append(repr(consumer))
+        attempt(lambda consumer=consumer: consumer.run(install_signal_handlers=False))
+
+        async def consume_async(url: str = url) -> None:
+            consumer = AsyncConsumer(url, topo, queue, print)
+            texts.append(repr(consumer))
+            await attempt_async(lambda: consumer.run(install_signal_handlers=False))
+
+        asyncio.run(consume_async())
+
+    # Everything working: provision, publish, consume, stop.
+    apply_topology(topo, secret.good)
+    with Publisher(secret.good, topo) as pub:
+        texts.append(repr(pub))
+        pub.publish({"n": 1}, "job.a", "0s")
+        pub.publish_many([Message({"n": 2}, "job.a", "0s")])
+    seen: list[Any] = []
+    consumer = Consumer(secret.good, topo, queue, seen.append)
+    texts.append(repr(consumer))
+    runner = threading.Thread(target=consumer.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    assert consumer.started.wait(30)
+    runner.join(timeout=0.5)
+    consumer.request_stop()
+    runner.join(timeout=30)
+
+    async def async_round() -> None:
+        async with AsyncPublisher(secret.good, topo) as pub:
+            texts.append(repr(pub))
+            await pub.publish({"n": 3}, "job.a", "0s")
+        consumer = AsyncConsumer(secret.good, topo, queue, seen.append)
+        texts.append(repr(consumer))
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        for _ in range(200):
+            if len(seen) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        consumer.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(async_round())
+    assert sorted(b["n"] for b in seen) == [1, 2, 3]
+
+    logs = captured_logs(debug_logs)
+    out, err = capfd.readouterr()
+    assert texts and logs
+    assert secret.user in logs, "the clients' DEBUG lines were not captured"
+    assert any("***" in t for t in texts)
+    everything = "\n".join([*texts, logs, out, err])
+    assert secret.password not in everything
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``delayq ARGS`` with every logger at DEBUG on stderr."""
+    code = textwrap.dedent(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.DEBUG)
+        from delayq.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "PYTHONPATH": SRC},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_no_password_in_cli_output(secret: Secret, tmp_path: Path) -> None:
+    topo = topology()
+    (tmp_path / "delayq.yaml").write_text(
+        f"namespace: {topo.namespace}\nladder: [1s]\ndestinations:\n"
+        f"  - queue: {topo.namespace}.work\n    bindings: [job.#]\n"
+    )
+    publish = ["-k", "job.a", "-d", "1s", "--body", '"hello"']
+    runs = {
+        "plan": (["topology", "plan", "--url", secret.good], 0),
+        "apply": (["topology", "apply", "--url", secret.good], 0),
+        "publish": (["publish", "--url", secret.good, *publish], 0),
+        "apply-wrong-password": (["topology", "apply", "--url", secret.wrong_password], 1),
+        "publish-unreachable": (["publish", "--url", secret.unreachable, *publish], 1),
+        "publish-not-tls": (["publish", "--url", secret.not_tls, *publish], 1),
+        "apply-malformed": (["topology", "apply", "--url", secret.malformed[0]], 2),
+        "publish-unknown-option": (["publish", "--url", secret.malformed[2], *publish], 2),
+        "dlq-wrong-password": (
+            ["dlq", "list", f"{topo.namespace}.work", "--url", secret.wrong_password],
+            1,
+        ),
+    }
+    for name, (args, expected) in runs.items():
+        result = run_cli([*args, "-f", "delayq.yaml"], tmp_path)
+        assert result.returncode == expected, (name, result.stderr[-2000:])
+        output = result.stdout + result.stderr
+        assert secret.password not in output, name
+        if expected == 0 and args[1] != "plan":
+            assert "DEBUG:pika" in result.stderr, f"{name}: no DEBUG lines were captured"
+
+
+# --- the pytest plugin ----------------------------------------------------------------------------
+
+
+def test_no_password_in_the_pytest_plugins_output(secret: Secret, tmp_path: Path) -> None:
+    (tmp_path / "test_uses_broker.py").write_text(
+        textwrap.dedent(
+            """
+            from delayq import Publisher
+
+            def test_publish(rabbitmq_url):
+                with Publisher(rabbitmq_url) as pub:
+                    pub.publish(b"x", "k", "0s")
+
+            def test_fails_on_purpose(rabbitmq_url):
+                assert rabbitmq_url.startswith("amqps://"), "not TLS"
+            """
+        )
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",  # the delayq plugin loads through its entry point
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "--log-level=DEBUG",
+            str(tmp_path),
+        ],
+        env={**os.environ, "PYTHONPATH": SRC, "RABBITMQ_URL": secret.unreachable},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert "2 failed" in output, output[-3000:]
+    assert "ConnectionFailed" in output and f"{secret.user}:***@127.0.0.1:1" in output
+    assert secret.password not in output

@@ -1,0 +1,121 @@
+"""``delayq stats`` against real nodes: the management API's figures, and AMQP's."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pika
+
+from delayq import Publisher
+from delayq.localnode import LocalNode
+from delayq.sync import apply_topology
+from tests.integration.ops import delayq
+
+
+def _fill(node: LocalNode, topology: Any) -> pika.BlockingConnection:
+    """3 messages waiting in the 30s tier, 2 in the work queue (1 of them delivered and
+    unacked to a consumer), 2 in the DLQ, 1 unrouted. Returns the consumer's connection."""
+    ns = topology.namespace
+    with Publisher(node.url, topology) as publisher:
+        for n in range(3):
+            publisher.publish({"n": n}, "job.later", "20s")
+        publisher.publish({"now": 1}, "job.now", "0s")
+        publisher.publish({"now": 2}, "job.now", "0s")
+        publisher.publish({"lost": 1}, "nobody.binds.this", "0s")
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    channel = connection.channel()
+    for _ in range(2):
+        channel.basic_publish("", f"{ns}.work.dlq", b"dead", pika.BasicProperties(delivery_mode=2))
+    channel.basic_qos(prefetch_count=1)
+    channel.basic_consume(f"{ns}.work", lambda *args: None)  # holds one message unacked
+    connection.process_data_events(time_limit=0.5)
+    return connection
+
+
+def _stats_until(args: list[str], want: dict[str, dict[str, Any]], timeout_s: float = 20):
+    """Run ``delayq stats --json`` until the queues show ``want`` (figures lag a little)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = delayq("stats", "--json", *args)
+        assert run.returncode == 0, run.stdout + run.stderr
+        data = json.loads(run.stdout)
+        queues = {q["queue"]: q for q in data["queues"]}
+        seen = {name: {k: queues[name].get(k) for k in fields} for name, fields in want.items()}
+        if seen == want or time.monotonic() > deadline:
+            assert seen == want
+            return data, run
+
+
+def test_stats_from_the_management_api(local_rabbitmq_management_node: LocalNode, node_topology):
+    node = local_rabbitmq_management_node
+    topology, path = node_topology(node, ("1s", "30s"))
+    ns = topology.namespace
+    apply_topology(topology, node.url)
+    consumer = _fill(node, topology)
+    assert node.management_url is not None
+    args = ["--file", str(path), "--url", node.url, "--management-url", node.management_url]
+    try:
+        data, _ = _stats_until(
+            args,
+            {
+                f"{ns}.tier.30s": {"depth": 3, "ready": 3, "unacked": 0, "consumers": 0},
+                f"{ns}.tier.1s": {"depth": 0},
+                f"{ns}.retry.30s": {"depth": 0},
+                f"{ns}.work": {
+                    "depth": 2, "ready": 1, "unacked": 1, "consumers": 1, "dlq_depth": 2,
+                },
+                f"{ns}.unrouted": {"depth": 1},
+            },
+        )
+        assert data["source"].startswith("management API http://guest:***@127.0.0.1:")
+        table = delayq("stats", *args)
+    finally:
+        consumer.close()
+    assert table.returncode == 0
+    line = next(x for x in table.stdout.splitlines() if x.startswith(f"{ns}.work "))
+    assert line.split() == [f"{ns}.work", "destination", "2", "1", "1", "1", "2"]
+    assert "guest:guest" not in table.stdout + table.stderr
+
+
+def test_stats_over_amqp_on_a_node_without_the_plugin(
+    local_rabbitmq_node: LocalNode, node_topology
+):
+    node = local_rabbitmq_node
+    topology, path = node_topology(node, ("1s", "30s"))
+    ns = topology.namespace
+    apply_topology(topology, node.url)
+    consumer = _fill(node, topology)
+    args = ["--file", str(path), "--url", node.url]
+    try:
+        data, _ = _stats_until(
+            args,
+            {
+                f"{ns}.tier.30s": {"depth": 3, "ready": 3, "unacked": None, "consumers": 0},
+                # AMQP counts only the ready message, not the one held unacked.
+                f"{ns}.work": {
+                    "depth": 1, "ready": 1, "unacked": None, "consumers": 1, "dlq_depth": 2,
+                },
+                f"{ns}.unrouted": {"depth": 1},
+            },
+        )
+        assert data["source"].startswith("AMQP passive declares on amqp://guest:***@")
+        table = delayq("stats", *args)
+    finally:
+        consumer.close()
+    line = next(x for x in table.stdout.splitlines() if x.startswith(f"{ns}.work "))
+    assert line.split() == [f"{ns}.work", "destination", "1", "1", "?", "1", "2"]
+    assert "ready messages only" in table.stdout
+
+
+def test_stats_of_an_unapplied_topology_say_what_is_missing(
+    local_rabbitmq_node: LocalNode, node_topology
+):
+    node = local_rabbitmq_node
+    topology, path = node_topology(node)
+    run = delayq("stats", "--file", str(path), "--url", node.url)
+    assert run.returncode == 1
+    line = next(x for x in run.stdout.splitlines() if x.startswith(f"{topology.namespace}.work "))
+    assert line.split()[2:] == ["missing", "missing"]
+    assert "topology apply" in run.stderr

@@ -1,0 +1,90 @@
+"""The table and JSON of ``delayq stats``, from depths the adapters report."""
+
+from __future__ import annotations
+
+import json
+
+from delayq import Topology
+from delayq.depths import Depth, render_stats, stats_json, stats_queues, stats_rows
+
+TOPO = Topology(
+    namespace="shop", ladder=["1s", "5s"], destinations=[{"queue": "emails", "bindings": ["e.*"]}]
+)
+
+
+def test_rows_tiers_then_retries_then_destinations_then_unrouted() -> None:
+    rows = stats_rows(TOPO)
+    assert [(r.queue, r.role) for r in rows] == [
+        ("shop.tier.1s", "tier"),
+        ("shop.tier.5s", "tier"),
+        ("shop.retry.1s", "retry"),
+        ("shop.retry.5s", "retry"),
+        ("emails", "destination"),
+        ("shop.unrouted", "unrouted"),
+    ]
+    assert rows[4].dlq == "emails.dlq"
+    assert stats_queues(rows)[-1] == "emails.dlq"
+    assert len(stats_queues(rows)) == 7
+
+
+def _depths(unacked: int | None) -> dict[str, Depth | None]:
+    depths: dict[str, Depth | None] = {
+        name: Depth(0, unacked if unacked is None else 0, 0)
+        for name in stats_queues(stats_rows(TOPO))
+    }
+    depths["shop.tier.5s"] = Depth(1200, None if unacked is None else 0, 0)
+    depths["emails"] = Depth(7, unacked, 2)
+    depths["emails.dlq"] = Depth(3, None if unacked is None else 1, 0)
+    return depths
+
+
+def _line(text: str, queue: str) -> list[str]:
+    return next(line.split() for line in text.splitlines() if line.startswith(queue + " "))
+
+
+def test_the_table_from_the_management_api() -> None:
+    text = render_stats(stats_rows(TOPO), _depths(unacked=5), "management API http://x/")
+    assert text.splitlines()[0] == "# source: management API http://x/"
+    assert _line(text, "shop.tier.5s") == ["shop.tier.5s", "tier", "1,200", "1,200", "0", "0", "-"]
+    # depth = ready + unacked; the DLQ's depth counts its unacked message too
+    assert _line(text, "emails") == ["emails", "destination", "12", "7", "5", "2", "4"]
+    assert "AMQP" not in text
+
+
+def test_the_table_from_amqp_says_unacked_is_unknown() -> None:
+    text = render_stats(stats_rows(TOPO), _depths(unacked=None), "AMQP passive declares")
+    assert _line(text, "emails") == ["emails", "destination", "7", "7", "?", "2", "3"]
+    assert "ready messages only" in text and "lag" in text
+
+
+def test_missing_queues_are_shown_as_missing() -> None:
+    depths = _depths(unacked=0)
+    depths["shop.tier.1s"] = None
+    depths["emails.dlq"] = None
+    text = render_stats(stats_rows(TOPO), depths, "x")
+    assert _line(text, "shop.tier.1s") == ["shop.tier.1s", "tier", "missing", "-"]
+    assert _line(text, "emails")[-1] == "missing"
+
+
+def test_json() -> None:
+    depths = _depths(unacked=5)
+    depths["shop.unrouted"] = None
+    data = json.loads(stats_json(stats_rows(TOPO), depths, "management API"))
+    assert data["source"] == "management API"
+    by_queue = {q["queue"]: q for q in data["queues"]}
+    assert by_queue["emails"] == {
+        "queue": "emails",
+        "role": "destination",
+        "exists": True,
+        "ready": 7,
+        "unacked": 5,
+        "consumers": 2,
+        "depth": 12,
+        "dlq": "emails.dlq",
+        "dlq_depth": 4,
+    }
+    assert by_queue["shop.unrouted"] == {
+        "queue": "shop.unrouted",
+        "role": "unrouted",
+        "exists": False,
+    }

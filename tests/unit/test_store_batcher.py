@@ -1,0 +1,138 @@
+"""The async consumer's store calls: batched per event-loop turn, each caller its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from delayq.aio._store import StoreBatcher
+from delayq.errors import StoreError
+from delayq.idempotency import ClaimStatus, InMemoryStore, SQLiteStore, StoreOp
+
+LEASE = 60_000
+
+
+class CountingSQLite(SQLiteStore):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.batches: list[int] = []
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        self.batches.append(len(ops))
+        return super().run_batch(ops)
+
+
+class FailingSQLite(CountingSQLite):
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        raise OSError("database disk image is malformed")
+
+
+def test_claims_of_one_loop_turn_go_in_one_batch(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> list[ClaimStatus]:
+        keys = [f"k{n % 50}" for n in range(100)]  # every key twice
+        return await asyncio.gather(*(batcher.claim(k, lease_ms=LEASE, now_ms=0) for k in keys))
+
+    results = asyncio.run(main())
+    assert results[:50] == [ClaimStatus.CLAIMED] * 50
+    assert results[50:] == [ClaimStatus.BUSY] * 50
+    assert store.batches == [100]
+    batcher.close()
+    store.close()
+
+
+def test_operations_arriving_during_a_batch_form_the_next_one(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def one(key: str) -> ClaimStatus:
+        assert await batcher.claim(key, lease_ms=LEASE, now_ms=0) is ClaimStatus.CLAIMED
+        await batcher.complete(key, now_ms=1)
+        return await batcher.claim(key, lease_ms=LEASE, now_ms=2)
+
+    async def main() -> list[ClaimStatus]:
+        return await asyncio.gather(*(one(f"k{n}") for n in range(20)))
+
+    results = asyncio.run(main())
+    assert results == [ClaimStatus.DONE] * 20
+    assert sum(store.batches) == 60
+    assert len(store.batches) == 3
+    batcher.close()
+    store.close()
+
+
+def test_a_failed_batch_fails_each_caller_with_a_store_error(tmp_path):
+    store = FailingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> list[object]:
+        calls = [batcher.claim(f"k{n}", lease_ms=LEASE, now_ms=0) for n in range(3)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, StoreError) for r in results), results
+    assert all("malformed" in str(r) for r in results)
+    assert all(isinstance(r.__cause__, OSError) for r in results)  # type: ignore[union-attr]
+    batcher.close()
+    store.close()
+
+
+def test_the_batcher_goes_on_after_a_cancelled_caller(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> ClaimStatus:
+        doomed = asyncio.ensure_future(batcher.claim("a", lease_ms=LEASE, now_ms=0))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        await asyncio.sleep(0.05)
+        return await batcher.claim("b", lease_ms=LEASE, now_ms=0)
+
+    assert asyncio.run(main()) is ClaimStatus.CLAIMED
+    batcher.close()
+    store.close()
+
+
+def test_in_memory_stores_are_called_directly():
+    batcher = StoreBatcher(InMemoryStore())
+
+    async def main() -> tuple[ClaimStatus, ClaimStatus, int]:
+        first = await batcher.claim("k", lease_ms=LEASE, now_ms=0)
+        await batcher.complete("k", now_ms=1)
+        second = await batcher.claim("k", lease_ms=LEASE, now_ms=2)
+        pruned = await batcher.prune(older_than_ms=10)
+        return first, second, pruned
+
+    assert asyncio.run(main()) == (ClaimStatus.CLAIMED, ClaimStatus.DONE, 1)
+
+
+def test_prune_errors_are_store_errors(tmp_path):
+    store = SQLiteStore(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+    store.close()
+    with pytest.raises(StoreError, match="SQLiteStore"):
+        asyncio.run(batcher.prune(older_than_ms=0))
+    batcher.close()
+
+
+def test_a_claim_won_for_a_cancelled_caller_is_given_back(tmp_path):
+    """aiormq cancels deliveries in flight when the connection is lost: a claim that still
+    lands must not keep the key busy until its lease ends."""
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> ClaimStatus:
+        doomed = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
+        await asyncio.sleep(0)  # the batch is on its way to the store's thread
+        doomed.cancel()
+        await asyncio.sleep(0.2)
+        return await batcher.claim("k", lease_ms=LEASE, now_ms=1)
+
+    assert asyncio.run(main()) is ClaimStatus.CLAIMED
+    batcher.close()
+    store.close()
