@@ -288,15 +288,26 @@ class AsyncPublisher:
         guard = asyncio.create_task(watchdog())
         senders = [asyncio.create_task(sender()) for _ in range(count)]
         try:
-            done, _ = await asyncio.wait([*senders, guard], return_when=asyncio.FIRST_EXCEPTION)
-            if guard in done and guard.exception() is not None:
-                raise guard.exception()  # type: ignore[misc]
+            # Until every sender is done, a sender fails, or the watchdog gives up (it
+            # never ends by itself, so it cannot be waited for with ALL_COMPLETED).
+            waiting: set[asyncio.Task[None]] = {*senders, guard}
+            while True:
+                _, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if guard.done():
+                    guard.result()  # raises what the watchdog raised
+                if all(t.done() for t in senders) or any(
+                    t.done() and not t.cancelled() and t.exception() is not None
+                    for t in senders
+                ):
+                    break
         finally:
             guard.cancel()
             for task in senders:
                 task.cancel()
             await asyncio.gather(guard, *senders, return_exceptions=True)
-        errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
+        errors = [
+            e for t in senders if t.done() and not t.cancelled() and (e := t.exception())
+        ]
         if errors:
             raise next((e for e in errors if isinstance(e, AccessRefused)), errors[0])
 
