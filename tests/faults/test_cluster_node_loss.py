@@ -50,7 +50,9 @@ from delayq.localnode import LocalNode, LocalNodeError
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.slow]
 
-LADDER = ("2s", "5s", "10s")
+LADDER = ("2s", "5s", "20s")
+"""The top tier is long enough that messages are still parked at the fault even when
+publishing 9,000 takes 20 s on a loaded machine."""
 BEFORE_THE_FAULT = 9_000
 DURING_THE_FAULT = 1_000
 STALL_S = 20.0
@@ -99,7 +101,7 @@ class Recorder(logging.Handler):
 def _batch(first: int, count: int, rng: random.Random) -> list[Message]:
     messages = []
     for n in range(first, first + count):
-        delay_ms = rng.randint(1_000, 10_000)  # across all three tiers
+        delay_ms = rng.randint(1_000, 20_000)  # across all three tiers
         key = f"k{n:05d}"
         messages.append(Message({"key": key}, "job.cluster", f"{delay_ms}ms", message_id=key))
     return messages
