@@ -99,6 +99,8 @@ class LocalNode:
         config: Mapping[str, str] | None = None,
         management: bool = False,
         tls: NodeTLS | None = None,
+        cookie: str | None = None,
+        advanced_config: str | None = None,
     ) -> None:
         if not server_installed():
             raise LocalNodeError(
@@ -126,7 +128,14 @@ class LocalNode:
             **(tls.config(self.tls_port) if tls is not None and self.tls_port else {}),
             **(config or {}),
         }
+        self.cookie = cookie
+        """The Erlang cookie; nodes of one cluster share it (None: the node makes its own)."""
+        self.advanced_config = advanced_config
+        """Erlang terms for ``advanced.config`` (settings rabbitmq.conf cannot express)."""
         self._process: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalNode({self.name!r}, port={self.port})"
 
     @property
     def url(self) -> str:
@@ -169,8 +178,16 @@ class LocalNode:
         (self.base_dir / "enabled_plugins").write_text(f"[{plugins}].\n")
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         advanced = self.base_dir / "advanced.config"
-        if not advanced.exists():
+        if self.advanced_config is not None:
+            advanced.write_text(self.advanced_config)
+        elif not advanced.exists():
             advanced.write_text("[].\n")
+        if self.cookie is not None:  # HOME is base_dir: the node and rabbitmqctl read it there
+            cookie = self.base_dir / ".erlang.cookie"
+            if cookie.exists():
+                cookie.chmod(0o600)
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)  # Erlang refuses a cookie file others can read
 
     @property
     def running(self) -> bool:
@@ -214,10 +231,13 @@ class LocalNode:
                 raise LocalNodeError(f"node {self.name} did not open port {port} in time")
             time.sleep(0.2)
 
-    def ctl(self, *args: str, timeout_s: float = 60.0, check: bool = True) -> str:
-        """Run ``rabbitmqctl`` against this node and return its output."""
+    def ctl(
+        self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"
+    ) -> str:
+        """Run ``rabbitmqctl`` (or ``tool``, e.g. ``rabbitmq-queues``) against this node and
+        return its output."""
         result = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            [str(RABBITMQ_BIN / tool), "-n", self.name, *args],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -226,7 +246,7 @@ class LocalNode:
         )
         if check and result.returncode != 0:
             raise LocalNodeError(
-                f"rabbitmqctl {' '.join(args)} failed ({result.returncode}): "
+                f"{tool} {' '.join(args)} failed ({result.returncode}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
         return result.stdout

@@ -9,7 +9,9 @@
 
 ``local_rabbitmq_node`` and ``local_rabbitmq_management_node`` are local nodes
 the session controls (users, restarts, rabbitmqctl), the second with the
-management plugin enabled.
+management plugin enabled. ``local_rabbitmq_cluster`` starts three local nodes
+joined into one cluster (:mod:`delayq.localcluster`) for one test, and stops
+them after it.
 
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
 never pass as a skip there) and skips otherwise, saying how to get one.
@@ -34,11 +36,13 @@ from typing import Any
 
 import pytest
 
+from delayq.localcluster import LocalCluster
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
 from delayq.urls import redact
 
 __all__ = [
+    "local_rabbitmq_cluster",
     "local_rabbitmq_management_node",
     "local_rabbitmq_node",
     "postgres_dsn",
@@ -154,6 +158,23 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
     except LocalNodeError as exc:
         _no_broker(str(exc))
         raise
+
+
+@pytest.fixture
+def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
+    """Three local nodes joined into one cluster, for this test only (then stopped)."""
+    if not server_installed():
+        _no_broker("rabbitmq-server is not installed, and this test needs a local cluster")
+    cluster = LocalCluster(3)
+    try:
+        cluster.start()
+    except LocalNodeError as exc:
+        _no_broker(str(exc))
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
 
 
 @pytest.fixture(scope="session")

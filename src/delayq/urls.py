@@ -7,11 +7,22 @@ The query of a URL carries delayq's connection options, the same for both
 adapters: the TLS options of :mod:`delayq.tls` (``amqps://`` only) and
 ``heartbeat`` (seconds; 0 turns heartbeats off). Any other option is refused,
 so a typo never silently means "no client certificate".
+
+A URL may name several nodes of one cluster, separated by commas; they share
+the credentials, the vhost and the query::
+
+    amqp://app:secret@rabbit1:5672,rabbit2:5672,rabbit3:5672/orders?heartbeat=30
+
+:func:`host_urls` splits it into one single-host URL per node, and
+:func:`connection_plan` orders them for connecting: every host once, starting
+from a random one, so that many clients spread over the cluster and a lost
+node costs each of them at most one refused attempt.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -29,13 +40,21 @@ __all__ = [
     "CLIENT_OPTIONS",
     "DEFAULT_URL",
     "BrokerURL",
+    "connection_plan",
+    "host_label",
+    "host_urls",
+    "hosts_in_turn",
     "parse_url",
     "redact",
     "resolve_url",
+    "tried_hosts",
     "validate_url",
 ]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+
+_RNG = random.Random()
+"""Where each connection starts in a URL's list of hosts, unless the caller passes its own."""
 
 CLIENT_OPTIONS = ("heartbeat",)
 """Query options passed on to the client library (pika and aiormq read them alike)."""
@@ -142,24 +161,106 @@ def validate_url(url: object) -> str:
 
 
 def _check_syntax(url: object) -> str:
-    """Check that ``url`` is an ``amqp://`` or ``amqps://`` URL with a host."""
+    """Check that ``url`` is an ``amqp://`` or ``amqps://`` URL with one host or several."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidURL("broker URL must be a non-empty str like amqp://user:pass@host:5672/vhost")
+    for one in host_urls(url):
+        _check_one(one, shown=redact(url))
+    return url
+
+
+def _check_one(url: str, *, shown: str) -> None:
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise InvalidURL(f"broker URL {redact(url)} is malformed (bad port?)") from None
+        raise InvalidURL(f"broker URL {shown} is malformed (bad port?)") from None
     if parts.scheme not in ("amqp", "amqps"):
         raise InvalidURL(
-            f"broker URL {redact(url)} must start with amqp:// or amqps://, "
+            f"broker URL {shown} must start with amqp:// or amqps://, "
             f"not {parts.scheme + '://' if parts.scheme else 'nothing'}"
         )
     if not parts.hostname:
-        raise InvalidURL(f"broker URL {redact(url)} has no host")
+        raise InvalidURL(f"broker URL {shown} has no host")
     if port == 0:
-        raise InvalidURL(f"broker URL {redact(url)} has port 0")
-    return url
+        raise InvalidURL(f"broker URL {shown} has port 0")
+
+
+def _split_netloc(url: str) -> tuple[str, str, list[str], str] | None:
+    """``(scheme://, userinfo@, hosts, rest)`` of a URL whose host part lists several
+    hosts, else None (a single host, or not a URL at all)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    userinfo, at, hostlist = netloc.rpartition("@")
+    if "," not in hostlist:
+        return None
+    return f"{scheme}://", f"{userinfo}{at}", hostlist.split(","), tail
+
+
+def host_urls(url: str) -> list[str]:
+    """One single-host URL per host of ``url``, in the order written.
+
+    >>> host_urls("amqp://u:p@h1:5672,h2:5673/vh")
+    ['amqp://u:p@h1:5672/vh', 'amqp://u:p@h2:5673/vh']
+    """
+    split = _split_netloc(url)
+    if split is None:
+        return [url]
+    scheme, userinfo, hosts, tail = split
+    if any(not host.strip() for host in hosts):
+        raise InvalidURL(f"broker URL {redact(url)} has an empty host in its list of hosts")
+    return [f"{scheme}{userinfo}{host.strip()}{tail}" for host in hosts]
+
+
+def hosts_in_turn(url: str, rng: random.Random | None = None) -> list[str]:
+    """The single-host URLs of ``url``, each once, starting at a random one (``rng``)."""
+    urls = host_urls(url)
+    start = (rng or _RNG).randrange(len(urls))
+    return urls[start:] + urls[:start]
+
+
+def connection_plan(
+    url: str, *, attempts: int, backoff_s: float, rng: random.Random | None = None
+) -> list[tuple[float, str]]:
+    """``(pause_s, single-host URL)`` for each connection attempt, in order.
+
+    ``attempts`` rounds, each trying every host once from a random start (the same
+    order every round); the first attempt of each later round pauses
+    ``backoff_s``, then twice that, and so on.
+
+    >>> connection_plan("amqp://h1,h2/", attempts=2, backoff_s=0.5, rng=random.Random(0))
+    [(0.0, 'amqp://h2/'), (0.0, 'amqp://h1/'), (0.5, 'amqp://h2/'), (0.0, 'amqp://h1/')]
+    """
+    urls = hosts_in_turn(url, rng)
+    return [
+        (backoff_s * 2 ** (round_ - 1) if round_ and i == 0 else 0.0, one)
+        for round_ in range(max(1, attempts))
+        for i, one in enumerate(urls)
+    ]
+
+
+def host_label(url: str) -> str:
+    """``host:port`` of a single-host URL, for messages (never the credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port or (5671 if parts.scheme == 'amqps' else 5672)}"
+
+
+def tried_hosts(url: str) -> str:
+    """`` on each of its 3 hosts (h1:5672, ...)`` for a URL of several hosts, else ``""``."""
+    urls = host_urls(url)
+    if len(urls) == 1:
+        return ""
+    return f" on each of its {len(urls)} hosts ({', '.join(host_label(u) for u in urls)})"
 
 
 def resolve_url(explicit: str | None = None) -> str:

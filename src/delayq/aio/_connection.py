@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import aio_pika
@@ -11,7 +12,7 @@ from aio_pika.abc import AbstractConnection
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import parse_url, redact
+from delayq.urls import connection_plan, parse_url, redact, tried_hosts
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -38,18 +39,22 @@ async def connect(
     attempts: int = 3,
     backoff_s: float = 0.25,
     timeout_s: float = 10.0,
+    rng: random.Random | None = None,
 ) -> AbstractConnection:
     """Open a (non-robust) connection; delayq itself decides what to re-send on loss.
 
     A TLS failure (an untrusted certificate, a client certificate the broker
     wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
+    Each of ``attempts`` rounds tries every host of ``url`` once, from a random
+    start (:func:`delayq.urls.connection_plan`).
     """
     broker = parse_url(url)
-    context = broker.tls.context() if broker.tls is not None else None
     last: BaseException | None = None
-    for attempt in range(attempts):
-        if attempt:
-            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
+        if pause_s:
+            await asyncio.sleep(pause_s)
+        broker = parse_url(one)
+        context = broker.tls.context() if broker.tls is not None else None
         try:
             return await aio_pika.connect(
                 broker.client_url,
@@ -73,8 +78,8 @@ async def connect(
                 f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
             ) from None
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
+        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -10,11 +11,12 @@ import pika.exceptions as pex
 
 from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.errors import BrokerError, ConnectionFailed, DelayqError
-from delayq.urls import BrokerURL, parse_url, redact
+from delayq.urls import BrokerURL, connection_plan, hosts_in_turn, parse_url, redact, tried_hosts
 
 __all__ = [
     "CONNECTION_ERRORS",
     "connect",
+    "host_parameters",
     "parameters",
     "translate_channel_error",
 ]
@@ -61,6 +63,21 @@ def _parameters(
     return params
 
 
+def host_parameters(
+    url: str,
+    *,
+    name: str,
+    blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
+    rng: random.Random | None = None,
+) -> list[pika.URLParameters]:
+    """pika parameters for each host of ``url``, from a random start."""
+    parse_url(url)
+    return [
+        parameters(one, name=name, blocked_timeout_s=blocked_timeout_s)
+        for one in hosts_in_turn(url, rng)
+    ]
+
+
 def connect(
     url: str,
     *,
@@ -68,20 +85,23 @@ def connect(
     attempts: int = 3,
     backoff_s: float = 0.25,
     blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
+    rng: random.Random | None = None,
 ) -> pika.BlockingConnection:
     """Open a blocking connection, retrying ``attempts`` times with doubling back-off.
 
     A TLS failure (an untrusted certificate, a client certificate the broker
     wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
+    Each round tries every host of ``url`` once, from a random start
+    (:func:`delayq.urls.connection_plan`).
     """
     broker = parse_url(url)
-    params = _parameters(broker, url, name, blocked_timeout_s)
     last: BaseException | None = None
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
+        if pause_s:
+            time.sleep(pause_s)
+        broker = parse_url(one)
         try:
-            return pika.BlockingConnection(params)
+            return pika.BlockingConnection(_parameters(broker, one, name, blocked_timeout_s))
         except pex.ProbableAuthenticationError as exc:
             raise ConnectionFailed(
                 f"broker at {redact(url)} refused the credentials (wrong user or password?)"
@@ -97,8 +117,8 @@ def connect(
                 raise ConnectionFailed(failure) from exc
             last = exc
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts "
-        f"({type(last).__name__}); {broker.unreachable_hint(last)}"
+        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
 

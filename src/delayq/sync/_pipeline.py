@@ -182,7 +182,7 @@ class _Round:
 
 
 def publish_pipelined(
-    params: pika.ConnectionParameters,
+    hosts: Sequence[pika.ConnectionParameters],
     messages: Sequence[OutgoingMessage],
     *,
     window: int,
@@ -198,15 +198,19 @@ def publish_pipelined(
     a long batch survives several drops; what was in flight is sent again (same
     message ids: idempotent consumers skip the duplicates). ``explain`` names a
     failure that no retry can mend (TLS): nothing sent yet, it raises at once.
+    Each round after a lost one goes to the next of ``hosts`` (the nodes of a
+    cluster); an attempt is a pass over all of them.
     """
     results: dict[int, PublishError | None] = {}
     todo = list(range(len(messages)))
     barren_rounds = 0
     last: BaseException | None = None
     handed_over = False  # did any round write a message to a socket?
+    rounds = 0
     while todo:
         before = len(results)
-        rnd = _Round(params, messages, todo, window, properties, results)
+        rnd = _Round(hosts[rounds % len(hosts)], messages, todo, window, properties, results)
+        rounds += 1
         rnd.run()
         handed_over = handed_over or rnd.next_tag > 1
         if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
@@ -219,14 +223,15 @@ def publish_pipelined(
         if reason is not None:
             raise ConnectionFailed(reason) from last
         barren_rounds = 0 if len(results) > before else barren_rounds + 1
-        if barren_rounds >= attempts:
+        if barren_rounds >= attempts * len(hosts):
             break
         log.warning(
             "batch connection ended (%s) with %d messages unconfirmed; sending them again",
             type(last).__name__ if last else "closed",
             len(todo),
         )
-        time.sleep(backoff_s * 2 ** max(0, barren_rounds - 1))
+        if barren_rounds % len(hosts) == 0:  # back off after a whole pass over the hosts
+            time.sleep(backoff_s * 2 ** max(0, barren_rounds // len(hosts) - 1))
     if todo and not handed_over:
         raise ConnectionFailed(
             f"cannot connect to the broker at {url_for_errors} after {attempts} attempts "

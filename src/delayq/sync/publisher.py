@@ -27,7 +27,7 @@ from delayq.sync._connection import (
     CONNECTION_ERRORS,
     close_quietly,
     connect,
-    parameters,
+    host_parameters,
     translate_channel_error,
 )
 from delayq.sync._pipeline import publish_pipelined
@@ -215,11 +215,10 @@ class Publisher:
         if not built:
             return []
         broker = parse_url(self._url)
-        params = parameters(
-            self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
-        )
         publish_pipelined(
-            params,
+            host_parameters(
+                self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
+            ),
             built,
             window=max(1, window),
             properties=pika_properties,
