@@ -49,6 +49,7 @@ from delayq.errors import (
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.limits import MessageLimits
+from delayq.observe import DeliveryObserver, Settled
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
@@ -91,6 +92,7 @@ __all__ = [
     "ConsumerStats",
     "DelayTooLong",
     "DelayqError",
+    "DeliveryObserver",
     "Destination",
     "ExponentialBackoff",
     "FixedBackoff",
@@ -126,6 +128,7 @@ __all__ = [
     "SQLiteStore",
     "ScheduleBackoff",
     "ScheduleRow",
+    "Settled",
     "StoreError",
     "Tier",
     "Topology",

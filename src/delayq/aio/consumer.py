@@ -14,7 +14,7 @@ import inspect
 import logging
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -46,6 +46,7 @@ from delayq.idempotency import (
     call_in_transaction,
     check_transactional,
 )
+from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.topology import Topology
@@ -92,6 +93,7 @@ class AsyncConsumer:
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
         transactional: bool = False,
+        observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
@@ -143,6 +145,7 @@ class AsyncConsumer:
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.stats = ConsumerStats()
+        self._observers = Observers(observers)
 
     def __repr__(self) -> str:
         return f"AsyncConsumer(url={redact(self._url)!r}, queue={self.queue!r})"
@@ -317,6 +320,7 @@ class AsyncConsumer:
                 self._in_flight.discard(task)
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
+        received_ms = self._clock_ms()
         delivery = Delivery(
             queue=self.queue,
             body=message.body,
@@ -330,7 +334,8 @@ class AsyncConsumer:
             value = decode_body(delivery, self._model)
             key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
-            await self._perform(message, self._planner.undecodable(delivery, exc))
+            decision = self._planner.undecodable(delivery, exc)
+            await self._perform(message, decision, delivery, received_ms)
             return
         store = self._store if key is not None else None
         lease_until = 0
@@ -343,11 +348,14 @@ class AsyncConsumer:
                 await self._return(message, f"claiming its key failed: {exc}")
                 return
             if status is ClaimStatus.DONE:
-                await self._perform(message, self._planner.duplicate())
+                decision = self._planner.duplicate()
+                await self._perform(message, decision, delivery, received_ms)
                 return
             if status is ClaimStatus.BUSY:
-                await self._perform(message, self._planner.deferred(delivery))
+                decision = self._planner.deferred(delivery)
+                await self._perform(message, decision, delivery, received_ms)
                 return
+        started = monotonic_ms()
         try:
             await self._call_handler(value, key, lease_until)
         except asyncio.CancelledError:
@@ -357,7 +365,8 @@ class AsyncConsumer:
         except Exception as exc:
             if store is not None and key is not None:
                 await self._release(store, key)
-            await self._perform(message, self._planner.failure(delivery, exc))
+            decision = self._planner.failure(delivery, exc)
+            await self._perform(message, decision, delivery, received_ms, monotonic_ms() - started)
             return
         if store is not None and key is not None and not self._transactional:
             try:
@@ -365,7 +374,8 @@ class AsyncConsumer:
             except StoreError as exc:
                 await self._return(message, f"recording its key as done failed: {exc}")
                 return
-        await self._perform(message, self._planner.success())
+        handler_ms = monotonic_ms() - started
+        await self._perform(message, self._planner.success(), delivery, received_ms, handler_ms)
 
     async def _release(self, store: StoreBatcher, key: str) -> None:
         try:
@@ -453,7 +463,14 @@ class AsyncConsumer:
         await asyncio.sleep(self._return_pause_s)
         await self._acks.nack(message, requeue=True)
 
-    async def _perform(self, message: AbstractIncomingMessage, decision: Decision) -> None:
+    async def _perform(
+        self,
+        message: AbstractIncomingMessage,
+        decision: Decision,
+        delivery: Delivery,
+        received_ms: int,
+        handler_ms: float | None = None,
+    ) -> None:
         if decision.message is not None:
             try:
                 await self._publisher.send(decision.message)
@@ -464,3 +481,11 @@ class AsyncConsumer:
                 return
         self._acks.ack(message)
         self.stats.record(decision)
+        if self._observers:
+            self._observers.emit(
+                delivery,
+                decision,
+                received_at_ms=received_ms,
+                settled_at_ms=self._clock_ms(),
+                handler_ms=handler_ms,
+            )

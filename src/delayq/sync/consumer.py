@@ -15,7 +15,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, cast
 
@@ -50,6 +50,7 @@ from delayq.idempotency import (
     run_ops,
     store_error,
 )
+from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
@@ -59,6 +60,7 @@ from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["Consumer"]
+
 
 class StalledConsumer(Exception):
     """The queue holds ready messages but the broker delivers none: subscribe again."""
@@ -105,6 +107,7 @@ class Consumer:
         retention: object = "7d",
         non_retryable: tuple[type[BaseException], ...] = (),
         transactional: bool = False,
+        observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
     ) -> None:
@@ -145,6 +148,7 @@ class Consumer:
         self._stop = threading.Event()
         self.started = threading.Event()
         self.stats = ConsumerStats()
+        self._observers = Observers(observers)
 
     def __repr__(self) -> str:
         return f"Consumer(url={redact(self._url)!r}, queue={self.queue!r})"
@@ -294,6 +298,7 @@ class Consumer:
     # Deliveries ---------------------------------------------------------------
 
     def _process(self, method: Any, props: pika.BasicProperties, body: bytes) -> None:
+        received_ms = self._clock_ms()
         delivery = Delivery(
             queue=self.queue,
             body=body,
@@ -308,7 +313,8 @@ class Consumer:
             value = decode_body(delivery, self._model)
             key = idempotency_key(value, delivery, self._key, required=self._transactional)
         except Undecodable as exc:
-            self._perform(tag, self._planner.undecodable(delivery, exc))
+            decision = self._planner.undecodable(delivery, exc)
+            self._perform(tag, decision, delivery, received_ms)
             return
         store = self._store if key is not None else None
         claim = Claim(key or "", self._lease_ms, self._clock_ms())
@@ -319,11 +325,14 @@ class Consumer:
                 self._return(tag, delivery.message_id, f"claiming its key failed: {exc}")
                 return
             if status is ClaimStatus.DONE:
-                self._perform(tag, self._planner.duplicate())
+                decision = self._planner.duplicate()
+                self._perform(tag, decision, delivery, received_ms)
                 return
             if status is ClaimStatus.BUSY:
-                self._perform(tag, self._planner.deferred(delivery))
+                decision = self._planner.deferred(delivery)
+                self._perform(tag, decision, delivery, received_ms)
                 return
+        started = monotonic_ms()
         try:
             self._call_handler(value, claim)
         except Exception as exc:
@@ -332,7 +341,8 @@ class Consumer:
                     run_ops(store, [Release(claim.key)])
                 except StoreError as release_error:  # the claim's lease ends by itself
                     log.warning("releasing key %r failed: %s", claim.key, release_error)
-            self._perform(tag, self._planner.failure(delivery, exc))
+            decision = self._planner.failure(delivery, exc)
+            self._perform(tag, decision, delivery, received_ms, monotonic_ms() - started)
             return
         if store is not None and not self._transactional:
             try:
@@ -340,7 +350,8 @@ class Consumer:
             except StoreError as exc:
                 self._return(tag, delivery.message_id, f"recording its key as done failed: {exc}")
                 return
-        self._perform(tag, self._planner.success())
+        handler_ms = monotonic_ms() - started
+        self._perform(tag, self._planner.success(), delivery, received_ms, handler_ms)
 
     def _call_handler(self, value: Any, claim: Claim) -> None:
         assert self._connection is not None
@@ -388,7 +399,14 @@ class Consumer:
             self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
         self._channel.basic_nack(tag, requeue=True)
 
-    def _perform(self, tag: int, decision: Decision) -> None:
+    def _perform(
+        self,
+        tag: int,
+        decision: Decision,
+        delivery: Delivery,
+        received_ms: int,
+        handler_ms: float | None = None,
+    ) -> None:
         assert self._channel is not None
         if decision.message is not None:
             try:
@@ -401,3 +419,11 @@ class Consumer:
                 return
         self._channel.basic_ack(tag)
         self.stats.record(decision)
+        if self._observers:
+            self._observers.emit(
+                delivery,
+                decision,
+                received_at_ms=received_ms,
+                settled_at_ms=self._clock_ms(),
+                handler_ms=handler_ms,
+            )
