@@ -32,6 +32,10 @@ class Depth:
     unacked: int | None
     """``None`` when counted over AMQP, which cannot see unacknowledged messages."""
     consumers: int
+    forwarding: int | None = None
+    """Dead letters the queue still holds because their target has not accepted them yet
+    (a quorum queue with at-least-once dead-lettering; management API only): a count
+    that stays above 0 means dead-lettering is stuck (see the README's cluster section)."""
 
     @property
     def total(self) -> int:
@@ -82,6 +86,14 @@ def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], s
                 f"{_cell(depth.consumers):>9}"
             )
         lines.append(f"{row.queue:<{width}}  {row.role:<11} {cells} {dlq:>9}")
+    for row in rows:
+        depth = depths.get(row.queue)
+        if depth is not None and depth.forwarding:
+            lines.append(
+                f"# {row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
+                "if this lasts more than a few seconds, dead-lettering is stuck "
+                "(README: 'dead letters that stop moving')"
+            )
     if any(d is not None and d.unacked is None for d in depths.values()):
         lines.append(
             "# AMQP counts ready messages only (unacked: ?); quorum queues' counts can lag a little"

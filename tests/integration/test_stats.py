@@ -64,7 +64,11 @@ def test_stats_from_the_management_api(local_rabbitmq_management_node: LocalNode
                 f"{ns}.tier.1s": {"depth": 0},
                 f"{ns}.retry.30s": {"depth": 0},
                 f"{ns}.work": {
-                    "depth": 2, "ready": 1, "unacked": 1, "consumers": 1, "dlq_depth": 2,
+                    "depth": 2,
+                    "ready": 1,
+                    "unacked": 1,
+                    "consumers": 1,
+                    "dlq_depth": 2,
                 },
                 f"{ns}.unrouted": {"depth": 1},
             },
@@ -95,7 +99,11 @@ def test_stats_over_amqp_on_a_node_without_the_plugin(
                 f"{ns}.tier.30s": {"depth": 3, "ready": 3, "unacked": None, "consumers": 0},
                 # AMQP counts only the ready message, not the one held unacked.
                 f"{ns}.work": {
-                    "depth": 1, "ready": 1, "unacked": None, "consumers": 1, "dlq_depth": 2,
+                    "depth": 1,
+                    "ready": 1,
+                    "unacked": None,
+                    "consumers": 1,
+                    "dlq_depth": 2,
                 },
                 f"{ns}.unrouted": {"depth": 1},
             },
@@ -119,3 +127,33 @@ def test_stats_of_an_unapplied_topology_say_what_is_missing(
     line = next(x for x in run.stdout.splitlines() if x.startswith(f"{topology.namespace}.work "))
     assert line.split()[2:] == ["missing", "missing"]
     assert "topology apply" in run.stderr
+
+
+def test_stats_show_dead_letters_a_tier_cannot_forward(
+    local_rabbitmq_management_node: LocalNode, node_topology
+):
+    """With its target exchange gone, a quorum tier keeps its expired messages as dead
+    letters (at-least-once): neither ready nor unacked, and stats must say so."""
+    node = local_rabbitmq_management_node
+    topology, path = node_topology(node, ("1s", "30s"))
+    ns = topology.namespace
+    apply_topology(topology, node.url)
+    with Publisher(node.url, topology) as publisher:
+        for n in range(4):
+            publisher.publish({"n": n}, "job.later", "1s")
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        connection.channel().exchange_delete(topology.ready_exchange)
+    finally:
+        connection.close()
+    assert node.management_url is not None
+    args = ["--file", str(path), "--url", node.url, "--management-url", node.management_url]
+    try:
+        _stats_until(
+            args, {f"{ns}.tier.1s": {"depth": 0, "forwarding": 4}, f"{ns}.work": {"depth": 0}}
+        )
+        table = delayq("stats", *args)
+        assert f"# {ns}.tier.1s holds 4 dead letters not yet forwarded" in table.stdout
+        assert f"{ns}.tier.30s holds" not in table.stdout
+    finally:
+        apply_topology(topology, node.url)  # the ready exchange back: the letters move on

@@ -79,6 +79,7 @@ def test_json() -> None:
         "ready": 7,
         "unacked": 5,
         "consumers": 2,
+        "forwarding": None,
         "depth": 12,
         "dlq": "emails.dlq",
         "dlq_depth": 4,
@@ -88,3 +89,31 @@ def test_json() -> None:
         "role": "unrouted",
         "exists": False,
     }
+
+
+def test_dead_letters_held_by_a_tier_are_flagged() -> None:
+    depths = _depths(unacked=0)
+    depths["shop.tier.1s"] = Depth(0, 0, 0, forwarding=384)
+    text = render_stats(stats_rows(TOPO), depths, "management API http://x/")
+    assert "# shop.tier.1s holds 384 dead letters not yet forwarded" in text
+    assert "shop.tier.5s holds" not in text
+    queues = {
+        q["queue"]: q for q in json.loads(stats_json(stats_rows(TOPO), depths, "x"))["queues"]
+    }
+    assert queues["shop.tier.1s"]["forwarding"] == 384
+    assert queues["shop.tier.5s"]["forwarding"] is None
+
+
+def test_forwarding_is_counted_for_quorum_queues_only() -> None:
+    from delayq.sync.depths import _api_depth
+
+    quorum = {
+        "type": "quorum",
+        "messages": 10,
+        "messages_ready": 3,
+        "messages_unacknowledged": 2,
+        "consumers": 1,
+    }
+    assert _api_depth(quorum) == Depth(3, 2, 1, forwarding=5)
+    assert _api_depth({**quorum, "type": "classic"}).forwarding is None
+    assert _api_depth({"type": "quorum", "messages": None}).forwarding == 0

@@ -33,13 +33,28 @@ def _by_api(api: ManagementAPI, vhost: str, queues: list[str]) -> dict[str, Dept
         depths[name] = (
             None
             if found is None
-            else Depth(
-                ready=int(found.get("messages_ready") or 0),
-                unacked=int(found.get("messages_unacknowledged") or 0),
-                consumers=int(found.get("consumers") or 0),
-            )
+            else _api_depth(found)
         )
     return depths
+
+
+def _api_depth(found: dict[str, object]) -> Depth:
+    ready = _count(found.get("messages_ready"))
+    unacked = _count(found.get("messages_unacknowledged"))
+    held = _count(found.get("messages"))
+    # A quorum queue counts the dead letters it keeps until their target confirms them
+    # in ``messages`` but neither in ready nor in unacknowledged.
+    forwarding = max(0, held - ready - unacked) if found.get("type") == "quorum" else None
+    return Depth(
+        ready=ready,
+        unacked=unacked,
+        consumers=_count(found.get("consumers")),
+        forwarding=forwarding,
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Depth | None]:
