@@ -46,3 +46,36 @@ def test_a_consumer_reconnects_after_its_connection_is_closed_and_loses_nothing(
     assert len(seen) == total, f"{total - len(seen)} messages were never handled"
     assert max(seen.values()) == 1, "a handler ran twice despite the store"
     assert consumer.stats.reconnects >= 1
+
+
+def test_a_handler_thread_cut_from_its_connection_still_records_its_key(
+    local_rabbitmq_node, make_topology, start_consumer
+):
+    """A plain handler runs in a thread nobody can stop: when the connection is lost
+    while it runs, its key must still be recorded once it ends, so the redelivery after
+    the reconnect is a skipped duplicate, not a second effect."""
+    node = local_rabbitmq_node
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    started = threading.Event()
+    effects: list[str] = []
+
+    def handler(body: dict[str, str]) -> None:
+        started.set()
+        time.sleep(1.5)
+        effects.append(body["id"])
+
+    consumer = start_consumer(
+        topo, queue, handler, url=node.url, store=InMemoryStore(), key=lambda b: b["id"]
+    )
+    with Publisher(node.url, topo) as pub:
+        pub.publish({"id": "cut-1"}, "job.cut", "0s", message_id="cut-1")
+    assert started.wait(20)
+    node.ctl("close_all_connections", "delayq cut handler test", check=False)
+    deadline = time.monotonic() + 30
+    while consumer.stats.duplicates + consumer.stats.handled < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.0)  # room for a second run of the handler, if there were one
+    consumer.stop()
+    assert effects == ["cut-1"], effects
+    assert consumer.stats.reconnects >= 1

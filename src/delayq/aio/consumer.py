@@ -62,6 +62,15 @@ transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
 
 
+class _HandlerCut(Exception):
+    """The delivery was cancelled (connection lost, stop) while its handler ran in a
+    thread, which goes on: ``running`` ends when the thread does."""
+
+    def __init__(self, running: asyncio.Future[Any]) -> None:
+        super().__init__("handler thread cut from its delivery")
+        self.running = running
+
+
 class AsyncConsumer:
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
@@ -140,6 +149,7 @@ class AsyncConsumer:
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._finishing: set[asyncio.Task[None]] = set()
         self._acks = AckCoalescer()
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
@@ -261,6 +271,8 @@ class AsyncConsumer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        if self._finishing:  # handler threads cut from their deliveries: record their keys
+            await asyncio.wait(self._finishing, timeout=timeout_s)
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -358,6 +370,10 @@ class AsyncConsumer:
         started = monotonic_ms()
         try:
             await self._call_handler(value, key, lease_until)
+        except _HandlerCut as cut:
+            if store is not None and key is not None:
+                self._finish_cut(cut.running, store, key)
+            raise asyncio.CancelledError from None
         except asyncio.CancelledError:
             if store is not None and key is not None:
                 await self._release(store, key)
@@ -383,29 +399,57 @@ class AsyncConsumer:
         except StoreError as exc:  # the claim's lease ends by itself
             log.warning("releasing key %r failed: %s", key, exc)
 
+    def _finish_cut(self, running: asyncio.Future[Any], store: StoreBatcher, key: str) -> None:
+        """When a cut handler thread ends, record its key (or give the claim back if it
+        failed), so the redelivery is a skipped duplicate rather than a second effect."""
+
+        async def finish() -> None:
+            try:
+                await running
+            except BaseException:
+                await self._release(store, key)
+                return
+            if self._transactional:
+                return  # the handler's commit recorded the key
+            try:
+                await store.complete(key, now_ms=self._clock_ms())
+            except StoreError as exc:  # the lease ends by itself; a redelivery may rerun
+                log.warning("recording key %r of a cut handler failed: %s", key, exc)
+
+        finishing = asyncio.get_running_loop().create_task(finish())
+        self._finishing.add(finishing)
+        finishing.add_done_callback(self._finishing.discard)
+
     async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
         """Run the handler; the watchdog cancels it past ``handler_timeout``."""
         task = asyncio.current_task()
         assert task is not None
         self._deadlines[task] = asyncio.get_running_loop().time() + self._timeout_ms / 1000
+        running: asyncio.Future[Any] | None = None
         try:
             if self._transactional:
                 assert self._store is not None and key is not None
-                await asyncio.to_thread(
-                    call_in_transaction,
-                    cast(TransactionalStore, self._store.store),
-                    cast(TransactionalHandler, self._handler),
-                    value,
-                    key=key,
-                    lease_until_ms=lease_until,
-                    now_ms=self._clock_ms(),
+                running = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        call_in_transaction,
+                        cast(TransactionalStore, self._store.store),
+                        cast(TransactionalHandler, self._handler),
+                        value,
+                        key=key,
+                        lease_until_ms=lease_until,
+                        now_ms=self._clock_ms(),
+                    )
                 )
+                await asyncio.shield(running)
             elif self._is_async:
                 await self._handler(value)
             else:
-                await asyncio.to_thread(self._handler, value)
+                running = asyncio.ensure_future(asyncio.to_thread(self._handler, value))
+                await asyncio.shield(running)
         except asyncio.CancelledError:
             if task not in self._timed_out:
+                if running is not None:
+                    raise _HandlerCut(running) from None
                 raise
             uncancel = getattr(task, "uncancel", None)  # Python 3.11+
             if uncancel is not None:
