@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pika
@@ -30,12 +30,51 @@ from delayq.errors import (
     TopologyMissing,
 )
 
-__all__ = ["publish_pipelined"]
+__all__ = ["Settle", "publish_pipelined", "send_pipelined"]
 
 log = logging.getLogger("delayq.publisher")
 
 CONFIRM_IDLE_TIMEOUT_S = 60.0
 """A round with messages unconfirmed and no confirm for this long is abandoned."""
+
+
+Settle = Callable[[int, OutgoingMessage, "PublishError | None"], None]
+"""Told the fate of each message once: its index in the stream, itself, and ``None``
+when confirmed or the error that stopped it."""
+
+
+class _Source:
+    """What is left to send: first what a lost round left unconfirmed, then the stream.
+
+    Messages are pulled from the stream only as the window frees up, so a stream
+    of millions holds at most ``window`` messages in memory.
+    """
+
+    def __init__(self, stream: Iterator[tuple[int, OutgoingMessage]]) -> None:
+        self.again: deque[tuple[int, OutgoingMessage]] = deque()
+        self._stream = stream
+        self.exhausted = False
+
+    def next(self) -> tuple[int, OutgoingMessage] | None:
+        if self.again:
+            return self.again.popleft()
+        if self.exhausted:
+            return None
+        item = next(self._stream, None)
+        if item is None:
+            self.exhausted = True
+        return item
+
+    def push_front(self, items: Iterable[tuple[int, OutgoingMessage]]) -> None:
+        self.again.extendleft(reversed(list(items)))
+
+    @property
+    def done(self) -> bool:
+        return self.exhausted and not self.again
+
+    def drain(self) -> Iterator[tuple[int, OutgoingMessage]]:
+        while (item := self.next()) is not None:
+            yield item
 
 
 class _Round:
@@ -44,27 +83,30 @@ class _Round:
     def __init__(
         self,
         params: pika.ConnectionParameters,
-        messages: Sequence[OutgoingMessage],
-        todo: list[int],
+        source: _Source,
         window: int,
         properties: Callable[[OutgoingMessage], pika.BasicProperties],
-        results: dict[int, PublishError | None],
+        settle: Settle,
     ) -> None:
         self.params = params
-        self.messages = messages
-        self.pending: deque[int] = deque(todo)
+        self.source = source
         self.window = window
         self.properties = properties
-        self.results = results
-        self.outstanding: OrderedDict[int, int] = OrderedDict()  # tag -> message index
+        self.settle = settle
+        # tag -> (stream index, message), in delivery-tag order
+        self.outstanding: OrderedDict[int, tuple[int, OutgoingMessage]] = OrderedDict()
         self.returned: set[int] = set()
+        self.settled = 0
         self.next_tag = 1
         self.fatal: BaseException | None = None
         self.lost: BaseException | None = None
         self.channel: Any = None
         self.connection: pika.SelectConnection | None = None
         self.last_progress = time.monotonic()
-        self.exchanges = sorted({messages[i].exchange for i in todo})
+        # A publish to a missing exchange closes the channel and leaves the fate of
+        # every in-flight message unknown, so each exchange is checked before its
+        # first message of the round goes out.
+        self.checked: set[str] = set()
 
     def run(self) -> None:
         self.connection = pika.SelectConnection(
@@ -87,7 +129,7 @@ class _Round:
         self.connection.ioloop.stop()
 
     def _on_closed(self, _conn: Any, reason: BaseException) -> None:
-        if self.outstanding or self.pending:
+        if self.outstanding or not self.source.done:
             self.lost = self.lost or reason
         assert self.connection is not None
         self.connection.ioloop.stop()
@@ -96,7 +138,7 @@ class _Round:
         self.channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._check_exchanges)
+        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._fill)
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
         if isinstance(reason, pex.ChannelClosedByBroker):
@@ -106,14 +148,15 @@ class _Round:
             )
         self._finish()
 
-    def _check_exchanges(self, _frame: Any = None) -> None:
-        # A publish to a missing exchange closes the channel and leaves the fate of
-        # every in-flight message unknown, so check the few exchanges first.
-        if self.exchanges:
-            name = self.exchanges.pop()
-            self.channel.exchange_declare(name, passive=True, callback=self._check_exchanges)
-        else:
+    def _check_exchange(self, item: tuple[int, OutgoingMessage]) -> None:
+        name = item[1].exchange
+        self.source.push_front([item])
+
+        def checked(_frame: Any) -> None:
+            self.checked.add(name)
             self._fill()
+
+        self.channel.exchange_declare(name, passive=True, callback=checked)
 
     def _watchdog(self) -> None:
         assert self.connection is not None
@@ -134,26 +177,28 @@ class _Round:
 
     # publishing ---------------------------------------------------------------
 
-    def _fill(self) -> None:
+    def _fill(self, _frame: Any = None) -> None:
         channel = self.channel
-        while self.pending and len(self.outstanding) < self.window:
-            index = self.pending.popleft()
-            msg = self.messages[index]
-            self.outstanding[self.next_tag] = index
+        while len(self.outstanding) < self.window:
+            item = self.source.next()
+            if item is None:
+                break
+            msg = item[1]
+            if msg.exchange not in self.checked:
+                self._check_exchange(item)
+                return
+            self.outstanding[self.next_tag] = item
             self.next_tag += 1
             channel.basic_publish(
                 msg.exchange, msg.routing_key, msg.body, self.properties(msg), mandatory=True
             )
-        if not self.pending and not self.outstanding:
+        if self.source.done and not self.outstanding:
             self._finish()
 
     def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
         # Returns come before the confirm of the same message, in publish order.
-        for index in self.outstanding.values():  # in delivery-tag order
-            if (
-                index not in self.returned
-                and self.messages[index].message_id == properties.message_id
-            ):
+        for index, msg in self.outstanding.values():  # in delivery-tag order
+            if index not in self.returned and msg.message_id == properties.message_id:
                 self.returned.add(index)
                 return
 
@@ -165,20 +210,86 @@ class _Round:
             while self.outstanding and next(iter(self.outstanding)) <= tag:
                 self._settle(self.outstanding.popitem(last=False)[1], acked)
         else:
-            index = self.outstanding.pop(tag, None)
-            if index is not None:
-                self._settle(index, acked)
+            item = self.outstanding.pop(tag, None)
+            if item is not None:
+                self._settle(item, acked)
         self.last_progress = time.monotonic()
         self._fill()
 
-    def _settle(self, index: int, acked: bool) -> None:
-        msg = self.messages[index]
+    def _settle(self, item: tuple[int, OutgoingMessage], acked: bool) -> None:
+        index, msg = item
+        self.settled += 1
         if index in self.returned:
-            self.results[index] = outcomes.unroutable(msg)
+            self.returned.discard(index)
+            self.settle(index, msg, outcomes.unroutable(msg))
         elif acked:
-            self.results[index] = None
+            self.settle(index, msg, None)
         else:
-            self.results[index] = outcomes.rejected(msg)
+            self.settle(index, msg, outcomes.rejected(msg))
+
+
+def send_pipelined(
+    hosts: Sequence[pika.ConnectionParameters],
+    messages: Iterable[OutgoingMessage],
+    *,
+    settle: Settle,
+    window: int,
+    properties: Callable[[OutgoingMessage], pika.BasicProperties],
+    attempts: int,
+    backoff_s: float,
+    url_for_errors: str,
+    explain: Callable[[BaseException], str | None] = lambda _exc: None,
+) -> None:
+    """Stream ``messages`` with up to ``window`` unconfirmed; ``settle`` hears each fate once.
+
+    ``messages`` is pulled lazily (a generator of millions is fine). A lost
+    connection costs an attempt only when its round confirmed nothing, so a long
+    stream survives several drops; what was in flight is sent again (same
+    message ids: idempotent consumers skip the duplicates). When the attempts
+    are spent, every message not yet settled is settled as unconfirmed; if
+    nothing was ever written to a socket, :class:`~delayq.errors.ConnectionFailed`
+    is raised instead. ``explain`` names a failure that no retry can mend (TLS):
+    nothing sent yet, it raises at once. Each round after a lost one goes to the
+    next of ``hosts`` (the nodes of a cluster); an attempt is a pass over all of
+    them. :class:`~delayq.errors.TopologyMissing` and
+    :class:`~delayq.errors.AccessRefused` raise at once.
+    """
+    source = _Source(enumerate(messages))
+    barren_rounds = 0
+    last: BaseException | None = None
+    handed_over = False  # did any round write a message to a socket?
+    rounds = 0
+    while True:
+        rnd = _Round(hosts[rounds % len(hosts)], source, window, properties, settle)
+        rounds += 1
+        rnd.run()
+        handed_over = handed_over or rnd.next_tag > 1
+        if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
+            raise rnd.fatal
+        source.push_front(rnd.outstanding.values())
+        if source.done:
+            return
+        last = rnd.fatal or rnd.lost
+        reason = explain(last) if last is not None and not handed_over else None
+        if reason is not None:
+            raise ConnectionFailed(reason) from last
+        barren_rounds = 0 if rnd.settled else barren_rounds + 1
+        if barren_rounds >= attempts * len(hosts):
+            break
+        log.warning(
+            "batch connection ended (%s) with %d messages unconfirmed; sending them again",
+            type(last).__name__ if last else "closed",
+            len(source.again),
+        )
+        if barren_rounds % len(hosts) == 0:  # back off after a whole pass over the hosts
+            time.sleep(backoff_s * 2 ** max(0, barren_rounds // len(hosts) - 1))
+    if not handed_over:
+        raise ConnectionFailed(
+            f"cannot connect to the broker at {url_for_errors} after {attempts} attempts "
+            f"({type(last).__name__}); nothing of the batch was sent"
+        ) from last
+    for index, msg in source.drain():
+        settle(index, msg, outcomes.unconfirmed(msg, attempts, url_for_errors, last))
 
 
 def publish_pipelined(
@@ -194,52 +305,26 @@ def publish_pipelined(
 ) -> None:
     """Publish ``messages`` with up to ``window`` unconfirmed; raise for any not confirmed.
 
-    A lost connection costs an attempt only when its round confirmed nothing, so
-    a long batch survives several drops; what was in flight is sent again (same
-    message ids: idempotent consumers skip the duplicates). ``explain`` names a
-    failure that no retry can mend (TLS): nothing sent yet, it raises at once.
-    Each round after a lost one goes to the next of ``hosts`` (the nodes of a
-    cluster); an attempt is a pass over all of them.
+    :func:`send_pipelined` over a list, raising
+    :class:`~delayq.errors.PublishBatchError` naming each failed message.
     """
-    results: dict[int, PublishError | None] = {}
-    todo = list(range(len(messages)))
-    barren_rounds = 0
-    last: BaseException | None = None
-    handed_over = False  # did any round write a message to a socket?
-    rounds = 0
-    while todo:
-        before = len(results)
-        rnd = _Round(hosts[rounds % len(hosts)], messages, todo, window, properties, results)
-        rounds += 1
-        rnd.run()
-        handed_over = handed_over or rnd.next_tag > 1
-        if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
-            raise rnd.fatal
-        todo = [i for i in todo if i not in results]
-        if not todo:
-            break
-        last = rnd.fatal or rnd.lost
-        reason = explain(last) if last is not None and not handed_over else None
-        if reason is not None:
-            raise ConnectionFailed(reason) from last
-        barren_rounds = 0 if len(results) > before else barren_rounds + 1
-        if barren_rounds >= attempts * len(hosts):
-            break
-        log.warning(
-            "batch connection ended (%s) with %d messages unconfirmed; sending them again",
-            type(last).__name__ if last else "closed",
-            len(todo),
-        )
-        if barren_rounds % len(hosts) == 0:  # back off after a whole pass over the hosts
-            time.sleep(backoff_s * 2 ** max(0, barren_rounds // len(hosts) - 1))
-    if todo and not handed_over:
-        raise ConnectionFailed(
-            f"cannot connect to the broker at {url_for_errors} after {attempts} attempts "
-            f"({type(last).__name__}); nothing of the batch was sent"
-        ) from last
-    for index in todo:
-        results[index] = outcomes.unconfirmed(messages[index], attempts, url_for_errors, last)
-    failures = {i: e for i, e in results.items() if e is not None}
+    failures: dict[int, PublishError] = {}
+
+    def settle(index: int, _msg: OutgoingMessage, error: PublishError | None) -> None:
+        if error is not None:
+            failures[index] = error
+
+    send_pipelined(
+        hosts,
+        messages,
+        settle=settle,
+        window=window,
+        properties=properties,
+        attempts=attempts,
+        backoff_s=backoff_s,
+        url_for_errors=url_for_errors,
+        explain=explain,
+    )
     if failures:
         receipts = [None if i in failures else messages[i].receipt for i in range(len(messages))]
         raise PublishBatchError(receipts, failures)

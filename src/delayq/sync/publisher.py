@@ -30,7 +30,7 @@ from delayq.sync._connection import (
     host_parameters,
     translate_channel_error,
 )
-from delayq.sync._pipeline import publish_pipelined
+from delayq.sync._pipeline import Settle, publish_pipelined, send_pipelined
 from delayq.topology import Topology
 from delayq.urls import parse_url, redact, resolve_url
 
@@ -228,3 +228,47 @@ class Publisher:
             explain=broker.tls_failure,
         )
         return [m.receipt for m in built]
+
+    def send_many(
+        self,
+        messages: Iterable[OutgoingMessage],
+        *,
+        settle: Settle,
+        window: int = 1000,
+    ) -> None:
+        """Stream already built messages through one connection with pipelined confirms.
+
+        ``messages`` is pulled lazily, at most ``window`` unconfirmed at a time,
+        so a generator of millions needs little memory; build them with
+        ``publisher.factory`` (or :class:`~delayq.bulk.BulkPlanner`), which
+        validates each before it reaches the stream. ``settle(index, message,
+        error)`` is called once per message: ``error`` is ``None`` when the
+        broker confirmed it, else the :class:`~delayq.errors.PublishError`
+        (rejected, unroutable, or unconfirmed once the retries are spent).
+        Raises :class:`~delayq.errors.ConnectionFailed` when nothing could be
+        sent, :class:`~delayq.errors.TopologyMissing` or
+        :class:`~delayq.errors.AccessRefused` at once.
+
+        >>> failed = []                                           # doctest: +SKIP
+        >>> pub.send_many((pub.factory.build(b, "job.x", "1m") for b in bodies),
+        ...               settle=lambda i, m, e: e and failed.append((i, e)))
+        """
+        broker = parse_url(self._url)
+        send_pipelined(
+            host_parameters(
+                self._url, name="delayq-publisher-stream", blocked_timeout_s=self._blocked_timeout_s
+            ),
+            messages,
+            settle=settle,
+            window=max(1, window),
+            properties=pika_properties,
+            attempts=self._publish_attempts,
+            backoff_s=self._backoff_s,
+            url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
+        )
+
+    @property
+    def factory(self) -> MessageFactory:
+        """The pure builder this publisher validates and builds messages with."""
+        return self._factory
