@@ -1,0 +1,24 @@
+"""delayq on Spark (PySpark): bulk scheduling from DataFrames and delivery analytics.
+
+Needs the ``spark`` extra (``pip install 'delayq[spark]'``): PySpark, and
+matplotlib for the report's plots. Importing :mod:`delayq` never needs them.
+
+>>> from delayq.spark import schedule, report            # doctest: +SKIP
+>>> summary = schedule(df, url=url, topology=topology, key_col="id",
+...                    routing_key_col="kind", delay_col="delay", body_col="payload",
+...                    errors_path="out/errors")
+>>> summary.published                                    # doctest: +SKIP
+{'1m': 120000, '5m': 80000}
+"""
+
+from __future__ import annotations
+
+from delayq.spark._session import require_pyspark
+
+require_pyspark()
+
+from delayq.spark._session import local_session  # noqa: E402
+from delayq.spark.report import ReportSummary, report  # noqa: E402
+from delayq.spark.schedule import ScheduleSummary, schedule  # noqa: E402
+
+__all__ = ["ReportSummary", "ScheduleSummary", "local_session", "report", "schedule"]

@@ -1,0 +1,49 @@
+"""The Spark session delayq's jobs run in, and the check that PySpark is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["MISSING_EXTRA", "local_session", "require_pyspark"]
+
+MISSING_EXTRA = (
+    "the Spark jobs need PySpark and matplotlib: install the extra with "
+    "pip install 'delayq[spark]' (and a Java runtime, 17 or later)"
+)
+
+
+def require_pyspark() -> None:
+    """Raise ImportError naming the ``delayq[spark]`` extra when PySpark is missing."""
+    for module in ("pyspark", "matplotlib"):
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"{module} is not installed; {MISSING_EXTRA}")
+
+
+def local_session(
+    master: str | None = None, *, app_name: str = "delayq", shuffle_partitions: int | None = None
+) -> SparkSession:
+    """The active Spark session, or a new one (``master`` default ``local[*]``).
+
+    Under ``spark-submit`` the master comes from the submit command; locally the
+    Python workers run this interpreter, so they import the same delayq.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        return active
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None or "SPARK_HOME" not in os.environ:
+        builder = builder.master(master or "local[*]")
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    builder = builder.config("spark.ui.enabled", "false")
+    return builder.getOrCreate()

@@ -1,0 +1,329 @@
+"""Bulk scheduling from a DataFrame: every partition publishes through one connection.
+
+Each Spark task plans its rows with :class:`~delayq.bulk.BulkPlanner` (pure) and
+streams the messages through :meth:`delayq.sync.Publisher.send_many` with
+pipelined confirms. Message ids are derived from the key column, so a retried
+task, a recomputed partition or a re-run job sends only duplicates, which
+idempotent consumers skip.
+
+A task whose messages the broker did not confirm (connection lost for good,
+publishers blocked) fails, and Spark retries it. Rows the broker refused
+(nacked, unroutable) and rows that cannot be sent are rejections: counted per
+tier in the summary and written to the errors output with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from delayq.bulk import BulkPlanner, Rejection, Row, tier_of
+from delayq.envelope import OutgoingMessage
+from delayq.errors import InvalidInput, PublishError, PublishRejected, Unroutable
+from delayq.topology import Topology
+from delayq.urls import resolve_url
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["ERRORS_SCHEMA", "ScheduleSummary", "publish_partition", "schedule"]
+
+ERRORS_SCHEMA = (
+    "key string, routing_key string, delay string, tier string, error string, reason string"
+)
+"""The errors output: one line per row not published (DDL of its Spark schema)."""
+
+Progress = Callable[[int, int], None]
+"""Told (tasks done, tasks in all) while the job runs."""
+
+_PUBLISHED, _REJECTED = "published", "rejected"
+
+
+@dataclass(frozen=True)
+class ScheduleSummary:
+    """What a :func:`schedule` job did: messages published and rows rejected, per tier."""
+
+    published: dict[str, int]
+    """Confirmed messages per tier label (``"immediate"`` for no delay)."""
+    rejected: dict[str, int]
+    """Rejected rows per tier (``"-"``: the row never got a tier)."""
+    errors: dict[str, int]
+    """Rejected rows per error (``InvalidDelay``, ``DelayTooLong``, ``InvalidBody``...)."""
+    errors_path: str | None
+    rejections: list[dict[str, Any]] = field(default_factory=list)
+    """The rejections themselves when no ``errors_path`` was given."""
+
+    @property
+    def total_published(self) -> int:
+        return sum(self.published.values())
+
+    @property
+    def total_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+    def render(self) -> str:
+        """A small table: published and rejected per tier, then rejections per error."""
+        tiers = sorted(set(self.published) | set(self.rejected), key=_tier_order)
+        lines = [f"{'tier':>10}  {'published':>10}  {'rejected':>9}"]
+        for tier in tiers:
+            lines.append(
+                f"{tier:>10}  {self.published.get(tier, 0):>10}  {self.rejected.get(tier, 0):>9}"
+            )
+        lines.append(f"{'total':>10}  {self.total_published:>10}  {self.total_rejected:>9}")
+        for error, count in sorted(self.errors.items()):
+            lines.append(f"rejected: {count} {error}")
+        if self.errors_path and self.total_rejected:
+            lines.append(f"rejections written to {self.errors_path}")
+        return "\n".join(lines) + "\n"
+
+
+def _tier_order(label: str) -> tuple[int, int]:
+    from delayq.durations import to_ms
+
+    if label == "immediate":
+        return (0, 0)
+    try:
+        return (1, to_ms(label))
+    except InvalidInput:
+        return (2, 0)
+
+
+def publish_partition(
+    url: str,
+    topology_data: dict[str, Any],
+    *,
+    window: int,
+    body_json: bool,
+) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
+    """The function each Spark task runs over its rows (plain data in, tuples out).
+
+    Rows are ``(key, routing_key, delay, due_at_us, due_text, body)``. It yields
+    one ``("rejected", key, routing_key, delay, tier, error, reason, 1)`` per
+    rejection and one ``("published", None, None, None, tier, None, None, n)``
+    per tier.
+    """
+
+    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        from delayq.sync.publisher import Publisher
+
+        topology = Topology.model_validate(topology_data)
+        rejections: list[Rejection] = []
+        published: Counter[str] = Counter()
+        keys: dict[int, str] = {}  # at most `window` entries: those not yet settled
+        sent = itertools.count()
+        unconfirmed: list[PublishError] = []
+        with Publisher(url, topology) as publisher:
+            planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
+
+            def stream() -> Iterator[OutgoingMessage]:
+                for key, routing_key, delay, due_us, due_text, body in rows:
+                    planned = planner.plan(
+                        Row(
+                            key=key,
+                            routing_key=routing_key,
+                            body=body,
+                            delay=delay,
+                            due_at_ms=None if due_us is None else -(-int(due_us) // 1000),
+                            due_text=due_text,
+                        )
+                    )
+                    if isinstance(planned, Rejection):
+                        rejections.append(planned)
+                    else:
+                        keys[next(sent)] = str(key)  # the stream's index of this message
+                        yield planned
+
+            def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+                key = keys.pop(index, None)
+                if error is None:
+                    published[tier_of(msg)] += 1
+                elif isinstance(error, (PublishRejected, Unroutable)):
+                    rejections.append(planner.rejected(msg, error, key))
+                else:
+                    unconfirmed.append(error)
+
+            publisher.send_many(stream(), settle=settle, window=window)
+        if unconfirmed:
+            # Spark retries the task; what was confirmed is sent again as duplicates.
+            raise unconfirmed[0]
+        for r in rejections:
+            yield (_REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
+        for tier, count in published.items():
+            yield (_PUBLISHED, None, None, None, tier, None, None, count)
+
+    return run
+
+
+def _input_columns(
+    df: DataFrame,
+    key_col: str,
+    routing_key_col: str,
+    delay_col: str | None,
+    due_col: str | None,
+    body_col: str | None,
+) -> DataFrame:
+    """The six columns a task reads, due times already turned into epoch microseconds."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
+
+    if (delay_col is None) == (due_col is None):
+        raise InvalidInput("give exactly one of delay_col and due_col")
+    missing = [
+        c
+        for c in (key_col, routing_key_col, delay_col, due_col, body_col)
+        if c and c not in df.columns
+    ]
+    if missing:
+        raise InvalidInput(
+            f"the input has no column {', '.join(map(repr, missing))}; "
+            f"its columns: {', '.join(df.columns)}"
+        )
+    null_str = F.lit(None).cast("string")
+    if due_col is not None:
+        kind = df.schema[due_col].dataType
+        raw = F.col(due_col)
+        if isinstance(kind, (TimestampType, TimestampNTZType, DateType)):
+            stamp = raw.cast("timestamp")
+        elif isinstance(kind, StringType):
+            stamp = F.try_to_timestamp(raw)
+        else:  # a number has no unit (seconds? ms?): rejected as not a timestamp
+            stamp = F.lit(None).cast("timestamp")
+        due_us = F.unix_micros(stamp)
+        due_text = raw.cast("string")
+        delay = F.lit(None)
+    else:
+        due_us = F.lit(None).cast("long")
+        due_text = null_str
+        assert delay_col is not None
+        delay = F.col(delay_col)
+    return df.select(
+        F.col(key_col).cast("string").alias("key"),
+        F.col(routing_key_col).cast("string").alias("routing_key"),
+        delay.alias("delay"),
+        due_us.alias("due_us"),
+        due_text.alias("due_text"),
+        (F.col(body_col) if body_col else F.lit(None)).alias("body"),
+    )
+
+
+def _watch_progress(spark: Any, group: str, progress: Progress, done: threading.Event) -> None:
+    tracker = spark.sparkContext.statusTracker()
+    last = (-1, -1)
+    while not done.wait(0.5):
+        finished = total = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    finished += stage.numCompletedTasks
+                    total += stage.numTasks
+        if total and (finished, total) != last:
+            last = (finished, total)
+            progress(finished, total)
+
+
+def schedule(
+    df: DataFrame,
+    *,
+    url: str | None = None,
+    topology: Topology,
+    key_col: str = "key",
+    routing_key_col: str = "routing_key",
+    delay_col: str | None = None,
+    due_col: str | None = None,
+    body_col: str | None = "body",
+    body_json: bool = False,
+    errors_path: str | None = None,
+    errors_format: str = "json",
+    partitions: int | None = None,
+    window: int = 1000,
+    progress: Progress | None = None,
+) -> ScheduleSummary:
+    """Publish one delayed message per row of ``df``; return what was published and rejected.
+
+    Columns: ``key_col`` (the message id is derived from it), ``routing_key_col``,
+    either ``delay_col`` (``"15m"``-style strings or day-time intervals; a bare
+    number has no unit and is rejected) or ``due_col`` (timestamps, or ISO 8601
+    strings; turned into a delay at publish time, the past meaning immediate),
+    and ``body_col`` (str sent as text, binary as bytes, structs, maps, arrays
+    and numbers as JSON; with ``body_json`` a str is parsed as JSON).
+
+    Rejected rows go to ``errors_path`` (``errors_format``: json, csv or
+    parquet; overwritten) with the reason, or into the summary's
+    ``rejections`` when no path is given. ``partitions`` repartitions the input
+    first (one connection per partition). The topology must be applied.
+    """
+    from pyspark import StorageLevel
+
+    url = resolve_url(url)
+    if errors_format not in ("json", "csv", "parquet"):
+        raise InvalidInput(f"errors_format must be json, csv or parquet, not {errors_format!r}")
+    selected = _input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col)
+    if partitions is not None:
+        selected = selected.repartition(partitions)
+    task = publish_partition(
+        url, topology.model_dump(mode="json"), window=window, body_json=body_json
+    )
+    spark = df.sparkSession
+    results = selected.rdd.mapPartitions(task).persist(StorageLevel.MEMORY_AND_DISK)
+    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
+    spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
+    done = threading.Event()
+    watcher = None
+    if progress is not None:
+        watcher = threading.Thread(
+            target=_watch_progress, args=(spark, group, progress, done), daemon=True
+        )
+        watcher.start()
+    try:
+        # The one action that publishes; the persisted results feed what follows.
+        # Were a cached partition lost, recomputing it re-sends its rows:
+        # duplicates only, by the key-derived ids.
+        results.count()
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    try:
+        counts = (
+            results.map(lambda r: ((r[0], r[4], r[5]), r[7]))
+            .reduceByKey(lambda a, b: a + b)
+            .collect()
+        )
+        published: Counter[str] = Counter()
+        rejected: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        for (kind, tier, error), count in counts:
+            if kind == _PUBLISHED:
+                published[tier] += count
+            else:
+                rejected[tier] += count
+                errors[error] += count
+        rejections: list[dict[str, Any]] = []
+        if rejected:
+            rows = results.filter(lambda r: r[0] == _REJECTED).map(lambda r: tuple(r[1:7]))
+            if errors_path is not None:
+                out = spark.createDataFrame(rows, ERRORS_SCHEMA).coalesce(1)
+                writer = out.write.mode("overwrite")
+                if errors_format == "csv":
+                    writer = writer.option("header", "true")
+                writer.format(errors_format).save(errors_path)
+            else:
+                names = [c.split()[0] for c in ERRORS_SCHEMA.split(", ")]
+                rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
+    finally:
+        results.unpersist()
+    return ScheduleSummary(
+        published=dict(published),
+        rejected=dict(rejected),
+        errors=dict(errors),
+        errors_path=errors_path if rejected else None,
+        rejections=rejections,
+    )

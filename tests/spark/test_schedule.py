@@ -1,0 +1,192 @@
+"""delayq.spark.schedule against a real broker: 10,000 rows from a local Spark session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from delayq import Settled
+from delayq.aio import AsyncConsumer
+from delayq.bulk import key_message_id
+from delayq.idempotency import InMemoryStore
+from delayq.spark import schedule
+from delayq.sync import apply_topology
+
+ROWS = 10_000
+DELAYS = ["0s", "500ms", "1s", "1500ms", "2s", "3s", "4s"]
+TIER_OF = {
+    "0s": "immediate",
+    "500ms": "1s",
+    "1s": "1s",
+    "1500ms": "2s",
+    "2s": "2s",
+    "3s": "4s",
+    "4s": "4s",
+}
+INVALID = [  # key, routing key, delay, body, expected error
+    ("bad-delay", "job.a", "soon", None, "InvalidDelay"),
+    ("bare-number", "job.a", "30", None, "InvalidDelay"),
+    ("no-delay", "job.a", None, None, "InvalidDelay"),
+    ("too-long", "job.a", "5s", None, "DelayTooLong"),
+    ("nan-body", "job.a", "1s", float("nan"), "InvalidBody"),
+    ("wildcard", "job.*", "1s", 1.0, "InvalidRoutingKey"),
+    (None, "job.a", "1s", 2.0, "InvalidMessageId"),
+]
+
+
+class Running:
+    """An AsyncConsumer on its own event loop in a thread."""
+
+    def __init__(self, consumer: AsyncConsumer) -> None:
+        self.consumer = consumer
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert wait_for(lambda: getattr(consumer, "_stop_requested", None) is not None, 30)
+
+    def _run(self) -> None:
+        self.loop.run_until_complete(self.consumer.run(install_signal_handlers=False))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.consumer.request_stop)
+        self.thread.join(60)
+        self.loop.close()
+
+
+class Seen:
+    """Counts each settled delivery's fate, and each handled body."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.handled: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.events: dict[str, Settled] = {}
+
+    async def handle(self, body: Any) -> None:
+        with self.lock:
+            self.handled[str(body["n"])] += 1
+
+    def settled(self, event: Settled) -> None:
+        with self.lock:
+            self.outcomes[event.outcome] += 1
+            if event.outcome == "ack":
+                assert event.message_id is not None
+                self.events[event.message_id] = event
+
+
+def wait_for(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def frame(spark: Any) -> Any:
+    rows: list[tuple[Any, ...]] = [
+        (f"k{n}", "job.a", DELAYS[n % len(DELAYS)], (n, None)) for n in range(ROWS)
+    ]
+    rows += [(key, rk, delay, (-1, body)) for key, rk, delay, body, _ in INVALID]
+    return spark.createDataFrame(
+        rows, "key string, routing_key string, delay string, body struct<n:int, x:double>"
+    ).repartition(4)
+
+
+def test_ten_thousand_rows_each_delivered_once_at_its_tier_then_rerun_gives_duplicates(
+    spark: Any, rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    topology = make_topology()
+    apply_topology(topology, rabbitmq_url)
+    df = frame(spark)
+    seen = Seen()
+    running = Running(
+        AsyncConsumer(
+            rabbitmq_url,
+            topology,
+            f"{topology.namespace}.work",
+            seen.handle,
+            store=InMemoryStore(),
+            prefetch=500,
+            observers=[seen],
+        )
+    )
+    try:
+        progress: list[tuple[int, int]] = []
+        summary = schedule(
+            df,
+            url=rabbitmq_url,
+            topology=topology,
+            delay_col="delay",
+            errors_path=str(tmp_path / "errors"),
+            progress=lambda done, total: progress.append((done, total)),
+        )
+        expected_tiers = Counter(TIER_OF[DELAYS[n % len(DELAYS)]] for n in range(ROWS))
+        assert summary.published == dict(expected_tiers)
+        assert summary.total_rejected == len(INVALID)
+        assert summary.errors == dict(Counter(e for *_, e in INVALID))
+        assert summary.rejected == {"-": 4, "1s": 3}  # bad delays have no tier
+        assert progress and progress[-1][0] <= progress[-1][1]
+
+        errors = [
+            json.loads(line)
+            for part in (tmp_path / "errors").glob("part-*")
+            for line in part.read_text().splitlines()
+        ]
+        by_key = {e.get("key"): e for e in errors}
+        for key, _, _, _, error in INVALID:
+            assert by_key[key]["error"] == error
+            assert by_key[key]["reason"]
+        assert "longer than the largest tier" in by_key["too-long"]["reason"]
+
+        assert wait_for(lambda: len(seen.handled) >= ROWS, 60), len(seen.handled)
+        assert all(count == 1 for count in seen.handled.values())
+        assert set(seen.handled) == {str(n) for n in range(ROWS)}
+        for n in range(ROWS):
+            delay = DELAYS[n % len(DELAYS)]
+            event = seen.events[key_message_id(topology.namespace, f"k{n}")]
+            assert event.tier == TIER_OF[delay]
+            assert event.published_at_ms is not None and event.tier_ms is not None
+            assert event.received_at_ms >= event.published_at_ms + event.tier_ms
+
+        # The same job again: the same ids, so the idempotent consumer skips them all.
+        again = schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
+        assert again.published == summary.published
+        assert len(again.rejections) == len(INVALID)
+        assert wait_for(lambda: seen.outcomes["duplicate"] >= ROWS, 60), seen.outcomes
+        time.sleep(0.5)
+        assert seen.outcomes["duplicate"] == ROWS
+        assert seen.outcomes["ack"] == ROWS
+        assert all(count == 1 for count in seen.handled.values())
+    finally:
+        running.stop()
+
+
+def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
+    spark: Any, rabbitmq_url: str, make_topology: Any
+) -> None:
+    topology = make_topology()
+    apply_topology(topology, rabbitmq_url)
+    now_s = time.time()
+    df = spark.createDataFrame(
+        [
+            ("past", "job.a", "2000-01-01T00:00:00Z"),
+            ("soon", "job.a", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s + 3))),
+            ("later", "job.a", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s + 3600))),
+            ("garbage", "job.a", "next tuesday"),
+        ],
+        "key string, routing_key string, due string",
+    )
+    summary = schedule(df, url=rabbitmq_url, topology=topology, due_col="due", body_col=None)
+    assert summary.published.get("immediate") == 1
+    assert sum(summary.published.values()) == 2
+    assert set(summary.published) <= {"immediate", "2s", "4s"}
+    reasons = {r["key"]: r for r in summary.rejections}
+    assert reasons["later"]["error"] == "DelayTooLong"
+    assert reasons["garbage"]["error"] == "InvalidDelay"
+    assert "not a timestamp" in reasons["garbage"]["reason"]
