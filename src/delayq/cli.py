@@ -218,6 +218,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    work.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="append one JSON line per settled delivery to rotating files in DIR "
+        "(delivery records, v1; read by `delayq spark report`)",
+    )
+    work.add_argument(
+        "--records-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="start a new records file past N bytes (default 64 MiB)",
+    )
 
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
@@ -559,7 +573,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
         flush=True,
     )
-    worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency)
+    recorder = None
+    if args.records is not None:
+        from delayq.records import DeliveryRecorder
+
+        recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
+        print(f"delivery records: {args.records}", flush=True)
+    try:
+        worker.run(
+            url,
+            prefetch=args.prefetch,
+            concurrency=args.concurrency,
+            observers=[recorder] if recorder is not None else (),
+        )
+    finally:
+        if recorder is not None:
+            recorder.close()
     return EXIT_OK
 
 

@@ -152,6 +152,21 @@ class Observers:
     def __len__(self) -> int:
         return len(self._observers)
 
+    def flush(self) -> None:
+        """Let observers that buffer (delivery records) write what they hold.
+
+        Calls each observer's ``flush()`` if it has one; the consumers call this
+        when they stop. A failing flush is logged.
+        """
+        for observer in self._observers:
+            flush = getattr(observer, "flush", None)
+            if not callable(flush):
+                continue
+            try:
+                flush()
+            except Exception as exc:
+                log.exception("observer %r failed to flush: %r", observer, exc)
+
     def emit(
         self,
         delivery: Delivery,

@@ -18,11 +18,12 @@ import inspect
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.errors import InvalidInput
+from delayq.observe import DeliveryObserver
 from delayq.topology import Topology
 
 __all__ = ["Registration", "Worker", "load_worker"]
@@ -75,8 +76,13 @@ class Worker:
         prefetch: int | None = None,
         concurrency: int | None = None,
         stop: threading.Event | None = None,
+        observers: Sequence[DeliveryObserver] = (),
     ) -> None:
-        """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set)."""
+        """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set).
+
+        ``observers`` are added to every consumer's (a
+        :class:`~delayq.records.DeliveryRecorder` for ``delayq worker --records``).
+        """
         from delayq.aio.consumer import AsyncConsumer
         from delayq.sync.consumer import Consumer
 
@@ -95,6 +101,8 @@ class Worker:
                 merged["prefetch"] = prefetch
             if concurrency is not None and reg.is_async:
                 merged["concurrency"] = concurrency
+            if observers:
+                merged["observers"] = [*merged.get("observers", ()), *observers]
             return merged
 
         sync_consumers = [

@@ -285,6 +285,8 @@ class AsyncConsumer:
         await self._publisher.aclose()
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
+        if self._observers:
+            await asyncio.to_thread(self._observers.flush)
         self._stopped.set()
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:

@@ -280,6 +280,7 @@ class Consumer:
         self._connection = None
         self._publisher.close()
         self._pool.shutdown(wait=False)
+        self._observers.flush()
         self.started.clear()
 
     def _prune_when_due(self) -> None:
