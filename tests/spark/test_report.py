@@ -1,0 +1,140 @@
+"""delayq.spark.report on a generated record set whose figures are known by construction."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayq.ladder_fit import brute_force_ladder, ladder_overshoot
+from delayq.spark import report
+
+T0 = 1_700_000_000_000
+
+
+def percentile(values: list[int], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), written out."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def record(
+    n: int,
+    *,
+    tier: str,
+    tier_ms: int,
+    delay: int,
+    late: int,
+    outcome: str = "ack",
+    attempt: int = 1,
+) -> dict[str, Any]:
+    published = T0 + n * 10
+    return {
+        "v": 1,
+        "message_id": f"m{n}",
+        "routing_key": "job.a",
+        "queue": "q",
+        "attempt": attempt,
+        "outcome": outcome,
+        "reason": "",
+        "requested_delay_ms": delay,
+        "tier": tier,
+        "tier_ms": tier_ms,
+        "published_at_ms": published,
+        "due_at_ms": published + delay,
+        "delivered_at_ms": published + delay + late,
+        "settled_at_ms": published + delay + late,
+        "handler_ms": 0.5,
+    }
+
+
+def generated() -> list[dict[str, Any]]:
+    records = [
+        record(i, tier="1s", tier_ms=1000, delay=1000 - 10 * (i % 10), late=i) for i in range(1000)
+    ]
+    n = 1000
+    for outcome, attempt, count in (
+        ("ack", 1, 100),
+        ("retry", 1, 30),
+        ("ack", 2, 20),
+        ("retry", 2, 10),
+        ("dead-letter", 3, 10),
+        ("duplicate", 1, 5),
+    ):
+        for _ in range(count):
+            records.append(
+                record(
+                    n, tier="2s", tier_ms=2000, delay=2000, late=5, outcome=outcome, attempt=attempt
+                )
+            )
+            n += 1
+    for _ in range(25):
+        records.append(record(n, tier="immediate", tier_ms=0, delay=0, late=3))
+        n += 1
+    return records
+
+
+def test_the_report_gives_the_known_counts_and_percentiles(spark: Any, tmp_path: Path) -> None:
+    records = generated()
+    source = tmp_path / "records"
+    source.mkdir()
+    half = len(records) // 2
+    for name, part in (("a.jsonl", records[:half]), ("b.jsonl", records[half:])):
+        (source / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    (source / "c.jsonl").write_text('not json\n{"v": 2, "message_id": "future"}\n')
+    (source / "ignored.txt").write_text("not a records file\n")
+
+    summary = report(str(source), tmp_path / "out", spark=spark, max_tiers=2)
+
+    assert (summary.records, summary.skipped) == (1200, 2)
+    tiers = {t.tier: t for t in summary.tiers}
+    assert [t.tier for t in summary.tiers] == ["immediate", "1s", "2s"]
+    assert tiers["1s"].count == 1000 and tiers["2s"].count == 175
+    assert tiers["2s"].outcomes == {"ack": 120, "duplicate": 5, "retry": 40, "dead-letter": 10}
+    assert summary.overall.outcomes["ack"] == 1145
+    assert summary.dead_letter_rate == pytest.approx(10 / 1155)
+    assert summary.attempts == {1: 1160, 2: 30, 3: 10}
+    assert summary.final_attempts == {1: 1125, 2: 20, 3: 10}
+    assert sum(n for _, n in summary.throughput) == 1200
+
+    late_1s = list(range(1000))
+    over_1s = [10 * (i % 10) for i in range(1000)]
+    for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+        assert tiers["1s"].lateness_ms[key] == pytest.approx(percentile(late_1s, q))
+        assert tiers["1s"].overshoot_ms[key] == pytest.approx(percentile(over_1s, q))
+    assert tiers["1s"].lateness_ms["p50"] == pytest.approx(499.5)  # by hand: (499 + 500) / 2
+    assert tiers["1s"].lateness_ms["max"] == 999 and tiers["1s"].overshoot_ms["max"] == 90
+    assert tiers["2s"].lateness_ms == {"p50": 5, "p90": 5, "p99": 5, "max": 5}
+    every = late_1s + [5] * 175 + [3] * 25
+    assert summary.overall.lateness_ms["p90"] == pytest.approx(percentile(every, 0.9))
+
+    delays = {1000 - 10 * k: 100 for k in range(10)} | {2000: 170, 0: 25}
+    assert summary.requested_delays == delays
+    assert summary.current is not None and summary.current.tiers_ms == (1000, 2000)
+    assert summary.current.mean_relative_overshoot == pytest.approx(
+        ladder_overshoot(delays, [1000, 2000]).mean_relative_overshoot
+    )
+    best = brute_force_ladder(delays, 2)
+    assert summary.recommended is not None
+    assert summary.recommended.mean_relative_overshoot == pytest.approx(
+        best.mean_relative_overshoot
+    )
+    assert summary.recommended.mean_relative_overshoot <= summary.current.mean_relative_overshoot
+
+    out = tmp_path / "out"
+    for name in (
+        "report.md",
+        "summary.json",
+        "lateness_by_tier.png",
+        "requested_delays.png",
+        "throughput.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "report.md").read_text().count("![") == 3
+    data = json.loads((out / "summary.json").read_text())
+    assert data["records"] == 1200 and data["recommended"]["tiers_ms"][-1] == 2000
