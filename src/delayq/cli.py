@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a new records file past N bytes (default 64 MiB)",
     )
 
+    _spark_commands(commands, common)
+
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
     )
@@ -244,6 +246,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--keep", action="store_true", help="keep the demo namespace afterwards")
     return parser
+
+
+def _spark_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    spark = commands.add_parser(
+        "spark", help="Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])"
+    )
+    jobs = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
+    master = argparse.ArgumentParser(add_help=False)
+    master.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (default: local[*], or what spark-submit set)",
+    )
+    sched = jobs.add_parser(
+        "schedule",
+        parents=[common, master],
+        help="publish one delayed message per row of a Parquet, CSV or JSON-lines input",
+    )
+    sched.add_argument("input", metavar="INPUT", help="a file or directory (Spark reads both)")
+    sched.add_argument(
+        "--format", choices=["parquet", "csv", "jsonl"], help="default: from INPUT's extension"
+    )
+    sched.add_argument("--key-col", default="key", help="message ids derive from it (default key)")
+    sched.add_argument("--routing-key-col", default="routing_key")
+    when = sched.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay-col", help='delays like "90s", "15m"')
+    when.add_argument("--due-col", help="absolute due times (timestamps or ISO 8601)")
+    sched.add_argument("--body-col", default="body", help="default body; 'none' for no body")
+    sched.add_argument("--body-json", action="store_true", help="parse str bodies as JSON")
+    sched.add_argument(
+        "--errors", metavar="DIR", help="write rejected rows here (default: print them)"
+    )
+    sched.add_argument("--errors-format", choices=["json", "csv", "parquet"], default="json")
+    sched.add_argument("--partitions", type=int, help="repartition first (a connection each)")
+    sched.add_argument("--window", type=int, default=1000, help="unconfirmed per connection")
+    sched.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rep = jobs.add_parser(
+        "report",
+        parents=[common, master],
+        help="lateness, overshoot, retries and a recommended ladder from delivery records",
+    )
+    rep.add_argument("records", metavar="RECORDS", help="a records file or directory (*.jsonl)")
+    rep.add_argument("--out", required=True, type=Path, metavar="DIR")
+    rep.add_argument(
+        "--ladder", help='the current ladder, e.g. "30s 1m 5m" (default: tiers in the records)'
+    )
+    rep.add_argument(
+        "--max-tiers", type=int, help="tiers of the recommended ladder (default: as now)"
+    )
+    rep.add_argument("--bucket", help='throughput bucket, e.g. "1m" (default: about 60 buckets)')
 
 
 def _topology(args: argparse.Namespace) -> Topology:
@@ -592,6 +644,92 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _spark_session(args: argparse.Namespace) -> Any:
+    from delayq.spark import local_session
+
+    session = local_session(args.master, app_name=f"delayq spark {args.spark_command}")
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def cmd_spark_schedule(args: argparse.Namespace) -> int:
+    from delayq.spark import schedule
+
+    topology = _topology(args)
+    url = resolve_url(args.url)
+    session = _spark_session(args)
+    fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
+        Path(args.input).suffix, "jsonl"
+    )
+    reader = session.read
+    if fmt == "csv":
+        reader = reader.option("header", "true")
+    df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    body_col = None if args.body_col == "none" else args.body_col
+    print(
+        f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
+        file=sys.stderr,
+    )
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rpublishing: {done}/{total} tasks done", end="", file=sys.stderr, flush=True)
+
+    summary = schedule(
+        df,
+        url=url,
+        topology=topology,
+        key_col=args.key_col,
+        routing_key_col=args.routing_key_col,
+        delay_col=args.delay_col,
+        due_col=args.due_col,
+        body_col=body_col,
+        body_json=args.body_json,
+        errors_path=args.errors,
+        errors_format=args.errors_format,
+        partitions=args.partitions,
+        window=args.window,
+        progress=progress,
+    )
+    print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))
+    else:
+        sys.stdout.write(summary.render())
+        for rejection in summary.rejections[:50]:
+            print(f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}")
+        if len(summary.rejections) > 50:
+            print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    return EXIT_OK
+
+
+def cmd_spark_report(args: argparse.Namespace) -> int:
+    from delayq.ladder import Ladder
+    from delayq.spark import report
+
+    ladder = Ladder.parse(args.ladder.split()) if args.ladder else None
+    bucket_ms = to_ms(args.bucket, what="--bucket") if args.bucket else None
+    session = _spark_session(args)
+    summary = report(
+        args.records,
+        args.out,
+        spark=session,
+        ladder=ladder,
+        max_tiers=args.max_tiers,
+        bucket_ms=bucket_ms,
+    )
+    print(
+        f"{summary.records:,} records ({summary.skipped:,} skipped); wrote "
+        f"{', '.join(str(args.out / f) for f in summary.files)}"
+    )
+    for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
+        if fit is not None:
+            print(
+                f"{label:>12} ladder: {' '.join(format_ms(t) for t in fit.tiers_ms)} "
+                f"(mean relative overshoot {fit.mean_relative_overshoot:.1%})"
+            )
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from delayq.demo import run_demo
 
@@ -617,10 +755,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int]
     if args.command in ("dlq", "unrouted"):
         handler = cmd_parked
+    elif args.command == "spark":
+        handler = {"schedule": cmd_spark_schedule, "report": cmd_spark_report}[args.spark_command]
     else:
         handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
         return handler(args)
+    except ImportError as exc:
+        if args.command != "spark":
+            raise
+        print(f"delayq: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     except InvalidInput as exc:
         print(f"delayq: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -32,6 +32,9 @@ CORE_MODULES = [
     "delayq.depths",
     "delayq.management",
     "delayq.permissions",
+    "delayq.bulk",
+    "delayq.ladder_fit",
+    "delayq.records",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 
