@@ -3,8 +3,9 @@
 # Debian's rabbitmq-server (the demo and the tests start throwaway nodes from it;
 # no system service is needed), with --test also redis-server and postgresql
 # (the idempotency-store tests start throwaway servers from them) and openssl
-# (the TLS tests make throwaway certificates with it), and a
-# virtualenv in .venv with delayq and its test tools. Safe to run again: it
+# (the TLS tests make throwaway certificates with it) and a Java runtime (the
+# Spark tests run a local PySpark session), and a
+# virtualenv in .venv with delayq, its test tools and the spark extra. Safe to run again: it
 # skips what is already there.
 #   bash scripts/setup.sh          # for the demo
 #   bash scripts/setup.sh --test   # for the tests
@@ -41,6 +42,12 @@ if [ $with_test_servers = yes ] && ! compgen -G '/usr/lib/postgresql/*/bin/initd
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 
+if [ $with_test_servers = yes ] && ! command -v java >/dev/null 2>&1; then
+  echo "==> installing a Java runtime for PySpark (apt-get default-jre-headless)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
@@ -48,5 +55,10 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
 fi
-echo "==> installing delayq and its test tools into .venv (pip)"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+if [ $with_test_servers = yes ]; then
+  echo "==> installing delayq, its test tools and the spark extra into .venv (pip)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+else
+  echo "==> installing delayq and its test tools into .venv (pip)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+fi
