@@ -41,7 +41,9 @@ def local_session(
     if active is not None and master is None:
         return active
     builder = SparkSession.builder.appName(app_name)
-    if master is not None or "SPARK_HOME" not in os.environ:
+    # Under spark-submit (which hands the driver a running JVM through
+    # PYSPARK_GATEWAY_PORT) the master comes from the submit command.
+    if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master(master or "local[*]")
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
