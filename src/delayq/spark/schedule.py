@@ -214,7 +214,8 @@ def _input_columns(
 def _watch_progress(spark: Any, group: str, progress: Progress, done: threading.Event) -> None:
     tracker = spark.sparkContext.statusTracker()
     last = (-1, -1)
-    while not done.wait(0.5):
+    while True:
+        stopping = done.wait(0.5)  # one more poll once the job is done: the final count
         finished = total = 0
         for job_id in tracker.getJobIdsForGroup(group):
             job = tracker.getJobInfo(job_id)
@@ -226,6 +227,8 @@ def _watch_progress(spark: Any, group: str, progress: Progress, done: threading.
         if total and (finished, total) != last:
             last = (finished, total)
             progress(finished, total)
+        if stopping:
+            return
 
 
 def schedule(
