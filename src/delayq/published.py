@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from delayq.envelope import OutgoingMessage, Receipt
+from delayq.envelope import IMMEDIATE, OutgoingMessage, Receipt
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
@@ -46,10 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("delayq.publisher")
-
-IMMEDIATE = "immediate"
-"""The tier label of a message published with no delay (as in the consumer's events)."""
-
 
 class PublishOutcome(str, enum.Enum):
     """How a publish ended: a small fixed set, fit for a metric label."""
