@@ -1,7 +1,8 @@
 """Metrics and log context against a real broker, through both adapters: a consumer and a
 publisher with a PrometheusObserver on a short ladder, a known mix of fates, then the
 HTTP endpoint scraped for the exact counts; the handler's JSON log lines carry each
-delivery's message id, queue, original routing key and attempt."""
+delivery's message id, queue, original routing key and attempt; failed publishes are
+counted by reason."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from delayq import FixedBackoff, Message, Topology
+from delayq import FixedBackoff, Message, Topology, TopologyMissing
 from delayq.aio import AsyncPublisher
 from delayq.idempotency import InMemoryStore
 from delayq.logcontext import DeliveryLogFilter, JsonLogFormatter
@@ -177,3 +178,20 @@ def test_the_endpoint_counts_a_known_run_and_handler_logs_carry_the_delivery(
         ("id-ok-1", queue, "job.a", 1, "handling a"),
         ("id-ok-2", queue, "job.b", 1, "handling b"),
     ]
+
+
+def test_publishes_that_fail_are_counted_by_reason(
+    driver_kind: str, make_topology, rabbitmq_url: str
+) -> None:
+    topo = make_topology(["1s"])  # not applied: its exchanges do not exist
+    metrics = PrometheusObserver()
+    single = Message({"n": 1}, "job.a", "1s")
+    batch = [Message({"n": 2}, "job.a", "1s"), Message({"n": 3}, "job.a", "0s")]
+    for messages in ([single], batch):
+        with pytest.raises(TopologyMissing):
+            publish(driver_kind, rabbitmq_url, topo, metrics, *messages)
+    failed = "delayq_publish_failed_total"
+    registry = metrics.registry
+    assert registry.get_sample_value(failed, {"tier": "1s", "reason": "missing"}) == 2
+    assert registry.get_sample_value(failed, {"tier": "immediate", "reason": "missing"}) == 1
+    assert registry.get_sample_value("delayq_published_total", {"tier": "1s"}) is None
