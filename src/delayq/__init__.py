@@ -36,6 +36,7 @@ from delayq.errors import (
     InvalidTopology,
     InvalidURL,
     ManagementUnavailable,
+    MissingExtra,
     PublishBatchError,
     PublishBlocked,
     PublishError,
@@ -51,6 +52,7 @@ from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.limits import MessageLimits
 from delayq.observe import DeliveryObserver, Settled
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.published import Published, PublishObserver, PublishOutcome
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
@@ -112,12 +114,16 @@ __all__ = [
     "ManagementUnavailable",
     "Message",
     "MessageLimits",
+    "MissingExtra",
     "PostgresStore",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
+    "PublishObserver",
+    "PublishOutcome",
     "PublishRejected",
     "PublishUnconfirmed",
+    "Published",
     "Publisher",
     "QueueType",
     "Receipt",

@@ -218,6 +218,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    work.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text (with message_id=... queue=... appended while handling a delivery) or "
+        "one JSON object per line",
+    )
+    work.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus metrics on this port (0: any free port; needs delayq[metrics])",
+    )
+    work.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
 
     demo = commands.add_parser(
         "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
@@ -541,25 +561,44 @@ def cmd_parked(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import logging
     import os
 
+    from delayq.logcontext import configure_logging
+    from delayq.observe import DeliveryObserver
     from delayq.worker import load_worker
 
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
     worker = load_worker(args.spec)
     url = resolve_url(args.url)
+    observers: list[DeliveryObserver] = []
+    server = None
+    if args.metrics_port is not None:
+        from delayq.metrics import PrometheusObserver, serve_metrics
+
+        metrics = PrometheusObserver()
+        try:
+            server = serve_metrics(metrics.registry, args.metrics_port, args.metrics_addr)
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}"
+            ) from exc
+        observers.append(metrics)
     print(
         f"delayq worker: {len(worker.registrations)} handlers "
         f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
         flush=True,
     )
-    worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency)
+    if server is not None:
+        print(f"delayq worker: metrics on {server.url}", flush=True)
+    try:
+        worker.run(
+            url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers
+        )
+    finally:
+        if server is not None:
+            server.close()
     return EXIT_OK
 
 

@@ -32,6 +32,9 @@ CORE_MODULES = [
     "delayq.depths",
     "delayq.management",
     "delayq.permissions",
+    "delayq.published",
+    "delayq.logcontext",
+    "delayq.metrics",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 

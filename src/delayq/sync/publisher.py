@@ -21,7 +21,8 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import AccessRefused, ConnectionFailed, TopologyMissing
+from delayq.errors import AccessRefused, ConnectionFailed, DelayqError, TopologyMissing
+from delayq.published import PublishObserver, PublishObservers
 from delayq.sync._connection import (
     BLOCKED_CONNECTION_TIMEOUT_S,
     CONNECTION_ERRORS,
@@ -61,6 +62,7 @@ class Publisher:
     Bodies and headers are checked against ``topology.limits`` before anything
     is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
+    ``observers`` see each message's outcome (see :mod:`delayq.published`).
     """
 
     def __init__(
@@ -75,8 +77,10 @@ class Publisher:
         blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
+        observers: Iterable[PublishObserver] = (),
     ) -> None:
         self._url = resolve_url(url)
+        self._observers = PublishObservers(observers)
         self._blocked_timeout_s = blocked_timeout_s
         self.topology = topology if topology is not None else Topology()
         self._factory = MessageFactory(
@@ -158,6 +162,17 @@ class Publisher:
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
+        if not self._observers:
+            self._send(msg)
+            return
+        try:
+            self._send(msg)
+        except DelayqError as exc:
+            self._observers.emit([msg], exc)
+            raise
+        self._observers.emit([msg])
+
+    def _send(self, msg: OutgoingMessage) -> None:
         properties = pika_properties(msg)
         last: BaseException | None = None
         handed_over = False  # once written to a socket, its fate is unknown until confirmed
@@ -214,6 +229,15 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        try:
+            self._publish_built(built, window)
+        except DelayqError as exc:
+            self._observers.emit(built, exc)
+            raise
+        self._observers.emit(built)
+        return [m.receipt for m in built]
+
+    def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
         broker = parse_url(self._url)
         publish_pipelined(
             host_parameters(
@@ -227,4 +251,3 @@ class Publisher:
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
         )
-        return [m.receipt for m in built]
