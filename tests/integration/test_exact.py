@@ -3,10 +3,13 @@ one queue alone, DLQ and unrouted as with tiers, and a restart mid-cascade."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
+import uuid
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from delayq import FixedBackoff, Message, Topology
@@ -15,6 +18,8 @@ from delayq.delivery import H_DEAD_LETTER_REASON
 from delayq.envelope import H_ROUTING_KEY
 from delayq.localnode import LocalNode
 from delayq.sync import Publisher, apply_topology, delete_topology
+from delayq.topology import load_topology
+from tests.integration.ops import delayq, rows
 
 from .test_consumer import Calls, text, until
 
@@ -174,3 +179,46 @@ def test_messages_mid_cascade_survive_a_broker_restart(
     for arrival in arrivals:  # never early, even across a restart
         receipt = receipts[arrival.message_id]
         assert arrival.at_ms - receipt.published_at_ms >= receipt.delay_ms
+
+
+def test_apply_verify_and_stats_cover_the_levels(
+    local_rabbitmq_management_node: LocalNode, tmp_path: Path
+):
+    node = local_rabbitmq_management_node
+    assert node.management_url is not None
+    ns = f"x{uuid.uuid4().hex[:10]}"
+    path = tmp_path / "exact.yaml"
+    path.write_text(
+        f"namespace: {ns}\nladder: [1s]\nstrategy: exact\n"
+        "exact: {unit: 1s, levels: 4}\n"
+        f"destinations: [{{queue: {ns}.work, bindings: [job.#]}}]\n"
+    )
+    topology = load_topology(path)
+    common = ["--file", str(path), "--url", node.url]
+    try:
+        applied = delayq("topology", "apply", *common)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        run = delayq("topology", "verify", *common, "--management-url", node.management_url)
+        assert run.returncode == 0, run.stdout + run.stderr
+        table = rows(run.stdout)
+        assert all(status == "OK" for status, _ in table.values()), run.stdout
+        for k in range(4):
+            assert table[f"queue {ns}.level.{k}"][0] == "OK"
+            assert table[f"exchange {ns}.level.{k}"][0] == "OK"
+        assert table[f"exchange {ns}.delivery"][0] == "OK"
+        # 4 of the tiered strategy + 2 per level (one to an exchange) + 2 on delivery
+        assert table["bindings"][1] == "14 bindings present, no stray ones"
+        with Publisher(node.url, topology) as pub:  # 15 units: 8 s in level 3, then 4, 2, 1
+            pub.publish(b"x", "job.a", "15s")
+        deadline = time.monotonic() + 10  # the management API's figures lag a few seconds
+        while True:
+            stats = delayq("stats", "--json", *common, "--management-url", node.management_url)
+            assert stats.returncode == 0, stats.stdout + stats.stderr
+            queues = {q["queue"]: q for q in json.loads(stats.stdout)["queues"]}
+            depths = [queues[f"{ns}.level.{k}"]["depth"] for k in range(4)]
+            if depths == [0, 0, 0, 1] or time.monotonic() > deadline:
+                break
+        assert depths == [0, 0, 0, 1]
+        assert {queues[f"{ns}.level.{k}"]["role"] for k in range(4)} == {"level"}
+    finally:
+        delete_topology(topology, node.url)
