@@ -251,3 +251,20 @@ def test_retries_go_through_the_cascade_addressed_to_the_failing_queue_and_stay_
     assert len(set(keys)) == 1
     too_long = DeliveryPlanner(topo, "shop.work", policy=FixedBackoff(delay="1h"))
     assert too_long.failure(delivery, RuntimeError("x")).action is Action.DEAD_LETTER
+
+
+def test_export_and_stats_cover_the_levels():
+    from delayq.definitions import export_definitions
+    from delayq.depths import stats_rows
+
+    topo = exact_topology()
+    doc = export_definitions(topo)
+    onwards = [b for b in doc["bindings"] if b["destination_type"] == "exchange"]
+    assert {(b["source"], b["destination"]) for b in onwards} == {
+        ("shop.level.0", "shop.delivery"),
+        *((f"shop.level.{k}", f"shop.level.{k - 1}") for k in range(1, 4)),
+    }
+    assert {q["name"] for q in doc["queues"]} >= {f"shop.level.{k}" for k in range(4)}
+    levels = [row.queue for row in stats_rows(topo) if row.role == "level"]
+    assert levels == [f"shop.level.{k}" for k in range(4)]
+    assert not [row for row in stats_rows(Topology()) if row.role == "level"]
