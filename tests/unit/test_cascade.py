@@ -268,3 +268,13 @@ def test_export_and_stats_cover_the_levels():
     levels = [row.queue for row in stats_rows(topo) if row.role == "level"]
     assert levels == [f"shop.level.{k}" for k in range(4)]
     assert not [row for row in stats_rows(Topology()) if row.role == "level"]
+
+
+def test_a_policy_schedule_through_the_cascade_waits_whole_units_not_tiers():
+    rows = FixedBackoff(delay="1300ms", max_attempts=3).schedule_exact(250, 4)
+    assert [(r.requested_ms, r.tier_ms, r.tier, r.cumulative_ms) for r in rows] == [
+        (1300, 1500, "exact/2", 1500),  # 5.2 units -> 6 = 0b110
+        (1300, 1500, "exact/2", 3000),
+    ]
+    with pytest.raises(DelayTooLong, match="retry 1"):
+        FixedBackoff(delay="4s", max_attempts=2).schedule_exact(250, 4)
