@@ -4,6 +4,7 @@ one queue alone, DLQ and unrouted as with tiers, and a restart mid-cascade."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import uuid
@@ -16,10 +17,11 @@ from delayq import FixedBackoff, Message, Topology
 from delayq.cascade import Kind, Strategy, decode_key
 from delayq.delivery import H_DEAD_LETTER_REASON
 from delayq.envelope import H_ROUTING_KEY
-from delayq.localnode import LocalNode
+from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Publisher, apply_topology, delete_topology
 from delayq.topology import load_topology
 from tests.integration.ops import delayq, rows
+from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
 
 from .test_consumer import Calls, text, until
 
@@ -220,5 +222,50 @@ def test_apply_verify_and_stats_cover_the_levels(
                 break
         assert depths == [0, 0, 0, 1]
         assert {queues[f"{ns}.level.{k}"]["role"] for k in range(4)} == {"level"}
+    finally:
+        delete_topology(topology, node.url)
+
+
+def test_granted_users_apply_publish_and_retry_through_the_cascade(
+    local_rabbitmq_management_node: LocalNode,
+    tmp_path: Path,
+    make_user,  # noqa: F811 (the fixture imported above)
+    start_consumer,
+):
+    node = local_rabbitmq_management_node
+    ns = f"g{uuid.uuid4().hex[:10]}"
+    path = tmp_path / "exact.yaml"
+    path.write_text(
+        f"namespace: {ns}\nladder: [1s]\nstrategy: exact\nexact: {{unit: 200ms, levels: 4}}\n"
+        f"destinations: [{{queue: {ns}.work, bindings: [job.#]}}]\n"
+    )
+    topology = load_topology(path)
+    producer, consumer = make_user("producer"), make_user("consumer")
+    env = {**os.environ, **node.env()}
+    run = delayq(
+        "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
+        "--producer-user", producer.name, "--consumer-user", consumer.name,
+        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = Calls()
+
+    def flaky(value: Any) -> None:
+        seen.record(value)
+        if len(seen.values) < 2:
+            raise RuntimeError("fails once")
+
+    try:
+        # The consumer user applies the topology (exchange-to-exchange binds included).
+        handle = start_consumer(
+            topology, f"{ns}.work", flaky, url=consumer.url,
+            policy=FixedBackoff(delay="600ms", max_attempts=3),
+        )  # fmt: skip
+        with Publisher(producer.url, topology) as pub:
+            receipt = pub.publish({"n": 1}, "job.a", "1s")
+        assert receipt.exchange == f"{ns}.level.2"  # 5 units = 0b101
+        assert until(lambda: handle.stats.handled == 1, 15)
+        handle.stop()
+        assert handle.stats.retried == 1
     finally:
         delete_topology(topology, node.url)
