@@ -62,7 +62,14 @@ from delayq.retry import (
     ScheduleRow,
 )
 from delayq.stats import ConsumerStats
-from delayq.topology import Destination, QueueType, Topology, load_topology
+from delayq.topology import (
+    Destination,
+    ExactSettings,
+    QueueType,
+    Strategy,
+    Topology,
+    load_topology,
+)
 from delayq.worker import Worker
 
 if TYPE_CHECKING:
@@ -96,6 +103,7 @@ __all__ = [
     "DelayqError",
     "DeliveryObserver",
     "Destination",
+    "ExactSettings",
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
@@ -136,6 +144,7 @@ __all__ = [
     "ScheduleRow",
     "Settled",
     "StoreError",
+    "Strategy",
     "Tier",
     "Topology",
     "TopologyConflict",

@@ -33,7 +33,7 @@ from delayq.retry import (
     RetryPolicy,
     ScheduleBackoff,
 )
-from delayq.topology import DEFAULT_TOPOLOGY_FILE, Topology, load_topology
+from delayq.topology import DEFAULT_TOPOLOGY_FILE, Strategy, Topology, load_topology
 from delayq.urls import redact, resolve_url
 from delayq.verification import passed, render_checks
 
@@ -446,10 +446,20 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 def cmd_retry_plan(args: argparse.Namespace) -> int:
     topology = _topology(args)
     policy = _policy(args)
-    rows = policy.schedule(topology.ladder)
+    exact = topology.strategy is Strategy.EXACT
+    if exact:
+        rows = policy.schedule_exact(topology.exact_unit_ms, topology.exact_levels)
+    else:
+        rows = policy.schedule(topology.ladder)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
-    print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
+    if exact:
+        print(
+            f"# exact strategy: unit {format_ms(topology.exact_unit_ms)}, "
+            f"{topology.exact_levels} levels (tier column: exact/<hops>)"
+        )
+    else:
+        print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
     print(f"{'attempt':>7}  {'requested':>10}  {'tier':>9}  {'late by':>8}  {'cumulative':>10}")
     for row in rows:
         print(
@@ -459,7 +469,7 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
     print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
     smallest = topology.ladder.tiers[0]
     short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
-    if short:
+    if short and not exact:
         print(
             f"# note: {short} retries ask for less than the smallest tier ({smallest.label}) "
             "and wait for that tier instead"

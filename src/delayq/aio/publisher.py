@@ -40,7 +40,7 @@ from delayq.errors import (
     TopologyMissing,
 )
 from delayq.published import PublishObserver, PublishObservers
-from delayq.topology import Topology
+from delayq.topology import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["AsyncPublisher"]
@@ -220,12 +220,15 @@ class AsyncPublisher:
         *,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
         Same arguments, receipt and errors as :meth:`delayq.sync.Publisher.publish`.
         """
-        msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
+        msg = self._factory.build(
+            body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
+        )
         await self.send(msg)
         return msg.receipt
 

@@ -32,7 +32,7 @@ from delayq.sync._connection import (
     translate_channel_error,
 )
 from delayq.sync._pipeline import publish_pipelined
-from delayq.topology import Topology
+from delayq.topology import Strategy, Topology
 from delayq.urls import parse_url, redact, resolve_url
 
 __all__ = ["Publisher"]
@@ -145,18 +145,23 @@ class Publisher:
         *,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
         ``delay`` is a ``timedelta`` or a string like ``"90s"``; ``"0s"`` is
-        immediate. Raises a :class:`~delayq.errors.InvalidInput` subclass before
-        sending anything on bad input, :class:`~delayq.errors.Unroutable`,
+        immediate. ``strategy`` (``"tiered"`` or ``"exact"``) overrides the
+        topology's default for this message. Raises a
+        :class:`~delayq.errors.InvalidInput` subclass before sending anything on
+        bad input, :class:`~delayq.errors.Unroutable`,
         :class:`~delayq.errors.PublishRejected`,
         :class:`~delayq.errors.TopologyMissing`,
         :class:`~delayq.errors.AccessRefused` (the user may not publish there) or
         :class:`~delayq.errors.PublishUnconfirmed` when the broker did not take it.
         """
-        msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
+        msg = self._factory.build(
+            body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
+        )
         self.send(msg)
         return msg.receipt
 
