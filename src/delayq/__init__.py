@@ -36,6 +36,7 @@ from delayq.errors import (
     InvalidTopology,
     InvalidURL,
     ManagementUnavailable,
+    MissingExtra,
     PublishBatchError,
     PublishBlocked,
     PublishError,
@@ -51,6 +52,7 @@ from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.limits import MessageLimits
 from delayq.observe import DeliveryObserver, Settled
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.published import Published, PublishObserver, PublishOutcome
 from delayq.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
@@ -60,7 +62,14 @@ from delayq.retry import (
     ScheduleRow,
 )
 from delayq.stats import ConsumerStats
-from delayq.topology import Destination, QueueType, Topology, load_topology
+from delayq.topology import (
+    Destination,
+    ExactSettings,
+    QueueType,
+    Strategy,
+    Topology,
+    load_topology,
+)
 from delayq.worker import Worker
 
 if TYPE_CHECKING:
@@ -94,6 +103,7 @@ __all__ = [
     "DelayqError",
     "DeliveryObserver",
     "Destination",
+    "ExactSettings",
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
@@ -112,12 +122,16 @@ __all__ = [
     "ManagementUnavailable",
     "Message",
     "MessageLimits",
+    "MissingExtra",
     "PostgresStore",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
+    "PublishObserver",
+    "PublishOutcome",
     "PublishRejected",
     "PublishUnconfirmed",
+    "Published",
     "Publisher",
     "QueueType",
     "Receipt",
@@ -130,6 +144,7 @@ __all__ = [
     "ScheduleRow",
     "Settled",
     "StoreError",
+    "Strategy",
     "Tier",
     "Topology",
     "TopologyConflict",

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from delayq.cascade import Kind, Strategy
 from delayq.durations import to_ms
-from delayq.envelope import MessageFactory, OutgoingMessage, epoch_ms
+from delayq.envelope import EXACT_LABEL, MessageFactory, OutgoingMessage, epoch_ms, route_exact
 from delayq.errors import InvalidBody, InvalidDelay, InvalidInput, InvalidMessageId
 from delayq.topology import Topology
 
@@ -163,8 +164,15 @@ class BulkPlanner:
         except InvalidInput as exc:
             tier = NO_TIER
             try:
-                chosen = self.topology.ladder.select_ms(self._delay_ms(row))
-                tier = chosen.label if chosen is not None else "immediate"
+                delay_ms = self._delay_ms(row)
+                if delay_ms <= 0:
+                    tier = "immediate"
+                elif self.topology.strategy is Strategy.EXACT:
+                    route_exact(self.topology, delay_ms, Kind.ROUTE, "probe")  # too long?
+                    tier = EXACT_LABEL
+                else:
+                    chosen = self.topology.ladder.select_ms(delay_ms)
+                    tier = chosen.label if chosen is not None else "immediate"
             except (InvalidInput, TypeError):
                 pass
             return Rejection(key, routing_key, given, tier, type(exc).__name__, str(exc))

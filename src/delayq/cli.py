@@ -33,7 +33,7 @@ from delayq.retry import (
     RetryPolicy,
     ScheduleBackoff,
 )
-from delayq.topology import DEFAULT_TOPOLOGY_FILE, Topology, load_topology
+from delayq.topology import DEFAULT_TOPOLOGY_FILE, Strategy, Topology, load_topology
 from delayq.urls import redact, resolve_url
 from delayq.verification import passed, render_checks
 
@@ -218,6 +218,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    work.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text (with message_id=... queue=... appended while handling a delivery) or "
+        "one JSON object per line",
+    )
+    work.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus metrics on this port (0: any free port; needs delayq[metrics])",
+    )
+    work.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for all)",
+    )
     work.add_argument(
         "--records",
         type=Path,
@@ -492,10 +512,20 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 def cmd_retry_plan(args: argparse.Namespace) -> int:
     topology = _topology(args)
     policy = _policy(args)
-    rows = policy.schedule(topology.ladder)
+    exact = topology.strategy is Strategy.EXACT
+    if exact:
+        rows = policy.schedule_exact(topology.exact_unit_ms, topology.exact_levels)
+    else:
+        rows = policy.schedule(topology.ladder)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
-    print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
+    if exact:
+        print(
+            f"# exact strategy: unit {format_ms(topology.exact_unit_ms)}, "
+            f"{topology.exact_levels} levels (tier column: exact/<hops>)"
+        )
+    else:
+        print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
     print(f"{'attempt':>7}  {'requested':>10}  {'tier':>9}  {'late by':>8}  {'cumulative':>10}")
     for row in rows:
         print(
@@ -505,7 +535,7 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
     print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
     smallest = topology.ladder.tiers[0]
     short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
-    if short:
+    if short and not exact:
         print(
             f"# note: {short} retries ask for less than the smallest tier ({smallest.label}) "
             "and wait for that tier instead"
@@ -607,38 +637,51 @@ def cmd_parked(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import logging
     import os
 
+    from delayq.logcontext import configure_logging
+    from delayq.observe import DeliveryObserver
     from delayq.worker import load_worker
 
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
     worker = load_worker(args.spec)
     url = resolve_url(args.url)
+    observers: list[DeliveryObserver] = []
+    server = None
+    if args.metrics_port is not None:
+        from delayq.metrics import PrometheusObserver, serve_metrics
+
+        metrics = PrometheusObserver()
+        try:
+            server = serve_metrics(metrics.registry, args.metrics_port, args.metrics_addr)
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}"
+            ) from exc
+        observers.append(metrics)
     print(
         f"delayq worker: {len(worker.registrations)} handlers "
         f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
         flush=True,
     )
+    if server is not None:
+        print(f"delayq worker: metrics on {server.url}", flush=True)
     recorder = None
     if args.records is not None:
         from delayq.records import DeliveryRecorder
 
         recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
+        observers.append(recorder)
         print(f"delivery records: {args.records}", flush=True)
     try:
         worker.run(
-            url,
-            prefetch=args.prefetch,
-            concurrency=args.concurrency,
-            observers=[recorder] if recorder is not None else (),
+            url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers
         )
     finally:
+        if server is not None:
+            server.close()
         if recorder is not None:
             recorder.close()
     return EXIT_OK
@@ -761,11 +804,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
         return handler(args)
-    except ImportError as exc:
-        if args.command != "spark":
-            raise
-        print(f"delayq: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
     except InvalidInput as exc:
         print(f"delayq: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

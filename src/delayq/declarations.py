@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from delayq.cascade import Kind, delivery_binding_key, level_binding_keys
 from delayq.topology import QueueType, Topology
 
 __all__ = [
@@ -46,7 +47,8 @@ class QueueDecl:
     arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
     durable: bool = True
     role: str = ""
-    """Why the queue exists (``tier``, ``destination``, ``dlq``, ``unrouted``)."""
+    """Why the queue exists (``tier``, ``retry``, ``level``, ``destination``, ``dlq``,
+    ``unrouted``)."""
 
     @property
     def kind(self) -> str:
@@ -58,6 +60,8 @@ class BindingDecl:
     source: str
     destination: str
     routing_key: str = ""
+    destination_type: str = "queue"
+    """``queue``, or ``exchange`` for an exchange-to-exchange binding (cascade levels)."""
 
     @property
     def kind(self) -> str:
@@ -65,7 +69,8 @@ class BindingDecl:
 
     @property
     def name(self) -> str:
-        return f"{self.source} -> {self.destination} [{self.routing_key or '(any)'}]"
+        arrow = "=>" if self.destination_type == "exchange" else "->"
+        return f"{self.source} {arrow} {self.destination} [{self.routing_key or '(any)'}]"
 
 
 Declaration = ExchangeDecl | QueueDecl | BindingDecl
@@ -129,6 +134,9 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
 
+    if topology.exact_enabled:
+        _cascade(topology, exchanges, queues, bindings)
+
     for dest in topology.destinations:
         queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
         work_args: dict[str, ArgumentValue] = {
@@ -140,8 +148,47 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
             work_args["x-delivery-limit"] = dest.delivery_limit
         queues.append(QueueDecl(dest.queue, work_args, role="destination"))
         bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+        if topology.exact_enabled:
+            levels, delivery = topology.exact_levels, topology.delivery_exchange
+            bindings.extend(
+                BindingDecl(delivery, dest.queue, delivery_binding_key(levels, Kind.ROUTE, key))
+                for key in dest.bindings
+            )
+            # Retries addressed to this queue alone: no binding key of a destination
+            # matches a `q.` target, since theirs all sit behind `r.`.
+            address = delivery_binding_key(levels, Kind.ADDRESS, dest.queue)
+            bindings.append(BindingDecl(delivery, dest.queue, address))
 
     return (*exchanges, *queues, *bindings)
+
+
+def _cascade(
+    topology: Topology,
+    exchanges: list[Declaration],
+    queues: list[Declaration],
+    bindings: list[Declaration],
+) -> None:
+    """The exact strategy's levels (see :mod:`delayq.cascade`).
+
+    Level k: a topic exchange whose keys with bit k set go to its queue (TTL 2**k
+    units, dead-lettering to level k-1) and the others straight on to level k-1's
+    exchange; level 0 hands over to the delivery exchange, where destinations bind
+    behind the bits. Every hop goes one level down: no dead-letter cycle.
+    """
+    qtype, levels = topology.queue_type, topology.exact_levels
+    delivery = topology.delivery_exchange
+    exchanges.append(ExchangeDecl(delivery, "topic", {"alternate-exchange": topology.unrouted}))
+    for level in range(levels):
+        name = topology.level_name(level)
+        below = delivery if level == 0 else topology.level_name(level - 1)
+        exchanges.append(ExchangeDecl(name, "topic"))
+        arguments = rung_arguments(qtype, topology.exact_unit_ms * 2**level, below)
+        if topology.tier_max_length is not None:
+            arguments["x-max-length"] = topology.tier_max_length
+        queues.append(QueueDecl(name, arguments, role="level"))
+        set_key, clear_key = level_binding_keys(level, levels)
+        bindings.append(BindingDecl(name, name, set_key))
+        bindings.append(BindingDecl(name, below, clear_key, destination_type="exchange"))
 
 
 def describe(decl: Declaration) -> str:
@@ -151,7 +198,8 @@ def describe(decl: Declaration) -> str:
         return f"exchange {decl.name} ({decl.type}{', ' + args if args else ''})"
     if isinstance(decl, QueueDecl):
         return f"queue    {decl.name} [{decl.role}] ({_format_args(decl.arguments)})"
-    return f"binding  {decl.source} -> {decl.destination} key={decl.routing_key or '(any)'}"
+    arrow = "=>" if decl.destination_type == "exchange" else "->"
+    return f"binding  {decl.source} {arrow} {decl.destination} key={decl.routing_key or '(any)'}"
 
 
 def _format_args(arguments: Mapping[str, ArgumentValue]) -> str:

@@ -50,7 +50,7 @@ def export_definitions(topology: Topology) -> dict[str, Any]:
                     "source": decl.source,
                     "vhost": vhost,
                     "destination": decl.destination,
-                    "destination_type": "queue",
+                    "destination_type": decl.destination_type,
                     "routing_key": decl.routing_key,
                     "arguments": {},
                 }

@@ -20,10 +20,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from delayq.cascade import Kind, Strategy
 from delayq.durations import to_ms
 from delayq.envelope import (
     CONTENT_BYTES,
     CONTENT_JSON,
+    EXACT_LABEL,
     H_ATTEMPT,
     H_ROUTING_KEY,
     HEADER_PREFIX,
@@ -32,6 +34,7 @@ from delayq.envelope import (
     envelope_headers,
     epoch_ms,
     headers_size,
+    route_exact,
 )
 from delayq.errors import DelayqError, DelayTooLong, InvalidHeaders, InvalidInput
 from delayq.ladder import Tier
@@ -61,6 +64,7 @@ __all__ = [
     "Reject",
     "Retry",
     "Undecodable",
+    "Wait",
     "bounded",
     "decode_body",
     "fit_headers",
@@ -149,6 +153,22 @@ class Delivery:
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         return value if isinstance(value, str) and value else self.routing_key
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """How a republished message waits: strategy, label (``None``: immediate), ms, hops."""
+
+    strategy: Strategy
+    label: str | None
+    ms: int
+    hops: int
+
+    @classmethod
+    def of_tier(cls, tier: Tier | None) -> Wait:
+        if tier is None:
+            return cls(Strategy.TIERED, None, 0, 0)
+        return cls(Strategy.TIERED, tier.label, tier.ttl_ms, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,12 +349,11 @@ class DeliveryPlanner:
             delay_ms = self.policy.delay_ms(attempt, self._rng)
         if delay_ms is None:
             return self._dead_letter(delivery, DeadLetterReason.EXHAUSTED, error, trace)
+        now = self._clock_ms()
         try:
-            tier = self.topology.ladder.select_ms(delay_ms)
+            message = self._retry_message(delivery, delay_ms, attempt + 1, now)
         except DelayTooLong as exc:
             return self._dead_letter(delivery, DeadLetterReason.TOO_LONG, exc, trace)
-        now = self._clock_ms()
-        message = self._retry_message(delivery, delay_ms, tier, attempt + 1, now)
         message.headers.update(self._failure_headers(delivery, error, trace, now))
         return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
 
@@ -342,26 +361,38 @@ class DeliveryPlanner:
         """Another consumer holds this key's claim: come back after the smallest tier,
         without counting an attempt (the other consumer may still fail)."""
         tier = self.topology.ladder.tiers[0]
-        message = self._retry_message(
-            delivery, tier.ttl_ms, tier, delivery.attempt, self._clock_ms()
-        )
+        message = self._retry_message(delivery, tier.ttl_ms, delivery.attempt, self._clock_ms())
         return Decision(Action.RETRY, message, reason="claimed by another consumer")
 
     def _retry_message(
-        self, delivery: Delivery, delay_ms: int, tier: Tier | None, attempt: int, now: int
+        self, delivery: Delivery, delay_ms: int, attempt: int, now: int
     ) -> OutgoingMessage:
-        tier_ms = 0 if tier is None else tier.ttl_ms
-        # Delay 0 goes straight back to the queue, through the default exchange.
-        exchange = "" if tier is None else self.topology.retry_name(tier)
+        """The retry, addressed to this queue alone, by the topology's default strategy.
+
+        Raises :class:`~delayq.errors.DelayTooLong` when the strategy cannot wait that long.
+        """
+        if self.topology.strategy is Strategy.EXACT:
+            # Through the cascade, addressed by a `q.<queue>` key that only this
+            # queue's binding on the delivery exchange matches.
+            route = route_exact(self.topology, delay_ms, Kind.ADDRESS, self.queue)
+            exchange, routing_key = route.exchange, route.routing_key
+            plan = route.plan
+            wait = Wait(
+                Strategy.EXACT,
+                None if plan is None else EXACT_LABEL,
+                0 if plan is None else plan.wait_ms,
+                0 if plan is None else plan.hops,
+            )
+        else:
+            tier = self.topology.ladder.select_ms(delay_ms)
+            # Delay 0 goes straight back to the queue, through the default exchange.
+            exchange = "" if tier is None else self.topology.retry_name(tier)
+            routing_key = self.queue
+            wait = Wait.of_tier(tier)
         headers = _user_headers(delivery.headers)
         headers.update(
             envelope_headers(
-                delay_ms,
-                None if tier is None else tier.label,
-                tier_ms,
-                now,
-                attempt,
-                delivery.origin_routing_key,
+                delay_ms, wait.label, wait.ms, now, attempt, delivery.origin_routing_key
             )
         )
         for key in (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT):
@@ -370,11 +401,11 @@ class DeliveryPlanner:
         return republished(
             delivery,
             exchange,
-            self.queue,
+            routing_key,
             headers,
             now,
             delay_ms,
-            tier,
+            wait,
             frame_max=self.topology.limits.frame_max,
         )
 
@@ -445,7 +476,7 @@ def republished(
     headers: dict[str, Any],
     now: int,
     delay_ms: int = 0,
-    tier: Tier | None = None,
+    wait: Wait | Tier | None = None,
     *,
     frame_max: int = FRAME_MAX,
 ) -> OutgoingMessage:
@@ -453,7 +484,8 @@ def republished(
     fitted into one frame of ``frame_max`` bytes (see :func:`fit_headers`)."""
     headers = fit_headers(headers, frame_max)
     message_id = delivery.message_id or f"delayq-unnamed-{now}"
-    tier_ms = 0 if tier is None else tier.ttl_ms
+    if not isinstance(wait, Wait):
+        wait = Wait.of_tier(wait)
     return OutgoingMessage(
         exchange=exchange,
         routing_key=routing_key,
@@ -466,9 +498,11 @@ def republished(
             message_id=message_id,
             routing_key=routing_key,
             exchange=exchange,
-            tier=None if tier is None else tier.label,
+            tier=wait.label,
             delay_ms=delay_ms,
-            tier_ms=tier_ms,
+            tier_ms=wait.ms,
             published_at_ms=now,
+            strategy=wait.strategy,
+            hops=wait.hops,
         ),
     )

@@ -22,7 +22,7 @@ class StatsRow:
 
     queue: str
     role: str
-    """``tier``, ``retry``, ``destination`` or ``unrouted``."""
+    """``tier``, ``retry``, ``level``, ``destination`` or ``unrouted``."""
     dlq: str | None = None
 
 
@@ -44,9 +44,12 @@ class Depth:
 
 
 def stats_rows(topology: Topology) -> list[StatsRow]:
-    """Tiers, retry tiers, destinations (with their DLQs), then ``<ns>.unrouted``."""
+    """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
+    DLQs), then ``<ns>.unrouted``."""
     rows = [StatsRow(topology.tier_name(t), "tier") for t in topology.ladder.tiers]
     rows += [StatsRow(topology.retry_name(t), "retry") for t in topology.ladder.tiers]
+    if topology.exact_enabled:
+        rows += [StatsRow(topology.level_name(k), "level") for k in range(topology.exact_levels)]
     rows += [StatsRow(d.queue, "destination", d.dlq) for d in topology.destinations]
     rows.append(StatsRow(topology.unrouted, "unrouted"))
     return rows

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from delayq.cascade import MAX_KEY_BYTES, CascadePlan, Kind, Strategy, plan_cascade
 from delayq.durations import to_ms
 from delayq.errors import (
     BodyTooLarge,
@@ -55,8 +56,10 @@ __all__ = [
     "H_TIER",
     "H_TIER_MS",
     "H_VERSION",
+    "IMMEDIATE",
     "MAX_HEADERS",
     "MAX_HEADERS_BYTES",
+    "ExactRoute",
     "Message",
     "MessageFactory",
     "OutgoingMessage",
@@ -66,6 +69,8 @@ __all__ = [
     "epoch_ms",
     "headers_size",
     "new_message_id",
+    "resolve_strategy",
+    "route_exact",
     "validate_headers",
     "validate_routing_key",
 ]
@@ -109,6 +114,8 @@ class Message:
     delay: object
     message_id: str | None = None
     headers: Mapping[str, Any] | None = None
+    strategy: Strategy | str | None = None
+    """``None``: the topology's default strategy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +126,15 @@ class Receipt:
     routing_key: str
     exchange: str
     tier: str | None
-    """The tier's label, or ``None`` for an immediate message."""
+    """The tier's label (``"exact"`` for the cascade), or ``None`` for an immediate message."""
     delay_ms: int
     tier_ms: int
+    """How long the message actually waits (a tier's TTL, or the cascade's whole units)."""
     published_at_ms: int
+    strategy: Strategy = Strategy.TIERED
+    hops: int = 0
+    """Queues the message waits in: 1 for a tier, ``popcount(units)`` for the cascade,
+    0 when immediate."""
 
     @property
     def delay(self) -> timedelta:
@@ -140,7 +152,7 @@ class Receipt:
 
     @property
     def due_at(self) -> datetime:
-        """When the tier's TTL runs out and the message is routed to its destination."""
+        """When the wait runs out and the message is routed to its destination."""
         return datetime.fromtimestamp((self.published_at_ms + self.tier_ms) / 1000, tz=timezone.utc)
 
 
@@ -328,6 +340,57 @@ def envelope_headers(
     }
 
 
+EXACT_LABEL = "exact"
+
+
+def resolve_strategy(topology: Topology, strategy: object) -> Strategy:
+    """A publish's strategy: ``None`` is the topology's default; ``exact`` needs its levels."""
+    if strategy is None:
+        return topology.strategy
+    try:
+        chosen = Strategy(strategy)
+    except ValueError:
+        raise InvalidInput(f"unknown strategy {strategy!r}; use 'tiered' or 'exact'") from None
+    if chosen is Strategy.EXACT and not topology.exact_enabled:
+        raise InvalidInput(
+            f"namespace {topology.namespace!r} has no exact levels: set `exact:` (unit, "
+            "levels) or `strategy: exact` in its topology and apply it"
+        )
+    return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class ExactRoute:
+    """Where a cascade message is published (``plan`` is ``None`` when immediate)."""
+
+    exchange: str
+    routing_key: str
+    plan: CascadePlan | None
+
+
+def route_exact(topology: Topology, delay_ms: int, kind: Kind, target: str) -> ExactRoute:
+    """The exchange and wire routing key of a delay through the cascade.
+
+    Immediate (0 ms) goes as in the tiered strategy: to ``<ns>.ready`` for a
+    route, through the default exchange for a queue address. Raises
+    :class:`~delayq.errors.DelayTooLong` above ``2**N - 1`` units and
+    :class:`~delayq.errors.InvalidRoutingKey` when the key would pass 255 bytes.
+    """
+    levels = topology.exact_levels
+    plan = plan_cascade(delay_ms, topology.exact_unit_ms, levels, kind, target)
+    if plan is None:
+        if kind is Kind.ADDRESS:
+            return ExactRoute("", target, None)
+        return ExactRoute(topology.ready_exchange, target, None)
+    if len(plan.routing_key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidRoutingKey(
+            f"routing key {target[:40]!r}... is too long for the exact strategy: the "
+            f"cascade adds {len(plan.routing_key.encode()) - len(target.encode())} bytes "
+            f"and AMQP allows {MAX_KEY_BYTES}"
+        )
+    return ExactRoute(topology.level_name(plan.level), plan.routing_key, plan)
+
+
 class MessageFactory:
     """Turns a publish call into an :class:`OutgoingMessage`, or raises before any I/O."""
 
@@ -370,6 +433,7 @@ class MessageFactory:
                         msg.delay,
                         message_id=msg.message_id,
                         headers=msg.headers,
+                        strategy=msg.strategy,
                     )
                 )
             except InvalidInput as exc:
@@ -385,11 +449,24 @@ class MessageFactory:
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
         attempt: int = 1,
+        strategy: Strategy | str | None = None,
     ) -> OutgoingMessage:
-        """Validate and build one message (delay: ``timedelta`` or ``"15m"``-style str)."""
+        """Validate and build one message (delay: ``timedelta`` or ``"15m"``-style str;
+        ``strategy``: ``"tiered"``, ``"exact"``, or ``None`` for the topology's default)."""
         delay_ms = to_ms(delay)
-        tier = self.topology.ladder.select_ms(delay_ms)
+        chosen = resolve_strategy(self.topology, strategy)
         routing_key = validate_routing_key(routing_key)
+        if chosen is Strategy.EXACT:
+            route = route_exact(self.topology, delay_ms, Kind.ROUTE, routing_key)
+            exchange, wire_key = route.exchange, route.routing_key
+            if route.plan is None:
+                tier_ms, tier_label, hop_count = 0, None, 0
+            else:
+                tier_ms, tier_label, hop_count = route.plan.wait_ms, EXACT_LABEL, route.plan.hops
+        else:
+            tier = self.topology.ladder.select_ms(delay_ms)
+            exchange, tier_ms, tier_label = self._route[tier]
+            wire_key, hop_count = routing_key, 0 if tier is None else 1
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)
         user_headers = validate_headers(headers, self.limits)
         data, content_type = encode_body(body)
@@ -399,7 +476,6 @@ class MessageFactory:
                 "(limits.max_body_bytes; put large data in a blob store and send its address)"
             )
         now_ms = self._clock_ms()
-        exchange, tier_ms, tier_label = self._route[tier]
         user_headers.update(
             envelope_headers(delay_ms, tier_label, tier_ms, now_ms, attempt, routing_key)
         )
@@ -411,10 +487,12 @@ class MessageFactory:
             delay_ms=delay_ms,
             tier_ms=tier_ms,
             published_at_ms=now_ms,
+            strategy=chosen,
+            hops=hop_count,
         )
         return OutgoingMessage(
             exchange=exchange,
-            routing_key=routing_key,
+            routing_key=wire_key,
             body=data,
             content_type=content_type,
             message_id=message_id,

@@ -30,7 +30,8 @@ and aiormq are translated at one place per adapter and chained with
     │       └── PublishBatchError: some messages of a batch failed
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
     │   └── ClaimLost
-    └── HandlerTimeout
+    ├── HandlerTimeout
+    └── MissingExtra (also an ImportError): an optional dependency is not installed
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidTopology",
     "InvalidURL",
     "ManagementUnavailable",
+    "MissingExtra",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
@@ -74,6 +76,20 @@ class DelayqError(Exception):
 
 class HandlerTimeout(DelayqError):
     """A handler ran longer than its consumer's ``handler_timeout``; it is retried."""
+
+
+class MissingExtra(DelayqError, ImportError):
+    """A feature needs an optional dependency: ``pip install 'delayq[EXTRA]'``."""
+
+    def __init__(self, feature: str, extra: str, package: str) -> None:
+        super().__init__(
+            f"{feature} needs the {package} package: pip install 'delayq[{extra}]'",
+            name=package,
+        )
+        self.feature, self.extra, self.package = feature, extra, package
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.extra, self.package))
 
 
 class StoreError(DelayqError):

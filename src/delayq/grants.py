@@ -108,7 +108,13 @@ def _names(topology: Topology) -> dict[str, str]:
         "tier": f"{ns}\\.tier\\.{_LABEL}",
         "retry": f"{ns}\\.retry\\.{_LABEL}",
         "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
+        "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
     }
+
+
+def _cascade(topology: Topology, names: dict[str, str]) -> list[str]:
+    """The exact strategy's levels and delivery exchange, when the topology has them."""
+    return [names["cascade"]] if topology.exact_enabled else []
 
 
 def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
@@ -119,12 +125,19 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
         user=user,
         vhost=vhost or topology.vhost,
         permissions=Permissions(
-            configure=NOTHING, write=_pattern([n["ready"], n["tier"]]), read=NOTHING
+            configure=NOTHING,
+            write=_pattern([n["ready"], n["tier"], *_cascade(topology, n)]),
+            read=NOTHING,
         ),
         reasons=(
             "configure: nothing (a producer only checks exchanges with passive declares)",
             f"write: publish to the tier exchanges {topology.namespace}.tier.<label> and, "
-            f"for delay 0, to {topology.ready_exchange}",
+            f"for delay 0, to {topology.ready_exchange}"
+            + (
+                f", and to the cascade levels {topology.namespace}.level.<k>"
+                if topology.exact_enabled
+                else ""
+            ),
             "read: nothing (a producer never consumes or gets)",
         ),
     )
@@ -135,9 +148,10 @@ def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
     n = _names(topology)
     queues = [_escape(d.queue) for d in topology.destinations]
     dlqs = [_escape(d.dlq) for d in topology.destinations]
-    entities = [n["ready"], n["unrouted"], n["rungs"], *queues, *dlqs]
-    write = ["amq\\.default", n["ready"], n["unrouted"], n["rungs"], *queues]
-    read = [n["ready"], n["unrouted"], n["rungs"], *queues]
+    cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
+    entities = [n["ready"], n["unrouted"], n["rungs"], *cascade, *queues, *dlqs]
+    write = ["amq\\.default", n["ready"], n["unrouted"], n["rungs"], *cascade, *queues]
+    read = [n["ready"], n["unrouted"], n["rungs"], *cascade, *queues]
     return Grant(
         role=Role.CONSUMER,
         user=user,

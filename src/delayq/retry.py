@@ -14,13 +14,14 @@ given ladder, a 1 ms initial delay included:
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
+from delayq.cascade import Kind, plan_cascade
 from delayq.durations import format_ms, to_ms
 from delayq.errors import DelayTooLong
 from delayq.ladder import Ladder
@@ -99,22 +100,39 @@ class RetryPolicy(BaseModel):
         Raises :class:`~delayq.errors.DelayTooLong` naming the retry whose delay
         no tier can hold.
         """
+
+        def wait(requested: int) -> tuple[int, str]:
+            tier = ladder.select_ms(requested)
+            return (0, "immediate") if tier is None else (tier.ttl_ms, tier.label)
+
+        return self._schedule(wait)
+
+    def schedule_exact(self, unit_ms: int, levels: int) -> list[ScheduleRow]:
+        """Every retry of this policy through the exact strategy's cascade (``tier``
+        reads ``exact/<hops>``), jitter left out."""
+
+        def wait(requested: int) -> tuple[int, str]:
+            plan = plan_cascade(requested, unit_ms, levels, Kind.ADDRESS, "queue")
+            return (0, "immediate") if plan is None else (plan.wait_ms, f"exact/{plan.hops}")
+
+        return self._schedule(wait)
+
+    def _schedule(self, wait: Callable[[int], tuple[int, str]]) -> list[ScheduleRow]:
         rows: list[ScheduleRow] = []
         cumulative = 0
         for retry in range(1, self.max_attempts):
             requested = self.base_delay_ms(retry)
             try:
-                tier = ladder.select_ms(requested)
+                tier_ms, label = wait(requested)
             except DelayTooLong as exc:
                 raise DelayTooLong(f"retry {retry} (attempt {retry + 1}): {exc}") from exc
-            tier_ms = 0 if tier is None else tier.ttl_ms
             cumulative += tier_ms
             rows.append(
                 ScheduleRow(
                     attempt=retry + 1,
                     requested_ms=requested,
                     tier_ms=tier_ms,
-                    tier="immediate" if tier is None else tier.label,
+                    tier=label,
                     cumulative_ms=cumulative,
                 )
             )

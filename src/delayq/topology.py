@@ -26,11 +26,21 @@ from pydantic import (
     model_validator,
 )
 
-from delayq.errors import InvalidTopology
-from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.durations import format_ms, to_ms
+from delayq.errors import InvalidDelay, InvalidTopology
+from delayq.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 from delayq.limits import DEFAULT_LIMITS, MessageLimits
 
-__all__ = ["DEFAULT_TOPOLOGY_FILE", "Destination", "QueueType", "Topology", "load_topology"]
+__all__ = [
+    "DEFAULT_TOPOLOGY_FILE",
+    "Destination",
+    "ExactSettings",
+    "QueueType",
+    "Strategy",
+    "Topology",
+    "load_topology",
+]
 
 DEFAULT_TOPOLOGY_FILE = Path("topology/delayq.yaml")
 
@@ -110,6 +120,31 @@ class Destination(BaseModel):
         return f"{self.queue}.dlq"
 
 
+def _parse_unit(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # already ms (a model dumped and validated again)
+    try:
+        return to_ms(value, what="exact.unit")
+    except InvalidDelay as exc:
+        raise ValueError(str(exc)) from None
+
+
+class ExactSettings(BaseModel):
+    """The exact strategy's cascade: ``levels`` levels, level ``k`` waiting ``2**k`` units."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    unit_ms: Annotated[
+        int,
+        BeforeValidator(_parse_unit),
+        PlainSerializer(format_ms, return_type=str),
+        Field(ge=1, alias="unit"),
+    ] = 1000
+    """The precision: delays are rounded up to whole units (``unit: 250ms``)."""
+    levels: int | None = Field(default=None, ge=1, le=MAX_LEVELS)
+    """``None``: enough for the ladder's largest tier."""
+
+
 class Topology(BaseModel):
     """Namespace, ladder, queue type, destination queues, and message size limits."""
 
@@ -126,6 +161,10 @@ class Topology(BaseModel):
     ``PublishRejected`` and nothing is half-published. ``None``: no cap."""
     limits: MessageLimits = DEFAULT_LIMITS
     """Body and header sizes checked before every publish (see :mod:`delayq.limits`)."""
+    strategy: Strategy = Strategy.TIERED
+    """The default strategy of publishes and of consumers' retries."""
+    exact: ExactSettings | None = None
+    """The exact strategy's cascade; declared when set or when ``strategy`` is exact."""
 
     @field_validator("namespace")
     @classmethod
@@ -135,16 +174,37 @@ class Topology(BaseModel):
     @model_validator(mode="after")
     def _unique_queues(self) -> Topology:
         seen: set[str] = set()
-        reserved = {self.ready_exchange, self.unrouted}
+        reserved = {self.ready_exchange, self.unrouted, self.delivery_exchange}
         for dest in self.destinations:
             if dest.queue in seen:
                 raise ValueError(f"destination queue {dest.queue!r} is listed twice")
             if dest.queue in reserved or dest.queue.startswith(
-                (f"{self.namespace}.tier.", f"{self.namespace}.retry.")
+                (
+                    f"{self.namespace}.tier.",
+                    f"{self.namespace}.retry.",
+                    f"{self.namespace}.level.",
+                )
             ):
                 raise ValueError(f"destination queue {dest.queue!r} uses a name delayq reserves")
             seen.add(dest.queue)
+        if self.exact_enabled:
+            self._check_cascade()
         return self
+
+    def _check_cascade(self) -> None:
+        levels, unit_ms = self.exact_levels, self.exact_unit_ms
+        if unit_ms * 2 ** (levels - 1) > MAX_TIER_MS:
+            raise ValueError(
+                f"exact: level {levels - 1} would wait {format_ms(unit_ms * 2 ** (levels - 1))}, "
+                f"longer than the maximum TTL {format_ms(MAX_TIER_MS)}; use fewer levels"
+            )
+        room = 255 - key_overhead(levels)
+        for dest in self.destinations:
+            if len(dest.queue.encode()) > room:
+                raise ValueError(
+                    f"exact: queue name {dest.queue!r} is longer than the {room} bytes a "
+                    f"cascade key of {levels} levels leaves (255 - {key_overhead(levels)})"
+                )
 
     # Entity names -------------------------------------------------------------
 
@@ -166,6 +226,31 @@ class Topology(BaseModel):
         """Name of a retry tier's exchange and queue: it dead-letters to the failing
         queue alone, through the default exchange."""
         return f"{self.namespace}.retry.{tier.label}"
+
+    @property
+    def exact_enabled(self) -> bool:
+        """Whether the exact strategy's levels are part of the topology."""
+        return self.exact is not None or self.strategy is Strategy.EXACT
+
+    @property
+    def exact_unit_ms(self) -> int:
+        return 1000 if self.exact is None else self.exact.unit_ms
+
+    @property
+    def exact_levels(self) -> int:
+        """N: explicit, or enough levels for the ladder's largest tier (at most 28)."""
+        if self.exact is not None and self.exact.levels is not None:
+            return self.exact.levels
+        return default_levels(self.ladder.max_ms, self.exact_unit_ms)
+
+    @property
+    def delivery_exchange(self) -> str:
+        """Where level 0 dead-letters: ``<ns>.ready`` semantics for cascade keys."""
+        return f"{self.namespace}.delivery"
+
+    def level_name(self, level: int) -> str:
+        """Name of a cascade level's exchange and queue (TTL ``2**level`` units)."""
+        return f"{self.namespace}.level.{level}"
 
     def with_namespace(self, namespace: str) -> Topology:
         """A copy under another namespace (tests and demos use unique ones)."""

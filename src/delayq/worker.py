@@ -18,7 +18,7 @@ import inspect
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,12 +76,12 @@ class Worker:
         prefetch: int | None = None,
         concurrency: int | None = None,
         stop: threading.Event | None = None,
-        observers: Sequence[DeliveryObserver] = (),
+        observers: Iterable[DeliveryObserver] = (),
     ) -> None:
         """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set).
 
-        ``observers`` are added to every consumer's (a
-        :class:`~delayq.records.DeliveryRecorder` for ``delayq worker --records``).
+        ``observers`` watch every consumer, besides any given in the worker's or the
+        handler's options (``delayq worker --metrics-port`` adds a metrics observer).
         """
         from delayq.aio.consumer import AsyncConsumer
         from delayq.sync.consumer import Consumer
@@ -95,14 +95,16 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: stop.set())
 
+        extra_observers = tuple(observers)
+
         def options(reg: Registration) -> dict[str, Any]:
             merged = {**self.defaults, **reg.options}
+            if extra_observers:
+                merged["observers"] = (*merged.get("observers", ()), *extra_observers)
             if prefetch is not None:
                 merged["prefetch"] = prefetch
             if concurrency is not None and reg.is_async:
                 merged["concurrency"] = concurrency
-            if observers:
-                merged["observers"] = [*merged.get("observers", ()), *observers]
             return merged
 
         sync_consumers = [

@@ -1,5 +1,6 @@
-"""A password never shows: not in logs (delayq's, pika's, aio-pika's, aiormq's, at DEBUG),
-errors (with their chained causes), reprs, CLI output or the pytest plugin's output.
+"""A password never shows: not in logs (delayq's, pika's, aio-pika's, aiormq's, at DEBUG,
+in text or JSON), errors (with their chained causes), reprs, CLI output, the worker's
+metrics endpoint or the pytest plugin's output.
 
 Every operation below uses a URL whose password is a fresh random string; the
 test then searches everything it captured for that string. The user name is not
@@ -10,13 +11,17 @@ clients' DEBUG lines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -297,3 +302,88 @@ def test_no_password_in_the_pytest_plugins_output(secret: Secret, tmp_path: Path
     assert "2 failed" in output, output[-3000:]
     assert "ConnectionFailed" in output and f"{secret.user}:***@127.0.0.1:1" in output
     assert secret.password not in output
+
+
+# --- the worker: JSON logs and the metrics endpoint -----------------------------------------------
+
+WORKER_APP = """
+import logging
+from pathlib import Path
+from delayq import Worker, load_topology
+
+worker = Worker(load_topology(Path(__file__).with_name("delayq.yaml")))
+log = logging.getLogger("leakapp")
+
+@worker.handler("{queue}")
+def handle(value):
+    log.info("handled %s", value["n"])
+"""
+
+
+def wait_for(path: Path, predicate: Any, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if predicate(text):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting on {path.name}: {text[-3000:]}")
+
+
+def test_no_password_in_the_workers_json_logs_or_metrics(secret: Secret, tmp_path: Path) -> None:
+    topo = topology()
+    queue = f"{topo.namespace}.work"
+    (tmp_path / "delayq.yaml").write_text(
+        f"namespace: {topo.namespace}\nladder: [1s]\ndestinations:\n"
+        f"  - queue: {queue}\n    bindings: [job.#]\n"
+    )
+    (tmp_path / "leakapp.py").write_text(WORKER_APP.replace("{queue}", queue))
+    apply_topology(topo, secret.good)
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    args = ["worker", "leakapp:worker", "--url", secret.good, "--log-level", "debug"]
+    args += ["--log-format", "json", "--metrics-port", "0"]
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "delayq", *args],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": SRC, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        started = wait_for(out_path, lambda text: "metrics on http://" in text)
+        metrics_url = started.split("metrics on ", 1)[1].split()[0]
+        with Publisher(secret.good, topo) as pub:
+            pub.publish({"n": 7}, "job.a", "0s", message_id="leak-probe")
+
+        def handled(text: str) -> bool:
+            return '"message": "handled 7"' in text and '"message_id": "leak-probe"' in text
+
+        wait_for(err_path, handled)
+        for _ in range(100):  # the ack, then the observer, follow the handler's line
+            with urllib.request.urlopen(metrics_url, timeout=10) as response:
+                metrics = response.read().decode()
+            if f'delayq_delivered_total{{outcome="ack",queue="{queue}"}} 1.0' in metrics:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(metrics)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    entries = [json.loads(line) for line in stderr.splitlines()]  # every line is JSON
+    assert any(e["logger"].startswith("pika") and e["level"] == "DEBUG" for e in entries)
+    assert f"{secret.user}:***@" in stdout  # the redacted URL
+    [line] = [e for e in entries if e["message"] == "handled 7"]
+    assert (line["message_id"], line["queue"], line["routing_key"], line["attempt"]) == (
+        "leak-probe",
+        queue,
+        "job.a",
+        1,
+    )
+    assert secret.password not in stdout + stderr + metrics

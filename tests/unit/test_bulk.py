@@ -110,3 +110,14 @@ def test_a_message_the_broker_refused_is_a_rejection_in_its_tier() -> None:
     rejection = planner().rejected(msg, PublishRejected("nacked"), "k")
     assert (rejection.key, rejection.tier, rejection.error) == ("k", "2s", "PublishRejected")
     assert isinstance(msg.receipt, Receipt)
+
+
+def test_an_exact_topology_schedules_through_the_cascade() -> None:
+    exact = BulkPlanner(Topology(namespace="bulk", strategy="exact"))
+    msg = exact.plan(Row("k", "job.a", None, delay="90s"))
+    assert isinstance(msg, OutgoingMessage)
+    assert (msg.receipt.tier, msg.receipt.tier_ms) == ("exact", 90_000)
+    bad = exact.plan(Row("k", "job.a", float("nan"), delay="90s"))
+    assert isinstance(bad, Rejection) and (bad.tier, bad.error) == ("exact", "InvalidBody")
+    too_long = exact.plan(Row("k", "job.a", None, delay="3000d"))
+    assert isinstance(too_long, Rejection) and too_long.tier == NO_TIER

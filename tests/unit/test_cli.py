@@ -61,3 +61,14 @@ def test_a_dead_broker_exits_1_without_showing_the_password(capsys):
     assert main([*argv, "--url", DEAD_URL]) == 1
     err = capsys.readouterr().err
     assert "cannot connect" in err and "127.0.0.1:1" in err and "s3cret" not in err
+
+
+def test_worker_metrics_and_log_flags_parse_with_loopback_and_text_defaults():
+    from delayq.cli import build_parser
+
+    args = build_parser().parse_args(["worker", "app:w", "--metrics-port", "0"])
+    assert (args.metrics_port, args.metrics_addr, args.log_format) == (0, "127.0.0.1", "text")
+    args = build_parser().parse_args(["worker", "app:w", "--log-format", "json"])
+    assert args.metrics_port is None and args.log_format == "json"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "app:w", "--log-format", "xml"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,33 @@ def test_a_claim_won_for_a_cancelled_caller_is_given_back(tmp_path):
         doomed = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
         await asyncio.sleep(0)  # the batch is on its way to the store's thread
         doomed.cancel()
+        await asyncio.sleep(0.2)
+        return await batcher.claim("k", lease_ms=LEASE, now_ms=1)
+
+    assert asyncio.run(main()) is ClaimStatus.CLAIMED
+    batcher.close()
+    store.close()
+
+
+def test_a_claim_won_just_before_its_caller_is_cancelled_is_given_back(tmp_path):
+    """The window the test above misses: the claim's result is already set when the
+    cancellation lands, before the caller resumes (seen in the fault suite: a key kept
+    busy for the whole lease after ``close_all_connections``)."""
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> ClaimStatus:
+        doomed = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
+        settle = batcher._settle
+
+        def settle_then_cancel(*args: Any) -> None:
+            settle(*args)  # the caller's result is set ...
+            doomed.cancel()  # ... and its task is cancelled before it runs again
+
+        batcher._settle = settle_then_cancel  # type: ignore[method-assign]
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        batcher._settle = settle  # type: ignore[method-assign]
         await asyncio.sleep(0.2)
         return await batcher.claim("k", lease_ms=LEASE, now_ms=1)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from typing import Any
 
 from delayq.errors import StoreError
@@ -46,7 +47,20 @@ class StoreBatcher:
         self._running = False
 
     async def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
-        status = await self._submit(Claim(key, lease_ms, now_ms))
+        op = Claim(key, lease_ms, now_ms)
+        if not self._blocking:
+            status = self._apply(op)
+        else:
+            claimed = self._enqueue(op)
+            try:
+                status = await asyncio.shield(claimed)
+            except asyncio.CancelledError:
+                # aiormq cancels deliveries in flight when the connection is lost. The
+                # claim goes on in the store's thread, or has even landed with its result
+                # set before this task could resume: a claim won for nobody is given back,
+                # or every redelivery of the key is deferred until the lease runs out.
+                claimed.add_done_callback(functools.partial(self._give_back, key))
+                raise
         assert status is not None
         return status
 
@@ -79,17 +93,30 @@ class StoreBatcher:
 
     async def _submit(self, op: StoreOp) -> ClaimStatus | None:
         if not self._blocking:  # an in-memory store: no I/O, no batching
-            try:
-                return apply_op(self.store, op)
-            except Exception as exc:
-                raise store_error(self.store, exc) from exc
+            return self._apply(op)
+        return await self._enqueue(op)
+
+    def _apply(self, op: StoreOp) -> ClaimStatus | None:
+        try:
+            return apply_op(self.store, op)
+        except Exception as exc:
+            raise store_error(self.store, exc) from exc
+
+    def _enqueue(self, op: StoreOp) -> asyncio.Future[ClaimStatus | None]:
+        """Queue ``op`` for the next batch; it runs even if its caller stops waiting."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ClaimStatus | None] = loop.create_future()
         self._pending.append((op, future))
         if not self._scheduled and not self._running:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
+
+    def _give_back(self, key: str, claimed: asyncio.Future[ClaimStatus | None]) -> None:
+        if claimed.cancelled() or claimed.exception() is not None:
+            return  # the store failed: the claim did not land (or its lease ends by itself)
+        if claimed.result() is ClaimStatus.CLAIMED:
+            self._enqueue(Release(key))
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -117,18 +144,8 @@ class StoreBatcher:
             error = done.exception()
         else:
             results = done.result()
-        for index, (op, future) in enumerate(batch):
-            if future.done():  # its caller was cancelled (aiormq cancels deliveries in
-                # flight when the connection is lost): a claim it won must be given back,
-                # or every redelivery of the key is deferred until the lease runs out.
-                if (
-                    error is None
-                    and isinstance(op, Claim)
-                    and results[index] is ClaimStatus.CLAIMED
-                ):
-                    self._pending.append(
-                        (Release(op.key), asyncio.get_running_loop().create_future())
-                    )
+        for index, (_, future) in enumerate(batch):
+            if future.done():  # nobody waits for it (claims are shielded: see claim)
                 continue
             if error is not None:
                 failure = StoreError(str(error))

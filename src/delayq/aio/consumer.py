@@ -46,6 +46,7 @@ from delayq.idempotency import (
     call_in_transaction,
     check_transactional,
 )
+from delayq.logcontext import bound_delivery
 from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
@@ -344,6 +345,14 @@ class AsyncConsumer:
             headers=message.headers or {},
             redelivered=bool(message.redelivered),
         )
+        # Each delivery runs in a task of its own, so the binding stays with it; threads
+        # from asyncio.to_thread copy it (see delayq.logcontext).
+        with bound_delivery(delivery):
+            await self._handle(message, delivery, received_ms)
+
+    async def _handle(
+        self, message: AbstractIncomingMessage, delivery: Delivery, received_ms: int
+    ) -> None:
         try:
             value = decode_body(delivery, self._model)
             key = idempotency_key(value, delivery, self._key, required=self._transactional)

@@ -63,9 +63,14 @@ async def _declare(chan: AbstractChannel, decl: ExchangeDecl | QueueDecl, passiv
 
 async def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
     if isinstance(decl, BindingDecl):
-        queue = await (await channels.get()).get_queue(decl.destination, ensure=False)
+        channel = await channels.get()
         try:
-            await queue.bind(decl.source, decl.routing_key)
+            if decl.destination_type == "exchange":
+                target = await channel.get_exchange(decl.destination, ensure=False)
+                await target.bind(decl.source, decl.routing_key)
+            else:
+                queue = await channel.get_queue(decl.destination, ensure=False)
+                await queue.bind(decl.source, decl.routing_key)
         except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
             raise translate_channel_error(exc) from exc
         return ApplyResult(decl, ApplyStatus.BOUND)

@@ -33,12 +33,14 @@ from delayq.envelope import (
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    DelayqError,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
     TopologyMissing,
 )
-from delayq.topology import Topology
+from delayq.published import PublishObserver, PublishObservers
+from delayq.topology import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["AsyncPublisher"]
@@ -90,6 +92,7 @@ class AsyncPublisher:
     Bodies and headers are checked against ``topology.limits`` before anything
     is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
+    ``observers`` see each message's outcome (see :mod:`delayq.published`).
     """
 
     def __init__(
@@ -104,8 +107,10 @@ class AsyncPublisher:
         confirm_timeout_s: float = 60.0,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
+        observers: Iterable[PublishObserver] = (),
     ) -> None:
         self._url = resolve_url(url)
+        self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
@@ -215,18 +220,29 @@ class AsyncPublisher:
         *,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
         Same arguments, receipt and errors as :meth:`delayq.sync.Publisher.publish`.
         """
-        msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
+        msg = self._factory.build(
+            body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
+        )
         await self.send(msg)
         return msg.receipt
 
     async def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
-        await self._send(msg, self._confirm_timeout_s)
+        if not self._observers:
+            await self._send(msg, self._confirm_timeout_s)
+            return
+        try:
+            await self._send(msg, self._confirm_timeout_s)
+        except DelayqError as exc:
+            self._observers.emit([msg], exc)
+            raise
+        self._observers.emit([msg])
 
     async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
         message = aio_message(msg)
@@ -323,6 +339,15 @@ class AsyncPublisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        try:
+            await self._publish_built(built, window)
+        except DelayqError as exc:
+            self._observers.emit(built, exc)
+            raise
+        self._observers.emit(built)
+        return [m.receipt for m in built]
+
+    async def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
         in_flight: set[int] = set()
@@ -374,4 +399,3 @@ class AsyncPublisher:
         if failures:
             receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
             raise PublishBatchError(receipts, failures)
-        return [m.receipt for m in built]

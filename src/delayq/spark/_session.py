@@ -7,22 +7,19 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from delayq.errors import MissingExtra
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["MISSING_EXTRA", "local_session", "require_pyspark"]
-
-MISSING_EXTRA = (
-    "the Spark jobs need PySpark and matplotlib: install the extra with "
-    "pip install 'delayq[spark]' (and a Java runtime, 17 or later)"
-)
-
+__all__ = ["local_session", "require_pyspark"]
 
 def require_pyspark() -> None:
-    """Raise ImportError naming the ``delayq[spark]`` extra when PySpark is missing."""
+    """Raise :class:`~delayq.errors.MissingExtra` (an ImportError) naming the
+    ``delayq[spark]`` extra when PySpark or matplotlib is missing."""
     for module in ("pyspark", "matplotlib"):
         if importlib.util.find_spec(module) is None:
-            raise ImportError(f"{module} is not installed; {MISSING_EXTRA}")
+            raise MissingExtra("delayq.spark", "spark", module)
 
 
 def local_session(

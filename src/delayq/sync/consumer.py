@@ -9,6 +9,7 @@ own ``Consumer``), or use :class:`~delayq.aio.AsyncConsumer`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import random
@@ -50,6 +51,7 @@ from delayq.idempotency import (
     run_ops,
     store_error,
 )
+from delayq.logcontext import bound_delivery
 from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
@@ -309,7 +311,10 @@ class Consumer:
             headers=props.headers or {},
             redelivered=bool(method.redelivered),
         )
-        tag = method.delivery_tag
+        with bound_delivery(delivery):
+            self._handle(method.delivery_tag, delivery, received_ms)
+
+    def _handle(self, tag: int, delivery: Delivery, received_ms: int) -> None:
         try:
             value = decode_body(delivery, self._model)
             key = idempotency_key(value, delivery, self._key, required=self._transactional)
@@ -356,8 +361,11 @@ class Consumer:
 
     def _call_handler(self, value: Any, claim: Claim) -> None:
         assert self._connection is not None
+        # The handler's thread logs with this delivery's fields (see delayq.logcontext).
+        context = contextvars.copy_context()
         if self._transactional:
             future = self._pool.submit(
+                context.run,
                 call_in_transaction,
                 cast(TransactionalStore, self._store),
                 self._handler,
@@ -367,7 +375,7 @@ class Consumer:
                 now_ms=self._clock_ms(),
             )
         else:
-            future = self._pool.submit(self._handler, value)
+            future = self._pool.submit(context.run, self._handler, value)
         deadline = time.monotonic() + self._timeout_ms / 1000
         connected = True
         while not future.done():

@@ -93,7 +93,10 @@ def declare_checked(
 def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
     if isinstance(decl, BindingDecl):
         try:
-            channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
+            if decl.destination_type == "exchange":
+                channels.channel.exchange_bind(decl.destination, decl.source, decl.routing_key)
+            else:
+                channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
         except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED
             raise translate_channel_error(exc) from exc
         return ApplyResult(decl, ApplyStatus.BOUND)

@@ -21,7 +21,14 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import AccessRefused, ConnectionFailed, TopologyMissing
+from delayq.errors import (
+    AccessRefused,
+    ConnectionFailed,
+    DelayqError,
+    PublishError,
+    TopologyMissing,
+)
+from delayq.published import PublishObserver, PublishObservers
 from delayq.sync._connection import (
     BLOCKED_CONNECTION_TIMEOUT_S,
     CONNECTION_ERRORS,
@@ -31,7 +38,7 @@ from delayq.sync._connection import (
     translate_channel_error,
 )
 from delayq.sync._pipeline import Settle, publish_pipelined, send_pipelined
-from delayq.topology import Topology
+from delayq.topology import Strategy, Topology
 from delayq.urls import parse_url, redact, resolve_url
 
 __all__ = ["Publisher"]
@@ -61,6 +68,7 @@ class Publisher:
     Bodies and headers are checked against ``topology.limits`` before anything
     is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
+    ``observers`` see each message's outcome (see :mod:`delayq.published`).
     """
 
     def __init__(
@@ -75,8 +83,10 @@ class Publisher:
         blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
+        observers: Iterable[PublishObserver] = (),
     ) -> None:
         self._url = resolve_url(url)
+        self._observers = PublishObservers(observers)
         self._blocked_timeout_s = blocked_timeout_s
         self.topology = topology if topology is not None else Topology()
         self._factory = MessageFactory(
@@ -141,23 +151,39 @@ class Publisher:
         *,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
         ``delay`` is a ``timedelta`` or a string like ``"90s"``; ``"0s"`` is
-        immediate. Raises a :class:`~delayq.errors.InvalidInput` subclass before
-        sending anything on bad input, :class:`~delayq.errors.Unroutable`,
+        immediate. ``strategy`` (``"tiered"`` or ``"exact"``) overrides the
+        topology's default for this message. Raises a
+        :class:`~delayq.errors.InvalidInput` subclass before sending anything on
+        bad input, :class:`~delayq.errors.Unroutable`,
         :class:`~delayq.errors.PublishRejected`,
         :class:`~delayq.errors.TopologyMissing`,
         :class:`~delayq.errors.AccessRefused` (the user may not publish there) or
         :class:`~delayq.errors.PublishUnconfirmed` when the broker did not take it.
         """
-        msg = self._factory.build(body, routing_key, delay, message_id=message_id, headers=headers)
+        msg = self._factory.build(
+            body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
+        )
         self.send(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
+        if not self._observers:
+            self._send(msg)
+            return
+        try:
+            self._send(msg)
+        except DelayqError as exc:
+            self._observers.emit([msg], exc)
+            raise
+        self._observers.emit([msg])
+
+    def _send(self, msg: OutgoingMessage) -> None:
         properties = pika_properties(msg)
         last: BaseException | None = None
         handed_over = False  # once written to a socket, its fate is unknown until confirmed
@@ -214,6 +240,15 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        try:
+            self._publish_built(built, window)
+        except DelayqError as exc:
+            self._observers.emit(built, exc)
+            raise
+        self._observers.emit(built)
+        return [m.receipt for m in built]
+
+    def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
         broker = parse_url(self._url)
         publish_pipelined(
             host_parameters(
@@ -227,7 +262,6 @@ class Publisher:
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
         )
-        return [m.receipt for m in built]
 
     def send_many(
         self,
@@ -247,12 +281,20 @@ class Publisher:
         (rejected, unroutable, or unconfirmed once the retries are spent).
         Raises :class:`~delayq.errors.ConnectionFailed` when nothing could be
         sent, :class:`~delayq.errors.TopologyMissing` or
-        :class:`~delayq.errors.AccessRefused` at once.
+        :class:`~delayq.errors.AccessRefused` at once. The publisher's
+        ``observers`` hear each message's outcome as it settles.
 
         >>> failed = []                                           # doctest: +SKIP
         >>> pub.send_many((pub.factory.build(b, "job.x", "1m") for b in bodies),
         ...               settle=lambda i, m, e: e and failed.append((i, e)))
         """
+        if self._observers:
+            observed = settle
+
+            def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+                self._observers.emit([msg], error)
+                observed(index, msg, error)
+
         broker = parse_url(self._url)
         send_pipelined(
             host_parameters(

@@ -103,7 +103,7 @@ def _bindings(api: ManagementAPI | None, topology: Topology, vhost: str) -> Chec
             observed[source] = {
                 (str(r["destination"]), str(r.get("routing_key", "")))
                 for r in rows
-                if r.get("destination_type") == "queue"
+                if r.get("destination_type") in ("queue", "exchange")
             }
     except DelayqError as exc:
         return Check("bindings", Status.FAIL, str(exc))
