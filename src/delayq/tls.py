@@ -278,7 +278,7 @@ def describe_tls_failure(exc: BaseException, options: TLSOptions, where: str) ->
 
 
 def describe_tls_reset(exc: BaseException, options: TLSOptions) -> str | None:
-    """A hint when an ``amqps://`` connection without a client certificate was reset.
+    """A hint when an ``amqps://`` connection was reset during its TLS setup.
 
     A broker that requires a client certificate sends its alert and closes the
     socket; when the client's AMQP greeting is still unread there, the close
@@ -286,13 +286,17 @@ def describe_tls_reset(exc: BaseException, options: TLSOptions) -> str | None:
     tries). A reset can have other causes, so the connection is retried, and
     this hint ends the final error.
     """
-    if options.certfile is not None:
+    if not any(isinstance(e, (ConnectionResetError, ssl.SSLEOFError)) for e in wrapped_errors(exc)):
         return None
-    for error in wrapped_errors(exc):
-        if isinstance(error, (ConnectionResetError, ssl.SSLEOFError)):
-            return (
-                "the broker closed the TLS connection during setup: it may require a client "
-                "certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE and "
-                "$DELAYQ_TLS_KEYFILE)"
-            )
-    return None
+    if options.certfile is not None:
+        # TLS 1.3: the client's handshake is over before the broker checks the
+        # certificate, so its "unknown CA" alert can be lost to the same reset.
+        return (
+            "the broker closed the TLS connection during setup: it may not trust the client "
+            f"certificate {options.certfile} (is it signed by a CA in the broker's cacertfile?)"
+        )
+    return (
+        "the broker closed the TLS connection during setup: it may require a client "
+        "certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE and "
+        "$DELAYQ_TLS_KEYFILE)"
+    )

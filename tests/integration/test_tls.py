@@ -155,7 +155,9 @@ def test_a_client_certificate_of_another_ca_is_refused_clearly(
     )
     with pytest.raises(ConnectionFailed) as caught:
         driver_for(url).publish(topology(), b"x", "job.a", "1s")
-    assert "does not trust the client certificate" in str(caught.value)
+    # "does not trust", or, when the broker's alert was lost to a reset on every
+    # attempt (TLS 1.3 finishes the client's side before the broker checks it), "may not trust"
+    assert re.search(r"(does|may) not trust the client certificate", str(caught.value))
     assert str(pki.stranger.cert) in str(caught.value)
 
 

@@ -279,13 +279,14 @@ def test_pikas_workflow_errors_are_looked_into(pki: Pki, server_context: Any) ->
     assert message is not None and message.startswith("TLS verification failed")
 
 
-def test_a_reset_without_a_client_certificate_hints_at_one() -> None:
+def test_a_reset_during_tls_setup_hints_at_the_client_certificate() -> None:
     reset = ConnectionError("Server connection reset")
     reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
     assert describe_tls_failure(reset, TLSOptions(), WHERE) is None  # retried: not certain
     hint = describe_tls_reset(reset, TLSOptions())
     assert hint is not None and "may require a client certificate" in hint
-    assert describe_tls_reset(reset, TLSOptions(certfile="/c.pem")) is None
+    refused = describe_tls_reset(reset, TLSOptions(certfile="/c.pem"))
+    assert refused is not None and "may not trust the client certificate /c.pem" in refused
     assert describe_tls_reset(ConnectionRefusedError(111, "refused"), TLSOptions()) is None
     broker = parse_url("amqps://h/", environ={})
     assert broker.unreachable_hint(reset) == hint
