@@ -33,6 +33,7 @@ __all__ = [
     "LocalNode",
     "LocalNodeError",
     "NodeTLS",
+    "ServerExited",
     "free_port",
     "server_installed",
 ]
@@ -42,6 +43,10 @@ RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin
 
 class LocalNodeError(RuntimeError):
     """The local node could not be started or controlled."""
+
+
+class ServerExited(LocalNodeError):
+    """The server process ended before the node listened."""
 
 
 def server_installed() -> bool:
@@ -193,23 +198,26 @@ class LocalNode:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout_s: float = 90.0) -> LocalNode:
-        """Start the node and wait until it accepts AMQP connections."""
+    def start(self, timeout_s: float = 90.0, attempts: int = 3) -> LocalNode:
+        """Start the node and wait until it accepts AMQP connections.
+
+        A server that exits before it listens is started again, up to
+        ``attempts`` times: on a loaded machine a restart now and then found its
+        old instance's name not yet released (the server then exits at once).
+        """
         if self.running:
             return self
         self._write_files()
-        log = open(self.base_dir / "server.out", "ab")
-        self._process = subprocess.Popen(
-            [str(RABBITMQ_BIN / "rabbitmq-server")],
-            env=self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
         deadline = time.monotonic() + timeout_s
-        self._await_port(self.port, deadline)
+        for attempt in range(1, attempts + 1):
+            self._spawn()
+            try:
+                self._await_port(self.port, deadline)
+                break
+            except ServerExited:
+                if attempt == attempts or time.monotonic() + 2 > deadline:
+                    raise
+                time.sleep(2.0 * attempt)
         if self.tls_port is not None:
             self._await_port(self.tls_port, deadline)
         self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
@@ -217,14 +225,34 @@ class LocalNode:
             self._await_port(self.management_port, deadline)
         return self
 
+    def _spawn(self) -> None:
+        with open(self.base_dir / "server.out", "ab") as log:
+            self._process = subprocess.Popen(
+                [str(RABBITMQ_BIN / "rabbitmq-server")],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def _server_out_tail(self, lines: int = 8) -> str:
+        try:
+            text = (self.base_dir / "server.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
     def _await_port(self, port: int, deadline: float) -> None:
         """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
         while not _port_open(port):
             process = self._process
             if process is not None and process.poll() is not None:
-                raise LocalNodeError(
+                self._process = None
+                raise ServerExited(
                     f"rabbitmq-server exited with {process.returncode}; see "
-                    f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}"
+                    f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}; "
+                    f"its last lines:\n{self._server_out_tail()}"
                 )
             if time.monotonic() > deadline:
                 self.stop()

@@ -72,3 +72,60 @@ def test_compose_loads_the_committed_definitions(compose):
     assert any(v.startswith("./topology/definitions.json:") for v in volumes)
     script = (ROOT / "docker" / "import-topology.sh").read_text()
     assert "import_definitions /etc/delayq/definitions.json" in script
+
+
+FAKE_SERVER = """#!/usr/bin/env python3
+# exits at once on its first run (as a server whose old instance still holds the
+# name does), then listens on $RABBITMQ_NODE_PORT like a node that started
+import os, pathlib, socket, time
+marker = pathlib.Path(os.environ["HOME"]) / "ran-once"
+if not marker.exists():
+    marker.write_text("x")
+    print("ERROR: node with name already running")
+    raise SystemExit(0)
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(os.environ["RABBITMQ_NODE_PORT"])))
+server.listen()
+time.sleep(60)
+"""
+
+
+def test_a_server_that_exits_before_listening_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import delayq.localnode as localnode
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("rabbitmq-server", FAKE_SERVER), ("rabbitmqctl", "#!/bin/sh\nexit 0\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
+    node = localnode.LocalNode(tmp_path / "node")
+    try:
+        node.start(timeout_s=30)
+        assert node.running
+        assert "already running" in (tmp_path / "node" / "server.out").read_text()
+    finally:
+        if node._process is not None:
+            node._process.kill()
+            node._process.wait()
+
+
+def test_a_server_that_keeps_exiting_fails_with_its_last_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import delayq.localnode as localnode
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rabbitmq-server").write_text("#!/bin/sh\necho 'boot failed: eaddrinuse'\nexit 1\n")
+    (bin_dir / "rabbitmq-server").chmod(0o755)
+    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
+    node = localnode.LocalNode(tmp_path / "node")
+    with pytest.raises(localnode.ServerExited) as caught:
+        node.start(timeout_s=30, attempts=2)
+    assert "exited with 1" in str(caught.value)
+    assert "boot failed: eaddrinuse" in str(caught.value)
+    assert (tmp_path / "node" / "server.out").read_text().count("boot failed") == 2
