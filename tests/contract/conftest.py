@@ -252,6 +252,11 @@ class RabbitBench(_Base):
             connection.close()
 
     def close(self) -> None:
+        for pub in self.publishers.values():
+            if self.asynchronous:
+                self.run(pub.aclose())
+            else:
+                pub.close()
         for consumer in self.consumers:
             if self.asynchronous:
                 self.run(consumer.stop())
