@@ -158,9 +158,7 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
     if not server_installed():
         _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
     try:
-        return _delayq_nodes.start(
-            management=True, config={"collect_statistics_interval": "500"}
-        )
+        return _delayq_nodes.start(management=True, config={"collect_statistics_interval": "500"})
     except LocalNodeError as exc:
         _no_broker(str(exc))
         raise

@@ -7,6 +7,7 @@ headers, DLQ reasons, duplicates), one side of these tests would fail.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +76,7 @@ def test_retries_then_the_dlq_after_max_attempts(bench: Bench) -> None:
     assert bench.run_until(lambda: len(bench.peek(f"{queue}.dlq")) == 1, within="20s")
     assert recorder.bodies == [{"order": 7}] * 3
     times = [at for _, at in recorder.seen]
-    assert all(later - earlier >= 1000 for earlier, later in zip(times, times[1:]))
+    assert all(later - earlier >= 1000 for earlier, later in itertools.pairwise(times))
     [parked] = bench.peek(f"{queue}.dlq")
     assert parked.message_id == receipt.message_id
     assert parked.headers[H_DEAD_LETTER_REASON] == "exhausted"

@@ -20,6 +20,7 @@ from delayq.testing.broker import MemoryBroker, broker_for, send_batch
 from delayq.testing.model import StoredMessage
 from delayq.testing.sync import _virtual_clock
 from delayq.topology import Topology
+from delayq.urls import resolve_url
 
 __all__ = ["AsyncMemoryConsumer", "AsyncMemoryPublisher"]
 
@@ -30,7 +31,7 @@ class AsyncMemoryPublisher(AsyncPublisher):
     def __init__(
         self, url: str | None = None, topology: Topology | None = None, **options: Any
     ) -> None:
-        broker = broker_for(url or "")
+        broker = broker_for(resolve_url(url))
         _virtual_clock(broker, options)
         super().__init__(url, topology, **options)
         self.broker = broker
@@ -85,7 +86,7 @@ class AsyncMemoryConsumer(AsyncConsumer):
         handler: Callable[..., Any],
         **options: Any,
     ) -> None:
-        broker = broker_for(url or "")
+        broker = broker_for(resolve_url(url))
         _virtual_clock(broker, options)
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker

@@ -23,6 +23,7 @@ from delayq.sync.publisher import Publisher
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
 from delayq.testing.model import StoredMessage
 from delayq.topology import Topology
+from delayq.urls import resolve_url
 
 __all__ = ["MemoryConsumer", "MemoryPublisher"]
 
@@ -39,7 +40,7 @@ class MemoryPublisher(Publisher):
     def __init__(
         self, url: str | None = None, topology: Topology | None = None, **options: Any
     ) -> None:
-        broker = broker_for(url or "")
+        broker = broker_for(resolve_url(url))
         _virtual_clock(broker, options)
         super().__init__(url, topology, **options)
         self.broker = broker
@@ -122,7 +123,7 @@ class MemoryConsumer(Consumer):
         handler: Callable[..., Any],
         **options: Any,
     ) -> None:
-        broker = broker_for(url or "")
+        broker = broker_for(resolve_url(url))
         _virtual_clock(broker, options)
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker

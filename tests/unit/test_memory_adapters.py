@@ -1,0 +1,227 @@
+"""delayq's own publishers and consumers on the memory broker, on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from delayq import Topology
+from delayq.aio import AsyncConsumer, AsyncPublisher
+from delayq.delivery import H_ERROR_TYPE, Retry
+from delayq.envelope import H_ATTEMPT, Message
+from delayq.errors import InvalidInput, TopologyMissing, Unroutable
+from delayq.idempotency import InMemoryStore
+from delayq.retry import ROCKETMQ_SCHEDULE, FixedBackoff, ScheduleBackoff
+from delayq.sync import Consumer, Publisher
+from delayq.testing import MemoryBroker
+from delayq.testing.aio import AsyncMemoryConsumer, AsyncMemoryPublisher
+from delayq.testing.sync import MemoryConsumer, MemoryPublisher
+
+TOPOLOGY = Topology(
+    namespace="shop",
+    ladder=["1m", "5m", "15m", "1h"],
+    destinations=[
+        {"queue": "emails", "bindings": ["email.*"]},
+        {"queue": "audit", "bindings": ["#"]},
+    ],
+)
+
+
+def test_a_memory_url_builds_the_memory_adapters(memory_broker: MemoryBroker) -> None:
+    publisher = Publisher(memory_broker.url, TOPOLOGY)
+    consumer = Consumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None)
+    assert isinstance(publisher, MemoryPublisher) and isinstance(publisher, Publisher)
+    assert isinstance(consumer, MemoryConsumer) and isinstance(consumer, Consumer)
+    assert isinstance(AsyncPublisher(memory_broker.url, TOPOLOGY), AsyncMemoryPublisher)
+    assert isinstance(
+        AsyncConsumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None),
+        AsyncMemoryConsumer,
+    )
+    assert type(Publisher("amqp://guest:guest@localhost/", TOPOLOGY)) is Publisher
+
+
+def test_the_environment_may_name_the_memory_broker(
+    memory_broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DELAYQ_URL", memory_broker.url)
+    memory_broker.apply(TOPOLOGY)
+    receipt = Publisher(topology=TOPOLOGY).publish("hi", "email.welcome", "10m")
+    assert receipt.tier == "15m"
+    assert [m.body for m in memory_broker.messages("shop.tier.15m")] == [b"hi"]
+
+
+def test_an_unknown_memory_broker_fails_at_construction() -> None:
+    with pytest.raises(TopologyMissing, match="no memory broker named 'gone'"):
+        Publisher("memory://gone", TOPOLOGY)
+
+
+def test_publishing_before_the_topology_exists_fails_like_rabbitmq(
+    memory_broker: MemoryBroker,
+) -> None:
+    publisher = memory_broker.publisher(TOPOLOGY)
+    with pytest.raises(TopologyMissing):
+        publisher.publish("hi", "email.welcome", "1m")
+    memory_broker.apply(TOPOLOGY)
+    memory_broker.delete_queue("shop.tier.5m")
+    with pytest.raises(Unroutable):
+        publisher.publish("hi", "email.welcome", "5m")
+
+
+def test_handlers_see_virtual_time_and_retries_are_queue_addressed(
+    memory_broker: MemoryBroker,
+) -> None:
+    emails: list[int] = []
+    audit: list[int] = []
+
+    def send(body: Any) -> None:
+        emails.append(memory_broker.elapsed_ms)
+        if len(emails) == 1:
+            raise Retry("15m", "mail server busy")
+
+    memory_broker.consumer(TOPOLOGY, "emails", send)
+    memory_broker.consumer(TOPOLOGY, "audit", lambda body: audit.append(memory_broker.elapsed_ms))
+    memory_broker.publisher(TOPOLOGY).publish({"to": "a@b.c"}, "email.welcome", "1m")
+
+    memory_broker.advance("59s")
+    assert emails == [] and audit == []
+    memory_broker.advance("1s")
+    assert emails == [60_000] and audit == [60_000]
+    memory_broker.advance("1h")
+    assert emails == [60_000, 60_000 + 900_000]
+    assert audit == [60_000]  # the retry went to the failing queue alone
+    assert memory_broker.now_ms - memory_broker.elapsed_ms == 1_767_225_600_000
+
+
+def test_rocketmq_schedule_of_16_retries_runs_on_virtual_time(memory_broker: MemoryBroker) -> None:
+    """The 16 retries of RocketMQ's preset (4 h 45 m 40 s in all) on a ladder of its delays."""
+    topology = Topology(
+        namespace="rocket",
+        ladder=ROCKETMQ_SCHEDULE,
+        destinations=[{"queue": "orders", "bindings": ["order.#"]}],
+    )
+    policy = ScheduleBackoff.of(ROCKETMQ_SCHEDULE)
+    attempts: list[int] = []
+
+    def always_fails(body: Any) -> None:
+        attempts.append(memory_broker.elapsed_ms)
+        raise ConnectionError("payment gateway down")
+
+    consumer = memory_broker.consumer(topology, "orders", always_fails, policy=policy)
+    memory_broker.publisher(topology).publish({"order": 42}, "order.pay", "0s")
+
+    assert memory_broker.run_until_idle(max="6h")
+
+    schedule = policy.schedule(topology.ladder)
+    assert len(schedule) == 16
+    expected = [0] + [int(row.cumulative.total_seconds() * 1000) for row in schedule]
+    assert attempts == expected
+    assert memory_broker.elapsed_ms == 17_140_000 == expected[-1]  # 4 h 45 m 40 s
+    [dead] = memory_broker.dlq("orders")
+    assert (dead.reason, dead.attempt, dead.error_type) == (
+        "exhausted",
+        17,
+        "builtins.ConnectionError",
+    )
+    assert consumer.stats.retried == 16 and consumer.stats.dead_lettered == 1
+
+
+def test_duplicates_are_skipped_with_the_store(memory_broker: MemoryBroker) -> None:
+    seen: list[Any] = []
+    consumer = memory_broker.consumer(TOPOLOGY, "emails", seen.append, store=InMemoryStore())
+    publisher = memory_broker.publisher(TOPOLOGY)
+    for delay in ("0s", "1m", "5m"):
+        publisher.publish("once", "email.x", delay, message_id="m-1")
+    memory_broker.advance("10m")
+    assert seen == ["once"]
+    assert consumer.stats.duplicates == 2
+
+
+class Order(BaseModel):
+    id: int
+
+
+def test_async_consumers_decode_models_and_dead_letter_the_undecodable(
+    memory_broker: MemoryBroker,
+) -> None:
+    got: list[Order] = []
+
+    async def handle(order: Order) -> None:
+        got.append(order)
+
+    async def scenario() -> None:
+        consumer = await memory_broker.async_consumer(TOPOLOGY, "emails", handle, model=Order)
+        publisher = memory_broker.async_publisher(TOPOLOGY)
+        await publisher.publish(Order(id=1), "email.order", "1m")
+        await publisher.publish({"no": "id"}, "email.order", "1m")
+        with pytest.raises(InvalidInput, match="advance_async"):
+            memory_broker.advance("1m")
+        await memory_broker.advance_async("1m")
+        await consumer.stop()
+
+    asyncio.run(scenario())
+    assert got == [Order(id=1)]
+    [dead] = memory_broker.dlq("emails")
+    assert dead.reason == "undecodable"
+    assert dead.headers[H_ATTEMPT] == 1
+
+
+def test_async_retries_then_dlq(memory_broker: MemoryBroker) -> None:
+    calls: list[int] = []
+
+    async def flaky(body: Any) -> None:
+        calls.append(memory_broker.elapsed_ms)
+        raise KeyError("missing")
+
+    async def scenario() -> None:
+        await memory_broker.async_consumer(
+            TOPOLOGY, "emails", flaky, policy=FixedBackoff(delay="5m", max_attempts=3)
+        )
+        await memory_broker.async_publisher(TOPOLOGY).publish("x", "email.x", "0s")
+        assert await memory_broker.run_until_idle_async()
+
+    asyncio.run(scenario())
+    assert calls == [0, 300_000, 600_000]
+    [dead] = memory_broker.dlq("emails")
+    assert dead.headers[H_ERROR_TYPE] == "builtins.KeyError"
+
+
+def test_publish_many_and_send_many(memory_broker: MemoryBroker) -> None:
+    memory_broker.apply(TOPOLOGY)
+    publisher = memory_broker.publisher(TOPOLOGY)
+    receipts = publisher.publish_many(
+        [Message(body=str(i), routing_key="email.x", delay=timedelta(minutes=i)) for i in range(3)]
+    )
+    assert [r.tier for r in receipts] == [None, "1m", "5m"]
+    settled: list[tuple[int, object]] = []
+    built = (publisher.factory.build(b"x", "email.x", "1h") for _ in range(2))
+    publisher.send_many(built, settle=lambda i, m, e: settled.append((i, e)))
+    assert settled == [(0, None), (1, None)]
+    assert memory_broker.depth("shop.tier.1h") == 2
+
+
+def test_a_handler_cannot_advance_the_broker(memory_broker: MemoryBroker) -> None:
+    def sneaky(body: Any) -> None:
+        memory_broker.advance("1m")
+
+    consumer = memory_broker.consumer(
+        TOPOLOGY, "emails", sneaky, policy=FixedBackoff(delay="1m", max_attempts=1)
+    )
+    memory_broker.publisher(TOPOLOGY).publish("x", "email.x", "0s")
+    memory_broker.advance("0s")
+    [dead] = memory_broker.dlq("emails")
+    assert "already running" in (dead.error_message or "")
+    assert consumer.stats.dead_lettered == 1
+
+
+def test_the_exact_strategy_arrives_on_the_unit(memory_broker: MemoryBroker) -> None:
+    topology = Topology.model_validate({**TOPOLOGY.model_dump(), "strategy": "exact"})
+    arrivals: list[int] = []
+    memory_broker.consumer(topology, "emails", lambda b: arrivals.append(memory_broker.elapsed_ms))
+    receipt = memory_broker.publisher(topology).publish("x", "email.x", "1234s")
+    memory_broker.run_until_idle()
+    assert receipt.tier_ms == 1_234_000
+    assert arrivals == [1_234_000]
