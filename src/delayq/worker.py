@@ -69,6 +69,26 @@ class Worker:
 
         return register
 
+    def consumer_options(
+        self,
+        reg: Registration,
+        *,
+        prefetch: int | None = None,
+        concurrency: int | None = None,
+        observers: Iterable[DeliveryObserver] = (),
+    ) -> dict[str, Any]:
+        """The consumer options of one handler: the worker's defaults, then the handler's
+        own, then what the run adds (``Worker.run`` and the memory broker use them)."""
+        merged = {**self.defaults, **reg.options}
+        extra = tuple(observers)
+        if extra:
+            merged["observers"] = (*merged.get("observers", ()), *extra)
+        if prefetch is not None:
+            merged["prefetch"] = prefetch
+        if concurrency is not None and reg.is_async:
+            merged["concurrency"] = concurrency
+        return merged
+
     def run(
         self,
         url: str | None = None,
@@ -98,14 +118,9 @@ class Worker:
         extra_observers = tuple(observers)
 
         def options(reg: Registration) -> dict[str, Any]:
-            merged = {**self.defaults, **reg.options}
-            if extra_observers:
-                merged["observers"] = (*merged.get("observers", ()), *extra_observers)
-            if prefetch is not None:
-                merged["prefetch"] = prefetch
-            if concurrency is not None and reg.is_async:
-                merged["concurrency"] = concurrency
-            return merged
+            return self.consumer_options(
+                reg, prefetch=prefetch, concurrency=concurrency, observers=extra_observers
+            )
 
         sync_consumers = [
             Consumer(url, self.topology, r.queue, r.handler, **options(r))

@@ -225,3 +225,33 @@ def test_the_exact_strategy_arrives_on_the_unit(memory_broker: MemoryBroker) -> 
     memory_broker.run_until_idle()
     assert receipt.tier_ms == 1_234_000
     assert arrivals == [1_234_000]
+
+
+def test_a_worker_runs_on_the_memory_broker(memory_broker: MemoryBroker) -> None:
+    from delayq.worker import Worker
+
+    worker = Worker(TOPOLOGY, policy=FixedBackoff(delay="1m", max_attempts=2))
+    sent: list[Any] = []
+    audited: list[Any] = []
+
+    @worker.handler("emails")
+    def send(body: Any) -> None:
+        sent.append(body)
+        raise RuntimeError("smtp down")
+
+    @worker.handler("audit", policy=FixedBackoff(delay="5m", max_attempts=1))
+    async def audit(body: Any) -> None:
+        audited.append(body)
+
+    with pytest.raises(InvalidInput, match="attach_async"):
+        memory_broker.attach(worker)
+
+    async def scenario() -> None:
+        consumers = await memory_broker.attach_async(worker)
+        assert [type(c) for c in consumers] == [MemoryConsumer, AsyncMemoryConsumer]
+        await memory_broker.async_publisher(TOPOLOGY).publish("hi", "email.hi", "1m")
+        assert await memory_broker.run_until_idle_async()
+
+    asyncio.run(scenario())
+    assert sent == ["hi", "hi"] and audited == ["hi"]
+    assert [m.reason for m in memory_broker.dlq("emails")] == ["exhausted"]

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from delayq.aio.publisher import AsyncPublisher
     from delayq.sync.consumer import Consumer
     from delayq.sync.publisher import Publisher
+    from delayq.worker import Worker
 
 __all__ = ["Dropped", "MemoryBroker", "NoProgress", "Subscriber", "broker_for", "send_batch"]
 
@@ -679,6 +680,32 @@ class MemoryBroker:
         consumer = AsyncConsumer(self.url, topology, queue, handler, **options)
         await consumer.start()
         return consumer
+
+    def attach(self, worker: Worker) -> list[Consumer]:
+        """Start a consumer for every handler of ``worker`` (plain functions), with the
+        options ``worker.run`` would give them; ``advance`` then runs them."""
+        if any(r.is_async for r in worker.registrations):
+            raise InvalidInput(
+                "the worker has coroutine handlers: use `await broker.attach_async(worker)`"
+            )
+        return [
+            self.consumer(worker.topology, r.queue, r.handler, **worker.consumer_options(r))
+            for r in worker.registrations
+        ]
+
+    async def attach_async(self, worker: Worker) -> list[Consumer | AsyncConsumer]:
+        """:meth:`attach` for a worker with coroutine handlers (``Consumer`` for plain
+        ones, ``AsyncConsumer`` for coroutines, as ``worker.run`` does)."""
+        started: list[Consumer | AsyncConsumer] = []
+        for r in worker.registrations:
+            options = worker.consumer_options(r)
+            if r.is_async:
+                started.append(
+                    await self.async_consumer(worker.topology, r.queue, r.handler, **options)
+                )
+            else:
+                started.append(self.consumer(worker.topology, r.queue, r.handler, **options))
+        return started
 
 
 def _matches(exchange_type: str, binding_key: str, routing_key: str) -> bool:
