@@ -25,6 +25,7 @@ from typing import Any
 from delayq.errors import InvalidInput
 from delayq.observe import DeliveryObserver
 from delayq.topology import Topology
+from delayq.urls import resolved_memory_name
 
 __all__ = ["Registration", "Worker", "load_worker"]
 
@@ -108,6 +109,11 @@ class Worker:
 
         if not self.registrations:
             raise InvalidInput("the worker has no handlers: register some with @worker.handler")
+        if resolved_memory_name(url) is not None:
+            raise InvalidInput(
+                "a worker on a memory broker is driven by the test: use broker.attach(worker) "
+                "(or await broker.attach_async(worker)), then broker.advance(...)"
+            )
         stop = stop or threading.Event()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}

@@ -255,3 +255,44 @@ def test_a_worker_runs_on_the_memory_broker(memory_broker: MemoryBroker) -> None
     asyncio.run(scenario())
     assert sent == ["hi", "hi"] and audited == ["hi"]
     assert [m.reason for m in memory_broker.dlq("emails")] == ["exhausted"]
+
+
+def test_a_worker_cannot_run_on_a_memory_url(memory_broker: MemoryBroker) -> None:
+    from delayq.worker import Worker
+
+    worker = Worker(TOPOLOGY)
+    worker.handler("emails")(lambda body: None)
+    with pytest.raises(InvalidInput, match=r"broker\.attach"):
+        worker.run(memory_broker.url)
+
+
+def test_a_retry_that_cannot_be_published_ends_at_the_delivery_limit(
+    memory_broker: MemoryBroker,
+) -> None:
+    """The republish fails (its retry tier is gone): the delivery goes back to the queue,
+    and the quorum queue's x-delivery-limit dead-letters it, as RabbitMQ would."""
+    calls: list[int] = []
+
+    def failing(body: Any) -> None:
+        calls.append(1)
+        raise RuntimeError("fails")
+
+    consumer = memory_broker.consumer(
+        TOPOLOGY, "emails", failing, policy=FixedBackoff(delay="1m", max_attempts=5)
+    )
+    memory_broker.delete_queue("shop.retry.1m")
+    memory_broker.publisher(TOPOLOGY).publish("x", "email.x", "0s")
+    memory_broker.advance("0s")
+
+    limit = TOPOLOGY.destination("emails").delivery_limit
+    assert len(calls) == limit + 1 and consumer.stats.returned == limit + 1
+    [dead] = memory_broker.dlq("emails")
+    assert dead.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert dead.headers["x-first-death-queue"] == "emails"
+
+
+def test_closing_the_broker_detaches_its_consumers() -> None:
+    broker = MemoryBroker()
+    broker.consumer(TOPOLOGY, "emails", lambda body: None)
+    broker.close()
+    assert broker._subscribers == []

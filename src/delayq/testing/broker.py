@@ -166,7 +166,9 @@ class MemoryBroker:
         return f"{MEMORY_SCHEME}://{self.name}"
 
     def close(self) -> None:
-        """Forget the broker: its URL no longer resolves."""
+        """Forget the broker: its URL no longer resolves, its consumers are detached."""
+        for subscriber in list(self._subscribers):
+            self.unsubscribe(subscriber)
         if _BROKERS.get(self.name) is self:
             del _BROKERS[self.name]
 
@@ -553,17 +555,21 @@ class MemoryBroker:
             )
         with self._driving_guard():
             for subscriber, tag, message in steps:
-                subscriber.deliver(tag, message)
-                self._requeue_unsettled(tag)
+                try:
+                    subscriber.deliver(tag, message)
+                finally:
+                    self._requeue_unsettled(tag)
 
     async def _run_async(self, steps: Iterator[tuple[Subscriber, int, StoredMessage]]) -> None:
         with self._driving_guard():
             for subscriber, tag, message in steps:
-                if subscriber.is_async:
-                    await subscriber.adeliver(tag, message)
-                else:
-                    subscriber.deliver(tag, message)
-                self._requeue_unsettled(tag)
+                try:
+                    if subscriber.is_async:
+                        await subscriber.adeliver(tag, message)
+                    else:
+                        subscriber.deliver(tag, message)
+                finally:
+                    self._requeue_unsettled(tag)
 
     def _requeue_unsettled(self, tag: int) -> None:
         if tag in self._unacked:  # a consumer that never settles: as if its channel closed
