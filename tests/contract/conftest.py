@@ -65,6 +65,9 @@ class Bench(Protocol):
     def run_until(self, done: Callable[[], bool], within: str) -> bool: ...
     def settle(self, quiet_s: float) -> None: ...
     def peek(self, queue: str) -> list[Parked]: ...
+    def publish_raw(self, queue: str, body: bytes, message_id: str, expiration_ms: int) -> None:
+        """Straight into ``queue`` (default exchange) with a per-message TTL, no delayq."""
+
     def close(self) -> None: ...
 
 
@@ -157,6 +160,9 @@ class MemoryBench(_Base):
         else:
             self.broker.advance(f"{int(quiet_s * 1000)}ms")
 
+    def publish_raw(self, queue: str, body: bytes, message_id: str, expiration_ms: int) -> None:
+        self.broker.publish("", queue, body, message_id=message_id, expiration_ms=expiration_ms)
+
     def peek(self, queue: str) -> list[Parked]:
         return [
             Parked(m.message_id, m.routing_key, dict(m.headers), m.body)
@@ -233,6 +239,18 @@ class RabbitBench(_Base):
 
     def settle(self, quiet_s: float) -> None:
         time.sleep(quiet_s)
+
+    def publish_raw(self, queue: str, body: bytes, message_id: str, expiration_ms: int) -> None:
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            properties = pika.BasicProperties(
+                message_id=message_id, expiration=str(expiration_ms), delivery_mode=2
+            )
+            channel.basic_publish("", queue, body, properties, mandatory=True)
+        finally:
+            connection.close()
 
     def peek(self, queue: str) -> list[Parked]:
         """Raw ``basic.get`` without acks; closing the channel puts them all back."""

@@ -169,3 +169,21 @@ def test_exact_strategy_delivers_on_the_unit(bench: Bench) -> None:
     [(_, arrived_ms)] = recorder.seen
     assert arrived_ms >= receipt.published_at_ms + 1750
     assert arrived_ms <= receipt.published_at_ms + 1750 + bench.slack_ms
+
+
+def test_expiry_happens_at_the_head_only(bench: Bench) -> None:
+    """Why delayq never mixes delays in one queue: a short TTL behind a long one waits."""
+    topology = bench.topology(("1s",))
+    queue = topology.destinations[0].queue  # no consumer; dead-letters to its DLQ
+    bench.apply(topology)
+    bench.publish_raw(queue, b"long", "long", expiration_ms=2500)
+    bench.publish_raw(queue, b"short", "short", expiration_ms=300)
+
+    bench.settle(1.5)
+    assert bench.peek(f"{queue}.dlq") == []  # "short" is long past its TTL, behind "long"
+    assert bench.run_until(lambda: len(bench.peek(f"{queue}.dlq")) == 2, within="10s")
+    parked = bench.peek(f"{queue}.dlq")
+    assert [p.message_id for p in parked] == ["long", "short"]
+    assert [p.headers["x-death"][0]["reason"] for p in parked] == ["expired"] * 2
+    assert [p.headers["x-death"][0]["original-expiration"] for p in parked] == ["2500", "300"]
+    assert parked[0].routing_key == f"{queue}.dlq"  # x-dead-letter-routing-key

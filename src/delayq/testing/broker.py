@@ -5,8 +5,9 @@ What it models, with RabbitMQ's semantics, because delayq relies on it:
 - exchanges (direct, fanout, topic with ``*`` and ``#``), the default exchange
   (routes by queue name), exchange-to-exchange bindings (the exact cascade),
   and ``alternate-exchange`` for what an exchange's own bindings do not take;
-- queues with ``x-message-ttl`` (expiry at the head only, as in RabbitMQ, which
-  is why delayq never mixes delays in one queue), ``x-dead-letter-exchange``
+- queues with ``x-message-ttl`` and messages with a per-message ``expiration``
+  (expiry at the head only, as in RabbitMQ, which is why delayq never mixes
+  delays in one queue), ``x-dead-letter-exchange``
   and ``x-dead-letter-routing-key`` (the original key when unset), an
   ``x-death`` header like RabbitMQ's, ``x-max-length`` with ``reject-publish``
   (a nack) or ``drop-head``, and ``x-delivery-limit`` on quorum queues;
@@ -14,8 +15,8 @@ What it models, with RabbitMQ's semantics, because delayq relies on it:
   a missing exchange closes the channel (``TopologyMissing``).
 
 What it does not model: connections and their failures, confirms that never
-come, concurrency (handlers run one at a time, inline), priorities, per-message
-``expiration``, streams, and the headers exchange.
+come, concurrency (handlers run one at a time, inline), priorities, streams,
+and the headers exchange.
 
 Time moves only when a test moves it: :meth:`MemoryBroker.advance` expires
 queue heads in due order (ties in publish order), dead-letters them, and
@@ -309,7 +310,12 @@ class MemoryBroker:
 
     def pending(self) -> int:
         """Messages waiting in queues with a TTL (delays and retries still running)."""
-        return sum(len(q.messages) for q in self._queues.values() if q.ttl_ms is not None)
+        return sum(
+            1
+            for q in self._queues.values()
+            for m in q.messages
+            if q.ttl_ms is not None or m.expiration_ms is not None
+        )
 
     def next_due_ms(self) -> int | None:
         """When the next queue head expires (``None``: nothing is waiting)."""
@@ -328,6 +334,7 @@ class MemoryBroker:
         message_id: str | None = None,
         timestamp_s: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        expiration_ms: int | None = None,
         mandatory: bool = True,
     ) -> list[str]:
         """Publish like ``basic.publish`` with confirms; return the queues that took it.
@@ -335,6 +342,8 @@ class MemoryBroker:
         Raises :class:`~delayq.errors.TopologyMissing` for a missing exchange,
         :class:`~delayq.errors.Unroutable` (mandatory, no queue took it) and
         :class:`~delayq.errors.PublishRejected` (a full ``reject-publish`` queue).
+        ``expiration_ms`` is the per-message TTL (AMQP ``expiration``), expired at the
+        head only, as RabbitMQ does.
         """
         message = StoredMessage(
             body=bytes(body),
@@ -345,6 +354,7 @@ class MemoryBroker:
             timestamp_s=timestamp_s,
             headers=dict(headers or {}),
             seq=0,
+            expiration_ms=expiration_ms,
         )
         route = self._route(exchange, routing_key)
         self._enqueue(message, route)
@@ -442,6 +452,8 @@ class MemoryBroker:
             return
         key = queue.dead_letter_routing_key or message.routing_key
         headers = _with_death(message, queue.name, reason, now)
+        if message.expiration_ms is not None:  # RabbitMQ moves it into the x-death entry
+            headers["x-death"][0]["original-expiration"] = str(message.expiration_ms)
         dead = StoredMessage(
             body=message.body,
             exchange=exchange,

@@ -34,6 +34,8 @@ class StoredMessage:
     seq: int
     """Global publish order: breaks ties between messages due at the same instant."""
     enqueued_at_ms: int = 0
+    expiration_ms: int | None = None
+    """Per-message TTL (the ``expiration`` property); delayq itself never sets it."""
     deliveries: int = 0
     """How many times a consumer received it (a requeue counts)."""
 
@@ -83,6 +85,7 @@ class StoredMessage:
             headers=_deep_copy(self.headers),
             seq=seq,
             enqueued_at_ms=at_ms,
+            expiration_ms=self.expiration_ms,
         )
 
 
@@ -151,8 +154,10 @@ class Queue:
 
     def head_due_ms(self) -> int | None:
         """When the head expires (``None``: no TTL or empty). Only the head: RabbitMQ
-        expires messages as they reach the head, never from the middle."""
-        ttl = self.ttl_ms
-        if ttl is None or not self.messages:
+        expires messages as they reach the head, never from the middle, so a short
+        per-message TTL behind a long one waits for it."""
+        if not self.messages:
             return None
-        return self.messages[0].enqueued_at_ms + ttl
+        head = self.messages[0]
+        ttls = [t for t in (self.ttl_ms, head.expiration_ms) if t is not None]
+        return head.enqueued_at_ms + min(ttls) if ttls else None
