@@ -296,3 +296,33 @@ def test_closing_the_broker_detaches_its_consumers() -> None:
     broker.consumer(TOPOLOGY, "emails", lambda body: None)
     broker.close()
     assert broker._subscribers == []
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_keys_are_forgotten_after_the_retention_on_virtual_time(
+    memory_broker: MemoryBroker, kind: str
+) -> None:
+    seen: list[int] = []
+
+    def handler(body: Any) -> None:
+        seen.append(memory_broker.elapsed_ms)
+
+    async def async_handler(body: Any) -> None:
+        handler(body)
+
+    options: dict[str, Any] = {"store": InMemoryStore(), "retention": "1h"}
+
+    async def scenario() -> None:
+        if kind == "sync":
+            memory_broker.consumer(TOPOLOGY, "emails", handler, **options)
+        else:
+            await memory_broker.async_consumer(TOPOLOGY, "emails", async_handler, **options)
+        publisher = memory_broker.publisher(TOPOLOGY)
+        publisher.publish("x", "email.x", "0s", message_id="same")
+        publisher.publish("x", "email.x", "15m", message_id="same")  # within retention
+        await memory_broker.advance_async("5m")
+        publisher.publish("x", "email.x", "1h", message_id="same")  # past it
+        await memory_broker.advance_async("2h")
+
+    asyncio.run(scenario())
+    assert seen == [0, 3_900_000]

@@ -91,6 +91,7 @@ class AsyncMemoryConsumer(AsyncConsumer):
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker
         self._return_pause_s = 0.0  # virtual time: no need to pause before a requeue
+        self._next_virtual_prune = 0
 
     async def start(self) -> None:
         """Declare the topology on the memory broker and attach to it."""
@@ -112,6 +113,15 @@ class AsyncMemoryConsumer(AsyncConsumer):
 
     async def adeliver(self, tag: int, message: StoredMessage) -> None:
         """Called by the broker: the same processing as a delivery from aio-pika."""
+        await self._prune_on_virtual_time()
         incoming = _IncomingMessage(self.broker, tag, message)
         await self._on_message(cast(AbstractIncomingMessage, incoming))
         await self._acks.drain()
+
+    async def _prune_on_virtual_time(self) -> None:
+        """Forget keys past the retention period, every tenth of it, on the broker's clock."""
+        now = self._clock_ms()
+        if self._store is None or now < self._next_virtual_prune:
+            return
+        self._next_virtual_prune = now + self._settings.prune_every_ms
+        await self._store.prune(older_than_ms=now - self._settings.retention_ms)

@@ -127,6 +127,7 @@ class MemoryConsumer(Consumer):
         _virtual_clock(broker, options)
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker
+        self._next_virtual_prune = 0
 
     def _open(self) -> None:
         self.broker.apply(self.topology)  # as the real consumer applies its topology
@@ -149,12 +150,22 @@ class MemoryConsumer(Consumer):
         """Called by the broker: the same processing as a delivery from pika."""
         if self._channel is None:
             self.start()
+        self._prune_on_virtual_time()
         method = _Method(tag, message.routing_key, message.redelivered)
         props = _Properties(message.message_id, message.content_type, message.headers)
         self._process(method, cast(Any, props), message.body)
 
     async def adeliver(self, tag: int, message: StoredMessage) -> None:
         raise InvalidInput("a sync consumer is delivered to with deliver()")
+
+    def _prune_on_virtual_time(self) -> None:
+        """Forget keys past the retention period, every tenth of it, on the broker's clock
+        (the real consumer's timer runs on wall time)."""
+        now = self._clock_ms()
+        if self._store is None or now < self._next_virtual_prune:
+            return
+        self._next_virtual_prune = now + self._settings.prune_every_ms
+        self._store.prune(older_than_ms=now - self._settings.retention_ms)
 
     def _call_handler(self, value: Any, claim: Claim) -> None:
         if self._transactional:
