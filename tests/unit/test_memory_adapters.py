@@ -326,3 +326,21 @@ def test_keys_are_forgotten_after_the_retention_on_virtual_time(
 
     asyncio.run(scenario())
     assert seen == [0, 3_900_000]
+
+
+def test_exact_retries_are_addressed_to_the_failing_queue(memory_broker: MemoryBroker) -> None:
+    topology = Topology.model_validate({**TOPOLOGY.model_dump(), "strategy": "exact"})
+    emails: list[int] = []
+    audit: list[int] = []
+
+    def flaky(body: Any) -> None:
+        emails.append(memory_broker.elapsed_ms)
+        if len(emails) == 1:
+            raise Retry("90s")
+
+    memory_broker.consumer(topology, "emails", flaky)
+    memory_broker.consumer(topology, "audit", lambda b: audit.append(memory_broker.elapsed_ms))
+    memory_broker.publisher(topology).publish("x", "email.x", "7s")
+    assert memory_broker.run_until_idle()
+    assert emails == [7_000, 97_000]
+    assert audit == [7_000]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,7 +43,16 @@ from delayq.declarations import (
 )
 from delayq.durations import to_ms
 from delayq.envelope import OutgoingMessage
-from delayq.errors import DelayqError, InvalidInput, TopologyConflict, TopologyMissing
+from delayq.errors import (
+    DelayqError,
+    InvalidInput,
+    PublishBatchError,
+    PublishError,
+    PublishRejected,
+    TopologyConflict,
+    TopologyMissing,
+    Unroutable,
+)
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
@@ -359,8 +369,6 @@ class MemoryBroker:
         route = self._route(exchange, routing_key)
         self._enqueue(message, route)
         if route.rejected:
-            from delayq.errors import PublishRejected
-
             names = ", ".join(q.name for q in route.rejected)
             raise PublishRejected(
                 f"the memory broker nacked message {message_id!r}: queue {names} is full "
@@ -368,8 +376,6 @@ class MemoryBroker:
                 message_id,
             )
         if mandatory and not route.queues:
-            from delayq.errors import Unroutable
-
             raise Unroutable(
                 f"exchange {exchange!r} has no queue bound to take message {message_id!r} "
                 f"(routing key {routing_key!r})",
@@ -379,8 +385,6 @@ class MemoryBroker:
 
     def send(self, msg: OutgoingMessage) -> None:
         """Publish a message built by delayq, with the errors a real publisher raises."""
-        from delayq.errors import PublishRejected, Unroutable
-
         try:
             self.publish(
                 msg.exchange,
@@ -541,7 +545,8 @@ class MemoryBroker:
         return self._idle()
 
     def run_until(self, done: Callable[[], bool], *, max: object = "24h") -> bool:
-        """Run event by event until ``done()`` (True) or ``max`` of virtual time (False)."""
+        """Run event by event until ``done()`` (True) or ``max`` of virtual time (False);
+        the clock stays at the event after which ``done()`` held."""
         limit = self.clock.now_ms() + to_ms(max, what="max")
         self._run_sync(self._steps(limit, done=done))
         return done()
@@ -587,22 +592,18 @@ class MemoryBroker:
         if tag in self._unacked:  # a consumer that never settles: as if its channel closed
             self.nack(tag, requeue=True)
 
-    class _Guard:
-        def __init__(self, broker: MemoryBroker) -> None:
-            self.broker = broker
-
-        def __enter__(self) -> None:
-            if self.broker._driving:
-                raise InvalidInput(
-                    "the memory broker is already running (advance called from a handler?)"
-                )
-            self.broker._driving = True
-
-        def __exit__(self, *exc: object) -> None:
-            self.broker._driving = False
-
-    def _driving_guard(self) -> MemoryBroker._Guard:
-        return MemoryBroker._Guard(self)
+    @contextmanager
+    def _driving_guard(self) -> Iterator[None]:
+        """One driver at a time: a handler that calls ``advance`` would re-enter it."""
+        if self._driving:
+            raise InvalidInput(
+                "the memory broker is already running (advance called from a handler?)"
+            )
+        self._driving = True
+        try:
+            yield
+        finally:
+            self._driving = False
 
     def _steps(
         self,
@@ -785,8 +786,6 @@ def _checked(decl: Declaration, conflict: TopologyConflict | None) -> ApplyResul
 def send_batch(broker: MemoryBroker, built: list[OutgoingMessage]) -> None:
     """Publish a built batch; raise :class:`~delayq.errors.PublishBatchError` naming the
     messages that were not taken (the others were), like the real pipelined publishers."""
-    from delayq.errors import PublishBatchError, PublishError
-
     failures: dict[int, PublishError] = {}
     for index, msg in enumerate(built):
         try:
