@@ -139,7 +139,7 @@ class MemoryBroker:
     >>> broker = MemoryBroker()
     >>> broker.apply(Topology(namespace="shop", ladder=["1m", "15m"],
     ...     destinations=[{"queue": "emails", "bindings": ["email.*"]}])).summary()
-    '11 created, 7 bound'
+    '13 created, 6 bound'
     >>> broker.close()
     """
 
