@@ -344,3 +344,36 @@ def test_exact_retries_are_addressed_to_the_failing_queue(memory_broker: MemoryB
     assert memory_broker.run_until_idle()
     assert emails == [7_000, 97_000]
     assert audit == [7_000]
+
+
+def test_parked_messages_can_be_replayed(memory_broker: MemoryBroker) -> None:
+    emails = {"queue": "emails", "bindings": ["email.*"]}
+    topology = Topology(namespace="park", ladder=["1m"], destinations=[emails])
+    fail = [True]
+    seen: list[Any] = []
+
+    def handler(body: Any) -> None:
+        seen.append(body)
+        if fail[0]:
+            raise ValueError("not yet")
+
+    memory_broker.consumer(topology, "emails", handler, policy=FixedBackoff(max_attempts=1))
+    publisher = memory_broker.publisher(topology)
+    publisher.publish("a", "email.a", "0s")
+    lost = publisher.publish("b", "lost.key", "1m")
+    memory_broker.advance("1m")
+    assert [m.reason for m in memory_broker.dlq("emails")] == ["exhausted"]
+    assert [m.message_id for m in memory_broker.unrouted(topology)] == [lost.message_id]
+
+    fail[0] = False
+    assert len(memory_broker.replay_dlq("emails")) == 1
+    memory_broker.advance("0s")
+    assert seen == ["a", "a"] and memory_broker.dlq("emails") == []
+
+    lost_queue = {"queue": "lost", "bindings": ["lost.*"]}
+    memory_broker.apply(
+        Topology(namespace="park", ladder=["1m"], destinations=[emails, lost_queue])
+    )
+    assert memory_broker.replay_unrouted(topology) == [lost.message_id]
+    [found] = memory_broker.messages("lost")
+    assert found.body == b"b" and found.attempt == 1

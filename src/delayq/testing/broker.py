@@ -27,7 +27,7 @@ handlers until nothing more is ready at that instant.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +41,7 @@ from delayq.declarations import (
     QueueDecl,
     build_declarations,
 )
+from delayq.delivery import Delivery
 from delayq.durations import to_ms
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
@@ -53,6 +54,7 @@ from delayq.errors import (
     TopologyMissing,
     Unroutable,
 )
+from delayq.parked import replay_message
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
@@ -317,6 +319,44 @@ class MemoryBroker:
         taken = list(q.messages)
         q.messages.clear()
         return taken
+
+    def replay_dlq(self, queue: str, ids: Collection[str] | None = None) -> list[str]:
+        """Send ``<queue>.dlq``'s messages (those in ``ids``, else all) back to ``queue``
+        alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids."""
+        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue))
+
+    def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
+        """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
+        routing key, as ``delayq unrouted replay`` does; return their ids."""
+
+        def target(message: StoredMessage) -> tuple[str, str]:
+            return topology.ready_exchange, _delivery(message).origin_routing_key
+
+        return self._replay(topology.unrouted, ids, target)
+
+    def _replay(
+        self,
+        queue: str,
+        ids: Collection[str] | None,
+        target: Callable[[StoredMessage], tuple[str, str]],
+    ) -> list[str]:
+        parked = self._queue(queue)
+        replayed: list[str] = []
+        for message in list(parked.messages):
+            if ids is not None and message.message_id not in ids:
+                continue
+            exchange, routing_key = target(message)
+            self.send(
+                replay_message(
+                    _delivery(message),
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    now_ms=self.clock.now_ms(),
+                )
+            )
+            parked.messages.remove(message)  # only once the copy is in
+            replayed.append(message.message_id or "")
+        return replayed
 
     def pending(self) -> int:
         """Messages waiting in queues with a TTL (delays and retries still running)."""
@@ -725,6 +765,17 @@ class MemoryBroker:
             else:
                 started.append(self.consumer(worker.topology, r.queue, r.handler, **options))
         return started
+
+
+def _delivery(message: StoredMessage) -> Delivery:
+    return Delivery(
+        queue="",
+        body=message.body,
+        routing_key=message.routing_key,
+        message_id=message.message_id,
+        content_type=message.content_type,
+        headers=message.headers,
+    )
 
 
 def _matches(exchange_type: str, binding_key: str, routing_key: str) -> bool:
