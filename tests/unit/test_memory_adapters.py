@@ -377,3 +377,34 @@ def test_parked_messages_can_be_replayed(memory_broker: MemoryBroker) -> None:
     assert memory_broker.replay_unrouted(topology) == [lost.message_id]
     [found] = memory_broker.messages("lost")
     assert found.body == b"b" and found.attempt == 1
+
+
+def test_injected_publish_failures(memory_broker: MemoryBroker) -> None:
+    from delayq.errors import PublishRejected, PublishUnconfirmed
+
+    calls: list[int] = []
+
+    def flaky(body: Any) -> None:
+        calls.append(memory_broker.elapsed_ms)
+        if len(calls) < 3:
+            raise RuntimeError("try again")
+
+    consumer = memory_broker.consumer(
+        TOPOLOGY, "emails", flaky, policy=FixedBackoff(delay="1m", max_attempts=5)
+    )
+    publisher = memory_broker.publisher(TOPOLOGY)
+    memory_broker.fail_publishes(kind="unconfirmed")
+    with pytest.raises(PublishUnconfirmed):
+        publisher.publish("x", "email.x", "0s")
+    memory_broker.fail_publishes(exchange="shop.tier.1m")
+    publisher.publish("x", "email.x", "0s")  # not to that exchange: goes through
+    with pytest.raises(PublishRejected):
+        publisher.publish("x", "email.x", "1m")
+
+    memory_broker.fail_publishes(exchange="shop.retry.1m")  # the first retry is nacked
+    memory_broker.advance("5m")
+    # Returned to the queue and handled again at once; then retried after 1 m.
+    assert calls == [0, 0, 60_000]
+    assert consumer.stats.returned == 1 and consumer.stats.retried == 1
+    with pytest.raises(InvalidInput):
+        memory_broker.fail_publishes(kind="lost")

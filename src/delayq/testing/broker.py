@@ -14,8 +14,9 @@ What it models, with RabbitMQ's semantics, because delayq relies on it:
 - mandatory publishes: a message no queue takes is returned (``Unroutable``),
   a missing exchange closes the channel (``TopologyMissing``).
 
-What it does not model: connections and their failures, confirms that never
-come, concurrency (handlers run one at a time, inline), priorities, streams,
+What it does not model: connections and their failures (but
+:meth:`MemoryBroker.fail_publishes` makes publishes fail as a nack or a lost
+confirm would), concurrency (handlers run one at a time, inline), priorities, streams,
 and the headers exchange.
 
 Time moves only when a test moves it: :meth:`MemoryBroker.advance` expires
@@ -110,6 +111,13 @@ class _Unacked:
 
 
 @dataclass
+class _Fault:
+    exchange: str | None
+    kind: str
+    left: int
+
+
+@dataclass
 class _Route:
     queues: list[Queue] = field(default_factory=list)
     rejected: list[Queue] = field(default_factory=list)
@@ -166,6 +174,7 @@ class MemoryBroker:
         self._tags = itertools.count(1)
         self._seq = itertools.count(1)
         self._driving = False
+        self._faults: list[_Fault] = []
         self.dropped: list[Dropped] = []
         """Messages the broker discarded (see :class:`Dropped`)."""
         _BROKERS[name] = self
@@ -423,8 +432,36 @@ class MemoryBroker:
             )
         return [q.name for q in route.queues]
 
+    def fail_publishes(
+        self, count: int = 1, *, exchange: str | None = None, kind: str = "rejected"
+    ) -> None:
+        """Make the next ``count`` publishes by delayq's publishers (to ``exchange``, or
+        any) fail: ``kind`` ``"rejected"`` (a nack: ``PublishRejected``) or
+        ``"unconfirmed"`` (``PublishUnconfirmed``, as when the connection drops before
+        the confirm). Nothing is enqueued. For testing producers' error handling and the
+        consumers' return-to-queue path."""
+        if kind not in ("rejected", "unconfirmed"):
+            raise InvalidInput(f"kind must be 'rejected' or 'unconfirmed', not {kind!r}")
+        if count < 1:
+            raise InvalidInput(f"count must be at least 1, got {count!r}")
+        self._faults.append(_Fault(exchange, kind, count))
+
+    def _injected(self, msg: OutgoingMessage) -> PublishError | None:
+        for fault in self._faults:
+            if fault.exchange is None or fault.exchange == msg.exchange:
+                fault.left -= 1
+                if fault.left == 0:
+                    self._faults.remove(fault)
+                if fault.kind == "rejected":
+                    return outcomes.rejected(msg, "a failure injected by the test")
+                return outcomes.unconfirmed(msg, 1, self.url, None)
+        return None
+
     def send(self, msg: OutgoingMessage) -> None:
         """Publish a message built by delayq, with the errors a real publisher raises."""
+        injected = self._injected(msg)
+        if injected is not None:
+            raise injected
         try:
             self.publish(
                 msg.exchange,
