@@ -1,4 +1,4 @@
-"""The README's "Testing your handlers" example is a test file that passes as it is."""
+"""The README's "Testing your handlers" examples are test files that pass as they are."""
 
 from __future__ import annotations
 
@@ -8,22 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import delayq
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _example() -> str:
+def _examples() -> list[str]:
     text = README.read_text(encoding="utf-8")
     section = text.split("## Testing your handlers", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert blocks, "the section has no python example"
-    return str(blocks[0])
+    return [str(b) for b in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)]
 
 
-def test_the_readme_example_passes(tmp_path: Path) -> None:
-    example = tmp_path / "test_reminders.py"
-    example.write_text(_example(), encoding="utf-8")
+@pytest.mark.parametrize(("index", "tests"), [(0, 4), (1, 1)])
+def test_the_readme_example_passes(tmp_path: Path, index: int, tests: int) -> None:
+    examples = _examples()
+    assert len(examples) == 2
+    example = tmp_path / f"test_example_{index}.py"
+    example.write_text(examples[index], encoding="utf-8")
     # The delayq under test, whatever the working directory of the example run.
     source = str(Path(delayq.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH", "")) if p)
@@ -37,4 +40,4 @@ def test_the_readme_example_passes(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 passed" in result.stdout
+    assert f"{tests} passed" in result.stdout
