@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
@@ -141,6 +142,8 @@ def test_unrouted_messages_are_parked_when_due(bench: Bench) -> None:
     assert death["reason"] == "expired"
     assert death["count"] == 1
     assert list(death["routing-keys"]) == ["nobody.listens"]
+    assert isinstance(death["time"], datetime)  # an AMQP timestamp, second resolution
+    assert late.published_at_ms // 1000 <= death["time"].timestamp() <= bench.now_ms() / 1000
 
 
 def test_duplicates_are_skipped(bench: Bench) -> None:

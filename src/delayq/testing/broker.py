@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
 from delayq import outcomes
@@ -837,7 +837,7 @@ def _with_death(message: StoredMessage, queue: str, reason: str, now: int) -> di
         count=int(entry.get("count", 0)) + 1,
         exchange=message.exchange,
         **{"routing-keys": [message.routing_key]},
-        time=now // 1000,
+        time=datetime.fromtimestamp(now // 1000, tz=timezone.utc),  # as pika decodes it
     )
     headers["x-death"] = [entry, *deaths]
     headers.setdefault("x-first-death-queue", queue)
