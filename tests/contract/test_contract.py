@@ -190,3 +190,39 @@ def test_expiry_happens_at_the_head_only(bench: Bench) -> None:
     assert [p.headers["x-death"][0]["reason"] for p in parked] == ["expired"] * 2
     assert [p.headers["x-death"][0]["original-expiration"] for p in parked] == ["2500", "300"]
     assert parked[0].routing_key == f"{queue}.dlq"  # x-dead-letter-routing-key
+
+
+TOPIC_BINDINGS = {"one": "a.*", "any": "a.#", "tail": "#.z", "mid": "*.b.*", "exact": "a.b.c"}
+TOPIC_ROUTES = {
+    "a": {"any"},
+    "a.b": {"one", "any"},
+    "a.b.c": {"any", "mid", "exact"},
+    "x.b.z": {"tail", "mid"},
+    "z": {"tail"},
+    "a.z": {"one", "any", "tail"},
+    "b": set(),
+    "x.y": set(),
+}
+
+
+def test_topic_bindings_route_as_rabbitmq_does(bench: Bench) -> None:
+    topology = bench.topology(
+        ("1s",),
+        destinations=[{"queue": name, "bindings": [key]} for name, key in TOPIC_BINDINGS.items()],
+    )
+    bench.apply(topology)
+    for key in TOPIC_ROUTES:
+        bench.publish(topology, key, key, "0s", message_id=key)
+    queues = {d.queue.rsplit(".", 1)[1]: d.queue for d in topology.destinations}
+    expected = sum(len(names) or 1 for names in TOPIC_ROUTES.values())
+
+    def arrived() -> int:
+        return sum(len(bench.peek(q)) for q in [*queues.values(), topology.unrouted])
+
+    assert bench.run_until(lambda: arrived() == expected, within="10s")
+    got: dict[str, set[str]] = {key: set() for key in TOPIC_ROUTES}
+    for name, queue in queues.items():
+        for parked in bench.peek(queue):
+            got[str(parked.message_id)].add(name)
+    assert got == TOPIC_ROUTES
+    assert sorted(str(p.message_id) for p in bench.peek(topology.unrouted)) == ["b", "x.y"]
