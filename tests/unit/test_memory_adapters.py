@@ -408,3 +408,16 @@ def test_injected_publish_failures(memory_broker: MemoryBroker) -> None:
     assert consumer.stats.returned == 1 and consumer.stats.retried == 1
     with pytest.raises(InvalidInput):
         memory_broker.fail_publishes(kind="lost")
+
+
+def test_a_closed_broker_takes_no_more_messages() -> None:
+    from delayq.errors import ConnectionFailed
+
+    broker = MemoryBroker()
+    broker.apply(TOPOLOGY)
+    publisher = broker.publisher(TOPOLOGY)
+    broker.close()
+    with pytest.raises(ConnectionFailed, match="closed"):
+        publisher.publish("x", "email.x", "1m")
+    with pytest.raises(TopologyMissing, match="no memory broker"):
+        publisher.connect()

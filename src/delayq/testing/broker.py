@@ -46,6 +46,7 @@ from delayq.delivery import Delivery
 from delayq.durations import to_ms
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
+    ConnectionFailed,
     DelayqError,
     InvalidInput,
     PublishBatchError,
@@ -459,6 +460,8 @@ class MemoryBroker:
 
     def send(self, msg: OutgoingMessage) -> None:
         """Publish a message built by delayq, with the errors a real publisher raises."""
+        if _BROKERS.get(self.name) is not self:
+            raise ConnectionFailed(f"memory broker {self.name!r} is closed")
         injected = self._injected(msg)
         if injected is not None:
             raise injected
