@@ -23,6 +23,10 @@ assertion that shows it, or ``--showlocals``, does not print the password.
 follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, else a
 throwaway server started from the installed ``redis-server`` / ``postgresql``
 package (see :mod:`delayq.localservers`) and stopped at the end of the session.
+
+``memory_broker`` needs no broker at all: a fresh :class:`delayq.testing.MemoryBroker`
+(virtual clock, RabbitMQ's routing/TTL/dead-letter semantics) for each test; give its
+``url`` to publishers and consumers and move time with ``memory_broker.advance("15m")``.
 """
 
 from __future__ import annotations
@@ -39,12 +43,14 @@ import pytest
 from delayq.localcluster import LocalCluster
 from delayq.localnode import LocalNode, LocalNodeError, server_installed
 from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
+from delayq.testing import MemoryBroker
 from delayq.urls import redact
 
 __all__ = [
     "local_rabbitmq_cluster",
     "local_rabbitmq_management_node",
     "local_rabbitmq_node",
+    "memory_broker",
     "postgres_dsn",
     "rabbitmq_url",
     "redis_url",
@@ -152,9 +158,7 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
     if not server_installed():
         _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
     try:
-        return _delayq_nodes.start(
-            management=True, config={"collect_statistics_interval": "500"}
-        )
+        return _delayq_nodes.start(management=True, config={"collect_statistics_interval": "500"})
     except LocalNodeError as exc:
         _no_broker(str(exc))
         raise
@@ -237,3 +241,17 @@ def redis_url() -> Iterator[str]:
 def postgres_dsn() -> Iterator[str]:
     """The DSN of a real PostgreSQL server for this test session."""
     yield from _local_server("POSTGRES_DSN", LocalPostgres, NO_POSTGRES)
+
+
+@pytest.fixture
+def memory_broker() -> Iterator[MemoryBroker]:
+    """A fresh in-memory broker with a virtual clock for one test (see :mod:`delayq.testing`).
+
+    Consumers still attached at the end of the test are detached; the broker's
+    ``memory://`` URL stops resolving.
+    """
+    broker = MemoryBroker()
+    try:
+        yield broker
+    finally:
+        broker.close()

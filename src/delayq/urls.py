@@ -39,14 +39,17 @@ from delayq.tls import (
 __all__ = [
     "CLIENT_OPTIONS",
     "DEFAULT_URL",
+    "MEMORY_SCHEME",
     "BrokerURL",
     "connection_plan",
     "host_label",
     "host_urls",
     "hosts_in_turn",
+    "memory_broker_name",
     "parse_url",
     "redact",
     "resolve_url",
+    "resolved_memory_name",
     "tried_hosts",
     "validate_url",
 ]
@@ -264,8 +267,33 @@ def tried_hosts(url: str) -> str:
 
 
 def resolve_url(explicit: str | None = None) -> str:
-    """``explicit``, else ``DELAYQ_URL``, else ``RABBITMQ_URL``, else the local default."""
-    if explicit is not None:
-        return validate_url(explicit)
-    url = os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+    """``explicit``, else ``DELAYQ_URL``, else ``RABBITMQ_URL``, else the local default.
+
+    A ``memory://NAME`` URL (a :class:`delayq.testing.MemoryBroker`) is returned as
+    it is: publishers and consumers given one work against that broker.
+    """
+    url = explicit
+    if url is None:
+        url = os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+    if memory_broker_name(url) is not None:
+        return url
     return validate_url(url)
+
+
+MEMORY_SCHEME = "memory"
+"""The scheme of :class:`delayq.testing.MemoryBroker` URLs: ``memory://NAME``."""
+
+
+def memory_broker_name(url: object) -> str | None:
+    """``NAME`` for a ``memory://NAME`` URL, else ``None`` (no environment lookup)."""
+    prefix = f"{MEMORY_SCHEME}://"
+    if isinstance(url, str) and url.startswith(prefix):
+        return url[len(prefix) :].rstrip("/")
+    return None
+
+
+def resolved_memory_name(explicit: str | None) -> str | None:
+    """The memory broker ``explicit`` (or, when ``None``, the environment) names, if any."""
+    if explicit is None:
+        explicit = os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL")
+    return memory_broker_name(explicit)

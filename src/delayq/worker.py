@@ -25,6 +25,7 @@ from typing import Any
 from delayq.errors import InvalidInput
 from delayq.observe import DeliveryObserver
 from delayq.topology import Topology
+from delayq.urls import resolved_memory_name
 
 __all__ = ["Registration", "Worker", "load_worker"]
 
@@ -69,6 +70,26 @@ class Worker:
 
         return register
 
+    def consumer_options(
+        self,
+        reg: Registration,
+        *,
+        prefetch: int | None = None,
+        concurrency: int | None = None,
+        observers: Iterable[DeliveryObserver] = (),
+    ) -> dict[str, Any]:
+        """The consumer options of one handler: the worker's defaults, then the handler's
+        own, then what the run adds (``Worker.run`` and the memory broker use them)."""
+        merged = {**self.defaults, **reg.options}
+        extra = tuple(observers)
+        if extra:
+            merged["observers"] = (*merged.get("observers", ()), *extra)
+        if prefetch is not None:
+            merged["prefetch"] = prefetch
+        if concurrency is not None and reg.is_async:
+            merged["concurrency"] = concurrency
+        return merged
+
     def run(
         self,
         url: str | None = None,
@@ -88,6 +109,11 @@ class Worker:
 
         if not self.registrations:
             raise InvalidInput("the worker has no handlers: register some with @worker.handler")
+        if resolved_memory_name(url) is not None:
+            raise InvalidInput(
+                "a worker on a memory broker is driven by the test: use broker.attach(worker) "
+                "(or await broker.attach_async(worker)), then broker.advance(...)"
+            )
         stop = stop or threading.Event()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
@@ -98,14 +124,9 @@ class Worker:
         extra_observers = tuple(observers)
 
         def options(reg: Registration) -> dict[str, Any]:
-            merged = {**self.defaults, **reg.options}
-            if extra_observers:
-                merged["observers"] = (*merged.get("observers", ()), *extra_observers)
-            if prefetch is not None:
-                merged["prefetch"] = prefetch
-            if concurrency is not None and reg.is_async:
-                merged["concurrency"] = concurrency
-            return merged
+            return self.consumer_options(
+                reg, prefetch=prefetch, concurrency=concurrency, observers=extra_observers
+            )
 
         sync_consumers = [
             Consumer(url, self.topology, r.queue, r.handler, **options(r))

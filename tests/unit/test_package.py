@@ -38,6 +38,8 @@ CORE_MODULES = [
     "delayq.bulk",
     "delayq.ladder_fit",
     "delayq.records",
+    "delayq.testing",
+    "delayq.testing.broker",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 

@@ -51,7 +51,7 @@ from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, resolved_memory_name
 
 __all__ = ["AsyncConsumer"]
 
@@ -84,6 +84,13 @@ class AsyncConsumer:
     given) and may be a coroutine function or a plain one (run in a thread; a
     plain function cannot be interrupted when it overruns ``handler_timeout``).
     """
+
+    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> AsyncConsumer:
+        if cls is AsyncConsumer and resolved_memory_name(url) is not None:
+            from delayq.testing.aio import AsyncMemoryConsumer
+
+            return super().__new__(AsyncMemoryConsumer)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from delayq.declarations import (
 from delayq.errors import ConnectionFailed, TopologyConflict
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, resolved_memory_name
 
 __all__ = ["apply_topology"]
 
@@ -104,6 +104,10 @@ async def apply_topology(
     and the same conflict handling; delayq's own channels are used on a
     ``connection`` you pass, so none of yours is closed by a refused declaration.
     """
+    if connection is None and resolved_memory_name(url) is not None:
+        from delayq.testing.broker import broker_for
+
+        return broker_for(resolve_url(url)).apply(topology, raise_on_conflict=raise_on_conflict)
     resolved = resolve_url(url)
     own = connection is None
     conn = await connect(resolved, name="delayq-provision") if connection is None else connection

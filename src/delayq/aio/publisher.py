@@ -41,7 +41,7 @@ from delayq.errors import (
 )
 from delayq.published import PublishObserver, PublishObservers
 from delayq.topology import Strategy, Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, resolved_memory_name
 
 __all__ = ["AsyncPublisher"]
 
@@ -94,6 +94,13 @@ class AsyncPublisher:
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     ``observers`` see each message's outcome (see :mod:`delayq.published`).
     """
+
+    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> AsyncPublisher:
+        if cls is AsyncPublisher and resolved_memory_name(url) is not None:
+            from delayq.testing.aio import AsyncMemoryPublisher
+
+            return super().__new__(AsyncMemoryPublisher)
+        return super().__new__(cls)
 
     def __init__(
         self,

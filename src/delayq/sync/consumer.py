@@ -59,7 +59,7 @@ from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, resolved_memory_name
 
 __all__ = ["Consumer"]
 
@@ -91,6 +91,13 @@ class Consumer:
     A handler that overruns ``handler_timeout`` is retried; its thread cannot be
     killed and is left to finish on its own while the consumer goes on.
     """
+
+    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> Consumer:
+        if cls is Consumer and resolved_memory_name(url) is not None:
+            from delayq.testing.sync import MemoryConsumer
+
+            return super().__new__(MemoryConsumer)
+        return super().__new__(cls)
 
     def __init__(
         self,

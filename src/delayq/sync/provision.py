@@ -22,7 +22,7 @@ from delayq.sync._connection import (
     translate_channel_error,
 )
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, resolved_memory_name
 
 __all__ = ["apply_topology", "delete_topology"]
 
@@ -120,6 +120,10 @@ def apply_topology(
     Pass ``connection`` to reuse one: delayq opens and closes its own channels on
     it, so the caller's channels are never closed by a refused declaration.
     """
+    if connection is None and resolved_memory_name(url) is not None:
+        from delayq.testing.broker import broker_for
+
+        return broker_for(resolve_url(url)).apply(topology, raise_on_conflict=raise_on_conflict)
     resolved = resolve_url(url)
     own = connection is None
     conn = connect(resolved, name="delayq-provision") if connection is None else connection

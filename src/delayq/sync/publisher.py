@@ -39,7 +39,7 @@ from delayq.sync._connection import (
 )
 from delayq.sync._pipeline import Settle, publish_pipelined, send_pipelined
 from delayq.topology import Strategy, Topology
-from delayq.urls import parse_url, redact, resolve_url
+from delayq.urls import parse_url, redact, resolve_url, resolved_memory_name
 
 __all__ = ["Publisher"]
 
@@ -70,6 +70,13 @@ class Publisher:
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     ``observers`` see each message's outcome (see :mod:`delayq.published`).
     """
+
+    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> Publisher:
+        if cls is Publisher and resolved_memory_name(url) is not None:
+            from delayq.testing.sync import MemoryPublisher
+
+            return super().__new__(MemoryPublisher)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -295,6 +302,11 @@ class Publisher:
                 self._observers.emit([msg], error)
                 observed(index, msg, error)
 
+        self._send_stream(messages, settle, window)
+
+    def _send_stream(
+        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
+    ) -> None:
         broker = parse_url(self._url)
         send_pipelined(
             host_parameters(

@@ -1,0 +1,127 @@
+"""The asyncio adapters on a :class:`~delayq.testing.MemoryBroker`.
+
+``AsyncPublisher("memory://NAME", ...)`` and ``AsyncConsumer("memory://NAME", ...)``
+build these: the real classes with the broker I/O swapped for the memory
+broker's. Drive them with ``await broker.advance_async("15m")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from delayq.aio._acks import AckCoalescer
+from delayq.aio.consumer import AsyncConsumer
+from delayq.aio.publisher import AsyncPublisher
+from delayq.envelope import OutgoingMessage
+from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.model import StoredMessage
+from delayq.testing.sync import _virtual_clock
+from delayq.topology import Topology
+from delayq.urls import resolve_url
+
+__all__ = ["AsyncMemoryConsumer", "AsyncMemoryPublisher"]
+
+
+class AsyncMemoryPublisher(AsyncPublisher):
+    """An :class:`~delayq.aio.AsyncPublisher` whose broker is a memory broker."""
+
+    def __init__(
+        self, url: str | None = None, topology: Topology | None = None, **options: Any
+    ) -> None:
+        broker = broker_for(resolve_url(url))
+        _virtual_clock(broker, options)
+        super().__init__(url, topology, **options)
+        self.broker = broker
+
+    async def connect(self) -> None:
+        broker_for(self.broker.url)
+
+    async def aclose(self) -> None:
+        pass
+
+    async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
+        self.broker.send(msg)
+
+    async def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
+        send_batch(self.broker, built)
+
+
+class _IncomingMessage:
+    """The parts of an aio-pika delivery the consumer reads, settled on the memory broker."""
+
+    def __init__(self, broker: MemoryBroker, tag: int, message: StoredMessage) -> None:
+        self._broker = broker
+        self.delivery_tag = tag
+        self.body = message.body
+        self.routing_key = message.routing_key
+        self.message_id = message.message_id
+        self.content_type = message.content_type
+        self.headers = message.headers
+        self.redelivered = message.redelivered
+
+    async def ack(self, multiple: bool = False) -> None:
+        self._broker.ack(self.delivery_tag, multiple=multiple)
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        self._broker.nack(self.delivery_tag, requeue=requeue)
+
+
+class AsyncMemoryConsumer(AsyncConsumer):
+    """An :class:`~delayq.aio.AsyncConsumer` attached to a memory broker.
+
+    ``await consumer.start()`` attaches it; ``await broker.advance_async("15m")``
+    runs its handler for what falls due. ``handler_timeout`` is not enforced.
+    """
+
+    is_async = True
+
+    def __init__(
+        self,
+        url: str | None,
+        topology: Topology,
+        queue: str,
+        handler: Callable[..., Any],
+        **options: Any,
+    ) -> None:
+        broker = broker_for(resolve_url(url))
+        _virtual_clock(broker, options)
+        super().__init__(url, topology, queue, handler, **options)
+        self.broker = broker
+        self._return_pause_s = 0.0  # virtual time: no need to pause before a requeue
+        self._next_virtual_prune = 0
+
+    async def start(self) -> None:
+        """Declare the topology on the memory broker and attach to it."""
+        self._stopping = False
+        await self._open()
+        self._stopped.clear()
+
+    async def _open(self) -> None:
+        self.broker.apply(self.topology)  # as the real consumer applies its topology
+        self._acks = AckCoalescer()
+        self.broker.subscribe(self)
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        self.broker.unsubscribe(self)
+        await super().stop(timeout_s)
+
+    def deliver(self, tag: int, message: StoredMessage) -> None:
+        raise RuntimeError("an async consumer is delivered to with adeliver()")
+
+    async def adeliver(self, tag: int, message: StoredMessage) -> None:
+        """Called by the broker: the same processing as a delivery from aio-pika."""
+        await self._prune_on_virtual_time()
+        incoming = _IncomingMessage(self.broker, tag, message)
+        await self._on_message(cast(AbstractIncomingMessage, incoming))
+        await self._acks.drain()
+
+    async def _prune_on_virtual_time(self) -> None:
+        """Forget keys past the retention period, every tenth of it, on the broker's clock."""
+        now = self._clock_ms()
+        if self._store is None or now < self._next_virtual_prune:
+            return
+        self._next_virtual_prune = now + self._settings.prune_every_ms
+        await self._store.prune(older_than_ms=now - self._settings.retention_ms)

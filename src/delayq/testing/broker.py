@@ -1,0 +1,888 @@
+"""An in-memory RabbitMQ with a virtual clock, for testing handlers in milliseconds.
+
+What it models, with RabbitMQ's semantics, because delayq relies on it:
+
+- exchanges (direct, fanout, topic with ``*`` and ``#``), the default exchange
+  (routes by queue name), exchange-to-exchange bindings (the exact cascade),
+  and ``alternate-exchange`` for what an exchange's own bindings do not take;
+- queues with ``x-message-ttl`` and messages with a per-message ``expiration``
+  (expiry at the head only, as in RabbitMQ, which is why delayq never mixes
+  delays in one queue), ``x-dead-letter-exchange``
+  and ``x-dead-letter-routing-key`` (the original key when unset), an
+  ``x-death`` header like RabbitMQ's, ``x-max-length`` with ``reject-publish``
+  (a nack) or ``drop-head``, and ``x-delivery-limit`` on quorum queues;
+- mandatory publishes: a message no queue takes is returned (``Unroutable``),
+  a missing exchange closes the channel (``TopologyMissing``).
+
+What it does not model: connections and their failures (but
+:meth:`MemoryBroker.fail_publishes` makes publishes fail as a nack or a lost
+confirm would), concurrency (handlers run one at a time, inline), priorities, streams,
+and the headers exchange.
+
+Time moves only when a test moves it: :meth:`MemoryBroker.advance` expires
+queue heads in due order (ties in publish order), dead-letters them, and
+delivers what is ready to the consumers attached to the broker, running their
+handlers until nothing more is ready at that instant.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Protocol
+
+from delayq import outcomes
+from delayq.declarations import (
+    BindingDecl,
+    Declaration,
+    ExchangeDecl,
+    QueueDecl,
+    build_declarations,
+)
+from delayq.delivery import Delivery
+from delayq.durations import to_ms
+from delayq.envelope import OutgoingMessage
+from delayq.errors import (
+    ConnectionFailed,
+    DelayqError,
+    InvalidInput,
+    PublishBatchError,
+    PublishError,
+    PublishRejected,
+    TopologyConflict,
+    TopologyMissing,
+    Unroutable,
+)
+from delayq.parked import replay_message
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
+from delayq.testing.model import Exchange, Queue, StoredMessage
+from delayq.testing.topic import topic_matches
+from delayq.topology import Topology
+from delayq.urls import MEMORY_SCHEME, memory_broker_name
+
+if TYPE_CHECKING:
+    from delayq.aio.consumer import AsyncConsumer
+    from delayq.aio.publisher import AsyncPublisher
+    from delayq.sync.consumer import Consumer
+    from delayq.sync.publisher import Publisher
+    from delayq.worker import Worker
+
+__all__ = ["Dropped", "MemoryBroker", "NoProgress", "Subscriber", "broker_for", "send_batch"]
+
+MAX_STEPS = 1_000_000
+"""Deliveries and expiries in one call before the broker gives up (a handler loop)."""
+
+_EXCHANGE_TYPES = ("direct", "fanout", "topic")
+
+
+class NoProgress(DelayqError):
+    """The broker ran ``MAX_STEPS`` steps in one call: messages go round in a loop."""
+
+
+class Subscriber(Protocol):
+    """A consumer attached to the broker (the memory adapters implement it)."""
+
+    queue: str
+    is_async: bool
+
+    def deliver(self, tag: int, message: StoredMessage) -> None: ...
+
+    async def adeliver(self, tag: int, message: StoredMessage) -> None: ...
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A message the broker discarded: dead-lettered into nothing, or pushed off a full queue."""
+
+    message: StoredMessage
+    queue: str
+    reason: str
+    at_ms: int
+
+
+@dataclass
+class _Unacked:
+    subscriber: Subscriber
+    queue: Queue
+    message: StoredMessage
+
+
+@dataclass
+class _Fault:
+    exchange: str | None
+    kind: str
+    left: int
+
+
+@dataclass
+class _Route:
+    queues: list[Queue] = field(default_factory=list)
+    rejected: list[Queue] = field(default_factory=list)
+
+
+_BROKERS: dict[str, MemoryBroker] = {}
+_NAMES = itertools.count(1)
+
+
+def broker_for(url: str) -> MemoryBroker:
+    """The open :class:`MemoryBroker` a ``memory://NAME`` URL names."""
+    name = memory_broker_name(url)
+    if name is None:
+        raise InvalidInput(f"{url!r} is not a memory broker URL (memory://NAME)")
+    try:
+        return _BROKERS[name]
+    except KeyError:
+        raise TopologyMissing(
+            f"no memory broker named {name!r} is open: create delayq.testing.MemoryBroker"
+            f"({name!r}) first (or use the memory_broker pytest fixture and its .url)"
+        ) from None
+
+
+class MemoryBroker:
+    """An in-memory broker with a virtual clock; its :attr:`url` works wherever a
+    broker URL does (``Publisher``, ``Consumer``, ``AsyncPublisher``,
+    ``AsyncConsumer``, ``apply_topology``).
+
+    >>> broker = MemoryBroker()
+    >>> broker.apply(Topology(namespace="shop", ladder=["1m", "15m"],
+    ...     destinations=[{"queue": "emails", "bindings": ["email.*"]}])).summary()
+    '13 created, 6 bound'
+    >>> broker.close()
+    """
+
+    def __init__(self, name: str | None = None, *, start: datetime | int | None = None) -> None:
+        if name is None:
+            name = f"broker-{next(_NAMES)}"
+        if not name or "/" in name:
+            raise InvalidInput(f"memory broker name {name!r} must be non-empty, without '/'")
+        if name in _BROKERS:
+            raise InvalidInput(f"a memory broker named {name!r} is already open")
+        if isinstance(start, datetime):
+            start_ms = int(start.timestamp() * 1000)
+        else:
+            start_ms = DEFAULT_START_MS if start is None else start
+        self.name = name
+        self.clock = VirtualClock(start_ms)
+        self._started_ms = start_ms
+        self._exchanges: dict[str, Exchange] = {}
+        self._queues: dict[str, Queue] = {}
+        self._subscribers: list[Subscriber] = []
+        self._unacked: dict[int, _Unacked] = {}
+        self._tags = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._driving = False
+        self._faults: list[_Fault] = []
+        self.dropped: list[Dropped] = []
+        """Messages the broker discarded (see :class:`Dropped`)."""
+        _BROKERS[name] = self
+
+    def __repr__(self) -> str:
+        return f"MemoryBroker({self.name!r}, now={self.now.isoformat()})"
+
+    @property
+    def url(self) -> str:
+        """``memory://NAME``: give it to delayq where a broker URL goes."""
+        return f"{MEMORY_SCHEME}://{self.name}"
+
+    def close(self) -> None:
+        """Forget the broker: its URL no longer resolves, its consumers are detached."""
+        for subscriber in list(self._subscribers):
+            self.unsubscribe(subscriber)
+        if _BROKERS.get(self.name) is self:
+            del _BROKERS[self.name]
+
+    def __enter__(self) -> MemoryBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Time -------------------------------------------------------------------------
+
+    def clock_ms(self) -> int:
+        """The virtual time in epoch ms (the memory adapters' ``clock_ms``)."""
+        return self.clock.now_ms()
+
+    @property
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    @property
+    def now(self) -> datetime:
+        """The virtual time (aware, UTC)."""
+        return self.clock.now
+
+    @property
+    def elapsed_ms(self) -> int:
+        """Virtual time since the broker was created."""
+        return self.clock.now_ms() - self._started_ms
+
+    # Topology -----------------------------------------------------------------------
+
+    def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
+        """Declare ``topology`` from the same declarations the real provisioning applies."""
+        report = ApplyReport()
+        for decl in build_declarations(topology):
+            report.results.append(self.declare(decl))
+        if raise_on_conflict:
+            report.raise_for_conflicts()
+        return report
+
+    def declare(self, decl: Declaration) -> ApplyResult:
+        """Declare one exchange, queue or binding (idempotent, like RabbitMQ)."""
+        if isinstance(decl, ExchangeDecl):
+            if decl.type not in _EXCHANGE_TYPES:
+                raise InvalidInput(f"the memory broker has no {decl.type!r} exchanges")
+            current = self._exchanges.get(decl.name)
+            if current is None:
+                self._exchanges[decl.name] = Exchange(decl.name, decl.type, dict(decl.arguments))
+                return ApplyResult(decl, ApplyStatus.CREATED)
+            conflict = _conflict(
+                "exchange",
+                decl.name,
+                {"type": current.type, **current.arguments},
+                {"type": decl.type, **decl.arguments},
+            )
+            return _checked(decl, conflict)
+        if isinstance(decl, QueueDecl):
+            existing = self._queues.get(decl.name)
+            if existing is None:
+                self._queues[decl.name] = Queue(decl.name, dict(decl.arguments), decl.role)
+                return ApplyResult(decl, ApplyStatus.CREATED)
+            return _checked(decl, _conflict("queue", decl.name, existing.arguments, decl.arguments))
+        self.bind(decl)
+        return ApplyResult(decl, ApplyStatus.BOUND)
+
+    def bind(self, binding: BindingDecl) -> None:
+        source = self._exchange(binding.source)
+        if binding.destination_type == "exchange":
+            self._exchange(binding.destination)
+        else:
+            self._queue(binding.destination)
+        if binding not in source.bindings:
+            source.bindings.append(binding)
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue and the bindings to it (its messages are gone)."""
+        self._queue(name)
+        del self._queues[name]
+        for exchange in self._exchanges.values():
+            exchange.bindings = [
+                b
+                for b in exchange.bindings
+                if not (b.destination_type == "queue" and b.destination == name)
+            ]
+
+    def _exchange(self, name: str) -> Exchange:
+        try:
+            return self._exchanges[name]
+        except KeyError:
+            raise TopologyMissing(
+                f"exchange {name!r} does not exist: the delayq topology is not applied on "
+                "this memory broker. Call broker.apply(topology) (or apply_topology()) first."
+            ) from None
+
+    def _queue(self, name: str) -> Queue:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise TopologyMissing(
+                f"queue {name!r} does not exist on memory broker {self.name!r}"
+            ) from None
+
+    # Inspection ---------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        return list(self._queues)
+
+    def exchanges(self) -> list[str]:
+        return list(self._exchanges)
+
+    def messages(self, queue: str) -> list[StoredMessage]:
+        """The messages waiting in ``queue``, head first (they stay there)."""
+        return list(self._queue(queue).messages)
+
+    def depth(self, queue: str) -> int:
+        return len(self._queue(queue).messages)
+
+    def dlq(self, queue: str) -> list[StoredMessage]:
+        """What delayq dead-lettered from ``queue`` (its ``<queue>.dlq``), oldest first."""
+        return self.messages(f"{queue}.dlq")
+
+    def unrouted(self, topology: Topology | str | None = None) -> list[StoredMessage]:
+        """Due messages no binding wanted, parked in ``<ns>.unrouted`` (every
+        namespace's when ``topology`` is ``None``), oldest first."""
+        if isinstance(topology, Topology):
+            return self.messages(topology.unrouted)
+        if isinstance(topology, str):
+            return self.messages(f"{topology}.unrouted")
+        parked = [m for q in self._queues.values() if q.role == "unrouted" for m in q.messages]
+        return sorted(parked, key=lambda m: m.seq)
+
+    def purge(self, queue: str) -> list[StoredMessage]:
+        """Remove and return everything waiting in ``queue``."""
+        q = self._queue(queue)
+        taken = list(q.messages)
+        q.messages.clear()
+        return taken
+
+    def replay_dlq(self, queue: str, ids: Collection[str] | None = None) -> list[str]:
+        """Send ``<queue>.dlq``'s messages (those in ``ids``, else all) back to ``queue``
+        alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids."""
+        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue))
+
+    def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
+        """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
+        routing key, as ``delayq unrouted replay`` does; return their ids."""
+
+        def target(message: StoredMessage) -> tuple[str, str]:
+            return topology.ready_exchange, _delivery(message).origin_routing_key
+
+        return self._replay(topology.unrouted, ids, target)
+
+    def _replay(
+        self,
+        queue: str,
+        ids: Collection[str] | None,
+        target: Callable[[StoredMessage], tuple[str, str]],
+    ) -> list[str]:
+        parked = self._queue(queue)
+        replayed: list[str] = []
+        for message in list(parked.messages):
+            if ids is not None and message.message_id not in ids:
+                continue
+            exchange, routing_key = target(message)
+            self.send(
+                replay_message(
+                    _delivery(message),
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    now_ms=self.clock.now_ms(),
+                )
+            )
+            parked.messages.remove(message)  # only once the copy is in
+            replayed.append(message.message_id or "")
+        return replayed
+
+    def pending(self) -> int:
+        """Messages waiting in queues with a TTL (delays and retries still running)."""
+        return sum(
+            1
+            for q in self._queues.values()
+            for m in q.messages
+            if q.ttl_ms is not None or m.expiration_ms is not None
+        )
+
+    def next_due_ms(self) -> int | None:
+        """When the next queue head expires (``None``: nothing is waiting)."""
+        due = self._next_due()
+        return None if due is None else due[0]
+
+    # Publishing ---------------------------------------------------------------------
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        *,
+        content_type: str | None = None,
+        message_id: str | None = None,
+        timestamp_s: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+        expiration_ms: int | None = None,
+        mandatory: bool = True,
+    ) -> list[str]:
+        """Publish like ``basic.publish`` with confirms; return the queues that took it.
+
+        Raises :class:`~delayq.errors.TopologyMissing` for a missing exchange,
+        :class:`~delayq.errors.Unroutable` (mandatory, no queue took it) and
+        :class:`~delayq.errors.PublishRejected` (a full ``reject-publish`` queue).
+        ``expiration_ms`` is the per-message TTL (AMQP ``expiration``), expired at the
+        head only, as RabbitMQ does.
+        """
+        message = StoredMessage(
+            body=bytes(body),
+            exchange=exchange,
+            routing_key=routing_key,
+            content_type=content_type,
+            message_id=message_id,
+            timestamp_s=timestamp_s,
+            headers=dict(headers or {}),
+            seq=0,
+            expiration_ms=expiration_ms,
+        )
+        route = self._route(exchange, routing_key)
+        self._enqueue(message, route)
+        if route.rejected:
+            names = ", ".join(q.name for q in route.rejected)
+            raise PublishRejected(
+                f"the memory broker nacked message {message_id!r}: queue {names} is full "
+                "(x-overflow reject-publish)",
+                message_id,
+            )
+        if mandatory and not route.queues:
+            raise Unroutable(
+                f"exchange {exchange!r} has no queue bound to take message {message_id!r} "
+                f"(routing key {routing_key!r})",
+                message_id,
+            )
+        return [q.name for q in route.queues]
+
+    def fail_publishes(
+        self, count: int = 1, *, exchange: str | None = None, kind: str = "rejected"
+    ) -> None:
+        """Make the next ``count`` publishes by delayq's publishers (to ``exchange``, or
+        any) fail: ``kind`` ``"rejected"`` (a nack: ``PublishRejected``) or
+        ``"unconfirmed"`` (``PublishUnconfirmed``, as when the connection drops before
+        the confirm). Nothing is enqueued. For testing producers' error handling and the
+        consumers' return-to-queue path."""
+        if kind not in ("rejected", "unconfirmed"):
+            raise InvalidInput(f"kind must be 'rejected' or 'unconfirmed', not {kind!r}")
+        if count < 1:
+            raise InvalidInput(f"count must be at least 1, got {count!r}")
+        self._faults.append(_Fault(exchange, kind, count))
+
+    def _injected(self, msg: OutgoingMessage) -> PublishError | None:
+        for fault in self._faults:
+            if fault.exchange is None or fault.exchange == msg.exchange:
+                fault.left -= 1
+                if fault.left == 0:
+                    self._faults.remove(fault)
+                if fault.kind == "rejected":
+                    return outcomes.rejected(msg, "a failure injected by the test")
+                return outcomes.unconfirmed(msg, 1, self.url, None)
+        return None
+
+    def send(self, msg: OutgoingMessage) -> None:
+        """Publish a message built by delayq, with the errors a real publisher raises."""
+        if _BROKERS.get(self.name) is not self:
+            raise ConnectionFailed(f"memory broker {self.name!r} is closed")
+        injected = self._injected(msg)
+        if injected is not None:
+            raise injected
+        try:
+            self.publish(
+                msg.exchange,
+                msg.routing_key,
+                msg.body,
+                content_type=msg.content_type,
+                message_id=msg.message_id,
+                timestamp_s=msg.timestamp_s,
+                headers=msg.headers,
+            )
+        except Unroutable as exc:
+            raise outcomes.unroutable(msg) from exc
+        except PublishRejected as exc:
+            raise outcomes.rejected(msg, str(exc)) from exc
+
+    def _route(self, exchange: str, routing_key: str) -> _Route:
+        if exchange == "":  # the default exchange: straight to the queue of that name
+            queue = self._queues.get(routing_key)
+            return _Route([queue] if queue is not None else [])
+        found: dict[str, Queue] = {}
+        self._route_into(self._exchange(exchange), routing_key, found, set())
+        return _Route(list(found.values()))
+
+    def _route_into(
+        self, exchange: Exchange, key: str, found: dict[str, Queue], seen: set[str]
+    ) -> None:
+        if exchange.name in seen:
+            return
+        seen.add(exchange.name)
+        matched = [b for b in exchange.bindings if _matches(exchange.type, b.routing_key, key)]
+        if not matched:
+            # Only what this exchange's own bindings miss goes to its alternate.
+            alternate = self._exchanges.get(exchange.alternate or "")
+            if alternate is not None:
+                self._route_into(alternate, key, found, seen)
+            return
+        for binding in matched:
+            if binding.destination_type == "exchange":
+                target = self._exchanges.get(binding.destination)
+                if target is not None:
+                    self._route_into(target, key, found, seen)
+            else:
+                queue = self._queues.get(binding.destination)
+                if queue is not None:
+                    found.setdefault(queue.name, queue)
+
+    def _enqueue(self, message: StoredMessage, route: _Route) -> None:
+        now = self.clock.now_ms()
+        taken: list[Queue] = []
+        for queue in route.queues:
+            limit = queue.max_length
+            if limit is not None and len(queue.messages) >= limit:
+                if queue.overflow in ("reject-publish", "reject-publish-dlx"):
+                    route.rejected.append(queue)
+                    continue
+                head = queue.messages.popleft()  # drop-head: the oldest goes
+                self._dead_letter(queue, head, "maxlen")
+            queue.messages.append(message.copy_for(next(self._seq), now))
+            taken.append(queue)
+        route.queues = taken
+
+    # Dead-lettering -------------------------------------------------------------------
+
+    def _dead_letter(self, queue: Queue, message: StoredMessage, reason: str) -> None:
+        exchange = queue.dead_letter_exchange
+        now = self.clock.now_ms()
+        if exchange is None:
+            self.dropped.append(Dropped(message, queue.name, reason, now))
+            return
+        key = queue.dead_letter_routing_key or message.routing_key
+        headers = _with_death(message, queue.name, reason, now)
+        if message.expiration_ms is not None:  # RabbitMQ moves it into the x-death entry
+            headers["x-death"][0]["original-expiration"] = str(message.expiration_ms)
+        dead = StoredMessage(
+            body=message.body,
+            exchange=exchange,
+            routing_key=key,
+            content_type=message.content_type,
+            message_id=message.message_id,
+            timestamp_s=message.timestamp_s,
+            headers=headers,
+            seq=0,
+        )
+        if exchange and exchange not in self._exchanges:
+            self.dropped.append(Dropped(dead, queue.name, f"{reason}: no exchange {exchange}", now))
+            return
+        route = self._route(exchange, key)
+        self._enqueue(dead, route)
+        if not route.queues:
+            self.dropped.append(Dropped(dead, queue.name, f"{reason}: unroutable", now))
+
+    # Consumers ----------------------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Attach a consumer: it receives ``subscriber.queue``'s messages when the broker runs."""
+        self._queue(subscriber.queue)
+        if subscriber not in self._subscribers:
+            self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Detach a consumer; what it holds unacked goes back to its queue."""
+        if subscriber in self._subscribers:
+            self._subscribers.remove(subscriber)
+        for tag in [t for t, u in self._unacked.items() if u.subscriber is subscriber]:
+            self.nack(tag, requeue=True)
+
+    def ack(self, tag: int, *, multiple: bool = False) -> None:
+        entry = self._unacked.pop(tag, None)
+        if entry is None:
+            raise InvalidInput(f"unknown delivery tag {tag} (acked twice?)")
+        if multiple:
+            for other in [
+                t for t, u in self._unacked.items() if t < tag and u.subscriber is entry.subscriber
+            ]:
+                del self._unacked[other]
+
+    def nack(self, tag: int, *, requeue: bool) -> None:
+        entry = self._unacked.pop(tag, None)
+        if entry is None:
+            raise InvalidInput(f"unknown delivery tag {tag} (settled twice?)")
+        queue, message = entry.queue, entry.message
+        if not requeue:
+            self._dead_letter(queue, message, "rejected")
+            return
+        limit = queue.delivery_limit
+        if limit is not None and message.deliveries > limit:
+            self._dead_letter(queue, message, "delivery_limit")
+            return
+        queue.messages.appendleft(message)  # back at the head, as RabbitMQ requeues
+
+    # Running ------------------------------------------------------------------------
+
+    def advance(self, by: object) -> None:
+        """Move the clock forward by ``by`` (``"15m"``, a ``timedelta``), expiring and
+        delivering what falls due in due order, then whatever is ready at the end.
+
+        Consumers' handlers run inline. With async consumers attached use
+        :meth:`advance_async`.
+        """
+        ms = to_ms(by, what="advance")
+        self._run_sync(self._steps(self.clock.now_ms() + ms))
+
+    async def advance_async(self, by: object) -> None:
+        """:meth:`advance` for async consumers (sync ones run too)."""
+        ms = to_ms(by, what="advance")
+        await self._run_async(self._steps(self.clock.now_ms() + ms))
+
+    def run_until_idle(self, *, max: object = "24h") -> bool:
+        """Run until nothing waits or is ready (True), or ``max`` of virtual time passed
+        (False). The clock stops at the last event, not at ``max``."""
+        limit = self.clock.now_ms() + to_ms(max, what="max")
+        self._run_sync(self._steps(limit, idle_stops=True))
+        return self._idle()
+
+    async def run_until_idle_async(self, *, max: object = "24h") -> bool:
+        limit = self.clock.now_ms() + to_ms(max, what="max")
+        await self._run_async(self._steps(limit, idle_stops=True))
+        return self._idle()
+
+    def run_until(self, done: Callable[[], bool], *, max: object = "24h") -> bool:
+        """Run event by event until ``done()`` (True) or ``max`` of virtual time (False);
+        the clock stays at the event after which ``done()`` held."""
+        limit = self.clock.now_ms() + to_ms(max, what="max")
+        self._run_sync(self._steps(limit, done=done))
+        return done()
+
+    async def run_until_async(
+        self,
+        done: Callable[[], bool],
+        *,
+        max: object = "24h",
+    ) -> bool:
+        limit = self.clock.now_ms() + to_ms(max, what="max")
+        await self._run_async(self._steps(limit, done=done))
+        return done()
+
+    def _idle(self) -> bool:
+        return self._next_due() is None and self._next_ready() is None
+
+    def _run_sync(self, steps: Iterator[tuple[Subscriber, int, StoredMessage]]) -> None:
+        if any(s.is_async for s in self._subscribers):
+            raise InvalidInput(
+                "async consumers are attached: use `await broker.advance_async(...)` "
+                "(or run_until_idle_async / run_until_async)"
+            )
+        with self._driving_guard():
+            for subscriber, tag, message in steps:
+                try:
+                    subscriber.deliver(tag, message)
+                finally:
+                    self._requeue_unsettled(tag)
+
+    async def _run_async(self, steps: Iterator[tuple[Subscriber, int, StoredMessage]]) -> None:
+        with self._driving_guard():
+            for subscriber, tag, message in steps:
+                try:
+                    if subscriber.is_async:
+                        await subscriber.adeliver(tag, message)
+                    else:
+                        subscriber.deliver(tag, message)
+                finally:
+                    self._requeue_unsettled(tag)
+
+    def _requeue_unsettled(self, tag: int) -> None:
+        if tag in self._unacked:  # a consumer that never settles: as if its channel closed
+            self.nack(tag, requeue=True)
+
+    @contextmanager
+    def _driving_guard(self) -> Iterator[None]:
+        """One driver at a time: a handler that calls ``advance`` would re-enter it."""
+        if self._driving:
+            raise InvalidInput(
+                "the memory broker is already running (advance called from a handler?)"
+            )
+        self._driving = True
+        try:
+            yield
+        finally:
+            self._driving = False
+
+    def _steps(
+        self,
+        until_ms: int,
+        *,
+        idle_stops: bool = False,
+        done: Callable[[], bool] | None = None,
+    ) -> Iterator[tuple[Subscriber, int, StoredMessage]]:
+        """Deliveries to perform, in due order, as time moves up to ``until_ms``."""
+        for _ in range(MAX_STEPS):
+            if done is not None and done():
+                return
+            ready = self._next_ready()
+            if ready is not None:
+                subscriber, queue = ready
+                message = queue.messages.popleft()
+                message.deliveries += 1
+                tag = next(self._tags)
+                self._unacked[tag] = _Unacked(subscriber, queue, message)
+                yield subscriber, tag, message
+                continue
+            due = self._next_due()
+            if due is None or due[0] > until_ms:
+                if not idle_stops and done is None:
+                    self.clock.move_to(max(until_ms, self.clock.now_ms()))
+                return
+            due_ms, _, queue = due
+            self.clock.move_to(max(due_ms, self.clock.now_ms()))
+            self._dead_letter(queue, queue.messages.popleft(), "expired")
+        raise NoProgress(
+            f"the memory broker ran {MAX_STEPS} steps without getting quiet: does a handler "
+            "retry forever with no delay, or do messages dead-letter in a cycle?"
+        )
+
+    def _next_due(self) -> tuple[int, int, Queue] | None:
+        best: tuple[int, int, Queue] | None = None
+        for queue in self._queues.values():
+            due = queue.head_due_ms()
+            if due is None:
+                continue
+            candidate = (due, queue.messages[0].seq, queue)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+        return best
+
+    def _next_ready(self) -> tuple[Subscriber, Queue] | None:
+        """The consumer for the oldest message among the queues with consumers."""
+        best: tuple[int, Subscriber, Queue] | None = None
+        for subscriber in self._subscribers:
+            queue = self._queues.get(subscriber.queue)
+            if queue is None or not queue.messages:
+                continue
+            seq = queue.messages[0].seq
+            if best is None or seq < best[0]:
+                best = (seq, subscriber, queue)
+        if best is None:
+            return None
+        _, subscriber, queue = best
+        # Round robin between the consumers of one queue.
+        self._subscribers.remove(subscriber)
+        self._subscribers.append(subscriber)
+        return subscriber, queue
+
+    # Factories ----------------------------------------------------------------------
+
+    def publisher(self, topology: Topology, **options: Any) -> Publisher:
+        """A :class:`~delayq.sync.Publisher` on this broker (same options)."""
+        from delayq.sync.publisher import Publisher
+
+        return Publisher(self.url, topology, **options)
+
+    def consumer(
+        self, topology: Topology, queue: str, handler: Callable[..., Any], **options: Any
+    ) -> Consumer:
+        """A started :class:`~delayq.sync.Consumer` on this broker (same options)."""
+        from delayq.sync.consumer import Consumer
+
+        consumer = Consumer(self.url, topology, queue, handler, **options)
+        consumer.start()
+        return consumer
+
+    def async_publisher(self, topology: Topology, **options: Any) -> AsyncPublisher:
+        from delayq.aio.publisher import AsyncPublisher
+
+        return AsyncPublisher(self.url, topology, **options)
+
+    async def async_consumer(
+        self, topology: Topology, queue: str, handler: Callable[..., Any], **options: Any
+    ) -> AsyncConsumer:
+        """A started :class:`~delayq.aio.AsyncConsumer` on this broker (same options)."""
+        from delayq.aio.consumer import AsyncConsumer
+
+        consumer = AsyncConsumer(self.url, topology, queue, handler, **options)
+        await consumer.start()
+        return consumer
+
+    def attach(self, worker: Worker) -> list[Consumer]:
+        """Start a consumer for every handler of ``worker`` (plain functions), with the
+        options ``worker.run`` would give them; ``advance`` then runs them."""
+        if any(r.is_async for r in worker.registrations):
+            raise InvalidInput(
+                "the worker has coroutine handlers: use `await broker.attach_async(worker)`"
+            )
+        return [
+            self.consumer(worker.topology, r.queue, r.handler, **worker.consumer_options(r))
+            for r in worker.registrations
+        ]
+
+    async def attach_async(self, worker: Worker) -> list[Consumer | AsyncConsumer]:
+        """:meth:`attach` for a worker with coroutine handlers (``Consumer`` for plain
+        ones, ``AsyncConsumer`` for coroutines, as ``worker.run`` does)."""
+        started: list[Consumer | AsyncConsumer] = []
+        for r in worker.registrations:
+            options = worker.consumer_options(r)
+            if r.is_async:
+                started.append(
+                    await self.async_consumer(worker.topology, r.queue, r.handler, **options)
+                )
+            else:
+                started.append(self.consumer(worker.topology, r.queue, r.handler, **options))
+        return started
+
+
+def _delivery(message: StoredMessage) -> Delivery:
+    return Delivery(
+        queue="",
+        body=message.body,
+        routing_key=message.routing_key,
+        message_id=message.message_id,
+        content_type=message.content_type,
+        headers=message.headers,
+    )
+
+
+def _matches(exchange_type: str, binding_key: str, routing_key: str) -> bool:
+    if exchange_type == "fanout":
+        return True
+    if exchange_type == "topic":
+        return topic_matches(binding_key, routing_key)
+    return binding_key == routing_key
+
+
+def _with_death(message: StoredMessage, queue: str, reason: str, now: int) -> dict[str, Any]:
+    """The headers after dead-lettering, with RabbitMQ's ``x-death`` bookkeeping: one
+    entry per (queue, reason), newest first, its count going up on each repeat."""
+    headers = dict(message.headers)
+    deaths = [dict(d) for d in headers.get("x-death", []) if isinstance(d, Mapping)]
+    entry = next((d for d in deaths if d.get("queue") == queue and d.get("reason") == reason), None)
+    if entry is None:
+        entry = {"queue": queue, "reason": reason, "count": 0}
+    else:
+        deaths.remove(entry)
+    entry.update(
+        count=int(entry.get("count", 0)) + 1,
+        exchange=message.exchange,
+        **{"routing-keys": [message.routing_key]},
+        time=datetime.fromtimestamp(now // 1000, tz=timezone.utc),  # as pika decodes it
+    )
+    headers["x-death"] = [entry, *deaths]
+    headers.setdefault("x-first-death-queue", queue)
+    headers.setdefault("x-first-death-reason", reason)
+    headers.setdefault("x-first-death-exchange", message.exchange)
+    headers["x-last-death-queue"] = queue
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-exchange"] = message.exchange
+    return headers
+
+
+def _conflict(
+    kind: str, name: str, current: Mapping[str, Any], wanted: Mapping[str, Any]
+) -> TopologyConflict | None:
+    for key in sorted(set(current) | set(wanted)):
+        if current.get(key) != wanted.get(key):
+            have, want = current.get(key), wanted.get(key)
+            return TopologyConflict(
+                kind,
+                name,
+                key,
+                None if have is None else str(have),
+                None if want is None else str(want),
+            )
+    return None
+
+
+def _checked(decl: Declaration, conflict: TopologyConflict | None) -> ApplyResult:
+    if conflict is None:
+        return ApplyResult(decl, ApplyStatus.PRESENT)
+    return ApplyResult(decl, ApplyStatus.CONFLICT, conflict)
+
+
+def send_batch(broker: MemoryBroker, built: list[OutgoingMessage]) -> None:
+    """Publish a built batch; raise :class:`~delayq.errors.PublishBatchError` naming the
+    messages that were not taken (the others were), like the real pipelined publishers."""
+    failures: dict[int, PublishError] = {}
+    for index, msg in enumerate(built):
+        try:
+            broker.send(msg)
+        except PublishError as exc:
+            failures[index] = exc
+    if failures:
+        receipts = [None if i in failures else m.receipt for i, m in enumerate(built)]
+        raise PublishBatchError(receipts, failures)

@@ -1,0 +1,181 @@
+"""The blocking adapters on a :class:`~delayq.testing.MemoryBroker`.
+
+``Publisher("memory://NAME", ...)`` and ``Consumer("memory://NAME", ...)`` build
+these: the same classes with the broker I/O swapped for the memory broker's,
+so the decisions (tier choice, envelope, retries, dead letters, duplicates)
+are the real adapters' own code, not a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from pika.adapters.blocking_connection import BlockingChannel
+
+from delayq.envelope import OutgoingMessage, epoch_ms
+from delayq.errors import InvalidInput, PublishError, TopologyMissing
+from delayq.idempotency import Claim, TransactionalStore, call_in_transaction
+from delayq.sync._pipeline import Settle
+from delayq.sync.consumer import Consumer
+from delayq.sync.publisher import Publisher
+from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.model import StoredMessage
+from delayq.topology import Topology
+from delayq.urls import resolve_url
+
+__all__ = ["MemoryConsumer", "MemoryPublisher"]
+
+
+def _virtual_clock(broker: MemoryBroker, options: dict[str, Any]) -> None:
+    """Unless the caller passed its own clock, time is the broker's virtual time."""
+    if options.get("clock_ms", epoch_ms) is epoch_ms:
+        options["clock_ms"] = broker.clock_ms
+
+
+class MemoryPublisher(Publisher):
+    """A :class:`~delayq.sync.Publisher` whose broker is a memory broker."""
+
+    def __init__(
+        self, url: str | None = None, topology: Topology | None = None, **options: Any
+    ) -> None:
+        broker = broker_for(resolve_url(url))
+        _virtual_clock(broker, options)
+        super().__init__(url, topology, **options)
+        self.broker = broker
+
+    def connect(self) -> None:
+        broker_for(self.broker.url)  # closed brokers fail like unreachable ones
+
+    def close(self) -> None:
+        pass
+
+    def _send(self, msg: OutgoingMessage) -> None:
+        self.broker.send(msg)
+
+    def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
+        send_batch(self.broker, built)
+
+    def _send_stream(
+        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
+    ) -> None:
+        for index, msg in enumerate(messages):
+            try:
+                self.broker.send(msg)
+            except TopologyMissing:
+                raise
+            except PublishError as exc:
+                settle(index, msg, exc)
+                continue
+            settle(index, msg, None)
+
+
+@dataclass(frozen=True)
+class _Method:
+    delivery_tag: int
+    routing_key: str
+    redelivered: bool
+
+
+@dataclass(frozen=True)
+class _Properties:
+    message_id: str | None
+    content_type: str | None
+    headers: dict[str, Any]
+
+
+class _Channel:
+    """What the consumer does with its channel, done on the memory broker."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+        self.is_open = True
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.broker.ack(delivery_tag, multiple=multiple)
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        self.broker.nack(delivery_tag, requeue=requeue)
+
+    def cancel(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.is_open = False
+
+
+class MemoryConsumer(Consumer):
+    """A :class:`~delayq.sync.Consumer` attached to a memory broker.
+
+    It runs its handler inline when the broker runs (``broker.advance("15m")``):
+    ``start()`` (or ``run()``, which returns at once) attaches it. Handlers run
+    in the test's thread, so ``handler_timeout`` is not enforced.
+    """
+
+    is_async = False
+
+    def __init__(
+        self,
+        url: str | None,
+        topology: Topology,
+        queue: str,
+        handler: Callable[..., Any],
+        **options: Any,
+    ) -> None:
+        broker = broker_for(resolve_url(url))
+        _virtual_clock(broker, options)
+        super().__init__(url, topology, queue, handler, **options)
+        self.broker = broker
+        self._next_virtual_prune = 0
+
+    def _open(self) -> None:
+        self.broker.apply(self.topology)  # as the real consumer applies its topology
+        self._channel = cast(BlockingChannel, _Channel(self.broker))
+        self.broker.subscribe(self)
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Attach to the broker and return: the broker's ``advance`` runs the handler."""
+        if self._channel is None:
+            self.start()
+
+    def close(self) -> None:
+        self.broker.unsubscribe(self)
+        self._channel = None
+        self._pool.shutdown(wait=False)
+        self._observers.flush()
+        self.started.clear()
+
+    def deliver(self, tag: int, message: StoredMessage) -> None:
+        """Called by the broker: the same processing as a delivery from pika."""
+        if self._channel is None:
+            self.start()
+        self._prune_on_virtual_time()
+        method = _Method(tag, message.routing_key, message.redelivered)
+        props = _Properties(message.message_id, message.content_type, message.headers)
+        self._process(method, cast(Any, props), message.body)
+
+    async def adeliver(self, tag: int, message: StoredMessage) -> None:
+        raise InvalidInput("a sync consumer is delivered to with deliver()")
+
+    def _prune_on_virtual_time(self) -> None:
+        """Forget keys past the retention period, every tenth of it, on the broker's clock
+        (the real consumer's timer runs on wall time)."""
+        now = self._clock_ms()
+        if self._store is None or now < self._next_virtual_prune:
+            return
+        self._next_virtual_prune = now + self._settings.prune_every_ms
+        self._store.prune(older_than_ms=now - self._settings.retention_ms)
+
+    def _call_handler(self, value: Any, claim: Claim) -> None:
+        if self._transactional:
+            call_in_transaction(
+                cast(TransactionalStore, self._store),
+                self._handler,
+                value,
+                key=claim.key,
+                lease_until_ms=claim.lease_until_ms,
+                now_ms=self._clock_ms(),
+            )
+        else:
+            self._handler(value)
