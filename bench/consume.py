@@ -77,7 +77,6 @@ import os
 import platform
 import pstats
 import secrets
-import shlex
 import shutil
 import statistics
 import sys
@@ -90,15 +89,22 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-import pika
 from aio_pika.abc import AbstractIncomingMessage
+from benchlib import (
+    broker,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+    positive_int,
+    queue_depth,
+)
 
 from delayq import Ladder, Message, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio.consumer import AsyncConsumer
 from delayq.envelope import epoch_ms
 from delayq.idempotency import IdempotencyStore, InMemoryStore, SQLiteStore
-from delayq.localnode import LocalNode
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 
@@ -126,10 +132,6 @@ LABELS = {
 }
 TARGETS = {MEMORY: 0.90, SQLITE: 0.60, REDIS: 0.60}
 PROFILE_CHOICES = {"raw": RAW, "memory": MEMORY, "sqlite": SQLITE, "redis": REDIS}
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # Settings and shared context -------------------------------------------------------------
@@ -183,33 +185,6 @@ class Context:
 
 
 # Broker administration (short-lived blocking connections) --------------------------------
-
-
-@contextlib.contextmanager
-def admin_channel(url: str) -> Iterator[Any]:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        yield connection.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            connection.close()
-
-
-def broker_version(url: str) -> str:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        props = connection._impl.server_properties
-        product, version = props.get("product", "?"), props.get("version", "?")
-    finally:
-        connection.close()
-    as_text = [v.decode() if isinstance(v, bytes) else str(v) for v in (product, version)]
-    return " ".join(as_text)
-
-
-def queue_depth(url: str, queue: str) -> int:
-    """Ready messages, from a passive declare (exact for a quorum queue on declare-ok)."""
-    with admin_channel(url) as channel:
-        return int(channel.queue_declare(queue, passive=True).method.message_count)
 
 
 def expect_depth(ctx: Context, queue: str, expected: int, when: str) -> None:
@@ -547,13 +522,6 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
     return "\n".join(lines)
 
 
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def benchmark(
     url: str,
     settings: Settings,
@@ -633,13 +601,6 @@ def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, st
 # Command line -----------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/consume.py",
@@ -683,12 +644,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def command_line(argv: Sequence[str]) -> str:
-    """How this run was started, with any password in a URL redacted."""
-    shown = [redact(arg) if "://" in arg else arg for arg in argv]
-    return shlex.join(["python", sys.argv[0], *shown])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -702,15 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_line(argv)
     profile_key = PROFILE_CHOICES[args.profile] if args.profile else None
     with redis_server(args) as redis:
-        url = args.url or os.environ.get("RABBITMQ_URL")
-        if url:
+        with broker(args.url) as (url, _node):
             benchmark(url, settings, command, redis, profile_key, args.profile_out)
-            return 0
-        log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-        with LocalNode() as node:
-            log(f"local node {node.name} is up at {redact(node.url)}")
-            benchmark(node.url, settings, command, redis, profile_key, args.profile_out)
-            log("stopping the local node ...")
     return 0
 
 

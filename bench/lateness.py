@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import secrets
 import sys
@@ -46,13 +45,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import aio_pika
+from benchlib import broker, log
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher, apply_topology
 from delayq.durations import format_ms, to_ms
-from delayq.localnode import LocalNode
 from delayq.sync import delete_topology
-from delayq.urls import redact
 
 MODES = ("naive", "tiered", "exact")
 
@@ -70,10 +68,6 @@ class Result:
     def pct(self, q: float) -> float:
         ordered = sorted(self.lateness_ms)
         return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 class Inbox:
@@ -266,14 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("bench/lateness.png"))
     args = parser.parse_args(argv)
     command = "python bench/lateness.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    url = args.url or os.environ.get("RABBITMQ_URL")
-    if url:
+    with broker(args.url) as (url, _node):
         results = asyncio.run(benchmark(url, args))
-    else:
-        log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-        with LocalNode() as node:
-            log(f"local node {node.name} is up at {redact(node.url)}")
-            results = asyncio.run(benchmark(node.url, args))
     print(report(results, command.strip(), to_ms(args.unit)))
     plot(results, args.plot, f"lateness, {args.count} messages over ladder {args.ladder}")
     return 0

@@ -56,17 +56,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import os
 import platform
 import secrets
-import shlex
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version as package_version
@@ -75,12 +73,21 @@ from typing import Any
 import aio_pika
 import pika
 import pika.exceptions as pex
+from benchlib import (
+    broker,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+    positive_int,
+    purge,
+    queue_depth,
+)
 
 from delayq import Ladder, Message, Topology, build_declarations
 from delayq.aio import AsyncPublisher
 from delayq.declarations import ExchangeDecl, QueueDecl
 from delayq.envelope import MessageFactory
-from delayq.localnode import LocalNode
 from delayq.sync import Publisher, apply_topology
 from delayq.urls import redact
 
@@ -91,10 +98,6 @@ LADDER = Ladder.parse(["1h"])
 
 FRAMEWORK_VS_RAW_TARGET = 0.90
 PIPELINED_VS_SINGLE_TARGET = 3.00
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # Settings and shared context -------------------------------------------------------------
@@ -152,37 +155,6 @@ def warmup_count(count: int) -> int:
 
 
 # Broker administration (short-lived blocking connections) --------------------------------
-
-
-@contextlib.contextmanager
-def admin_channel(url: str) -> Iterator[Any]:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        yield connection.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            connection.close()
-
-
-def broker_version(url: str) -> str:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        props = connection._impl.server_properties
-        product, version = props.get("product", "?"), props.get("version", "?")
-    finally:
-        connection.close()
-    as_text = [v.decode() if isinstance(v, bytes) else str(v) for v in (product, version)]
-    return " ".join(as_text)
-
-
-def queue_depth(url: str, queue: str) -> int:
-    with admin_channel(url) as channel:
-        return int(channel.queue_declare(queue, passive=True).method.message_count)
-
-
-def purge(url: str, queue: str) -> None:
-    with admin_channel(url) as channel:
-        channel.queue_purge(queue)
 
 
 def delete_namespace(url: str, topology: Topology) -> None:
@@ -539,13 +511,6 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
     return "\n".join(lines)
 
 
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def benchmark(url: str, settings: Settings, command: str) -> None:
     version = broker_version(url)
     ctx = Context.create(url, settings)
@@ -561,13 +526,6 @@ def benchmark(url: str, settings: Settings, command: str) -> None:
 
 
 # Command line -----------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -606,12 +564,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def command_line(argv: Sequence[str]) -> str:
-    """How this run was started, with any password in a URL redacted."""
-    shown = [redact(arg) if "://" in arg else arg for arg in argv]
-    return shlex.join(["python", sys.argv[0], *shown])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -622,16 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         window=args.window,
         rounds=args.rounds,
     )
-    command = command_line(argv)
-    url = args.url or os.environ.get("RABBITMQ_URL")
-    if url:
-        benchmark(url, settings, command)
-        return 0
-    log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-    with LocalNode() as node:
-        log(f"local node {node.name} is up at {redact(node.url)}")
-        benchmark(node.url, settings, command)
-        log("stopping the local node ...")
+    with broker(args.url) as (url, _node):
+        benchmark(url, settings, command_line(argv))
     return 0
 
 

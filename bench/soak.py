@@ -65,7 +65,6 @@ import os
 import platform
 import random
 import secrets
-import shlex
 import shutil
 import signal
 import sys
@@ -82,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+from benchlib import broker, command_line, load_average, log, positive_int
 from soak_report import (
     IMMEDIATE,
     RECORD,
@@ -126,10 +126,6 @@ PARK_CHUNK = 10_000
 CHILD_TIMEOUT_S = 90.0
 SETTLE_S = 5.0
 """Wait after deleting a namespace before reading the broker's memory."""
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # Settings ---------------------------------------------------------------------------------
@@ -809,13 +805,6 @@ async def park(env: Environment, settings: Settings, folder: Path) -> Result:
 # Running ----------------------------------------------------------------------------------
 
 
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 async def run(env: Environment, settings: Settings) -> int:
     version = await broker_version(env.url)
     log(f"broker {version} at {redact(env.url)}; broker memory from {env.memory.source}")
@@ -857,13 +846,6 @@ def ladder(text: str) -> list[int]:
         return parse_ladder(text)
     except (InvalidDelay, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def positive_float(text: str) -> float:
@@ -953,12 +935,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def command_line(argv: Sequence[str]) -> str:
-    """How this run was started, with any password in a URL redacted."""
-    shown = [redact(arg) if "://" in arg else arg for arg in argv]
-    return shlex.join(["python", sys.argv[0], *shown])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -980,17 +956,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         management_url=args.management_url,
     )
     command = command_line(argv)
-    url = args.url or os.environ.get("RABBITMQ_URL")
-    if url:
-        memory = BrokerMemory.of_management_api(url, args.management_url)
+    with broker(args.url) as (url, node):
+        memory = (
+            BrokerMemory.of_local_node(node)
+            if node is not None
+            else BrokerMemory.of_management_api(url, args.management_url)
+        )
         return asyncio.run(run(Environment(url, command, memory), settings))
-    log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-    with LocalNode() as node:
-        log(f"local node {node.name} is up at {redact(node.url)}")
-        env = Environment(node.url, command, BrokerMemory.of_local_node(node))
-        code = asyncio.run(run(env, settings))
-        log("stopping the local node ...")
-    return code
 
 
 if __name__ == "__main__":

@@ -42,36 +42,14 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import pika
+from benchlib import broker, log, purge, queue_depth
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
 from delayq.bulk import key_message_id
-from delayq.localnode import LocalNode
 from delayq.sync import apply_topology, delete_topology
-from delayq.urls import redact
 
 TARGET = 0.8
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
-
-
-def purge(url: str, queue: str) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        connection.channel().queue_purge(queue)
-    finally:
-        connection.close()
 
 
 def frame(spark: Any, rows: int, partitions: int) -> Any:
@@ -140,7 +118,7 @@ def benchmark(url: str, rows: int, partitions: int, rounds: int) -> None:
                     elapsed = run_spark(spark, url, topology, rows, partitions)
                 else:
                     elapsed = run_async(url, topology, rows)
-                held = depth(url, queue)
+                held = queue_depth(url, queue)
                 if held != rows:
                     raise RuntimeError(f"{mode}: the tier holds {held}, expected {rows}")
                 purge(url, queue)
@@ -175,14 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2, help="Spark partitions (default 2)")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args(argv)
-    url = args.url or os.environ.get("RABBITMQ_URL")
-    if url:
+    with broker(args.url) as (url, _node):
         benchmark(url, args.rows, args.partitions, args.rounds)
-        return 0
-    log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-    with LocalNode() as node:
-        log(f"local node {node.name} is up at {redact(node.url)}")
-        benchmark(node.url, args.rows, args.partitions, args.rounds)
     return 0
 
 

@@ -1,0 +1,106 @@
+"""What the benchmark scripts share: the broker they run against, small admin calls
+and the pieces of their reports.
+
+The scripts run as ``python bench/<name>.py``, so this folder is on ``sys.path``
+and they ``import benchlib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pika
+
+from delayq.localnode import LocalNode
+from delayq.urls import redact
+
+__all__ = [
+    "admin_channel",
+    "broker",
+    "broker_version",
+    "command_line",
+    "load_average",
+    "log",
+    "positive_int",
+    "purge",
+    "queue_depth",
+]
+
+
+def log(text: str) -> None:
+    """Progress goes to stderr, so stdout holds only the results."""
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def broker(url: str | None) -> Iterator[tuple[str, LocalNode | None]]:
+    """The broker to measure: ``url``, else ``$RABBITMQ_URL``, else a throwaway local
+    node (started from the installed RabbitMQ server, stopped and removed after)."""
+    url = url or os.environ.get("RABBITMQ_URL")
+    if url:
+        yield url, None
+        return
+    log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
+    with LocalNode() as node:
+        log(f"local node {node.name} is up at {redact(node.url)}")
+        yield node.url, node
+        log("stopping the local node ...")
+
+
+@contextlib.contextmanager
+def admin_channel(url: str) -> Iterator[Any]:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        yield connection.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            connection.close()
+
+
+def broker_version(url: str) -> str:
+    """The broker's product and version, as it announces them on connection."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        props = connection._impl.server_properties
+        product, version = props.get("product", "?"), props.get("version", "?")
+    finally:
+        connection.close()
+    as_text = [v.decode() if isinstance(v, bytes) else str(v) for v in (product, version)]
+    return " ".join(as_text)
+
+
+def queue_depth(url: str, queue: str) -> int:
+    """Ready messages, from a passive declare (exact for a quorum queue on declare-ok)."""
+    with admin_channel(url) as channel:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def purge(url: str, queue: str) -> None:
+    with admin_channel(url) as channel:
+        channel.queue_purge(queue)
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """How this run was started, with any password in a URL redacted."""
+    shown = [redact(arg) if "://" in arg else arg for arg in argv]
+    return shlex.join(["python", sys.argv[0], *shown])
