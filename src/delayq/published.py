@@ -21,12 +21,14 @@ import enum
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol
 
 from delayq.envelope import IMMEDIATE, OutgoingMessage, Receipt
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    DelayqError,
     InvalidInput,
     PublishBatchError,
     PublishBlocked,
@@ -156,6 +158,15 @@ class PublishObservers:
     def __bool__(self) -> bool:
         return bool(self._observers)
 
+    def reporting(self, messages: Sequence[OutgoingMessage]) -> _Reporting:
+        """A context that emits how the publish inside it ended: confirmed when it
+        returns, failed with the error when it raises a ``DelayqError`` (re-raised).
+
+        >>> with observers.reporting(built):  # doctest: +SKIP
+        ...     send(built)
+        """
+        return _Reporting(self, messages)
+
     def emit(
         self, messages: Sequence[OutgoingMessage], error: BaseException | None = None
     ) -> None:
@@ -175,3 +186,25 @@ class PublishObservers:
                             event.message_id,
                             exc,
                         )
+
+
+class _Reporting:
+    __slots__ = ("_messages", "_observers")
+
+    def __init__(self, observers: PublishObservers, messages: Sequence[OutgoingMessage]) -> None:
+        self._observers = observers
+        self._messages = messages
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self._observers.emit(self._messages)
+        elif isinstance(exc, DelayqError):
+            self._observers.emit(self._messages, exc)

@@ -33,7 +33,6 @@ from delayq.envelope import (
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
-    DelayqError,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -241,15 +240,8 @@ class AsyncPublisher:
 
     async def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
-        if not self._observers:
+        with self._observers.reporting([msg]):
             await self._send(msg, self._confirm_timeout_s)
-            return
-        try:
-            await self._send(msg, self._confirm_timeout_s)
-        except DelayqError as exc:
-            self._observers.emit([msg], exc)
-            raise
-        self._observers.emit([msg])
 
     async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
         message = aio_message(msg)
@@ -353,12 +345,8 @@ class AsyncPublisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
-        try:
+        with self._observers.reporting(built):
             await self._publish_built(built, window)
-        except DelayqError as exc:
-            self._observers.emit(built, exc)
-            raise
-        self._observers.emit(built)
         return [m.receipt for m in built]
 
     async def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:

@@ -24,7 +24,6 @@ from delayq.envelope import (
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
-    DelayqError,
     PublishError,
     TopologyMissing,
 )
@@ -180,15 +179,8 @@ class Publisher:
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
-        if not self._observers:
+        with self._observers.reporting([msg]):
             self._send(msg)
-            return
-        try:
-            self._send(msg)
-        except DelayqError as exc:
-            self._observers.emit([msg], exc)
-            raise
-        self._observers.emit([msg])
 
     def _send(self, msg: OutgoingMessage) -> None:
         properties = pika_properties(msg)
@@ -247,12 +239,8 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
-        try:
+        with self._observers.reporting(built):
             self._publish_built(built, window)
-        except DelayqError as exc:
-            self._observers.emit(built, exc)
-            raise
-        self._observers.emit(built)
         return [m.receipt for m in built]
 
     def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
