@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import functools
 import inspect
 import logging
 import random
@@ -366,13 +367,11 @@ class Consumer:
         handler_ms = monotonic_ms() - started
         self._perform(tag, self._planner.success(), delivery, received_ms, handler_ms)
 
-    def _call_handler(self, value: Any, claim: Claim) -> None:
-        assert self._connection is not None
-        # The handler's thread logs with this delivery's fields (see delayq.logcontext).
-        context = contextvars.copy_context()
+    def _handler_call(self, value: Any, claim: Claim) -> Callable[[], None]:
+        """The handler's call for ``value``: within the store's transaction for a
+        transactional consumer, which marks ``claim``'s key done in the same commit."""
         if self._transactional:
-            future = self._pool.submit(
-                context.run,
+            return functools.partial(
                 call_in_transaction,
                 cast(TransactionalStore, self._store),
                 self._handler,
@@ -381,8 +380,13 @@ class Consumer:
                 lease_until_ms=claim.lease_until_ms,
                 now_ms=self._clock_ms(),
             )
-        else:
-            future = self._pool.submit(context.run, self._handler, value)
+        return functools.partial(self._handler, value)
+
+    def _call_handler(self, value: Any, claim: Claim) -> None:
+        assert self._connection is not None
+        # The handler's thread logs with this delivery's fields (see delayq.logcontext).
+        context = contextvars.copy_context()
+        future = self._pool.submit(context.run, self._handler_call(value, claim))
         deadline = time.monotonic() + self._timeout_ms / 1000
         connected = True
         while not future.done():

@@ -17,6 +17,7 @@ from delayq.aio.consumer import AsyncConsumer
 from delayq.aio.publisher import AsyncPublisher
 from delayq.envelope import OutgoingMessage
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.clock import PruneSchedule
 from delayq.testing.model import StoredMessage
 from delayq.testing.sync import _virtual_clock
 from delayq.topology import Topology
@@ -91,7 +92,7 @@ class AsyncMemoryConsumer(AsyncConsumer):
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker
         self._return_pause_s = 0.0  # virtual time: no need to pause before a requeue
-        self._next_virtual_prune = 0
+        self._prunes = PruneSchedule(self._settings.prune_every_ms, self._settings.retention_ms)
 
     async def start(self) -> None:
         """Declare the topology on the memory broker and attach to it."""
@@ -119,9 +120,7 @@ class AsyncMemoryConsumer(AsyncConsumer):
         await self._acks.drain()
 
     async def _prune_on_virtual_time(self) -> None:
-        """Forget keys past the retention period, every tenth of it, on the broker's clock."""
-        now = self._clock_ms()
-        if self._store is None or now < self._next_virtual_prune:
-            return
-        self._next_virtual_prune = now + self._settings.prune_every_ms
-        await self._store.prune(older_than_ms=now - self._settings.retention_ms)
+        """Forget keys past the retention period on the broker's clock."""
+        cutoff = self._prunes.due(self._clock_ms())
+        if cutoff is not None and self._store is not None:
+            await self._store.prune(older_than_ms=cutoff)

@@ -16,11 +16,12 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.envelope import OutgoingMessage, epoch_ms
 from delayq.errors import InvalidInput, PublishError, TopologyMissing
-from delayq.idempotency import Claim, TransactionalStore, call_in_transaction
+from delayq.idempotency import Claim
 from delayq.sync._pipeline import Settle
 from delayq.sync.consumer import Consumer
 from delayq.sync.publisher import Publisher
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.clock import PruneSchedule
 from delayq.testing.model import StoredMessage
 from delayq.topology import Topology
 from delayq.urls import resolve_url
@@ -127,7 +128,7 @@ class MemoryConsumer(Consumer):
         _virtual_clock(broker, options)
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker
-        self._next_virtual_prune = 0
+        self._prunes = PruneSchedule(self._settings.prune_every_ms, self._settings.retention_ms)
 
     def _open(self) -> None:
         self.broker.apply(self.topology)  # as the real consumer applies its topology
@@ -159,23 +160,10 @@ class MemoryConsumer(Consumer):
         raise InvalidInput("a sync consumer is delivered to with deliver()")
 
     def _prune_on_virtual_time(self) -> None:
-        """Forget keys past the retention period, every tenth of it, on the broker's clock
-        (the real consumer's timer runs on wall time)."""
-        now = self._clock_ms()
-        if self._store is None or now < self._next_virtual_prune:
-            return
-        self._next_virtual_prune = now + self._settings.prune_every_ms
-        self._store.prune(older_than_ms=now - self._settings.retention_ms)
+        """Forget keys past the retention period on the broker's clock."""
+        cutoff = self._prunes.due(self._clock_ms())
+        if cutoff is not None and self._store is not None:
+            self._store.prune(older_than_ms=cutoff)
 
     def _call_handler(self, value: Any, claim: Claim) -> None:
-        if self._transactional:
-            call_in_transaction(
-                cast(TransactionalStore, self._store),
-                self._handler,
-                value,
-                key=claim.key,
-                lease_until_ms=claim.lease_until_ms,
-                now_ms=self._clock_ms(),
-            )
-        else:
-            self._handler(value)
+        self._handler_call(value, claim)()  # inline: no thread, no timeout
