@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from delayq.localnode import LocalNode
 from delayq.provisioning import ApplyReport
 from delayq.sync import Publisher, delete_topology
 from delayq.sync import apply_topology as apply_sync
+from tests.topologies import throwaway_topologies
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -137,21 +138,8 @@ def driver(driver_for: Callable[[str], Driver], rabbitmq_url: str) -> Driver:
 @pytest.fixture
 def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
     """Build topologies under unique namespaces; their entities are deleted afterwards."""
-    made: list[Topology] = []
-
-    def make(ladder: Iterable[str] = ("1s", "2s", "4s", "8s"), **kwargs: Any) -> Topology:
-        ns = f"t{uuid.uuid4().hex[:10]}"
-        destinations = kwargs.pop("destinations", [{"queue": f"{ns}.work", "bindings": ["job.#"]}])
-        topology = Topology(namespace=ns, ladder=list(ladder), destinations=destinations, **kwargs)
-        made.append(topology)
-        return topology
-
-    yield make
-    for topology in made:
-        try:
-            delete_topology(topology, rabbitmq_url)
-        except Exception:
-            pass
+    with throwaway_topologies(rabbitmq_url, prefix="t", ladder=("1s", "2s", "4s", "8s")) as make:
+        yield make
 
 
 @dataclass

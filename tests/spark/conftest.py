@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from delayq import Topology
-from delayq.sync import delete_topology
+from tests.topologies import throwaway_topologies
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -30,21 +29,5 @@ def spark() -> Iterator[Any]:
 @pytest.fixture
 def make_topology(rabbitmq_url: str) -> Iterator[Callable[..., Topology]]:
     """Topologies under unique namespaces, deleted afterwards."""
-    made: list[Topology] = []
-
-    def make(ladder: tuple[str, ...] = ("1s", "2s", "4s")) -> Topology:
-        ns = f"s{uuid.uuid4().hex[:10]}"
-        topology = Topology(
-            namespace=ns,
-            ladder=list(ladder),
-            destinations=[{"queue": f"{ns}.work", "bindings": ["job.#"]}],
-        )
-        made.append(topology)
-        return topology
-
-    yield make
-    for topology in made:
-        try:
-            delete_topology(topology, rabbitmq_url)
-        except Exception:
-            pass
+    with throwaway_topologies(rabbitmq_url, prefix="s", ladder=("1s", "2s", "4s")) as make:
+        yield make
