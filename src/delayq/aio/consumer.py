@@ -113,6 +113,7 @@ class AsyncConsumer:
         observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
+        scrubber: Callable[[str], str] | None = None,
     ) -> None:
         if transactional:
             check_transactional(store, handler)
@@ -131,6 +132,7 @@ class AsyncConsumer:
             non_retryable=non_retryable,
             clock_ms=clock_ms,
             rng=rng,
+            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
         )
         self._store = None if store is None else StoreBatcher(store)
         self._transactional = transactional

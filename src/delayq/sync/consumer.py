@@ -120,6 +120,7 @@ class Consumer:
         observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
+        scrubber: Callable[[str], str] | None = None,
     ) -> None:
         if inspect.iscoroutinefunction(handler):
             raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
@@ -139,6 +140,7 @@ class Consumer:
             non_retryable=non_retryable,
             clock_ms=clock_ms,
             rng=rng,
+            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
         )
         self._store = store
         self._transactional = transactional
