@@ -225,3 +225,10 @@ def test_an_undecodable_body_error_is_scrubbed_too() -> None:
     decision = planner().undecodable(delivery(), Undecodable(f"bad token={SECRET}"))
     assert decision.message is not None
     assert SECRET not in repr(decision.message.headers) + decision.reason
+
+
+def test_a_store_error_quoting_its_dsn_is_scrubbed() -> None:
+    from delayq.idempotency import store_error
+
+    error = store_error("PostgresStore(...)", ValueError(f"bad dsn postgresql://a:{SECRET}@h/x"))
+    assert SECRET not in str(error) and "postgresql://a:***@h/x" in str(error)
