@@ -111,6 +111,7 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
     exchanges: list[Declaration] = [
         ExchangeDecl(unrouted, "fanout"),
         ExchangeDecl(ready, "topic", {"alternate-exchange": unrouted}),
+        ExchangeDecl(topology.direct_exchange, "direct"),
     ]
     queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
     bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
@@ -133,6 +134,8 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
                 arguments["x-max-length"] = topology.tier_max_length
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
+            if role == "retry":
+                exchanges.append(ExchangeDecl(topology.retry_direct_name(tier), "direct"))
 
     if topology.exact_enabled:
         _cascade(topology, exchanges, queues, bindings)
@@ -148,6 +151,16 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
             work_args["x-delivery-limit"] = dest.delivery_limit
         queues.append(QueueDecl(dest.queue, work_args, role="destination"))
         bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+        # What consumers address to one queue by name (a retry, a dead letter) goes
+        # through direct exchanges that know this topology's queues alone: consumers
+        # need no right on the default exchange nor on the retry tiers' fanouts, which
+        # would let them reach any queue of the vhost (see delayq.grants).
+        bindings.append(BindingDecl(topology.direct_exchange, dest.queue, dest.queue))
+        bindings.append(BindingDecl(topology.direct_exchange, dest.dlq, dest.dlq))
+        bindings.extend(
+            BindingDecl(topology.retry_direct_name(tier), topology.retry_name(tier), dest.queue)
+            for tier in topology.ladder.tiers
+        )
         if topology.exact_enabled:
             levels, delivery = topology.exact_levels, topology.delivery_exchange
             bindings.extend(

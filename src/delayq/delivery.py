@@ -388,6 +388,8 @@ class DeliveryPlanner:
             # queue's binding on the delivery exchange matches.
             route = route_exact(self.topology, delay_ms, Kind.ADDRESS, self.queue)
             exchange, routing_key = route.exchange, route.routing_key
+            if not exchange:  # immediate: this queue alone, as below
+                exchange = self.topology.direct_exchange
             plan = route.plan
             wait = Wait(
                 Strategy.EXACT,
@@ -397,8 +399,10 @@ class DeliveryPlanner:
             )
         else:
             tier = self.topology.ladder.select_ms(delay_ms)
-            # Delay 0 goes straight back to the queue, through the default exchange.
-            exchange = "" if tier is None else self.topology.retry_name(tier)
+            # Addressed by this queue's name through a direct exchange that routes only
+            # the topology's queue names: to the retry tier, or for delay 0 straight back.
+            topo = self.topology
+            exchange = topo.direct_exchange if tier is None else topo.retry_direct_name(tier)
             routing_key = self.queue
             wait = Wait.of_tier(tier)
         headers = _user_headers(delivery.headers)
@@ -454,7 +458,14 @@ class DeliveryPlanner:
         headers.update(failure)
         headers[H_DEAD_LETTER_REASON] = reason.value
         message = republished(
-            delivery, "", self.dlq, headers, now, 0, None, frame_max=self.topology.limits.frame_max
+            delivery,
+            self.topology.direct_exchange,
+            self.dlq,
+            headers,
+            now,
+            0,
+            None,
+            frame_max=self.topology.limits.frame_max,
         )
         # The reason reaches logs, delivery records and observers: scrubbed and cut too.
         return Decision(

@@ -174,7 +174,12 @@ class Topology(BaseModel):
     @model_validator(mode="after")
     def _unique_queues(self) -> Topology:
         seen: set[str] = set()
-        reserved = {self.ready_exchange, self.unrouted, self.delivery_exchange}
+        reserved = {
+            self.ready_exchange,
+            self.unrouted,
+            self.delivery_exchange,
+            self.direct_exchange,
+        }
         for dest in self.destinations:
             if dest.queue in seen:
                 raise ValueError(f"destination queue {dest.queue!r} is listed twice")
@@ -218,6 +223,14 @@ class Topology(BaseModel):
         """Exchange and queue that park due messages no binding wanted."""
         return f"{self.namespace}.unrouted"
 
+    @property
+    def direct_exchange(self) -> str:
+        """A direct exchange where each destination queue and each DLQ is bound by its own
+        name: consumers send immediate retries and dead letters through it, so they need
+        no write permission on the default exchange (which reaches every queue of the
+        vhost, other namespaces' included)."""
+        return f"{self.namespace}.direct"
+
     def tier_name(self, tier: Tier) -> str:
         """Name of a tier's exchange and queue, which carries its TTL."""
         return f"{self.namespace}.tier.{tier.label}"
@@ -226,6 +239,14 @@ class Topology(BaseModel):
         """Name of a retry tier's exchange and queue: it dead-letters to the failing
         queue alone, through the default exchange."""
         return f"{self.namespace}.retry.{tier.label}"
+
+    def retry_direct_name(self, tier: Tier) -> str:
+        """A direct exchange into a retry tier's queue, bound once per destination queue
+        by its name: what consumers publish retries to. The retry queue dead-letters
+        through the default exchange by routing key, so a key of another namespace's
+        queue, published to the tier's fanout exchange, would land there; through this
+        exchange only this topology's queue names route at all."""
+        return f"{self.retry_name(tier)}.direct"
 
     @property
     def exact_enabled(self) -> bool:

@@ -286,8 +286,10 @@ def test_topology_without_destinations_has_only_delayq_entities() -> None:
     assert {(d.kind, d.name) for d in decls} == {
         ("exchange", "ns.unrouted"),
         ("exchange", "ns.ready"),
+        ("exchange", "ns.direct"),
         ("exchange", "ns.tier.1s"),
         ("exchange", "ns.retry.1s"),
+        ("exchange", "ns.retry.1s.direct"),
         ("queue", "ns.unrouted"),
         ("queue", "ns.tier.1s"),
         ("queue", "ns.retry.1s"),

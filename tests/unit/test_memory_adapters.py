@@ -401,7 +401,7 @@ def test_injected_publish_failures(memory_broker: MemoryBroker) -> None:
     with pytest.raises(PublishRejected):
         publisher.publish("x", "email.x", "1m")
 
-    memory_broker.fail_publishes(exchange="shop.retry.1m")  # the first retry is nacked
+    memory_broker.fail_publishes(exchange="shop.retry.1m.direct")  # the first retry is nacked
     memory_broker.advance("5m")
     # Returned to the queue and handled again at once; then retried after 1 m.
     assert calls == [0, 0, 60_000]

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from delayq.aio._acks import AckCoalescer
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._store import StoreBatcher
-from delayq.aio.provision import apply_topology
+from delayq.aio.ensure import ensure_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
     RECONNECT_MAX_S,
@@ -191,7 +191,7 @@ class AsyncConsumer:
     async def _open(self) -> None:
         connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
         try:
-            await apply_topology(self.topology, connection=connection)
+            await ensure_topology(self.topology, connection)  # or check it, if refused
             await self._publisher.connect()
             channel = await connection.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=self._prefetch)

@@ -57,7 +57,7 @@ from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
-from delayq.sync.provision import apply_topology
+from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url, resolved_memory_name
@@ -182,7 +182,7 @@ class Consumer:
     def _open(self) -> None:
         connection = connect(self._url, name=f"delayq-consumer {self.queue}")
         try:
-            apply_topology(self.topology, connection=connection)
+            ensure_topology(self.topology, connection)  # or check it, if refused
             self._publisher.connect()
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self._prefetch)
