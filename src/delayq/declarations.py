@@ -134,8 +134,20 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
                 arguments["x-max-length"] = topology.tier_max_length
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
-            if role == "retry":
-                exchanges.append(ExchangeDecl(topology.retry_direct_name(tier), "direct"))
+
+    # The retry tiers consumers use: a direct exchange bound by each destination's name
+    # into a fixed-TTL queue that dead-letters through <ns>.direct. A routing key, or a
+    # CC header's (dead-lettering keeps them), reaches this topology's queues alone: not
+    # so through the fanout retry tiers above, whose queues dead-letter through the
+    # default exchange to any queue of the vhost. Those stay declared for consumers of
+    # earlier versions (a rolling upgrade); the consumer grant has no right on them.
+    for tier in topology.ladder.tiers:
+        name = topology.retry_direct_name(tier)
+        exchanges.append(ExchangeDecl(name, "direct"))
+        arguments = rung_arguments(qtype, tier.ttl_ms, topology.direct_exchange)
+        if topology.tier_max_length is not None:
+            arguments["x-max-length"] = topology.tier_max_length
+        queues.append(QueueDecl(name, arguments, role="retry"))
 
     if topology.exact_enabled:
         _cascade(topology, exchanges, queues, bindings)
@@ -153,13 +165,13 @@ def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
         bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
         # What consumers address to one queue by name (a retry, a dead letter) goes
         # through direct exchanges that know this topology's queues alone: consumers
-        # need no right on the default exchange nor on the retry tiers' fanouts, which
+        # need no right on the default exchange nor on the fanout retry tiers, which
         # would let them reach any queue of the vhost (see delayq.grants).
         bindings.append(BindingDecl(topology.direct_exchange, dest.queue, dest.queue))
         bindings.append(BindingDecl(topology.direct_exchange, dest.dlq, dest.dlq))
         bindings.extend(
-            BindingDecl(topology.retry_direct_name(tier), topology.retry_name(tier), dest.queue)
-            for tier in topology.ladder.tiers
+            BindingDecl(name, name, dest.queue)
+            for name in map(topology.retry_direct_name, topology.ladder.tiers)
         )
         if topology.exact_enabled:
             levels, delivery = topology.exact_levels, topology.delivery_exchange

@@ -200,7 +200,8 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
     cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
     direct = [n["direct"], n["retry_direct"]]
     entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues, *dlqs]
-    write = ["amq\\.default", n["ready"], n["unrouted"], n["rungs"], *cascade, *queues, *dlqs]
+    write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
+    write += [*queues, *dlqs]
     read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues]
     return Grant(
         role=Role.ADMIN,
@@ -213,8 +214,9 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
             "configure: declare every exchange and queue of the namespace and the "
             "destination queues with their DLQs",
             "write: bind the tier, retry, unrouted, destination and DLQ queues; name the "
-            "ready exchange and the default exchange (amq.default) as dead-letter exchanges "
-            "of new queues and the unrouted exchange as the alternate exchange",
+            f"ready, {topology.direct_exchange} and default (amq.default) exchanges as "
+            "dead-letter exchanges of new queues and the unrouted exchange as the alternate "
+            "exchange",
             "read: bind from the ready, direct, tier, retry and unrouted exchanges; declare "
             "the queues that dead-letter and the ready exchange with its alternate exchange",
         ),

@@ -236,16 +236,16 @@ class Topology(BaseModel):
         return f"{self.namespace}.tier.{tier.label}"
 
     def retry_name(self, tier: Tier) -> str:
-        """Name of a retry tier's exchange and queue: it dead-letters to the failing
-        queue alone, through the default exchange."""
+        """Name of a fanout retry tier's exchange and queue (dead-letters through the
+        default exchange): what consumers before delayq's least-privilege grant used;
+        still declared for them. Consumers now use :meth:`retry_direct_name`."""
         return f"{self.namespace}.retry.{tier.label}"
 
     def retry_direct_name(self, tier: Tier) -> str:
-        """A direct exchange into a retry tier's queue, bound once per destination queue
-        by its name: what consumers publish retries to. The retry queue dead-letters
-        through the default exchange by routing key, so a key of another namespace's
-        queue, published to the tier's fanout exchange, would land there; through this
-        exchange only this topology's queue names route at all."""
+        """Name of a retry tier's direct exchange and queue: the exchange routes only the
+        topology's destination queue names (each binds by its name), and the queue
+        dead-letters through :attr:`direct_exchange`, back to the failing queue alone.
+        Neither can reach another namespace's queue (see :mod:`delayq.grants`)."""
         return f"{self.retry_name(tier)}.direct"
 
     @property

@@ -184,6 +184,18 @@ def test_the_direct_exchanges_route_the_topologys_queue_names_only() -> None:
             assert decl.routing_key in ours, decl.name
         if isinstance(decl, ExchangeDecl) and decl.name in writable:
             assert decl.type == "direct" and "alternate-exchange" not in decl.arguments
+    # Where those messages wait, dead-lettering keeps their routing keys (a CC header's
+    # too): only through <ns>.direct, or with one fixed key (the destination's DLQ).
+    reached = {
+        d.destination
+        for d in build_declarations(TOPO)
+        if isinstance(d, BindingDecl) and d.source in writable
+    }
+    for decl in build_declarations(TOPO):
+        if isinstance(decl, QueueDecl) and decl.name in reached:
+            dlx = decl.arguments.get("x-dead-letter-exchange")
+            fixed = "x-dead-letter-routing-key" in decl.arguments
+            assert dlx is None or dlx == "shop.direct" or fixed, decl
 
 
 def test_the_producer_writes_to_the_tiers_and_ready_only() -> None:

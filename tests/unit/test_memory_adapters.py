@@ -280,7 +280,7 @@ def test_a_retry_that_cannot_be_published_ends_at_the_delivery_limit(
     consumer = memory_broker.consumer(
         TOPOLOGY, "emails", failing, policy=FixedBackoff(delay="1m", max_attempts=5)
     )
-    memory_broker.delete_queue("shop.retry.1m")
+    memory_broker.delete_queue("shop.retry.1m.direct")
     memory_broker.publisher(TOPOLOGY).publish("x", "email.x", "0s")
     memory_broker.advance("0s")
 
