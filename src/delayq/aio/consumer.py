@@ -17,11 +17,12 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
+import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
 from delayq.aio._acks import AckCoalescer
-from delayq.aio._connection import close_quietly, connect
+from delayq.aio._connection import close_quietly, connect, translate_channel_error
 from delayq.aio._store import StoreBatcher
 from delayq.aio.ensure import ensure_topology
 from delayq.aio.publisher import AsyncPublisher
@@ -198,7 +199,10 @@ class AsyncConsumer:
             queue = await channel.get_queue(self.queue, ensure=False)
             self._connection, self._channel = connection, channel
             self._acks = AckCoalescer()  # delivery tags are per channel
-            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+            try:
+                self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+            except aex.ChannelAccessRefused as exc:  # may not read it (see delayq.grants)
+                raise translate_channel_error(exc) from exc
         except BaseException:
             await close_quietly(connection)
             raise

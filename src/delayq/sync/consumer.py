@@ -56,7 +56,12 @@ from delayq.logcontext import bound_delivery
 from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
-from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
+from delayq.sync._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
 from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
@@ -220,6 +225,9 @@ class Consumer:
                     # (its queue went away or restarted, a quorum queue losing its leader).
                     log.warning("the broker cancelled the consumer of %s; reconnecting", self.queue)
                 except LOST as exc:
+                    if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code == 403:
+                        # May not consume: reconnecting cannot help (see delayq.grants).
+                        raise translate_channel_error(exc) from exc
                     if self._stop.is_set():
                         break
                     log.warning(
