@@ -30,7 +30,8 @@ Passive declares need no permission. What each role does, read from the code:
   default exchange, needs write on ``amq.default``: the admin is an operator's
   user, not an application's.
 
->>> from delayq.topology import Strategy, Topology
+>>> from delayq.errors import InvalidInput
+from delayq.topology import Strategy, Topology
 >>> grant = producer_grant(Topology(namespace="shop"), "app")
 >>> grant.permissions.write
 '^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+)$'
@@ -41,6 +42,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from delayq.errors import InvalidInput
 from delayq.topology import Strategy, Topology
 
 __all__ = [
@@ -231,7 +233,24 @@ def grants_for(
     admin: str | None = None,
     vhost: str | None = None,
 ) -> list[Grant]:
-    """The grants for whichever users are given: producer, consumer, then admin."""
+    """The grants for whichever users are given: producer, consumer, then admin.
+
+    One user per role: RabbitMQ keeps one set of permissions per user and vhost, so
+    a second role's would silently replace the first's.
+    """
+    given = [
+        (role, user)
+        for role, user in (("producer", producer), ("consumer", consumer), ("admin", admin))
+        if user is not None
+    ]
+    for index, (role, user) in enumerate(given):
+        for other_role, other in given[index + 1 :]:
+            if user == other:
+                raise InvalidInput(
+                    f"user {user!r} is given two roles ({role} and {other_role}): RabbitMQ "
+                    "keeps one set of permissions per user and vhost, so the second would "
+                    "replace the first; use one user per role"
+                )
     grants = []
     if producer is not None:
         grants.append(producer_grant(topology, producer, vhost))
