@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from delayq import __version__
-from delayq.cli_options import GlobalOptions, Parser, global_options
+from delayq.cli_options import (
+    GlobalOptions,
+    Parser,
+    global_options,
+    positive_float,
+    positive_int,
+)
 from delayq.declarations import build_declarations, describe
 from delayq.definitions import render_definitions
 from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
@@ -185,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
         listing = actions.add_parser("list", parents=[common], help="a table of parked messages")
         with_queue(listing)
-        listing.add_argument("--limit", type=int, default=100)
+        listing.add_argument("--limit", type=positive_int, default=100)
         listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
         show = actions.add_parser("show", parents=[common], help="one message, headers and body")
         with_queue(show)
@@ -216,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         pick.add_argument("--all", action="store_true", help="every parked message")
         again.add_argument(
-            "--rate", type=float, default=None, metavar="N", help="at most N messages per second"
+            "--rate",
+            type=positive_float,
+            default=None,
+            metavar="N",
+            help="at most N messages per second",
         )
         drop = actions.add_parser("purge", parents=[common], help="delete every parked message")
         with_queue(drop)
@@ -230,9 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE[:ATTR]",
         help="e.g. myapp.tasks or myapp.tasks:worker (default attribute: worker)",
     )
-    work.add_argument("--prefetch", type=int, default=None, help="deliveries per consumer")
+    work.add_argument("--prefetch", type=positive_int, default=None, help="deliveries per consumer")
     work.add_argument(
-        "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        help="handlers running at once per async consumer",
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(
@@ -275,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", parents=[url_only], help="provision a demo ladder and watch messages arrive"
     )
-    demo.add_argument("--messages", type=int, default=36, help="how many messages (default 36)")
+    demo.add_argument(
+        "--messages", type=positive_int, default=36, help="how many messages (default 36)"
+    )
     demo.add_argument(
         "--local-node",
         action="store_true",
@@ -320,8 +335,12 @@ def _spark_commands(
         "--errors", metavar="DIR", help="write rejected rows here (default: print them)"
     )
     sched.add_argument("--errors-format", choices=["json", "csv", "parquet"], default="json")
-    sched.add_argument("--partitions", type=int, help="repartition first (a connection each)")
-    sched.add_argument("--window", type=int, default=1000, help="unconfirmed per connection")
+    sched.add_argument(
+        "--partitions", type=positive_int, help="repartition first (a connection each)"
+    )
+    sched.add_argument(
+        "--window", type=positive_int, default=1000, help="unconfirmed per connection"
+    )
     sched.add_argument("--json", action="store_true", help="print the summary as JSON")
     rep = jobs.add_parser(
         "report",
@@ -334,7 +353,7 @@ def _spark_commands(
         "--ladder", help='the current ladder, e.g. "30s 1m 5m" (default: tiers in the records)'
     )
     rep.add_argument(
-        "--max-tiers", type=int, help="tiers of the recommended ladder (default: as now)"
+        "--max-tiers", type=positive_int, help="tiers of the recommended ladder (default: as now)"
     )
     rep.add_argument("--bucket", help='throughput bucket, e.g. "1m" (default: about 60 buckets)')
 

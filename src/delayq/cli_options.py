@@ -24,7 +24,14 @@ from typing import Any
 from delayq.topology import DEFAULT_TOPOLOGY_FILE
 from delayq.urls import redact
 
-__all__ = ["GLOBAL_DEFAULTS", "GlobalOptions", "Parser", "global_options"]
+__all__ = [
+    "GLOBAL_DEFAULTS",
+    "GlobalOptions",
+    "Parser",
+    "global_options",
+    "positive_float",
+    "positive_int",
+]
 
 GLOBAL_DEFAULTS: dict[str, Any] = {"url": None, "file": DEFAULT_TOPOLOGY_FILE}
 """The options that may stand before or after the command, and their defaults."""
@@ -37,6 +44,29 @@ _ids = itertools.count(1)
 def _shown(value: Any) -> str:
     text = str(value)
     return repr(redact(text) if "://" in text else text)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``--limit 0`` listed nothing and
+    said the queue was empty; ``--concurrency -1`` died with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (``--rate 0`` or ``-5`` meant no limit at all)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text}")
+    return value
 
 
 class _StoreOnce(argparse._StoreAction):

@@ -39,7 +39,7 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iter
 def _sample(action: argparse.Action) -> str:
     if action.choices:
         return str(next(iter(action.choices)))
-    return "1" if action.type in (int, float) else "x"
+    return "1"  # a valid int, float, positive count, path or name alike
 
 
 def _minimal_args(leaf: argparse.ArgumentParser) -> list[str]:
