@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.durations import to_ms
 from delayq.errors import InvalidInput
 from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver
@@ -57,7 +58,11 @@ class Worker:
 
     def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
         """Refuse at declaration, not when the worker starts, options no consumer would
-        take: a retry policy the topology cannot hold, an unknown key scope."""
+        take: a retry policy the topology cannot hold, an unknown key scope, a duration
+        without a unit."""
+        for name in ("handler_timeout", "lease", "retention"):
+            if options.get(name) is not None:
+                to_ms(options[name], what=name)
         if "key_scope" in options:
             KeyScope.parse(options["key_scope"])
         policy = options.get("policy")
