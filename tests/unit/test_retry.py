@@ -19,6 +19,7 @@ from delayq.retry import (
 )
 from tests.unit.test_cli import TOPOLOGY
 
+
 def ms(low: int, high: int) -> st.SearchStrategy[timedelta]:
     return st.integers(low, high).map(lambda n: timedelta(milliseconds=n))
 
