@@ -50,6 +50,7 @@ class Ledger:
     def __init__(self) -> None:
         self.runs: Counter[str] = Counter()
         self.outcomes: dict[str, list[str]] = {}
+        self.events: list[Settled] = []
         self._lock = threading.Lock()
 
     def ran(self, queue: str) -> None:
@@ -59,6 +60,7 @@ class Ledger:
     def settled(self, event: Settled) -> None:
         with self._lock:
             self.outcomes.setdefault(event.queue, []).append(event.outcome)
+            self.events.append(event)
 
     def wait_settled(self, queues: list[str], count: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
