@@ -108,7 +108,8 @@ def copy_unscoped_keys(
 ) -> int:
     """Mark every completed unscoped (0.1) key of ``store`` done in the scope of each
     of ``queues``, with its original completion time (so it is pruned when the
-    original would have been). Returns how many scoped keys it wrote.
+    original would have been; a ``RedisStore`` with ``retention_ms`` counts its TTL
+    from the copy). Returns how many scoped keys it wrote.
 
     A scoped key that already exists is left as it is (done, or claimed by a
     running consumer), so running it twice, or beside new consumers, is safe.
