@@ -39,6 +39,7 @@ from tests.integration.test_idempotency_servers import (  # noqa: F401 (fixtures
     redis_client,
     redis_store,
 )
+from tests.waiting import wait_for
 
 STORES = ["memory", "sqlite", "redis", "postgres"]
 ROUTING_KEY = "order.paid"
@@ -63,13 +64,11 @@ class Ledger:
             self.events.append(event)
 
     def wait_settled(self, queues: list[str], count: int, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def settled() -> bool:
             with self._lock:
-                if all(len(self.outcomes.get(q, [])) >= count for q in queues):
-                    return
-            time.sleep(0.02)
-        raise AssertionError(f"not {count} settled per queue in {timeout_s} s: {self.outcomes}")
+                return all(len(self.outcomes.get(q, [])) >= count for q in queues)
+
+        wait_for(settled, timeout_s, lambda: f"{count} settled per queue: {self.outcomes}")
 
 
 @pytest.fixture
@@ -219,10 +218,11 @@ def test_shared_keys_are_an_explicit_opt_in(kind, make_store, make_topology, rab
             publisher.publish({"order": 1}, ROUTING_KEY, "0s")
         # One runs; the other finds the key done (or, racing, busy: deferred, then done).
         ledger.wait_settled(queues, 1)
-        deadline = time.monotonic() + 30
-        while sum(o.count("duplicate") for o in ledger.outcomes.values()) < 1:
-            assert time.monotonic() < deadline, ledger.outcomes
-            time.sleep(0.02)
+        wait_for(
+            lambda: any("duplicate" in o for o in ledger.outcomes.values()),
+            30,
+            lambda: f"a duplicate: {ledger.outcomes}",
+        )
     finally:
         for handle in handles:
             handle.stop(10)

@@ -9,7 +9,6 @@ nothing confirmed is lost.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,15 +28,9 @@ from tests.integration.test_key_scope import (
     handler_for,
     run_worker,
 )
+from tests.waiting import wait_for
 
 DEAD_URL = "amqp://guest:x@127.0.0.1:1/"
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_one_store_shared_by_two_workers_of_different_namespaces(
@@ -129,7 +122,9 @@ def test_competing_consumers_of_one_queue_still_skip_a_duplicate(
             publisher.publish({"n": 1}, "job.x", "0s", message_id=message_id)
             publisher.publish({"n": 1}, "job.x", "0s", message_id=message_id)
         # Racing replicas: the loser is deferred (busy) and comes back a duplicate.
-        wait_for(lambda: ledger.outcomes.get(queue, []).count("duplicate") >= 1, "the duplicate")
+        wait_for(
+            lambda: ledger.outcomes.get(queue, []).count("duplicate") >= 1, 30, "the duplicate"
+        )
     finally:
         for handle in handles:
             handle.stop(10)
@@ -155,7 +150,7 @@ def test_a_closed_store_loses_nothing(make_topology, rabbitmq_url, tmp_path):
     try:
         with Publisher(rabbitmq_url, topology) as publisher:
             publisher.publish({"n": 1}, "job.x", "0s")
-        wait_for(lambda: consumer.stats.returned >= 1, "the delivery to be returned")
+        wait_for(lambda: consumer.stats.returned >= 1, 30, "the delivery to be returned")
     finally:
         handle.stop(10)
     assert ledger.runs[queue] == 0
