@@ -23,6 +23,7 @@ from delayq import Topology
 from delayq.cli import main
 from delayq.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -61,13 +62,6 @@ def depth(url: str, queue: str) -> int:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         connection.close()
-
-
-def wait_for(predicate: Any, timeout_s: float = 15) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return bool(predicate())
 
 
 def park(url: str, topology: Topology, queue: str, message_id: str, headers: dict[str, Any]):
@@ -112,7 +106,9 @@ def test_a_message_the_broker_dead_lettered_at_the_delivery_limit_shows_that_rea
         assert nacks == 2
     finally:
         connection.close()
-    assert wait_for(lambda: depth(rabbitmq_url, f"{queue}.dlq") == 1)
+    wait_for(
+        lambda: depth(rabbitmq_url, f"{queue}.dlq") == 1, 15, "the DLQ to hold the poison message"
+    )
 
     listing = delayq(path, rabbitmq_url, "dlq", "list", queue)
     assert listing.returncode == 0, listing.stderr
@@ -187,7 +183,7 @@ def test_unrouted_list_and_show_give_the_routing_key(make_topology, rabbitmq_url
         )
     finally:
         connection.close()
-    assert wait_for(lambda: depth(rabbitmq_url, topo.unrouted) == 1)
+    wait_for(lambda: depth(rabbitmq_url, topo.unrouted) == 1, 15, "the unrouted queue to hold it")
     listing = delayq(path, rabbitmq_url, "unrouted", "list")
     [row] = [line for line in listing.stdout.splitlines() if line.startswith("u-typo")]
     assert "bda.x" in row and "no binding" in row
