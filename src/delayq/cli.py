@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from pydantic import ValidationError
 
 from delayq import __version__
@@ -34,7 +35,7 @@ from delayq.definitions import render_definitions
 from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
 from delayq.durations import format_ms, to_ms
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.errors import DelayqError, InvalidBody, InvalidInput, InvalidTopology
 from delayq.grants import grants_for
 from delayq.permissions import VIAS
 from delayq.provisioning import ApplyStatus
@@ -359,7 +360,15 @@ def _spark_commands(
 
 
 def _topology(args: argparse.Namespace) -> Topology:
-    return load_topology(args.file)
+    topology = load_topology(args.file)
+    # load_topology reads an empty file as every default (namespace 'delayq'): on the
+    # command line that is a truncated or wrong file far more often than a choice.
+    if topology == Topology() and not yaml.safe_load(Path(args.file).read_text("utf-8")):
+        raise InvalidTopology(
+            f"topology file {str(args.file)!r} is empty; write at least a namespace and "
+            "destinations (see topology/delayq.yaml in the delayq repository)"
+        )
+    return topology
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
