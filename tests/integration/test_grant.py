@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.integration.ops import delayq
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -174,9 +174,12 @@ def test_each_role_does_its_job_with_its_own_grant(
     publisher.publish(topology, {"poison": 1}, "job.a", "0s")
     publisher.publish_many(topology, [Message({"batch": n}, "job.b", "1s") for n in range(5)])
 
-    deadline = time.monotonic() + 30
-    while handle.stats.handled < 9 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    stats = handle.stats  # the poison message's fate is its own: wait for all three counts
+    wait_for(
+        lambda: stats.handled >= 9 and stats.retried >= 2 and stats.dead_lettered >= 1,
+        30,
+        lambda: f"9 handled, 2 retried, 1 dead-lettered ({stats})",
+    )
     handle.stop()
     assert handle.stats.handled == 9  # delayed, now, flaky, again, 5 of the batch
     assert handle.stats.retried == 2  # flaky through the retry tier, again at once
@@ -214,10 +217,8 @@ def test_the_consumer_may_not_delete_declare_or_reach_another_namespace(
         # A CC header survives dead-lettering; the retry queue dead-letters through
         # <ns>.direct, so the copy addressed to the other queue goes nowhere.
         raw.publish(f"{ns}.retry.1s.direct", f"{ns}.work", headers={"CC": [theirs]})
-        deadline = time.monotonic() + 20
-        while depth(g.node.url, f"{ns}.work") == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert depth(g.node.url, f"{ns}.work") == 1  # dead-lettered back to its queue
+        # Dead-lettered back to its queue after the tier's second:
+        wait_for(lambda: depth(g.node.url, f"{ns}.work") == 1, 20, f"a message in {ns}.work")
         assert depth(g.node.url, theirs) == 0
         # read: its queues only, not DLQs, not another namespace's queues.
         assert refused(lambda: raw.channel().basic_get(f"{ns}.work.dlq"))
