@@ -30,8 +30,7 @@ Passive declares need no permission. What each role does, read from the code:
   default exchange, needs write on ``amq.default``: the admin is an operator's
   user, not an application's.
 
->>> from delayq.errors import InvalidInput
-from delayq.topology import Strategy, Topology
+>>> from delayq.topology import Topology
 >>> grant = producer_grant(Topology(namespace="shop"), "app")
 >>> grant.permissions.write
 '^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+)$'

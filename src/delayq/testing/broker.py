@@ -150,7 +150,7 @@ class MemoryBroker:
     >>> broker = MemoryBroker()
     >>> broker.apply(Topology(namespace="shop", ladder=["1m", "15m"],
     ...     destinations=[{"queue": "emails", "bindings": ["email.*"]}])).summary()
-    '13 created, 6 bound'
+    '18 created, 10 bound'
     >>> broker.close()
     """
 
