@@ -35,6 +35,7 @@ from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.ops import delayq
 from tests.integration.test_grant import Granted
+from tests.waiting import wait_for
 
 
 def _grant(node: LocalNode, path: Path, *args: str) -> Any:
@@ -244,6 +245,7 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
     node_topology: Any,
     make_user: Any,
     driver_kind: str,
+    collect: Any,
 ) -> None:
     """The connection is closed mid-batch and the password changed: no reconnect can
     succeed. A delayq error names what was not confirmed; every confirmed one arrived."""
@@ -253,7 +255,7 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
     user = make_user("batch")
     node.ctl("set_permissions", user.name, ".*", ".*", ".*")
     queue = f"{topology.namespace}.work"
-    batch = [Message(b"z" * 64, "job.a", "0s", message_id=f"b-{n}") for n in range(10_000)]
+    batch = [Message(b"z" * 64, "job.a", "0s", message_id=f"b-{n}") for n in range(5_000)]
 
     def depth() -> int:
         connection = pika.BlockingConnection(pika.URLParameters(node.url))
@@ -291,13 +293,9 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
     cutter.join(60)
     assert confirmed | unconfirmed == {m.message_id for m in batch}
     assert not confirmed & unconfirmed
-    connection = pika.BlockingConnection(pika.URLParameters(node.url))
-    arrived: set[str] = set()
-    channel = connection.channel()
-    while True:
-        method, props, _ = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        arrived.add(props.message_id)
-    connection.close()
-    assert confirmed <= arrived, f"{len(confirmed - arrived)} confirmed messages are lost"
+    inbox = collect(queue, url=node.url)
+
+    def arrived() -> set[str]:
+        return {a.message_id for a in inbox.wait(0, timeout_s=0)}
+
+    wait_for(lambda: confirmed <= arrived(), 60, lambda: f"{len(confirmed - arrived())} lost")

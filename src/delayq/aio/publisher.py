@@ -374,14 +374,22 @@ class AsyncPublisher:
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
         in_flight: set[int] = set()
+        unreachable: ConnectionFailed | None = None
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
         async def sender() -> None:
             # `window` senders share one iterator: at most `window` confirms are
             # outstanding, with no task or semaphore per message.
-            nonlocal last_progress
+            nonlocal last_progress, unreachable
             for index, msg in queue:
+                if unreachable is not None:
+                    # No connection could be opened: the rest of the batch fails at
+                    # once instead of each message trying (and failing) to connect.
+                    failures[index] = outcomes.unconfirmed(
+                        msg, self._publish_attempts, redact(self._url), unreachable
+                    )
+                    continue
                 in_flight.add(index)
                 try:
                     # No per-message confirm timer (one each costs more than the
@@ -391,12 +399,15 @@ class AsyncPublisher:
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
                     failures[index] = exc
+                    if isinstance(exc.__cause__, ConnectionFailed):
+                        unreachable = exc.__cause__
                 except ConnectionFailed as exc:
                     # The connection was lost and no new one could be opened: this
                     # message is unconfirmed, and those confirmed before it still are.
                     failures[index] = outcomes.unconfirmed(
                         msg, self._publish_attempts, redact(self._url), exc
                     )
+                    unreachable = exc
                 in_flight.discard(index)
                 last_progress = time.monotonic()
 
