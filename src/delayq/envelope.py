@@ -363,6 +363,25 @@ def resolve_strategy(topology: Topology, strategy: object) -> Strategy:
     return chosen
 
 
+def _near_keys(routing_key: str, keys: Sequence[str]) -> list[str]:
+    """Up to 3 keys the binding keys take that look like ``routing_key`` (a typo)."""
+    words = routing_key.split(".")
+    scored = []
+    for key in keys:
+        taken: list[str] = []  # the binding key with its wildcards filled from the typo
+        for i, word in enumerate(key.split(".")):
+            if word == "#":
+                taken.extend(words[i:])
+                break
+            taken.append(words[i] if word == "*" and i < len(words) else word)
+        example = ".".join(taken)
+        ratio = difflib.SequenceMatcher(None, routing_key, example).ratio()
+        if ratio >= 0.75:
+            shown = repr(example) if example == key else f"{example!r} (bound by {key!r})"
+            scored.append((-ratio, shown))
+    return [shown for _ratio, shown in sorted(scored)[:3]]
+
+
 def unbound_key(topology: Topology, routing_key: str, keys: Sequence[str]) -> UnboundRoutingKey:
     """The error for a routing key that none of ``keys`` (the topology's) matches."""
     if not keys:
@@ -371,9 +390,9 @@ def unbound_key(topology: Topology, routing_key: str, keys: Sequence[str]) -> Un
             "List the destinations in the topology",
         )
     else:
-        close = difflib.get_close_matches(routing_key, keys, n=3, cutoff=0.6)
+        close = _near_keys(routing_key, keys)
         shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
-        guess = f"; did you mean {' or '.join(repr(k) for k in close)}?" if close else ""
+        guess = f"; did you mean {' or '.join(close)}?" if close else ""
         known, fix = f" (bindings: {shown}{guess})", "Fix the key"
     return UnboundRoutingKey(
         f"routing key {routing_key!r} matches no binding of namespace "

@@ -341,6 +341,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Hashable, int] = {}
         for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` then an override of a merged key is fine
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, Hashable):
                 continue  # SafeLoader refuses it below, with its own words
