@@ -160,3 +160,20 @@ def test_a_conflict_found_later_withdraws_the_marker_from_new_publishers(
     with pytest.raises(TopologyNotApplied):
         driver_for(rabbitmq_url).publish(topo, b"lost?", "job.a", "5s")
     assert depth(rabbitmq_url, tier) == 0
+
+
+def test_send_many_refuses_before_settling_anything(make_topology, rabbitmq_url):
+    """The stream behind Spark schedules: its connection checks the marker too."""
+    from delayq.sync import Publisher, apply_topology
+
+    topo = make_topology(["1s", "5s"])
+    tier = the_issues_tier(rabbitmq_url, topo)
+    with pytest.raises(TopologyConflict):
+        apply_topology(topo, rabbitmq_url)
+    settled: list[Any] = []
+    with Publisher(rabbitmq_url, topo) as pub, pytest.raises(TopologyNotApplied):
+        pub.send_many(
+            (pub.factory.build(b"x", "job.a", "5s") for _ in range(10)),
+            settle=lambda *args: settled.append(args),
+        )
+    assert settled == [] and depth(rabbitmq_url, tier) == 0
