@@ -166,8 +166,7 @@ class Destination(_Model):
 
 
 def _parse_unit(value: object) -> int:
-    # A bare number is refused like every duration (``unit: 5`` is not 5 ms or 5 s);
-    # a dumped model carries the unit as text ("250ms"), so it validates again.
+    # No int shortcut: `unit: 250` has no unit (a dumped topology holds "250ms").
     try:
         return to_ms(value, what="exact.unit")
     except InvalidDelay as exc:

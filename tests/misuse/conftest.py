@@ -1,4 +1,4 @@
-"""User-error scenarios against a real broker, with the integration suite's fixtures."""
+"""Fixtures for the misuse tests: the integration suite's, on the same real broker."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Those that reach a real broker count as integration tests (-m "not integration").
     for item in items:
-        if "misuse" in item.path.parts:
+        uses_broker = {"rabbitmq_url", "local_rabbitmq_management_node"} & set(
+            getattr(item, "fixturenames", ())
+        )
+        if "misuse" in item.path.parts and uses_broker:
             item.add_marker(pytest.mark.integration)
