@@ -126,6 +126,7 @@ def _names(topology: Topology) -> dict[str, str]:
         "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
         "levels": f"{ns}\\.level\\.[0-9]+",
         "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
+        "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.marker: applies declare it
     }
 
 
@@ -200,7 +201,8 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
     dlqs = [_escape(d.dlq) for d in topology.destinations]
     cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
     direct = [n["direct"], n["retry_direct"]]
-    entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues, *dlqs]
+    entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, n["marker"]]
+    entities += [*queues, *dlqs]
     write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
     write += [*queues, *dlqs]
     read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues]
@@ -212,8 +214,8 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
             configure=_pattern(entities), write=_pattern(write), read=_pattern(read)
         ),
         reasons=(
-            "configure: declare every exchange and queue of the namespace and the "
-            "destination queues with their DLQs",
+            "configure: declare every exchange and queue of the namespace (the apply "
+            "marker included) and the destination queues with their DLQs",
             "write: bind the tier, retry, unrouted, destination and DLQ queues; name the "
             f"ready, {topology.direct_exchange} and default (amq.default) exchanges as "
             "dead-letter exchanges of new queues and the unrouted exchange as the alternate "

@@ -92,7 +92,7 @@ def producer_needs(topology: Topology) -> set[Need]:
     delays = ["0s", "1s", "7s", *(f"{t.ttl_ms}ms" for t in topology.ladder.tiers)]
     strategies = ["tiered", "exact"] if topology.exact_enabled else ["tiered"]
     return {
-        ("write", _x(factory.build(b"x", "k.x", d, strategy=s).exchange))
+        ("write", _x(factory.build(b"x", "email.x", d, strategy=s).exchange))
         for d in delays
         for s in strategies
     }

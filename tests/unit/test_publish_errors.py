@@ -31,7 +31,9 @@ from delayq import (
 from delayq.aio import AsyncPublisher
 from delayq.sync import Publisher
 
-TOPO = Topology(namespace="errs", ladder=["1s"])
+TOPO = Topology(
+    namespace="errs", ladder=["1s"], destinations=[{"queue": "errs.work", "bindings": ["job.#"]}]
+)
 URL = "amqp://guest:guest@127.0.0.1:1/"
 
 FAILURES: list[Callable[[], BaseException]] = [
@@ -231,6 +233,9 @@ class FakeBlockingChannel:
 
     def confirm_delivery(self) -> None:
         pass
+
+    def exchange_declare(self, name: str, passive: bool = False) -> None:
+        pass  # the apply marker's check: present
 
     def basic_publish(self, exchange: str, key: str, body: bytes, props: Any, **kw: Any) -> None:
         if self.error is not None:
