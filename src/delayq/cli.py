@@ -215,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument("--prefetch", type=int, default=None, help="deliveries per consumer")
     work.add_argument(
-        "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
+        "--concurrency",
+        type=int,
+        default=None,
+        help="handlers running at once per queue, at most --prefetch (plain handlers: "
+        "threads, default 8; coroutines: default the prefetch)",
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(

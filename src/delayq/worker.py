@@ -6,8 +6,9 @@
 ... async def send_reminder(order: Order) -> None: ...
 
 Then ``delayq worker myapp.tasks:worker`` consumes every registered queue:
-coroutine handlers on one event loop (``AsyncConsumer``), plain ones each in a
-thread (``Consumer``), until SIGTERM or SIGINT stops them all gracefully.
+coroutine handlers on one event loop (``AsyncConsumer``), plain ones each with a
+``Consumer`` of its own (up to ``concurrency`` handler threads), until SIGTERM or
+SIGINT stops them all gracefully.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Worker:
             merged["observers"] = (*merged.get("observers", ()), *extra)
         if prefetch is not None:
             merged["prefetch"] = prefetch
-        if concurrency is not None and reg.is_async:
+        if concurrency is not None:  # threads for plain handlers, tasks for coroutines
             merged["concurrency"] = concurrency
         return merged
 
