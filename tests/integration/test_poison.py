@@ -109,6 +109,7 @@ def _crash_loop(url: str, topo: Topology, tmp_path: Path, adapter: str, *extra: 
                     f"{_depth(url, f'{queue}.dlq')} in the DLQ; "
                     f"{(tmp_path / 'target.err').read_text()[-3000:]}"
                 )
+                assert _depth(url, f"{queue}.dlq") <= 1, "an innocent was dead-lettered"
                 if process is None or process.poll() is not None:
                     if process is not None:
                         assert process.returncode == POISON_EXIT, process.returncode
