@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pika
-import pytest
 
 from delayq import Message, Topology
 from delayq.delivery import H_DEAD_LETTER_REASON
