@@ -215,11 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument("--prefetch", type=int, default=None, help="deliveries per consumer")
     work.add_argument(
-        "--concurrency",
-        type=int,
-        default=None,
-        help="handlers running at once per queue, at most --prefetch (plain handlers: "
-        "threads, default 8; coroutines: default the prefetch)",
+        "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(

@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapter == "sync":
         from delayq.sync import Consumer
 
-        consumer = Consumer(args.url, topology, args.queue, handler, prefetch=20, **options)
+        # SQLite has one writer: a few handlers at once are plenty (as for the async one).
+        consumer = Consumer(
+            args.url, topology, args.queue, handler, prefetch=20, concurrency=4, **options
+        )
         consumer.start()
         print("ready", flush=True)
         consumer.run()

@@ -89,7 +89,7 @@ def test_a_worker_refuses_bad_concurrency_before_connecting() -> None:
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (["--concurrency", "0"], "at least 1"),
+        (["--concurrency", "0"], "concurrency"),
         (["--prefetch", "5", "--concurrency", "10"], "more than prefetch"),
     ],
 )
