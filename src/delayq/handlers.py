@@ -8,13 +8,14 @@ them, the delivery fails with a clear error instead of succeeding silently.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from delayq.errors import InvalidInput
 
-__all__ = ["check_handler", "is_coroutine_handler", "plain_result"]
+__all__ = ["check_handler", "is_coroutine_handler", "plain", "plain_result"]
 
 
 def is_coroutine_handler(handler: Callable[..., Any]) -> bool:
@@ -49,3 +50,13 @@ def plain_result(result: object) -> None:
             "or generator function behind a wrapper? A plain handler must do its work "
             "when called (coroutine handlers: AsyncConsumer, unwrapped)"
         )
+
+
+def plain(handler: Callable[..., Any]) -> Callable[..., None]:
+    """``handler``, failing with :func:`plain_result`'s reason when a call runs nothing."""
+
+    @functools.wraps(handler)
+    def call(*args: Any, **kwargs: Any) -> None:
+        plain_result(handler(*args, **kwargs))
+
+    return call

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import logging
 import signal
 import threading
@@ -41,7 +40,9 @@ class Registration:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler)
+        from delayq.handlers import is_coroutine_handler
+
+        return is_coroutine_handler(self.handler)  # an async __call__ counts too
 
 
 class Worker:

@@ -3,6 +3,7 @@ bounds, what a handler may be, and the crash count carried across deferrals."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -183,3 +184,50 @@ def test_a_deferral_carries_the_crash_count_and_stops_past_the_limit() -> None:
     assert planner.over_delivery_limit(_delivery({"x-delivery-count": 3}, True)) is None
     for junk in ("7", -5, True, 2.5):  # a bad header counts as nothing carried
         assert _delivery({H_RETURNS: junk}).returns == 0
+
+
+class _AsyncCall:
+    async def __call__(self, body: Any, tx: Any = None) -> None: ...
+
+
+def test_an_async_call_object_is_a_coroutine_handler_for_the_worker(tmp_path: Any) -> None:
+    from delayq import SQLiteStore
+    from delayq.aio import AsyncConsumer
+
+    worker = Worker(TOPOLOGY)
+    worker.handler("work")(_AsyncCall())
+    assert worker.registrations[0].is_async  # so it goes to an AsyncConsumer, awaited
+    with pytest.raises(InvalidInput, match="transactional handler is a plain function"):
+        AsyncConsumer("amqp://guest:guest@127.0.0.1:1/", TOPOLOGY, "work", _AsyncCall(),
+                      store=SQLiteStore(tmp_path / "k.db"), transactional=True)
+
+
+@pytest.mark.parametrize("adapter", ["sync", "async"])
+def test_a_plain_handler_returning_a_coroutine_is_dead_lettered_not_acked(
+    memory_broker: Any, adapter: str
+) -> None:
+    from delayq import FixedBackoff
+    from delayq.aio import AsyncConsumer
+    from delayq.delivery import H_ERROR_TYPE
+    from delayq.sync import Consumer, Publisher
+
+    async def send(body: Any) -> None: ...
+
+    options: dict[str, Any] = {"policy": FixedBackoff(delay="1s", max_attempts=2)}
+    handler = lambda body: send(body)  # noqa: E731 - the wrapper a user would write
+    if adapter == "sync":
+        consumer: Any = Consumer(memory_broker.url, TOPOLOGY, "work", handler, **options)
+        consumer.start()
+    else:
+        consumer = AsyncConsumer(memory_broker.url, TOPOLOGY, "work", handler, **options)
+        asyncio.run(consumer.start())
+    with Publisher(memory_broker.url, TOPOLOGY) as pub:
+        pub.publish({"n": 1}, "job.x", "0s", message_id="wrapped")
+    if adapter == "sync":
+        memory_broker.run_until_idle()
+    else:
+        asyncio.run(memory_broker.run_until_idle_async())
+    dead = memory_broker.dlq("work")
+    assert [m.message_id for m in dead] == ["wrapped"]
+    assert str(dead[0].headers[H_ERROR_TYPE]).endswith("InvalidInput")
+    assert consumer.stats.handled == 0 and consumer.stats.retried == 1

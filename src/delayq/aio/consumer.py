@@ -38,8 +38,8 @@ from delayq.delivery import (
     is_fresh,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, PublishError, StoreError
-from delayq.handlers import check_handler, is_coroutine_handler, plain_result
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, PublishError, StoreError
+from delayq.handlers import check_handler, is_coroutine_handler, plain
 from delayq.idempotency import (
     ClaimStatus,
     IdempotencyStore,
@@ -128,8 +128,14 @@ class AsyncConsumer:
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
-        self._handler = handler
         self._is_async = is_coroutine_handler(handler)
+        if transactional and self._is_async:
+            raise InvalidInput(
+                "a transactional handler is a plain function `handler(body, tx)` (its "
+                "__call__ is a coroutine here): it runs in a thread with the transaction"
+            )
+        # A plain handler that returns a coroutine ran nothing: that fails the delivery.
+        self._handler: Handler = handler if self._is_async else plain(handler)
         self._planner = DeliveryPlanner(
             topology,
             queue,
@@ -497,10 +503,10 @@ class AsyncConsumer:
                 )
                 await asyncio.shield(running)
             elif self._is_async:
-                await self._handler(value)
+                await cast(Callable[..., Awaitable[Any]], self._handler)(value)
             else:
                 running = asyncio.ensure_future(asyncio.to_thread(self._handler, value))
-                plain_result(await asyncio.shield(running))
+                await asyncio.shield(running)
         except asyncio.CancelledError:
             if task not in self._timed_out:
                 if running is not None:

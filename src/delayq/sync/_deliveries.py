@@ -32,7 +32,6 @@ from delayq.delivery import (
     idempotency_key,
 )
 from delayq.errors import DelayqError, HandlerTimeout, StoreError
-from delayq.handlers import plain_result
 from delayq.idempotency import (
     Claim,
     ClaimStatus,
@@ -173,8 +172,7 @@ class DeliveryFlow:
                 lease_until_ms=claim.lease_until_ms,
                 now_ms=self._clock_ms(),
             )
-        handler = self._handler
-        return lambda: plain_result(handler(value))
+        return functools.partial(self._handler, value)
 
     def _settle_finished(self) -> None:
         while True:

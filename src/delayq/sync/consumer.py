@@ -40,7 +40,7 @@ from delayq.delivery import (
 )
 from delayq.envelope import epoch_ms
 from delayq.errors import DelayqError
-from delayq.handlers import check_handler
+from delayq.handlers import check_handler, plain
 from delayq.idempotency import (
     IdempotencyStore,
     check_transactional,
@@ -149,7 +149,7 @@ class Consumer(DeliveryFlow):
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
-        self._handler = handler
+        self._handler = plain(handler)  # a coroutine it returns fails the delivery
         self._planner = DeliveryPlanner(
             topology,
             queue,
