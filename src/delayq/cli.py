@@ -510,13 +510,21 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 
 def cmd_retry_plan(args: argparse.Namespace) -> int:
+    from delayq.retry import check_policy, policy_overflow
+
     topology = _topology(args)
     policy = _policy(args)
     exact = topology.strategy is Strategy.EXACT
+    # A retry longer than the ladder (or cascade) is dead-lettered as delay-too-long at
+    # run time: show the plan up to it, then say so (consumers refuse such a policy).
+    over = policy_overflow(policy, topology)
+    fitting = None if over is None else over.retry - 1
     if exact:
-        rows = policy.schedule_exact(topology.exact_unit_ms, topology.exact_levels)
+        rows = policy.schedule_exact(
+            topology.exact_unit_ms, topology.exact_levels, retries=fitting
+        )
     else:
-        rows = policy.schedule(topology.ladder)
+        rows = policy.schedule(topology.ladder, retries=fitting)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
     if exact:
@@ -532,7 +540,11 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
             f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}  "
             f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
         )
-    print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
+    if over is not None:
+        print(f"{over.retry + 1:>7}  {format_ms(over.requested_ms):>10}  {'too long':>9}")
+        print(f"# then the dead-letter queue (delay-too-long), after {over.retry} attempts")
+    else:
+        print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
     smallest = topology.ladder.tiers[0]
     short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
     if short and not exact:
@@ -540,6 +552,12 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
             f"# note: {short} retries ask for less than the smallest tier ({smallest.label}) "
             "and wait for that tier instead"
         )
+    if over is not None:
+        try:
+            check_policy(policy, topology)
+        except InvalidInput as exc:
+            print(f"delayq: warning: {exc}; a Consumer or Worker refuses it", file=sys.stderr)
+        return EXIT_INPUT
     return EXIT_OK
 
 

@@ -152,6 +152,8 @@ class LocalNode:
         if self.management_port is None:
             return None
         return f"http://guest:guest@127.0.0.1:{self.management_port}/"
+
+    @property
     def tls_url(self) -> str:
         """The ``amqps://`` URL of the TLS listener, without TLS options (add them)."""
         if self.tls_port is None:

@@ -117,8 +117,11 @@ def make_certificate(
 
 
 def make_pki(directory: str | Path) -> Pki:
-    """A CA, a server certificate for 127.0.0.1/localhost, a client one, and another CA."""
-    directory = Path(directory)
+    """A CA, a server certificate for 127.0.0.1/localhost, a client one, and another CA.
+
+    The paths are absolute: openssl runs inside ``directory``, and a broker or a
+    client may run elsewhere."""
+    directory = Path(directory).resolve()
     ca = make_ca(directory, "ca")
     server = make_certificate(
         directory,

@@ -165,7 +165,6 @@ class PrometheusObserver:
     # DeliveryObserver
     def settled(self, event: Settled) -> None:
         queue = event.queue
-        self.delivered_total.labels(queue, event.outcome).inc()
         action = event.action
         if action is Action.RETRY:
             self.retried_total.labels(queue).inc()
@@ -178,6 +177,8 @@ class PrometheusObserver:
         lateness_ms = event.lateness_ms
         if lateness_ms is not None:
             self.lateness_seconds.labels(event.tier or "unknown").observe(lateness_ms / 1000)
+        # Last: whoever sees a delivery counted here sees every other series of it too.
+        self.delivered_total.labels(queue, event.outcome).inc()
 
     # PublishObserver
     def published(self, event: Published) -> None:

@@ -30,7 +30,8 @@ A new field may be added within version 1; a changed meaning or a removed field
 makes version 2. Readers skip versions they do not know.
 
 >>> recorder = DeliveryRecorder("records/")                   # doctest: +SKIP
->>> consumer = AsyncConsumer(url, topology, "emails", send, observers=[recorder])
+>>> consumer = AsyncConsumer(url, topology, "emails", send,    # doctest: +SKIP
+...                          observers=[recorder])
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.durations import to_ms
 from delayq.errors import InvalidInput
+from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver
+from delayq.retry import RetryPolicy, check_policy
 from delayq.topology import Topology
 from delayq.urls import resolved_memory_name
 
@@ -51,8 +54,22 @@ class Worker:
     def __init__(self, topology: Topology, **defaults: Any) -> None:
         self.topology = topology
         self.defaults = defaults
-        """Consumer options for every handler (``store=``, ``policy=``, ...)."""
+        """Consumer options for every handler (``store=``, ``policy=``, ``key_scope=``, ...)."""
         self.registrations: list[Registration] = []
+        self._check_options(None, defaults)
+
+    def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
+        """Refuse at declaration, not when the worker starts, options no consumer would
+        take: a retry policy the topology cannot hold, an unknown key scope, a duration
+        without a unit."""
+        for name in ("handler_timeout", "lease", "retention"):
+            if options.get(name) is not None:
+                to_ms(options[name], what=name)
+        if "key_scope" in options:
+            KeyScope.parse(options["key_scope"])
+        policy = options.get("policy")
+        if isinstance(policy, RetryPolicy):
+            check_policy(policy, self.topology, queue=queue)
 
     def handler(self, queue: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
         """Register the decorated function for ``queue`` with consumer ``options``."""
@@ -65,6 +82,7 @@ class Worker:
             ) from None
         if any(r.queue == queue for r in self.registrations):
             raise InvalidInput(f"queue {queue!r} already has a handler")
+        self._check_options(queue, {**self.defaults, **options})
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.registrations.append(Registration(queue, fn, options))
@@ -116,6 +134,8 @@ class Worker:
                 "a worker on a memory broker is driven by the test: use broker.attach(worker) "
                 "(or await broker.attach_async(worker)), then broker.advance(...)"
             )
+        for reg in self.registrations:  # before any consumer starts
+            self._check_options(reg.queue, {**self.defaults, **reg.options})
         stop = stop or threading.Event()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}

@@ -85,6 +85,8 @@ def test_retries_then_the_dlq_after_max_attempts(bench: Bench) -> None:
     assert parked.headers[H_ERROR_TYPE] == "builtins.ValueError"
     assert parked.headers[H_ERROR_MESSAGE] == "attempt 3 failed"
     assert parked.headers[H_ROUTING_KEY] == "job.bill"
+    # The dead letter is in the DLQ before the consumer has its confirm (and counts it).
+    assert bench.run_until(lambda: consumer.stats.dead_lettered == 1, within="10s")
     assert consumer.stats.retried == 2 and consumer.stats.dead_lettered == 1
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.integration.ops import delayq
+from tests.waiting import wait_for
 
 
 @dataclass
@@ -108,9 +108,12 @@ def test_the_grant_lets_a_producer_publish_and_a_consumer_consume(
     publisher.publish(topology, {"poison": 1}, "job.a", "0s")
     publisher.publish_many(topology, [Message({"batch": n}, "job.b", "1s") for n in range(5)])
 
-    deadline = time.monotonic() + 20
-    while handle.stats.handled < 8 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    stats = handle.stats  # the poison message's fate is its own: wait for all three counts
+    wait_for(
+        lambda: stats.handled >= 8 and stats.retried >= 1 and stats.dead_lettered >= 1,
+        20,
+        lambda: f"8 handled, 1 retried, 1 dead-lettered ({stats})",
+    )
     handle.stop()
     assert handle.stats.handled == 8  # delayed, now, flaky (second try), 5 of the batch
     assert handle.stats.retried == 1  # the flaky one, through the retry tier

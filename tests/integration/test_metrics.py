@@ -139,8 +139,9 @@ def test_the_endpoint_counts_a_known_run_and_handler_logs_carry_the_delivery(
             metrics,
             Message({"key": "a"}, "job.a", "0s", message_id="id-dup"),
         )
-        # ok-1, dup, ok-2 (after 1 s), fail: retried once (1 s), then dead-lettered.
-        assert until(lambda: settled() >= 5, 20), settled()
+        # ok-1, dup, ok-2 (after 1 s), fail: retried once (1 s), then dead-lettered. `seen`
+        # hears of a delivery after `metrics` counted all of it (delivered_total comes first).
+        assert until(lambda: len(seen.ids) >= 5, 20), (settled(), seen.ids)
         text, samples = scrape(server.url)
     finally:
         server.close()

@@ -199,3 +199,28 @@ def test_without_prometheus_client_the_module_imports_and_the_observer_says_whic
     with pytest.raises(MissingExtra, match=r"delayq\[metrics\]") as raised:
         serve_metrics(CollectorRegistry(), 0)
     assert isinstance(raised.value, ImportError) and raised.value.extra == "metrics"
+
+
+def test_a_delivery_counted_as_delivered_is_already_in_every_other_series() -> None:
+    """delivered_total goes up last, so a reader who waits on it (a test, an alert's
+    ratio) never sees it ahead of the fate, duration and lateness of the same delivery."""
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    seen: list[tuple[float | None, ...]] = []
+    child = observer.delivered_total.labels(QUEUE, "dead-letter")
+    inc = child.inc
+
+    def snapshot_then_inc(amount: float = 1) -> None:
+        seen.append(
+            (
+                value(registry, "delayq_dead_lettered_total", queue=QUEUE, reason="non-retryable"),
+                value(registry, "delayq_handler_duration_seconds_count", queue=QUEUE),
+                value(registry, "delayq_lateness_seconds_count", tier="immediate"),
+            )
+        )
+        inc(amount)
+
+    child.inc = snapshot_then_inc  # type: ignore[method-assign]
+    bad = delivery("bad", tier=None, delay_ms=0)
+    settle(observer, bad, PLANNER.failure(bad, Reject("no")), received=10_300, ms=1.0)
+    assert seen == [(1.0, 1.0, 1.0)]

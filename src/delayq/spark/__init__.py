@@ -6,7 +6,7 @@ matplotlib for the report's plots. Importing :mod:`delayq` never needs them.
 >>> from delayq.spark import schedule, report            # doctest: +SKIP
 >>> summary = schedule(df, url=url, topology=topology, key_col="id",
 ...                    routing_key_col="kind", delay_col="delay", body_col="payload",
-...                    errors_path="out/errors")
+...                    errors_path="out/errors")              # doctest: +SKIP
 >>> summary.published                                    # doctest: +SKIP
 {'1m': 120000, '5m': 80000}
 """

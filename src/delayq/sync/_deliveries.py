@@ -43,6 +43,7 @@ from delayq.idempotency import (
     run_ops,
     store_error,
 )
+from delayq.key_scope import KeyScope
 from delayq.logcontext import bound_delivery
 from delayq.observe import Observers
 from delayq.stats import ConsumerStats
@@ -67,6 +68,7 @@ class DeliveryFlow:
     _store: IdempotencyStore | None
     _transactional: bool
     _key: Callable[[Any], str] | None
+    _key_scope: KeyScope
     _model: type[BaseModel] | None
     _settings: ConsumeSettings
     _timeout_ms: int
@@ -121,7 +123,9 @@ class DeliveryFlow:
         with bound_delivery(delivery):
             try:
                 value = decode_body(delivery, self._model)
-                key = idempotency_key(value, delivery, self._key, required=self._transactional)
+                key = idempotency_key(
+                    value, delivery, self._key, required=self._transactional, scope=self._key_scope
+                )
             except Undecodable as exc:
                 decision = self._planner.undecodable(delivery, exc)
                 self._perform(channel, tag, decision, delivery, received_ms)

@@ -45,6 +45,7 @@ from delayq.idempotency import (
     IdempotencyStore,
     check_transactional,
 )
+from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver, Observers
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
@@ -124,6 +125,7 @@ class Consumer(DeliveryFlow):
         policy: RetryPolicy | None = None,
         store: IdempotencyStore | None = None,
         key: Callable[[Any], str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
         model: type[BaseModel] | None = None,
         prefetch: int = 50,
         concurrency: int | None = None,
@@ -161,6 +163,7 @@ class Consumer(DeliveryFlow):
         self._store = store
         self._transactional = transactional
         self._key = key
+        self._key_scope = KeyScope.parse(key_scope)
         self._model = model
         self._prefetch = prefetch
         self.concurrency = settings.concurrency or min(prefetch, DEFAULT_CONCURRENCY)

@@ -281,7 +281,7 @@ class Publisher:
 
         >>> failed = []                                           # doctest: +SKIP
         >>> pub.send_many((pub.factory.build(b, "job.x", "1m") for b in bodies),
-        ...               settle=lambda i, m, e: e and failed.append((i, e)))
+        ...               settle=lambda i, m, e: e and failed.append((i, e)))  # doctest: +SKIP
         """
         if self._observers:
             observed = settle
