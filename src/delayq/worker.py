@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.durations import to_ms
-from delayq.errors import InvalidInput
+from delayq.errors import DelayqError, InvalidInput
 from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver
 from delayq.retry import RetryPolicy, check_policy
@@ -156,12 +156,24 @@ class Worker:
             if not r.is_async
         ]
 
+        # The first consumer failure (a sync one in its thread, an async one on the loop)
+        # stops the worker and is raised once everything stopped: a worker that cannot
+        # connect must not look like one that was stopped on purpose (exit 0).
+        failures: list[tuple[str, BaseException]] = []
+
+        def failed(queue: str, exc: BaseException) -> None:
+            log.debug("consumer of %s failed; stopping the worker", queue, exc_info=exc)
+            failures.append((queue, exc))
+            stop.set()
+
         def run_sync(consumer: Consumer) -> None:
             try:
                 consumer.run(install_signal_handlers=False)
-            except Exception:
-                log.exception("consumer of %s failed; stopping the worker", consumer.queue)
-                stop.set()
+            except BaseException as exc:  # a handler's SystemExit too: it ends the worker
+                failed(consumer.queue, exc)
+
+        def sync_started() -> bool:
+            return all(c.started.is_set() for c in sync_consumers)
 
         threads = [
             threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
@@ -177,17 +189,31 @@ class Worker:
                     AsyncConsumer(url, self.topology, r.queue, r.handler, **options(r))
                     for r in async_regs
                 ]
-                for consumer in consumers:
-                    await consumer.start()
-                log.info("worker running %d handlers", len(self.registrations))
-                while not stop.is_set():
-                    await asyncio.sleep(0.2)
-                await asyncio.gather(*(c.stop() for c in consumers))
+                started: list[AsyncConsumer] = []
+                queue = async_regs[0].queue
+                try:
+                    for consumer in consumers:
+                        queue = consumer.queue
+                        await consumer.start()
+                        started.append(consumer)
+                    while not stop.is_set() and not sync_started():
+                        await asyncio.sleep(0.05)
+                    if not stop.is_set():
+                        log.info("worker running %d handlers", len(self.registrations))
+                    while not stop.is_set():
+                        await asyncio.sleep(0.2)
+                except Exception as exc:
+                    failed(queue, exc)
+                finally:
+                    await asyncio.gather(*(c.stop() for c in started))
 
             if async_regs:
                 asyncio.run(run_async())
             else:
-                log.info("worker running %d handlers", len(self.registrations))
+                while not stop.is_set() and not sync_started():
+                    stop.wait(0.05)
+                if not stop.is_set():
+                    log.info("worker running %d handlers", len(self.registrations))
                 stop.wait()
         finally:
             stop.set()
@@ -197,6 +223,11 @@ class Worker:
                 thread.join(60)
             for signum, old in previous.items():
                 signal.signal(signum, old)
+        if failures:
+            queue, exc = failures[0]
+            if isinstance(exc, DelayqError) or not isinstance(exc, Exception):
+                raise exc  # SystemExit(3) from a handler exits with 3
+            raise DelayqError(f"the consumer of {queue} failed: {exc!r}") from exc
         log.info("worker stopped")
 
 
@@ -205,8 +236,12 @@ def load_worker(spec: str) -> Worker:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInput(f"cannot import {module_name!r}: {exc}") from exc
+    except DelayqError:
+        raise  # the module's own delayq call failed (a topology file, say): its message says why
+    except Exception as exc:  # any error while importing the module, a SyntaxError included
+        raise InvalidInput(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     value = getattr(module, attr or "worker", None)
     if not isinstance(value, Worker):
         raise InvalidInput(

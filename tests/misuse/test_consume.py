@@ -96,7 +96,10 @@ def test_a_worker_refuses_bad_concurrency_before_connecting() -> None:
 def test_the_worker_command_exits_2_on_bad_concurrency(
     options: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = cli_main(["worker", "tests.misuse.consume_app", "--url", DEAD_URL, *options])
+    try:
+        code = cli_main(["worker", "tests.misuse.consume_app", "--url", DEAD_URL, *options])
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
     assert code == 2
     assert says in capsys.readouterr().err
 
@@ -335,3 +338,38 @@ def test_a_graceful_stop_hands_back_no_prefetched_message_to_be_charged(
     charged = [m for m, p in left if m.redelivered or (p.headers or {}).get("x-delivery-count")]
     assert charged == [], f"{len(charged)} prefetched messages were handed back"
     assert len(seen) >= 10 and len(seen) + len(left) == 60 and max(seen.values()) == 1
+
+
+def test_a_worker_whose_plain_handler_raises_system_exit_stops_and_exits_with_it(
+    make_topology, rabbitmq_url
+):
+    """``sys.exit(5)`` in a handler run by ``delayq worker``: the worker stops (not just
+    that queue's consumer, silently) and exits with 5; the message is not lost."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    worker = Worker(topo)
+
+    @worker.handler(queue)
+    def handle(body: Any) -> None:
+        raise SystemExit(5)
+
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(rabbitmq_url, stop=stop)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _publish(rabbitmq_url, topo, Message({"n": 1}, "job.e", "0s", message_id="exits"))
+    try:
+        assert until(lambda: not thread.is_alive(), 30), "the worker went on without the queue"
+    finally:
+        stop.set()
+        thread.join(60)
+    assert len(raised) == 1 and isinstance(raised[0], SystemExit) and raised[0].code == 5
+    assert [p.message_id for _, p in _raw(rabbitmq_url, queue)] == ["exits"]
