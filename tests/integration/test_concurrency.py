@@ -4,6 +4,7 @@ others keep flowing, is retried after its timeout, and nothing is lost or double
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -97,3 +98,39 @@ def test_worker_concurrency_applies_to_plain_handlers(make_topology, rabbitmq_ur
         stop.set()
         thread.join(60)
     assert peak[0] == 3, f"{peak[0]} plain handlers ran at once with concurrency 3"
+
+
+def test_plain_handlers_of_the_async_consumer_run_up_to_its_concurrency(
+    make_topology, rabbitmq_url
+):
+    """Plain handlers ran in the event loop's default executor, ``min(32, cpus + 4)``
+    threads shared with everything else: ``concurrency`` above that was silently capped."""
+    from delayq.aio import AsyncConsumer
+    from tests.integration.conftest import AsyncConsumerHandle
+
+    wanted = min(32, (os.cpu_count() or 1) + 4) + 2  # just past the default executor
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    lock = threading.Lock()
+    running, peak = [0], [0]
+
+    def handle(body: dict[str, int]) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        deadline = time.monotonic() + 5  # wait for company, as above
+        while peak[0] < wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+
+    consumer = AsyncConsumerHandle(
+        AsyncConsumer(rabbitmq_url, topo, queue, handle, prefetch=wanted, concurrency=wanted)
+    )
+    try:
+        with Publisher(rabbitmq_url, topo) as pub:
+            pub.publish_many([Message({"n": n}, "job.a", "0s") for n in range(2 * wanted)])
+        assert until(lambda: consumer.stats.handled == 2 * wanted, 60)
+    finally:
+        consumer.stop()
+    assert peak[0] == wanted, f"{peak[0]} plain handlers ran at once, not {wanted}"

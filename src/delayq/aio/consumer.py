@@ -10,6 +10,9 @@ returned to the queue instead: nothing is acked that is not safely elsewhere.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import random
 import signal
@@ -157,6 +160,7 @@ class AsyncConsumer:
         self._slots = asyncio.Semaphore(limit) if limit is not None and limit < prefetch else None
         self._cautious = False
         self._widening: asyncio.Task[None] | None = None
+        self._handler_threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._timed_out: set[asyncio.Task[Any]] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -308,6 +312,9 @@ class AsyncConsumer:
             self._stall_guard.cancel()
             self._stall_guard = None
         await self._acks.drain()
+        if self._handler_threads is not None:
+            self._handler_threads.shutdown(wait=False)  # a stuck handler holds up no one
+            self._handler_threads = None
         await close_quietly(self._channel)
         await close_quietly(self._connection)
         await self._publisher.aclose()
@@ -395,7 +402,7 @@ class AsyncConsumer:
             redelivered=bool(message.redelivered),
         )
         # Each delivery runs in a task of its own, so the binding stays with it; threads
-        # from asyncio.to_thread copy it (see delayq.logcontext).
+        # for plain handlers get a copy of it (see delayq.logcontext).
         with bound_delivery(delivery):
             await self._handle(message, delivery, received_ms)
 
@@ -486,6 +493,24 @@ class AsyncConsumer:
         self._finishing.add(finishing)
         finishing.add_done_callback(self._finishing.discard)
 
+    def _in_thread(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        """Run a plain handler in a thread of this consumer's own, with this task's context.
+
+        Not the loop's default executor: that one has ``cpu_count + 4`` threads, shared
+        with everything else, which silently capped plain handlers below
+        ``concurrency``. Twice the slots: a handler past its timeout keeps its thread
+        (it cannot be killed) while its slot takes the next delivery.
+        """
+        if self._handler_threads is None:
+            size = self._settings.concurrency or self._prefetch
+            self._handler_threads = concurrent.futures.ThreadPoolExecutor(
+                2 * size, thread_name_prefix="delayq-handler"
+            )
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return asyncio.get_running_loop().run_in_executor(self._handler_threads, call)
+
     async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
         """Run the handler; the watchdog cancels it past ``handler_timeout``."""
         task = asyncio.current_task()
@@ -495,22 +520,20 @@ class AsyncConsumer:
         try:
             if self._transactional:
                 assert self._store is not None and key is not None
-                running = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        call_in_transaction,
-                        cast(TransactionalStore, self._store.store),
-                        cast(TransactionalHandler, self._handler),
-                        value,
-                        key=key,
-                        lease_until_ms=lease_until,
-                        now_ms=self._clock_ms(),
-                    )
+                running = self._in_thread(
+                    call_in_transaction,
+                    cast(TransactionalStore, self._store.store),
+                    cast(TransactionalHandler, self._handler),
+                    value,
+                    key=key,
+                    lease_until_ms=lease_until,
+                    now_ms=self._clock_ms(),
                 )
                 await asyncio.shield(running)
             elif self._is_async:
                 await cast(Callable[..., Awaitable[Any]], self._handler)(value)
             else:
-                running = asyncio.ensure_future(asyncio.to_thread(self._handler, value))
+                running = self._in_thread(self._handler, value)
                 await asyncio.shield(running)
         except asyncio.CancelledError:
             if task not in self._timed_out:
