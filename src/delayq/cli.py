@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=positive_int,
         default=None,
-        help="handlers running at once per async consumer",
+        help="handlers running at once per queue, at most --prefetch (plain handlers: "
+        "threads, default 8; coroutines: default the prefetch)",
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(
