@@ -134,7 +134,14 @@ def load_records(spark: SparkSession, path: str) -> tuple[DataFrame, int]:
         .json(path)
         .cache()
     )
-    good = raw.where(F.col("_corrupt_record").isNull() & (F.col("v") == RECORD_VERSION))
+    # A v1 line without an outcome or a delivery time (`{"v": 1}`) is no record: counted as
+    # one it would make a report of nothing look like a report.
+    good = raw.where(
+        F.col("_corrupt_record").isNull()
+        & (F.col("v") == RECORD_VERSION)
+        & F.col("outcome").isNotNull()
+        & F.col("delivered_at_ms").isNotNull()
+    )
     total = raw.count()
     good = good.drop("_corrupt_record").cache()
     kept = good.count()
@@ -159,7 +166,14 @@ def compute(
     df = df.withColumn("tier", F.coalesce(F.col("tier"), F.lit("(none)"))).cache()
     counts = df.groupBy("tier", "outcome").count().collect()
     if not counts:
-        raise InvalidInput("no delivery records (version 1) were found")
+        raise InvalidInput(
+            "no delivery records (version 1) were found"
+            + (
+                f": all {skipped:,} lines were skipped (malformed, or another record version)"
+                if skipped
+                else ""
+            )
+        )
     per_tier: dict[str, dict[str, int]] = {}
     tier_ms: dict[str, int] = {}
     for row in counts:
@@ -461,8 +475,14 @@ def report(
     """
     from delayq.spark._session import local_session
 
+    if bucket_ms is not None and bucket_ms < 1:
+        raise InvalidInput(f"bucket_ms must be at least 1, got {bucket_ms}")
+    if max_tiers is not None and max_tiers < 1:
+        raise InvalidInput(f"max_tiers must be at least 1, got {max_tiers}")
     skipped = 0
     if isinstance(records, (str, Path)):
+        if "://" not in str(records) and not Path(records).exists():  # local, not hdfs:// etc.
+            raise InvalidInput(f"no delivery records at {records}: no such file or directory")
         session = spark or local_session()
         frame, skipped = load_records(session, str(records))
     else:
