@@ -643,10 +643,16 @@ def cmd_parked(args: argparse.Namespace) -> int:
         print(f"{label} is empty: nothing to replay")
     else:
         print(f"replayed {len(report.replayed)} of {report.seen} parked messages from {queue}")
+    if report.returned:
+        print(
+            f"delayq: {len(report.returned)} came straight back to {label}, their routing "
+            f"keys still matching no binding (e.g. {', '.join(report.returned[:5])}): bind "
+            "them (topology destinations, then `delayq topology apply`) and replay again",
+            file=sys.stderr,
+        )
     if report.missing:
         print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
-        return EXIT_BROKER
-    return EXIT_OK
+    return EXIT_BROKER if report.missing or report.returned else EXIT_OK
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
