@@ -308,3 +308,16 @@ def test_a_worker_whose_records_cannot_be_written_keeps_delivering_and_exits_1(
     assert proc.returncode == 1, output
     assert "delivery records were not written" in output
     assert "cannot write to" in output  # logged when it happened, not only at the stop
+
+
+# --- demo ---------------------------------------------------------------------------------------
+
+
+def test_the_demo_refuses_fewer_messages_than_it_needs_instead_of_sending_others(
+    rabbitmq_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delayq.cli import main
+
+    # Before: --messages 1 published 2 (a 20 s and a 1 s one) and said "2/2 arrived".
+    assert main(["demo", "--messages", "1", "--url", rabbitmq_url]) == 2
+    assert "needs at least 2 messages" in capsys.readouterr().err
