@@ -723,6 +723,8 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
     topology = _topology(args)
     url = resolve_url(args.url)
+    if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
+        raise InvalidInput(f"no input at {args.input}: no such file or directory")
     session = _spark_session(args)
     fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
         Path(args.input).suffix, "jsonl"
@@ -730,7 +732,11 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     reader = session.read
     if fmt == "csv":
         reader = reader.option("header", "true")
-    df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    try:
+        df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(f"cannot read {args.input} as {fmt}: {first}") from exc
     body_col = None if args.body_col == "none" else args.body_col
     print(
         f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",

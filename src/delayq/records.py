@@ -121,6 +121,8 @@ class DeliveryRecorder:
     ) -> None:
         if max_bytes < 1024:
             raise InvalidInput(f"max_bytes must be at least 1024, got {max_bytes}")
+        if max_pending < 1:  # a Queue of size 0 is unbounded: the opposite of a small bound
+            raise InvalidInput(f"max_pending must be at least 1, got {max_pending}")
         self.directory = Path(directory)
         try:  # refused here, not found out by the writer thread after the consumer started
             self.directory.mkdir(parents=True, exist_ok=True)

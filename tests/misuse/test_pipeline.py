@@ -252,6 +252,11 @@ def test_spark_schedule_refuses_a_bare_fraction_before_starting_spark(tmp_path: 
     both = subprocess.run([*base, "--max-rejected", "1", "--allow-rejected"],
                           capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    # A typo'd input: before, Spark started and died with an AnalysisException traceback
+    base[5] = str(tmp_path / "rows.jsonl.typo")
+    typo = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 2 and "no input at" in typo.stderr, typo.stderr
+    assert "Traceback" not in typo.stderr
 
 
 # --- delivery records -------------------------------------------------------------------------
@@ -321,3 +326,32 @@ def test_the_demo_refuses_fewer_messages_than_it_needs_instead_of_sending_others
     # Before: --messages 1 published 2 (a 20 s and a 1 s one) and said "2/2 arrived".
     assert main(["demo", "--messages", "1", "--url", rabbitmq_url]) == 2
     assert "needs at least 2 messages" in capsys.readouterr().err
+
+
+# --- stats ------------------------------------------------------------------------------------
+
+
+def test_stats_of_a_queue_the_management_api_has_not_sampled_yet_are_not_zero() -> None:
+    """A queue declared since the API's last statistics sample has no counts there yet:
+    before, `delayq stats` showed 0 messages for it (here for a whole minute)."""
+    from delayq.management import ManagementAPI
+    from delayq.sync.depths import queue_depths
+
+    with LocalNode(management=True, config={"collect_statistics_interval": "60000"}) as node:
+        assert node.management_url is not None
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("fresh", durable=True)
+            for _ in range(5):
+                channel.basic_publish("", "fresh", b"x", mandatory=True)
+            depths, source = queue_depths(
+                ["fresh", "absent"], node.url, management=ManagementAPI(node.management_url)
+            )
+        finally:
+            connection.close()
+    assert source.startswith("management API")
+    fresh = depths["fresh"]
+    assert fresh is not None and (fresh.ready, fresh.unacked) == (5, None)  # unacked unknown
+    assert depths["absent"] is None

@@ -161,6 +161,17 @@ def test_a_report_of_nothing_readable_fails_and_says_why(spark: Any, tmp_path: P
     with pytest.raises(InvalidInput, match="max_tiers must be at least 1"):
         report(str(source), tmp_path / "out", spark=spark, max_tiers=0)
     assert not (tmp_path / "out").exists()  # nothing written that could pass for a report
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InvalidInput, match="it is a file, not a directory"):
+        report(str(source), tmp_path / "file", spark=spark)
+    # Only immediate deliveries: no requested-delay plot, and an earlier one does not linger
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "requested_delays.png").write_bytes(b"an earlier report's plot")
+    (source / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in generated()[-25:]))
+    summary = report(str(source), out, spark=spark)
+    assert summary.records == 25 and "requested_delays.png" not in summary.files
+    assert not (out / "requested_delays.png").exists()
     assert main(["spark", "report", str(tmp_path / "typo"), "--out", str(tmp_path / "o")]) == 2
     # bare numbers in a ladder have no unit: refused, not read as milliseconds
     assert main(["spark", "report", str(source), "--out", str(tmp_path / "o"),

@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from delayq import InvalidInput, RowsRejected, Settled
+from delayq import (
+    ConnectionFailed,
+    InvalidInput,
+    PublishUnconfirmed,
+    RowsRejected,
+    Settled,
+    TopologyMissing,
+)
 from delayq.aio import AsyncConsumer
 from delayq.bulk import key_message_id
 from delayq.idempotency import InMemoryStore
@@ -271,3 +278,36 @@ def test_two_rows_with_one_key_are_refused_before_anything_is_sent(
                        r" \(e\.g\. 'cust-1' \(2 rows\)\).*Nothing was sent"):
         schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
     assert [depth(rabbitmq_url, f"{topology.namespace}.tier.{t}") for t in ("1s", "2s")] == [0, 0]
+
+
+def test_a_wrong_url_or_an_unapplied_topology_is_a_delayq_error_before_any_task(
+    spark: Any, rabbitmq_url: str, make_topology: Any
+) -> None:
+    # Before: a Spark PythonException (pages of Java and Python stack) from every task.
+    df = spark.createDataFrame(
+        [("a", "job.a", "1s")], "key string, routing_key string, delay string"
+    )
+    applied = make_topology()
+    apply_topology(applied, rabbitmq_url)
+    with pytest.raises(ConnectionFailed):
+        schedule(df, url="amqp://guest:guest@127.0.0.1:1/", topology=applied,
+                 delay_col="delay", body_col=None)
+    with pytest.raises(TopologyMissing, match="apply the topology"):
+        schedule(df, url=rabbitmq_url, topology=make_topology(), delay_col="delay",
+                 body_col=None)
+
+
+def test_a_task_s_delayq_error_is_raised_again_as_itself() -> None:
+    from delayq.spark._checks import task_error
+
+    text = (
+        "An exception was thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in main\n'
+        "pika.exceptions.StreamLostError: Stream connection lost\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "delayq.errors.PublishUnconfirmed: message 'm1' was not confirmed after 3 attempts\n"
+    )
+    error = task_error(RuntimeError(text))
+    assert isinstance(error, PublishUnconfirmed)
+    assert "'m1' was not confirmed" in str(error) and "raised in a Spark task" in str(error)
+    assert task_error(RuntimeError("java.lang.OutOfMemoryError")) is None

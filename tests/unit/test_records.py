@@ -140,6 +140,9 @@ def test_a_directory_that_cannot_hold_records_is_refused_at_once(tmp_path: Path)
     blocker.write_text("not a directory")
     with pytest.raises(InvalidInput, match="cannot write delivery records to"):
         DeliveryRecorder(blocker / "records")
+    # A Queue of size 0 is unbounded: max_pending=0 would have meant "no bound at all"
+    with pytest.raises(InvalidInput, match="max_pending must be at least 1"):
+        DeliveryRecorder(tmp_path, max_pending=0)
 
 
 def test_a_clean_close_raises_nothing_and_dropped_records_make_it_raise(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ RECORDS_SCHEMA = (
     "handler_ms double, _corrupt_record string"
 )
 PERCENTILES = (0.5, 0.9, 0.99)
+_PLOTS = frozenset({"lateness_by_tier.png", "requested_delays.png", "throughput.png"})
 OUTCOMES = ("ack", "duplicate", "retry", "dead-letter")
 ALL = "all"
 
@@ -479,6 +480,8 @@ def report(
         raise InvalidInput(f"bucket_ms must be at least 1, got {bucket_ms}")
     if max_tiers is not None and max_tiers < 1:
         raise InvalidInput(f"max_tiers must be at least 1, got {max_tiers}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InvalidInput(f"cannot write the report to {out}: it is a file, not a directory")
     skipped = 0
     if isinstance(records, (str, Path)):
         if "://" not in str(records) and not Path(records).exists():  # local, not hdfs:// etc.
@@ -492,8 +495,13 @@ def report(
     )
     edges, hist = lateness_histograms(frame)
     target = Path(out)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the report to {target}: {exc}") from exc
     plots = _plot(summary, edges, hist, target)
+    for stale in _PLOTS - set(plots.values()):  # an earlier report's, not this one's
+        (target / stale).unlink(missing_ok=True)
     (target / "report.md").write_text(render_markdown(summary, plots), encoding="utf-8")
     files = ["report.md", "summary.json", *plots.values()]
     final = replace(summary, files=files)

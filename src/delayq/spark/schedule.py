@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from delayq.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
 from delayq.envelope import OutgoingMessage
 from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
+from delayq.spark._checks import preflight, task_error
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
@@ -305,6 +306,7 @@ def schedule(
             raise InvalidInput(f"{name} must be at least 1, got {value!r}")
     selected = _input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col)
     _refuse_duplicate_keys(selected, key_col)
+    preflight(url, topology)
     if partitions is not None:
         selected = selected.repartition(partitions)
     task = publish_partition(
@@ -326,6 +328,12 @@ def schedule(
         # Were a cached partition lost, recomputing it re-sends its rows:
         # duplicates only, by the key-derived ids.
         results.count()
+    except Exception as exc:
+        results.unpersist()
+        error = task_error(exc)
+        if error is None:
+            raise
+        raise error from exc
     finally:
         done.set()
         if watcher is not None:
