@@ -164,7 +164,9 @@ def test_a_report_of_nothing_readable_fails_and_says_why(spark: Any, tmp_path: P
     (tmp_path / "file").write_text("")
     with pytest.raises(InvalidInput, match="it is a file, not a directory"):
         report(str(source), tmp_path / "file", spark=spark)
-    # Only immediate deliveries: no requested-delay plot, and an earlier one does not linger
+    # The same path again, its files changed: before, the first read's cached (all skipped)
+    # records were served again in this session. Only immediate deliveries now: no
+    # requested-delay plot, and an earlier report's one does not linger.
     out = tmp_path / "again"
     out.mkdir()
     (out / "requested_delays.png").write_bytes(b"an earlier report's plot")
@@ -172,6 +174,11 @@ def test_a_report_of_nothing_readable_fails_and_says_why(spark: Any, tmp_path: P
     summary = report(str(source), out, spark=spark)
     assert summary.records == 25 and "requested_delays.png" not in summary.files
     assert not (out / "requested_delays.png").exists()
+    # Records keep arriving: before, the last report's cached records were served again,
+    # and the new file's good lines were counted as skipped (25 records, 5 skipped)
+    (source / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in generated()[:5]))
+    summary = report(str(source), out, spark=spark)
+    assert (summary.records, summary.skipped) == (30, 0)
     assert main(["spark", "report", str(tmp_path / "typo"), "--out", str(tmp_path / "o")]) == 2
     # bare numbers in a ladder have no unit: refused, not read as milliseconds
     assert main(["spark", "report", str(source), "--out", str(tmp_path / "o"),

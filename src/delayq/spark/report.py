@@ -167,6 +167,7 @@ def compute(
     df = df.withColumn("tier", F.coalesce(F.col("tier"), F.lit("(none)"))).cache()
     counts = df.groupBy("tier", "outcome").count().collect()
     if not counts:
+        df.unpersist()  # left cached, a later report of the same plan would find it empty
         raise InvalidInput(
             "no delivery records (version 1) were found"
             + (
@@ -483,6 +484,7 @@ def report(
     if Path(out).exists() and not Path(out).is_dir():
         raise InvalidInput(f"cannot write the report to {out}: it is a file, not a directory")
     skipped = 0
+    loaded = isinstance(records, (str, Path))
     if isinstance(records, (str, Path)):
         if "://" not in str(records) and not Path(records).exists():  # local, not hdfs:// etc.
             raise InvalidInput(f"no delivery records at {records}: no such file or directory")
@@ -490,11 +492,27 @@ def report(
         frame, skipped = load_records(session, str(records))
     else:
         frame = records
+    try:
+        return _write_report(frame, skipped, Path(out), ladder, max_tiers, bucket_ms)
+    finally:
+        if loaded:
+            # Left cached, the next report of the same path in this session would be
+            # served these records again (Spark matches the cache by plan), not the files.
+            frame.unpersist()
+
+
+def _write_report(
+    frame: DataFrame,
+    skipped: int,
+    target: Path,
+    ladder: Ladder | None,
+    max_tiers: int | None,
+    bucket_ms: int | None,
+) -> ReportSummary:
     summary = compute(
         frame, skipped=skipped, ladder=ladder, max_tiers=max_tiers, bucket_ms=bucket_ms
     )
     edges, hist = lateness_histograms(frame)
-    target = Path(out)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
