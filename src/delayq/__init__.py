@@ -50,6 +50,7 @@ from delayq.errors import (
     Unroutable,
 )
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.key_scope import KeyScope, copy_unscoped_keys
 from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
 from delayq.limits import MessageLimits
 from delayq.observe import DeliveryObserver, Settled
@@ -120,6 +121,7 @@ __all__ = [
     "InvalidRoutingKey",
     "InvalidTopology",
     "InvalidURL",
+    "KeyScope",
     "Ladder",
     "ManagementUnavailable",
     "Message",
@@ -157,6 +159,7 @@ __all__ = [
     "Worker",
     "apply_topology",
     "build_declarations",
+    "copy_unscoped_keys",
     "export_definitions",
     "format_ms",
     "load_topology",

@@ -2,27 +2,40 @@
 
 Exit codes: 0 success; 1 the broker refused or could not be reached, the
 topology conflicts with what exists, or a check of ``topology verify`` failed;
-2 bad input (nothing was sent).
+2 bad input (nothing was sent); 141 the reader of the output went away
+(``delayq dlq list | head``), like a command killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from pydantic import ValidationError
 
+from delayq import __version__
+from delayq.cli_options import (
+    GlobalOptions,
+    Parser,
+    global_options,
+    positive_float,
+    positive_int,
+)
 from delayq.declarations import build_declarations, describe
 from delayq.definitions import render_definitions
 from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
 from delayq.durations import format_ms, to_ms
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.errors import DelayqError, InvalidBody, InvalidInput, InvalidTopology
 from delayq.grants import grants_for
 from delayq.permissions import VIAS
 from delayq.provisioning import ApplyStatus
@@ -33,33 +46,17 @@ from delayq.retry import (
     RetryPolicy,
     ScheduleBackoff,
 )
-from delayq.topology import DEFAULT_TOPOLOGY_FILE, Strategy, Topology, load_topology
+from delayq.topology import Strategy, Topology, load_topology
 from delayq.urls import redact, resolve_url
 from delayq.verification import passed, render_checks
+from delayq.wording import counted
 
 if TYPE_CHECKING:
     from delayq.sync._broker import ManagementChoice
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_BROKER, EXIT_INPUT = 0, 1, 2
-
-
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--file",
-        "-f",
-        default=argparse.SUPPRESS,
-        type=Path,
-        help=f"topology YAML (default {DEFAULT_TOPOLOGY_FILE})",
-    )
-    common.add_argument(
-        "--url",
-        default=argparse.SUPPRESS,
-        help="broker URL (default: $DELAYQ_URL, $RABBITMQ_URL, amqp://guest:guest@localhost:5672/)",
-    )
-    return common
+EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
 
 
 def _management_options(parser: argparse.ArgumentParser) -> None:
@@ -75,21 +72,31 @@ def _management_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(
+    # --url/--file may stand at every level (see delayq.cli_options): each level gets
+    # parents of its own; a command that does not use one of them does not offer it.
+    common = global_options()
+    file_only, url_only = global_options(url=False), global_options(file=False)
+    middle = global_options()
+    parser = Parser(
         prog="delayq",
         description="Delayed delivery and retries on RabbitMQ.",
-        parents=[common],
+        parents=[global_options(where="; also accepted after the command")],
     )
-    parser.set_defaults(file=DEFAULT_TOPOLOGY_FILE, url=None)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"delayq {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", action=GlobalOptions
+    )
 
-    topo = commands.add_parser("topology", help="plan, apply or export the topology")
+    topo = commands.add_parser(
+        "topology", parents=[middle], help="plan, apply or export the topology"
+    )
     topo_cmds = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
-    topo_cmds.add_parser("plan", parents=[common], help="print what would be declared (no broker)")
+    topo_cmds.add_parser(
+        "plan", parents=[file_only], help="print what would be declared (no broker)"
+    )
     topo_cmds.add_parser("apply", parents=[common], help="declare the topology on the broker")
     export = topo_cmds.add_parser(
-        "export", parents=[common], help="write RabbitMQ definitions JSON (no broker)"
+        "export", parents=[file_only], help="write RabbitMQ definitions JSON (no broker)"
     )
     export.add_argument("-o", "--output", type=Path, help="output file (default: stdout)")
     verify = topo_cmds.add_parser(
@@ -142,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser(
         "retry-plan",
-        parents=[common],
+        parents=[file_only],
         help="print a retry policy's effective schedule on the topology's ladder (no broker)",
     )
     plan.add_argument(
@@ -173,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("dlq", "a destination's dead-letter queue"),
         ("unrouted", "<ns>.unrouted, where due messages nobody bound are parked"),
     ):
-        parked = commands.add_parser(name, help=f"list, show, replay or purge {what}")
+        parked = commands.add_parser(
+            name, parents=[middle], help=f"list, show, replay or purge {what}"
+        )
         actions = parked.add_subparsers(dest="parked_command", required=True, metavar="ACTION")
         takes_queue = name == "dlq"
 
@@ -183,10 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
 
         listing = actions.add_parser("list", parents=[common], help="a table of parked messages")
         with_queue(listing)
-        listing.add_argument("--limit", type=int, default=100)
+        listing.add_argument("--limit", type=positive_int, default=100)
+        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
         show = actions.add_parser("show", parents=[common], help="one message, headers and body")
         with_queue(show)
         show.add_argument("message_id", metavar="ID")
+        show.add_argument("--json", action="store_true", help="print JSON")
+        show.add_argument(
+            "--reveal",
+            action="store_true",
+            help="print sensitive headers (authorization, cookie, *token*, ...) unmasked",
+        )
+        show.add_argument(
+            "--mask-header",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="also mask headers whose name contains NAME (repeatable; "
+            "$DELAYQ_MASK_HEADERS adds a comma-separated list)",
+        )
         again = actions.add_parser(
             "replay",
             parents=[common],
@@ -199,23 +223,30 @@ def build_parser() -> argparse.ArgumentParser:
         )
         pick.add_argument("--all", action="store_true", help="every parked message")
         again.add_argument(
-            "--rate", type=float, default=None, metavar="N", help="at most N messages per second"
+            "--rate",
+            type=positive_float,
+            default=None,
+            metavar="N",
+            help="at most N messages per second",
         )
         drop = actions.add_parser("purge", parents=[common], help="delete every parked message")
         with_queue(drop)
         drop.add_argument("--yes", action="store_true", help="really delete them")
 
     work = commands.add_parser(
-        "worker", parents=[common], help="run the handlers a module declares (delayq.Worker)"
+        "worker", parents=[url_only], help="run the handlers a module declares (delayq.Worker)"
     )
     work.add_argument(
         "spec",
         metavar="MODULE[:ATTR]",
         help="e.g. myapp.tasks or myapp.tasks:worker (default attribute: worker)",
     )
-    work.add_argument("--prefetch", type=int, default=None, help="deliveries per consumer")
+    work.add_argument("--prefetch", type=positive_int, default=None, help="deliveries per consumer")
     work.add_argument(
-        "--concurrency", type=int, default=None, help="handlers running at once per async consumer"
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        help="handlers running at once per async consumer",
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(
@@ -253,12 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start a new records file past N bytes (default 64 MiB)",
     )
 
-    _spark_commands(commands, common)
+    _spark_commands(commands, common, middle)
 
     demo = commands.add_parser(
-        "demo", parents=[common], help="provision a demo ladder and watch messages arrive"
+        "demo", parents=[url_only], help="provision a demo ladder and watch messages arrive"
     )
-    demo.add_argument("--messages", type=int, default=36, help="how many messages (default 36)")
+    demo.add_argument(
+        "--messages", type=positive_int, default=36, help="how many messages (default 36)"
+    )
     demo.add_argument(
         "--local-node",
         action="store_true",
@@ -268,12 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spark_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+def _spark_commands(
+    commands: Any, common: argparse.ArgumentParser, middle: argparse.ArgumentParser
+) -> None:
     spark = commands.add_parser(
-        "spark", help="Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])"
+        "spark",
+        parents=[middle],
+        help="Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])"
     )
     jobs = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
-    master = argparse.ArgumentParser(add_help=False)
+    master = Parser(add_help=False)
     master.add_argument(
         "--master",
         default=None,
@@ -299,8 +336,12 @@ def _spark_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--errors", metavar="DIR", help="write rejected rows here (default: print them)"
     )
     sched.add_argument("--errors-format", choices=["json", "csv", "parquet"], default="json")
-    sched.add_argument("--partitions", type=int, help="repartition first (a connection each)")
-    sched.add_argument("--window", type=int, default=1000, help="unconfirmed per connection")
+    sched.add_argument(
+        "--partitions", type=positive_int, help="repartition first (a connection each)"
+    )
+    sched.add_argument(
+        "--window", type=positive_int, default=1000, help="unconfirmed per connection"
+    )
     sched.add_argument("--json", action="store_true", help="print the summary as JSON")
     tolerance = sched.add_mutually_exclusive_group()
     tolerance.add_argument(
@@ -317,7 +358,7 @@ def _spark_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     rep = jobs.add_parser(
         "report",
-        parents=[common, master],
+        parents=[global_options(url=False, file=False), master],
         help="lateness, overshoot, retries and a recommended ladder from delivery records",
     )
     rep.add_argument("records", metavar="RECORDS", help="a records file or directory (*.jsonl)")
@@ -326,13 +367,21 @@ def _spark_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--ladder", help='the current ladder, e.g. "30s 1m 5m" (default: tiers in the records)'
     )
     rep.add_argument(
-        "--max-tiers", type=int, help="tiers of the recommended ladder (default: as now)"
+        "--max-tiers", type=positive_int, help="tiers of the recommended ladder (default: as now)"
     )
     rep.add_argument("--bucket", help='throughput bucket, e.g. "1m" (default: about 60 buckets)')
 
 
 def _topology(args: argparse.Namespace) -> Topology:
-    return load_topology(args.file)
+    topology = load_topology(args.file)
+    # load_topology reads an empty file as every default (namespace 'delayq'): on the
+    # command line that is a truncated or wrong file far more often than a choice.
+    if topology == Topology() and not yaml.safe_load(Path(args.file).read_text("utf-8")):
+        raise InvalidTopology(
+            f"topology file {str(args.file)!r} is empty; write at least a namespace and "
+            "destinations (see topology/delayq.yaml in the delayq repository)"
+        )
+    return topology
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -347,7 +396,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("# WARNING: classic queues dead-letter at-most-once; use quorum in production")
     for decl in decls:
         print(describe(decl))
-    print(f"# {len(decls)} declarations")
+    print(f"# {counted(len(decls), 'declaration')}")
     return EXIT_OK
 
 
@@ -453,7 +502,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     missing = sorted(name for name, depth in depths.items() if depth is None)
     if missing:
         print(
-            f"delayq: {len(missing)} queues do not exist ({', '.join(missing[:5])}"
+            f"delayq: {counted(len(missing), 'queue')} "
+            f"{'does' if len(missing) == 1 else 'do'} not exist ({', '.join(missing[:5])}"
             f"{', ...' if len(missing) > 5 else ''}): run `delayq topology apply`",
             file=sys.stderr,
         )
@@ -523,13 +573,21 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 
 def cmd_retry_plan(args: argparse.Namespace) -> int:
+    from delayq.retry import check_policy, policy_overflow
+
     topology = _topology(args)
     policy = _policy(args)
     exact = topology.strategy is Strategy.EXACT
+    # A retry longer than the ladder (or cascade) is dead-lettered as delay-too-long at
+    # run time: show the plan up to it, then say so (consumers refuse such a policy).
+    over = policy_overflow(policy, topology)
+    fitting = None if over is None else over.retry - 1
     if exact:
-        rows = policy.schedule_exact(topology.exact_unit_ms, topology.exact_levels)
+        rows = policy.schedule_exact(
+            topology.exact_unit_ms, topology.exact_levels, retries=fitting
+        )
     else:
-        rows = policy.schedule(topology.ladder)
+        rows = policy.schedule(topology.ladder, retries=fitting)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
     if exact:
@@ -545,14 +603,24 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
             f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}  "
             f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
         )
-    print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
+    if over is not None:
+        print(f"{over.retry + 1:>7}  {format_ms(over.requested_ms):>10}  {'too long':>9}")
+        print(f"# then the dead-letter queue (delay-too-long), after {over.retry} attempts")
+    else:
+        print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
     smallest = topology.ladder.tiers[0]
     short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
     if short and not exact:
         print(
-            f"# note: {short} retries ask for less than the smallest tier ({smallest.label}) "
-            "and wait for that tier instead"
+            f"# note: {counted(short, 'retry asks', 'retries ask')} for less than the smallest "
+            f"tier ({smallest.label}) and wait{'s' if short == 1 else ''} for that tier instead"
         )
+    if over is not None:
+        try:
+            check_policy(policy, topology)
+        except InvalidInput as exc:
+            print(f"delayq: warning: {exc}; a Consumer or Worker refuses it", file=sys.stderr)
+        return EXIT_INPUT
     return EXIT_OK
 
 
@@ -571,6 +639,46 @@ def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
     return topology, topology.unrouted, topology.unrouted
 
 
+def _print_parked(args: argparse.Namespace, queue: str, label: str) -> int:
+    """``list`` and ``show`` (see delayq.parked_view)."""
+    from delayq import parked_view as view
+    from delayq.sync import parking
+
+    limit = args.limit if args.parked_command == "list" else 10_000
+    source = args.queue if args.command == "dlq" else None
+    found = parking.browse(resolve_url(args.url), queue, limit=limit, dead_letters_of=source)
+    # Everything in <ns>.unrouted is there because no destination bound its routing key.
+    reason = None if args.command == "dlq" else "no binding"
+    now = epoch_ms()
+    if args.parked_command == "show":
+        match = [p for p in found if p.message_id == args.message_id]
+        if not match:
+            print(
+                f"delayq: error: no message {args.message_id!r} in {label} "
+                f"({counted(len(found), 'message')} parked)",
+                file=sys.stderr,
+            )
+            return EXIT_BROKER
+        extra = [*os.environ.get("DELAYQ_MASK_HEADERS", "").split(","), *args.mask_header]
+        detail = view.message_detail(
+            match[0],
+            now,
+            reason=reason,
+            patterns=view.sensitive_patterns(extra),
+            reveal=args.reveal,
+        )
+        sys.stdout.write(json.dumps(detail) + "\n" if args.json else view.render_detail(detail))
+        return EXIT_OK
+    rows = [view.message_summary(p, now, reason) for p in found]
+    if args.json:
+        print(json.dumps({"queue": queue, "messages": rows, "limit": limit}))
+    elif not rows:
+        print(f"{label} is empty")
+    else:
+        sys.stdout.write(view.render_list(rows, limit))
+    return EXIT_OK
+
+
 def cmd_parked(args: argparse.Namespace) -> int:
     from delayq.sync import parking
 
@@ -580,41 +688,10 @@ def cmd_parked(args: argparse.Namespace) -> int:
     if action == "purge":
         if not args.yes:
             raise InvalidInput(f"purge deletes every message of {queue}: add --yes to confirm")
-        print(f"purged {parking.purge(url, queue)} messages from {queue}")
+        print(f"purged {counted(parking.purge(url, queue), 'message')} from {queue}")
         return EXIT_OK
     if action in ("list", "show"):
-        limit = args.limit if action == "list" else 10_000
-        found = parking.browse(url, queue, limit=limit)
-        if action == "show":
-            match = [p for p in found if p.message_id == args.message_id]
-            if not match:
-                print(
-                    f"delayq: no message {args.message_id!r} in {label} ({len(found)} parked)",
-                    file=sys.stderr,
-                )
-                return EXIT_BROKER
-            delivery = match[0].delivery
-            print(f"message_id    {match[0].message_id}")
-            print(f"routing_key   {delivery.routing_key}")
-            print(f"content_type  {delivery.content_type}")
-            for key, value in sorted(delivery.headers.items()):
-                print(f"header        {key} = {value!r}")
-            print(f"body          {delivery.body[:4096]!r}")
-            return EXIT_OK
-        if not found:
-            print(f"{label} is empty")
-            return EXIT_OK
-        now = epoch_ms()
-        print(f"{'message id':<34} {'attempts':>8} {'age':>10}  {'reason':<15} error")
-        for parked in found:
-            age = parked.age_ms(now)
-            print(
-                f"{parked.message_id[:34]:<34} {parked.attempts:>8} "
-                f"{format_ms(age // 1000 * 1000) if age is not None else '?':>10}  "
-                f"{parked.reason:<15} {parked.error[:80]}"
-            )
-        print(f"# {len(found)} shown (at most {limit})")
-        return EXIT_OK
+        return _print_parked(args, queue, label)
 
     if args.command == "dlq":
 
@@ -642,7 +719,10 @@ def cmd_parked(args: argparse.Namespace) -> int:
     if report.seen == 0:
         print(f"{label} is empty: nothing to replay")
     else:
-        print(f"replayed {len(report.replayed)} of {report.seen} parked messages from {queue}")
+        print(
+            f"replayed {len(report.replayed)} of {counted(report.seen, 'parked message')} "
+            f"from {queue}"
+        )
     if report.returned:
         print(
             f"delayq: {len(report.returned)} came straight back to {label}, their routing "
@@ -663,6 +743,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from delayq.worker import load_worker
 
     configure_logging(args.log_level, args.log_format)
+    if args.log_level != "debug":
+        # delayq turns every client error into one message of its own; the clients' own
+        # records (several lines and a traceback per failed connection) only repeat it.
+        for client in ("pika", "aiormq", "aio_pika"):
+            logging.getLogger(client).setLevel(logging.CRITICAL)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
     worker = load_worker(args.spec)
@@ -681,7 +766,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             ) from exc
         observers.append(metrics)
     print(
-        f"delayq worker: {len(worker.registrations)} handlers "
+        f"delayq worker: {counted(len(worker.registrations), 'handler')} "
         f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
         flush=True,
     )
@@ -825,6 +910,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            code = _main(argv)
+        finally:  # --help and --version exit through SystemExit: flush for them too
+            sys.stdout.flush()  # so a closed pipe shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        # `delayq dlq list | head`: the reader stopped reading. Point stdout at
+        # /dev/null so the interpreter's final flush does not print a traceback.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass  # stdout is no real file (a test's capture): nothing will flush it
+        return EXIT_PIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     handlers: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
         ("topology", "plan"): cmd_plan,

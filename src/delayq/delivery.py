@@ -13,6 +13,7 @@ import enum
 import json
 import random
 import traceback
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,9 +38,10 @@ from delayq.envelope import (
     route_exact,
 )
 from delayq.errors import DelayqError, DelayTooLong, InvalidHeaders, InvalidInput
+from delayq.key_scope import KeyScope, scoped_key
 from delayq.ladder import Tier
 from delayq.limits import ERROR_TYPE_MAX_BYTES, FRAME_MAX, PROPERTIES_RESERVED_BYTES
-from delayq.retry import ExponentialBackoff, RetryPolicy
+from delayq.retry import RetryPolicy, check_policy, default_policy
 from delayq.topology import Topology
 
 __all__ = [
@@ -271,28 +273,47 @@ def idempotency_key(
     key: Callable[[Any], Any] | None,
     *,
     required: bool = False,
+    scope: KeyScope = KeyScope.QUEUE,
 ) -> str | None:
-    """The handler's business key for ``value`` when ``key`` is given, else the message id.
+    """The handler's business key for ``value`` when ``key`` is given, else the message id,
+    in ``scope`` (by default the delivery's queue: see :class:`~delayq.idempotency.KeyScope`).
 
-    With ``required`` (a transactional handler: its writes commit with the key), a
-    message without either is :class:`Undecodable`, dead-lettered with that reason.
+    A key function must return a non-empty ``str`` (or an ``int``, or a ``UUID``):
+    anything else (``None``, ``""``, bytes, an object whose ``str`` changes per call)
+    would make unrelated messages share one key, or none ever match; such a message
+    is :class:`Undecodable`, dead-lettered with the reason. With ``required`` (a
+    transactional handler: its writes commit with the key), a message without
+    either is :class:`Undecodable` too.
     """
     if key is None:
-        found = delivery.message_id
+        found = delivery.message_id or None
     else:
         try:
-            found = str(key(value))
+            raw = key(value)
         except Exception as exc:
             raise Undecodable(
                 f"the consumer's key function failed on message {delivery.message_id!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        found = _key_text(raw, delivery)
     if required and not found:
         raise Undecodable(
             "the message has no message id (and the consumer no key function): a "
             "transactional handler needs an idempotency key"
         )
-    return found
+    return scoped_key(found, delivery.queue, scope) if found else None
+
+
+def _key_text(raw: object, delivery: Delivery) -> str:
+    if isinstance(raw, uuid.UUID) or (isinstance(raw, int) and not isinstance(raw, bool)):
+        return str(raw)
+    if isinstance(raw, str) and raw:
+        return raw
+    raise Undecodable(
+        f"the consumer's key function returned {raw!r} for message {delivery.message_id!r}: "
+        "it must return a non-empty str (or an int or UUID), the same for every copy of "
+        "the message"
+    )
 
 
 class DeliveryPlanner:
@@ -318,7 +339,17 @@ class DeliveryPlanner:
         self.topology = topology
         self.queue = queue
         self.dlq = f"{queue}.dlq"
-        self.policy = policy if policy is not None else ExponentialBackoff()
+        if policy is None:
+            policy = default_policy(topology)
+        elif not isinstance(policy, RetryPolicy):
+            raise InvalidInput(
+                f'policy must be a retry policy such as ExponentialBackoff(initial="30s"), '
+                f"not {policy!r}"
+            )
+        else:
+            # Refused now rather than dead-lettered as delay-too-long at the first long retry.
+            check_policy(policy, topology, queue=queue)
+        self.policy = policy
         self.non_retryable: tuple[type[BaseException], ...] = (Reject, *non_retryable)
         self._clock_ms = clock_ms
         self._rng = rng if rng is not None else random.Random()

@@ -44,9 +44,7 @@ def _parse(value: str, what: str) -> int:
     if text.startswith("-"):
         raise InvalidDelay(f"{what} must not be negative, got {value!r}")
     if text.isascii() and text.isdigit():
-        raise InvalidDelay(
-            f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
-        )
+        raise InvalidDelay(_bare_number(what, value, text))
     if not _WHOLE.fullmatch(text):
         raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
     parts = _PART.findall(text)
@@ -69,14 +67,27 @@ def to_ms(value: object, *, what: str = "delay") -> int:
         return -(-micros // 1_000)
     if isinstance(value, str):
         return _parse(value, what)
-    if isinstance(value, float) and math.isnan(value):
-        raise InvalidDelay(f"{what} is NaN; expected {ACCEPTED_FORMS}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidDelay(f"{what} is {value!r}, not a duration; expected {ACCEPTED_FORMS}")
+    if isinstance(value, bool):
+        raise InvalidDelay(f"{what} {value!r} is a bool, not a duration; expected {ACCEPTED_FORMS}")
     if isinstance(value, (int, float)):
-        raise InvalidDelay(
-            f"{what} {value!r} is a bare number, which has no unit; expected {ACCEPTED_FORMS}"
-        )
+        raise InvalidDelay(_bare_number(what, value, value))
     raise InvalidDelay(
         f"{what} of type {type(value).__name__} is not accepted; expected {ACCEPTED_FORMS}"
+    )
+
+
+def _bare_number(what: str, value: object, number: object) -> str:
+    """The refusal of a number without a unit, with the two ways to write it."""
+    if isinstance(number, float) and not number.is_integer():
+        how = f"timedelta(seconds={number!r})"
+    else:
+        whole = int(number) if isinstance(number, float) else number
+        how = f'"{whole}s" (or "{whole}ms"), or timedelta(seconds={whole})'
+    return (
+        f"{what} {value!r} is a bare number, which has no unit: write {how}; "
+        f"expected {ACCEPTED_FORMS}"
     )
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "TransactionalStore",
     "call_in_transaction",
     "check_transactional",
+    "closed_error",
     "run_ops",
     "store_error",
     "supports_transactions",
@@ -173,6 +174,13 @@ def run_ops(store: IdempotencyStore, ops: Sequence[StoreOp]) -> list[ClaimStatus
         raise store_error(store, exc) from exc
 
 
+def closed_error(store: object) -> StoreError:
+    return StoreError(
+        f"{store!r} is closed: make a new store (a consumer never closes the store it is "
+        "given, so close it only when every consumer using it has stopped)"
+    )
+
+
 def store_error(store: object, exc: BaseException) -> StoreError:
     return StoreError(f"idempotency store {store!r} failed: {type(exc).__name__}: {exc}")
 
@@ -214,9 +222,18 @@ class InMemoryStore:
         self._done: dict[str, int] = {}
         self._leases: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"InMemoryStore(keys={len(self._done)})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise closed_error(self)
 
     def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
         with self._lock:
+            self._check_open()
             if key in self._done:
                 return ClaimStatus.DONE
             if self._leases.get(key, -1) > now_ms:
@@ -226,15 +243,25 @@ class InMemoryStore:
 
     def complete(self, key: str, *, now_ms: int) -> None:
         with self._lock:
+            self._check_open()
             self._leases.pop(key, None)
             self._done[key] = now_ms
 
     def release(self, key: str) -> None:
         with self._lock:
+            self._check_open()
             self._leases.pop(key, None)
+
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key and when (see :func:`delayq.key_scope.copy_unscoped_keys`)."""
+        with self._lock:
+            self._check_open()
+            done = list(self._done.items())
+        yield from done
 
     def prune(self, *, older_than_ms: int) -> int:
         with self._lock:
+            self._check_open()
             old = [k for k, at in self._done.items() if at < older_than_ms]
             for key in old:
                 del self._done[key]
@@ -244,7 +271,11 @@ class InMemoryStore:
             return len(old) + len(expired)
 
     def close(self) -> None:
-        pass
+        """Forget every key; the store refuses any further call."""
+        with self._lock:
+            self._closed = True
+            self._done.clear()
+            self._leases.clear()
 
 
 _SCHEMA = """
@@ -271,19 +302,42 @@ class SQLiteStore:
     blocking = True
 
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
+            raise InvalidInput(
+                f"busy_timeout_ms is whole milliseconds (an int), not {busy_timeout_ms!r}"
+            )
+        if not isinstance(path, (str, Path)) or not str(path) or str(path) == ":memory:":
+            raise InvalidInput(
+                f"SQLiteStore needs a file path, not {path!r} (for a store in memory use "
+                "InMemoryStore(): a ':memory:' database is private to one connection)"
+            )
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._lock = threading.Lock()
         self._own = threading.local()
         self._connections: list[sqlite3.Connection] = []
-        self._db = self._open()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
+        self._closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = self._open()
+            with self._lock:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            for db in self._connections:
+                db.close()
+            raise StoreError(
+                f"cannot open the SQLite idempotency store at {str(self.path)!r}: "
+                f"{type(exc).__name__}: {exc} (the path must name a file in a directory "
+                "this process can write)"
+            ) from exc
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise closed_error(self)
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(
@@ -310,6 +364,7 @@ class SQLiteStore:
     def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
         """``ops`` in one ``BEGIN IMMEDIATE`` transaction: one commit for the lot."""
         with self._lock:
+            self._check_open()
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -323,8 +378,9 @@ class SQLiteStore:
     @contextmanager
     def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
         db = getattr(self._own, "db", None)
-        if db is None:
-            with self._lock:
+        with self._lock:
+            self._check_open()
+            if db is None:
                 db = self._own.db = self._open()
         # Deferred: the write lock is taken at the handler's first write, not while it
         # waits on other things (a slow or timed-out handler holds up no one until then).
@@ -352,8 +408,27 @@ class SQLiteStore:
                 db.execute("ROLLBACK")
             raise
 
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key and when, a page at a time (the lock is not held
+        between pages, so the caller may write to the store meanwhile)."""
+        after = ""
+        while True:
+            with self._lock:
+                self._check_open()
+                page = self._db.execute(
+                    "SELECT key, done_at FROM delayq_idempotency "
+                    "WHERE done_at IS NOT NULL AND key > ? ORDER BY key LIMIT 500",
+                    (after,),
+                ).fetchall()
+            if not page:
+                return
+            for key, done_at in page:
+                yield str(key), int(done_at)
+            after = page[-1][0]
+
     def prune(self, *, older_than_ms: int) -> int:
         with self._lock:
+            self._check_open()
             cursor = self._db.execute(
                 "DELETE FROM delayq_idempotency WHERE (done_at IS NOT NULL AND done_at < ?) "
                 "OR (done_at IS NULL AND lease_until < ?)",
@@ -362,7 +437,9 @@ class SQLiteStore:
             return cursor.rowcount
 
     def close(self) -> None:
+        """Close every connection; the store refuses any further call."""
         with self._lock:
+            self._closed = True
             for db in self._connections:
                 db.close()
             self._connections.clear()

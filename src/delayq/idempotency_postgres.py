@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import ClaimLost
-from delayq.idempotency import Claim, ClaimStatus, Complete, Release, StoreOp
+from delayq.idempotency import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
 from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
@@ -134,6 +134,10 @@ class PostgresStore:
         self._sql_finish = sql.SQL(
             "UPDATE {t} SET done_at = %s WHERE key = %s AND done_at IS NULL AND lease_until = %s"
         ).format(t=ident)
+        self._sql_done_page = sql.SQL(
+            "SELECT key, done_at FROM {t} WHERE done_at IS NOT NULL AND key > %s"
+            " ORDER BY key LIMIT 500"
+        ).format(t=ident)
         self._sql_prune = sql.SQL(
             "DELETE FROM {t} WHERE (done_at IS NOT NULL AND done_at < %s)"
             " OR (done_at IS NULL AND lease_until < %s)"
@@ -154,6 +158,8 @@ class PostgresStore:
         return f"PostgresStore({redact_dsn(self._dsn)!r}, table={self.table!r})"
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise closed_error(self)
         conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
             return conn
@@ -233,6 +239,18 @@ class PostgresStore:
                     conn.close()
                 else:
                     self._idle.append(conn)
+
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key and when, a page at a time (by key order)."""
+        after = ""
+        while True:
+            with self._lock:
+                page = self._connection().execute(self._sql_done_page, (after,)).fetchall()
+            if not page:
+                return
+            for key, done_at in page:
+                yield str(key), int(done_at)
+            after = page[-1][0]
 
     def prune(self, *, older_than_ms: int) -> int:
         with self._lock:

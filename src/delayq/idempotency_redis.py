@@ -29,7 +29,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "delayq.idempotency_redis needs the redis package: pip install 'delayq[redis]'"
     ) from exc
 
-from delayq.idempotency import Claim, ClaimStatus, Complete, StoreOp
+from delayq.errors import InvalidInput
+from delayq.idempotency import Claim, ClaimStatus, Complete, StoreOp, closed_error
 from delayq.urls import redact
 
 __all__ = ["RedisStore"]
@@ -105,9 +106,17 @@ class RedisStore:
         prefix: str = "delayq:idem:",
         retention_ms: int | None = None,
     ) -> None:
-        if retention_ms is not None and retention_ms <= 0:
-            raise ValueError(f"retention_ms must be positive, not {retention_ms!r}")
+        if retention_ms is not None and (
+            isinstance(retention_ms, bool) or not isinstance(retention_ms, int) or retention_ms <= 0
+        ):
+            raise InvalidInput(
+                f"retention_ms is a positive number of milliseconds (an int, e.g. "
+                f"7 * 86_400_000 for a week), not {retention_ms!r}"
+            )
+        if not isinstance(prefix, str):
+            raise InvalidInput(f"prefix must be a str, not {prefix!r}")
         self.prefix = prefix
+        self._closed = False
         self.retention_ms = retention_ms
         if isinstance(url_or_client, str):
             self._where = redact(url_or_client)
@@ -141,6 +150,10 @@ class RedisStore:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
 
     def _key(self, key: str) -> str:
+        # Every call names its keys through here: the one place to refuse a closed store
+        # (redis-py would reconnect by itself and the store would silently live on).
+        if self._closed:
+            raise closed_error(self)
         return self.prefix + key
 
     def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
@@ -177,7 +190,31 @@ class RedisStore:
             for op, reply in zip(ops, replies, strict=True)
         ]
 
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key (prefix removed) and when, a ``SCAN`` page at a time."""
+        batch: list[bytes | str] = []
+        for name in self._scan():
+            batch.append(name)
+            if len(batch) >= _PRUNE_BATCH:
+                yield from self._done_page(batch)
+                batch = []
+        if batch:
+            yield from self._done_page(batch)
+
+    def _done_page(self, names: list[bytes | str]) -> Iterator[tuple[str, int]]:
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(name, "done_at")
+        # A key of another type under the prefix (not ours) answers an error: skipped.
+        for name, done_at in zip(names, pipe.execute(raise_on_error=False), strict=True):
+            if done_at is None or isinstance(done_at, Exception):
+                continue
+            text = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+            yield text[len(self.prefix) :], int(done_at)
+
     def _scan(self) -> Iterator[bytes | str]:
+        if self._closed:
+            raise closed_error(self)
         yield from self._client.scan_iter(match=_glob_escape(self.prefix) + "*", count=_PRUNE_BATCH)
 
     def prune(self, *, older_than_ms: int) -> int:
@@ -201,5 +238,7 @@ class RedisStore:
         return sum(int(n) for n in pipe.execute())
 
     def close(self) -> None:
+        """Close the client this store made; the store refuses any further call."""
+        self._closed = True
         if self._own_client:
             self._client.close()

@@ -20,9 +20,17 @@ from delayq.envelope import (
     envelope_headers,
 )
 
-__all__ = ["H_REPLAYED_AT", "ParkedMessage", "replay_message"]
+__all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
 
 H_REPLAYED_AT = "delayq-replayed-at"
+
+DEATH_REASONS = {
+    "delivery_limit": "delivery limit",
+    "expired": "expired",
+    "maxlen": "max length",
+    "rejected": "rejected",
+}
+"""RabbitMQ's dead-letter reasons (``x-death``), as ``dlq list`` words them."""
 
 
 def _text(value: Any) -> str:
@@ -32,11 +40,59 @@ def _text(value: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Death:
+    """One ``x-death`` entry: the broker dead-lettered the message ``count`` times from
+    ``queue`` for ``reason`` (``delivery_limit``, ``expired``, ``maxlen``, ``rejected``)."""
+
+    reason: str
+    queue: str
+    count: int
+
+    @property
+    def label(self) -> str:
+        return f"{DEATH_REASONS.get(self.reason, self.reason)} ({self.queue})"
+
+
+def deaths(headers: Any) -> list[Death]:
+    """The ``x-death`` entries, most recent first (as RabbitMQ orders them)."""
+    entries = headers.get("x-death") if hasattr(headers, "get") else None
+    if not isinstance(entries, list):
+        return []
+    found = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            count = entry.get("count")
+            found.append(
+                Death(
+                    _text(entry.get("reason")),
+                    _text(entry.get("queue")),
+                    int(count) if isinstance(count, int) else 1,
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
 class ParkedMessage:
     """One parked message as ``delayq dlq list`` shows it."""
 
     delivery: Delivery
     timestamp_s: int | None = None
+    dead_letters_of: str | None = None
+    """The queue that dead-letters into this one (a DLQ's destination): its ``x-death``
+    entry tells why the broker parked a message delayq did not dead-letter itself."""
+
+    @property
+    def death(self) -> Death | None:
+        """Why the broker dead-lettered the message here, if it did (``None``: delayq did,
+        or the queue does not take dead letters, like ``<ns>.unrouted``)."""
+        if self.dead_letters_of is None or H_DEAD_LETTER_REASON in self.delivery.headers:
+            return None
+        # Only the destination's entry: the message's earlier deaths (a tier's TTL
+        # expiry, which is how every delayed message reaches its destination) are not
+        # why it is parked, and x-first-death-* names exactly that first tier expiry.
+        mine = [d for d in deaths(self.delivery.headers) if d.queue == self.dead_letters_of]
+        return mine[0] if mine else None
 
     @property
     def message_id(self) -> str:
@@ -48,7 +104,9 @@ class ParkedMessage:
 
     @property
     def reason(self) -> str:
-        return _text(self.delivery.headers.get(H_DEAD_LETTER_REASON)) or "-"
+        own = _text(self.delivery.headers.get(H_DEAD_LETTER_REASON))
+        death = self.death
+        return own or (death.label if death is not None else "-")
 
     @property
     def error(self) -> str:

@@ -17,27 +17,46 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
-from delayq.cascade import Kind, plan_cascade
+from delayq.cascade import Kind, Strategy, plan_cascade
 from delayq.durations import format_ms, to_ms
-from delayq.errors import DelayTooLong
+from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.ladder import Ladder
+
+if TYPE_CHECKING:
+    from delayq.topology import Topology
 
 __all__ = [
     "ROCKETMQ_SCHEDULE",
     "ExponentialBackoff",
     "FixedBackoff",
+    "Overflow",
     "RetryPolicy",
     "ScheduleBackoff",
     "ScheduleRow",
+    "check_policy",
+    "default_policy",
+    "longest_retry_ms",
+    "policy_overflow",
 ]
 
 
-def _duration_ms(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else to_ms(value)
+def _duration_ms(value: object, info: ValidationInfo) -> int:
+    # No int shortcut: a bare 1 read as 1 ms is ActiveMQ's initialRedeliveryDelay=1
+    # trap (a policy snapped to the smallest tier). A dumped policy holds strings.
+    return to_ms(value, what=info.field_name or "duration")
 
 
 DurationMs = Annotated[
@@ -46,7 +65,24 @@ DurationMs = Annotated[
     PlainSerializer(format_ms, return_type=str),
     Field(ge=1),
 ]
-"""A duration given as ``"30s"`` or ``timedelta`` (or int ms from code), kept as int ms."""
+"""A duration given as ``"30s"`` or ``timedelta`` (never a bare number), kept as int ms."""
+
+
+def _invalid(name: str, exc: ValidationError) -> InvalidInput:
+    """pydantic's error as delayq's: every problem on one line, the field named."""
+    problems = []
+    delays_only = True
+    for err in exc.errors(include_url=False):
+        cause = (err.get("ctx") or {}).get("error")
+        text = str(cause) if isinstance(cause, Exception) else err["msg"]
+        delays_only = delays_only and isinstance(cause, InvalidDelay)
+        where = "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]
+        ).lstrip(".")
+        problems.append(f"{where}: {text}" if where and not text.startswith(where) else text)
+    kind = InvalidDelay if delays_only else InvalidInput
+    return kind(f"invalid {name}: {'; '.join(problems)}")
+
 
 ROCKETMQ_SCHEDULE = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".split()
 """RocketMQ 4's 16 retry delays (about 4 h 46 m in all)."""
@@ -74,12 +110,33 @@ class ScheduleRow:
 
 
 class RetryPolicy(BaseModel):
-    """Base of the policies: ``delay_ms(attempt)`` and ``max_attempts``."""
+    """Base of the policies: ``delay_ms(attempt)`` and ``max_attempts``.
+
+    Constructors raise :class:`~delayq.errors.InvalidInput` (a bare number as a
+    duration: :class:`~delayq.errors.InvalidDelay`), never pydantic's own error.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    _durations: ClassVar[tuple[str, ...]] = ()
+    """The fields that are durations (checked first, for an error naming the field)."""
+
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """Deliveries to the handler in all, the first one included."""
+
+    def __init__(self, **data: Any) -> None:
+        name = type(self).__name__
+        for field in self._durations:
+            value = data.get(field)
+            if isinstance(value, (tuple, list)):
+                for index, item in enumerate(value):
+                    to_ms(item, what=f"{name} {field}[{index}]")
+            elif field in data:
+                to_ms(value, what=f"{name} {field}")
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _invalid(name, exc) from None
 
     def base_delay_ms(self, retry: int) -> int:
         """The delay before retry number ``retry`` (1-based), before jitter."""
@@ -94,20 +151,23 @@ class RetryPolicy(BaseModel):
     def _jittered(self, delay_ms: int, rng: random.Random | None) -> int:
         return delay_ms
 
-    def schedule(self, ladder: Ladder) -> list[ScheduleRow]:
-        """Every retry of this policy on ``ladder``, jitter left out.
+    def schedule(self, ladder: Ladder, *, retries: int | None = None) -> list[ScheduleRow]:
+        """Every retry of this policy on ``ladder`` (or the first ``retries``), jitter
+        left out.
 
         Raises :class:`~delayq.errors.DelayTooLong` naming the retry whose delay
-        no tier can hold.
+        no tier can hold (see :func:`policy_overflow` to find it without raising).
         """
 
         def wait(requested: int) -> tuple[int, str]:
             tier = ladder.select_ms(requested)
             return (0, "immediate") if tier is None else (tier.ttl_ms, tier.label)
 
-        return self._schedule(wait)
+        return self._schedule(wait, retries)
 
-    def schedule_exact(self, unit_ms: int, levels: int) -> list[ScheduleRow]:
+    def schedule_exact(
+        self, unit_ms: int, levels: int, *, retries: int | None = None
+    ) -> list[ScheduleRow]:
         """Every retry of this policy through the exact strategy's cascade (``tier``
         reads ``exact/<hops>``), jitter left out."""
 
@@ -115,12 +175,15 @@ class RetryPolicy(BaseModel):
             plan = plan_cascade(requested, unit_ms, levels, Kind.ADDRESS, "queue")
             return (0, "immediate") if plan is None else (plan.wait_ms, f"exact/{plan.hops}")
 
-        return self._schedule(wait)
+        return self._schedule(wait, retries)
 
-    def _schedule(self, wait: Callable[[int], tuple[int, str]]) -> list[ScheduleRow]:
+    def _schedule(
+        self, wait: Callable[[int], tuple[int, str]], retries: int | None
+    ) -> list[ScheduleRow]:
         rows: list[ScheduleRow] = []
         cumulative = 0
-        for retry in range(1, self.max_attempts):
+        last = self.max_attempts if retries is None else min(self.max_attempts, retries + 1)
+        for retry in range(1, last):
             requested = self.base_delay_ms(retry)
             try:
                 tier_ms, label = wait(requested)
@@ -146,6 +209,8 @@ class ExponentialBackoff(RetryPolicy):
     cap stays a cap; the ladder then rounds up to a tier, which absorbs jitter
     smaller than the gap between tiers.
     """
+
+    _durations = ("initial", "max_delay")
 
     kind: Literal["exponential"] = "exponential"
     initial: DurationMs = 30_000
@@ -177,6 +242,8 @@ class ExponentialBackoff(RetryPolicy):
 class FixedBackoff(RetryPolicy):
     """The same delay before every retry."""
 
+    _durations = ("delay",)
+
     kind: Literal["fixed"] = "fixed"
     delay: DurationMs = 60_000
 
@@ -186,6 +253,8 @@ class FixedBackoff(RetryPolicy):
 
 class ScheduleBackoff(RetryPolicy):
     """An explicit list of delays, one per retry (``max_attempts`` = retries + 1)."""
+
+    _durations = ("delays",)
 
     kind: Literal["schedule"] = "schedule"
     delays: tuple[DurationMs, ...] = Field(min_length=1)
@@ -204,8 +273,98 @@ class ScheduleBackoff(RetryPolicy):
 
     @classmethod
     def of(cls, delays: Sequence[object]) -> ScheduleBackoff:
-        """``ScheduleBackoff.of(ROCKETMQ_SCHEDULE)``."""
-        return cls(delays=tuple(_duration_ms(d) for d in delays))
+        """``ScheduleBackoff.of(ROCKETMQ_SCHEDULE)``, ``ScheduleBackoff.of(["10s", "1m"])``."""
+        if isinstance(delays, (str, bytes)):
+            raise InvalidInput(
+                f"ScheduleBackoff.of takes a list of durations, not the string {delays!r}: "
+                'write ["10s", "30s"] (or "10s 30s".split())'
+            )
+        try:
+            items = tuple(delays)
+        except TypeError:
+            raise InvalidInput(
+                f"ScheduleBackoff.of takes a list of durations, not {delays!r}"
+            ) from None
+        return cls(delays=cast(Any, items))
 
     def base_delay_ms(self, retry: int) -> int:
         return self.delays[min(retry, len(self.delays)) - 1]
+
+
+# Policies on a topology -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """The first retry of a policy that no tier (or cascade) of a topology can hold."""
+
+    retry: int
+    """1-based: the delay after a failed attempt ``retry``."""
+    requested_ms: int
+    limit_ms: int
+    """The longest wait the topology offers a retry."""
+    limit: str
+    """That limit in words: ``"the largest tier 24h"``."""
+
+    def __str__(self) -> str:
+        return (
+            f"retry {self.retry} (before attempt {self.retry + 1}) asks for "
+            f"{format_ms(self.requested_ms)}, longer than {self.limit}: at run time it would "
+            "go to the dead-letter queue as delay-too-long"
+        )
+
+
+def longest_retry_ms(topology: Topology) -> tuple[int, str]:
+    """The longest delay a retry can wait on ``topology``, and how to say it."""
+    if topology.strategy is Strategy.EXACT:
+        limit = (2**topology.exact_levels - 1) * topology.exact_unit_ms
+        return limit, f"the exact strategy's maximum {format_ms(limit)}"
+    return topology.ladder.max_ms, f"the largest tier {topology.ladder.tiers[-1].label}"
+
+
+def policy_overflow(policy: RetryPolicy, topology: Topology) -> Overflow | None:
+    """The first retry whose delay (before jitter, which only shortens it) exceeds what
+    ``topology`` can hold, or ``None`` when every retry fits."""
+    limit_ms, limit = longest_retry_ms(topology)
+    for retry in range(1, policy.max_attempts):
+        requested = policy.base_delay_ms(retry)
+        if requested > limit_ms:
+            return Overflow(retry, requested, limit_ms, limit)
+    return None
+
+
+def check_policy(policy: RetryPolicy, topology: Topology, *, queue: str | None = None) -> None:
+    """Refuse a policy whose retries the topology cannot hold, saying how to fix it.
+
+    Raises :class:`~delayq.errors.InvalidInput`. A handler's own ``Retry(delay)``
+    is only known at run time and still dead-letters as delay-too-long.
+    """
+    over = policy_overflow(policy, topology)
+    if over is None:
+        return
+    where = f" for queue {queue!r}" if queue else ""
+    limit = format_ms(over.limit_ms)
+    fix = (
+        f'cap it (max_delay="{limit}")'
+        if isinstance(policy, ExponentialBackoff)
+        else f"keep every delay at or below {limit}"
+    )
+    grow = (
+        "raise exact.levels or exact.unit"
+        if topology.strategy is Strategy.EXACT
+        else f"add a tier of at least {format_ms(over.requested_ms)} to the ladder"
+    )
+    raise InvalidInput(f"retry policy{where}: {over}; {fix}, or {grow}")
+
+
+def default_policy(topology: Topology) -> ExponentialBackoff:
+    """The policy of a consumer given none: 30 s doubling to 1 h, 5 attempts, with
+    every delay capped at the longest wait ``topology`` offers (so a short test
+    ladder retries instead of dead-lettering every failure as delay-too-long)."""
+    limit_ms, _ = longest_retry_ms(topology)
+    initial, cap = min(30_000, limit_ms), min(3_600_000, limit_ms)
+    durations: dict[str, Any] = {
+        "initial": timedelta(milliseconds=initial),
+        "max_delay": timedelta(milliseconds=cap),
+    }
+    return ExponentialBackoff(**durations)

@@ -121,8 +121,7 @@ class Destination(BaseModel):
 
 
 def _parse_unit(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value  # already ms (a model dumped and validated again)
+    # No int shortcut: `unit: 250` has no unit (a dumped topology holds "250ms").
     try:
         return to_ms(value, what="exact.unit")
     except InvalidDelay as exc:

@@ -272,12 +272,19 @@ def resolve_url(explicit: str | None = None) -> str:
     A ``memory://NAME`` URL (a :class:`delayq.testing.MemoryBroker`) is returned as
     it is: publishers and consumers given one work against that broker.
     """
-    url = explicit
+    url, source = explicit, None
     if url is None:
-        url = os.environ.get("DELAYQ_URL") or os.environ.get("RABBITMQ_URL") or DEFAULT_URL
+        source = next((n for n in ("DELAYQ_URL", "RABBITMQ_URL") if os.environ.get(n)), None)
+        url = os.environ[source] if source else DEFAULT_URL
     if memory_broker_name(url) is not None:
         return url
-    return validate_url(url)
+    try:
+        return validate_url(url)
+    except InvalidURL as exc:
+        if source is None:
+            raise
+        # Say where it came from: the command line may not mention a URL at all.
+        raise InvalidURL(f"${source}: {exc}") from exc
 
 
 MEMORY_SCHEME = "memory"

@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.errors import InvalidInput
+from delayq.durations import to_ms
+from delayq.errors import DelayqError, InvalidInput
+from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver
+from delayq.retry import RetryPolicy, check_policy
 from delayq.topology import Topology
 from delayq.urls import resolved_memory_name
 
@@ -49,8 +52,22 @@ class Worker:
     def __init__(self, topology: Topology, **defaults: Any) -> None:
         self.topology = topology
         self.defaults = defaults
-        """Consumer options for every handler (``store=``, ``policy=``, ...)."""
+        """Consumer options for every handler (``store=``, ``policy=``, ``key_scope=``, ...)."""
         self.registrations: list[Registration] = []
+        self._check_options(None, defaults)
+
+    def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
+        """Refuse at declaration, not when the worker starts, options no consumer would
+        take: a retry policy the topology cannot hold, an unknown key scope, a duration
+        without a unit."""
+        for name in ("handler_timeout", "lease", "retention"):
+            if options.get(name) is not None:
+                to_ms(options[name], what=name)
+        if "key_scope" in options:
+            KeyScope.parse(options["key_scope"])
+        policy = options.get("policy")
+        if isinstance(policy, RetryPolicy):
+            check_policy(policy, self.topology, queue=queue)
 
     def handler(self, queue: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
         """Register the decorated function for ``queue`` with consumer ``options``."""
@@ -63,6 +80,7 @@ class Worker:
             ) from None
         if any(r.queue == queue for r in self.registrations):
             raise InvalidInput(f"queue {queue!r} already has a handler")
+        self._check_options(queue, {**self.defaults, **options})
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.registrations.append(Registration(queue, fn, options))
@@ -114,6 +132,8 @@ class Worker:
                 "a worker on a memory broker is driven by the test: use broker.attach(worker) "
                 "(or await broker.attach_async(worker)), then broker.advance(...)"
             )
+        for reg in self.registrations:  # before any consumer starts
+            self._check_options(reg.queue, {**self.defaults, **reg.options})
         stop = stop or threading.Event()
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
@@ -134,12 +154,24 @@ class Worker:
             if not r.is_async
         ]
 
+        # The first consumer failure (a sync one in its thread, an async one on the loop)
+        # stops the worker and is raised once everything stopped: a worker that cannot
+        # connect must not look like one that was stopped on purpose (exit 0).
+        failures: list[tuple[str, BaseException]] = []
+
+        def failed(queue: str, exc: BaseException) -> None:
+            log.debug("consumer of %s failed; stopping the worker", queue, exc_info=exc)
+            failures.append((queue, exc))
+            stop.set()
+
         def run_sync(consumer: Consumer) -> None:
             try:
                 consumer.run(install_signal_handlers=False)
-            except Exception:
-                log.exception("consumer of %s failed; stopping the worker", consumer.queue)
-                stop.set()
+            except Exception as exc:
+                failed(consumer.queue, exc)
+
+        def sync_started() -> bool:
+            return all(c.started.is_set() for c in sync_consumers)
 
         threads = [
             threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
@@ -155,17 +187,31 @@ class Worker:
                     AsyncConsumer(url, self.topology, r.queue, r.handler, **options(r))
                     for r in async_regs
                 ]
-                for consumer in consumers:
-                    await consumer.start()
-                log.info("worker running %d handlers", len(self.registrations))
-                while not stop.is_set():
-                    await asyncio.sleep(0.2)
-                await asyncio.gather(*(c.stop() for c in consumers))
+                started: list[AsyncConsumer] = []
+                queue = async_regs[0].queue
+                try:
+                    for consumer in consumers:
+                        queue = consumer.queue
+                        await consumer.start()
+                        started.append(consumer)
+                    while not stop.is_set() and not sync_started():
+                        await asyncio.sleep(0.05)
+                    if not stop.is_set():
+                        log.info("worker running %d handlers", len(self.registrations))
+                    while not stop.is_set():
+                        await asyncio.sleep(0.2)
+                except Exception as exc:
+                    failed(queue, exc)
+                finally:
+                    await asyncio.gather(*(c.stop() for c in started))
 
             if async_regs:
                 asyncio.run(run_async())
             else:
-                log.info("worker running %d handlers", len(self.registrations))
+                while not stop.is_set() and not sync_started():
+                    stop.wait(0.05)
+                if not stop.is_set():
+                    log.info("worker running %d handlers", len(self.registrations))
                 stop.wait()
         finally:
             stop.set()
@@ -175,6 +221,11 @@ class Worker:
                 thread.join(60)
             for signum, old in previous.items():
                 signal.signal(signum, old)
+        if failures:
+            queue, exc = failures[0]
+            if isinstance(exc, DelayqError):
+                raise exc
+            raise DelayqError(f"the consumer of {queue} failed: {exc!r}") from exc
         log.info("worker stopped")
 
 
@@ -183,8 +234,12 @@ def load_worker(spec: str) -> Worker:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInput(f"cannot import {module_name!r}: {exc}") from exc
+    except DelayqError:
+        raise  # the module's own delayq call failed (a topology file, say): its message says why
+    except Exception as exc:  # any error while importing the module, a SyntaxError included
+        raise InvalidInput(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     value = getattr(module, attr or "worker", None)
     if not isinstance(value, Worker):
         raise InvalidInput(

@@ -26,7 +26,7 @@ from delayq.cascade import (
     units_for,
 )
 from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
-from delayq.delivery import Action, Delivery, DeliveryPlanner
+from delayq.delivery import Action, Delivery, DeliveryPlanner, Retry
 from delayq.envelope import H_ROUTING_KEY, H_TIER_MS, MessageFactory
 from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey, InvalidTopology
 from delayq.retry import FixedBackoff
@@ -249,8 +249,10 @@ def test_retries_go_through_the_cascade_addressed_to_the_failing_queue_and_stay_
         assert msg.headers[H_ROUTING_KEY] == "job.a.b"
         delivery = Delivery("shop.work", b"x", msg.routing_key, "m1", None, msg.headers)
     assert len(set(keys)) == 1
-    too_long = DeliveryPlanner(topo, "shop.work", policy=FixedBackoff(delay="1h"))
-    assert too_long.failure(delivery, RuntimeError("x")).action is Action.DEAD_LETTER
+    with pytest.raises(InvalidInput, match="exact strategy's maximum"):
+        DeliveryPlanner(topo, "shop.work", policy=FixedBackoff(delay="1h"))
+    # A handler's own Retry is only known at run time: dead-lettered, not lost.
+    assert planner.failure(delivery, Retry("1h")).action is Action.DEAD_LETTER
 
 
 def test_export_and_stats_cover_the_levels():

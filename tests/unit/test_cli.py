@@ -16,8 +16,9 @@ TOPOLOGY = ROOT / "topology" / "delayq.yaml"
 DEAD_URL = "amqp://guest:s3cret@127.0.0.1:1/"
 
 
-def test_plan_lists_every_declaration_without_a_broker(capsys):
-    assert main(["topology", "plan", "--file", str(TOPOLOGY), "--url", DEAD_URL]) == EXIT_OK
+def test_plan_lists_every_declaration_without_a_broker(capsys, monkeypatch):
+    monkeypatch.setenv("DELAYQ_URL", DEAD_URL)
+    assert main(["topology", "plan", "--file", str(TOPOLOGY)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "queue    delayq.tier.30s [tier]" in out
     assert "x-message-ttl=86400000" in out
@@ -48,7 +49,7 @@ def test_export_writes_the_definitions_file(tmp_path):
 )
 def test_bad_input_exits_2_with_a_clear_message_and_no_connection(argv, capsys):
     argv = [*argv, "--file", str(TOPOLOGY)] if "--file" not in argv else argv
-    if "--url" not in argv:
+    if "--url" not in argv and argv[0] == "publish":  # plan takes no --url
         argv += ["--url", DEAD_URL]
     assert main(argv) == EXIT_INPUT
     err = capsys.readouterr().err

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delayq.errors import ClaimLost, InvalidInput, StoreError
 from delayq.idempotency import (
@@ -24,6 +26,7 @@ from delayq.idempotency import (
     check_transactional,
     run_ops,
 )
+from delayq.key_scope import KeyScope, copy_unscoped_keys, is_queue_scoped, scoped_key
 
 LEASE = 1_000
 
@@ -268,3 +271,99 @@ def test_transactional_consumers_need_a_transactional_store_and_a_plain_handler(
         check_transactional(store, async_handler)
     check_transactional(store, handler)
     store.close()
+
+
+# --- key scopes, and keys written by 0.1 ---------------------------------------------------------
+
+QUEUE_NAMES = st.text(alphabet="abz09._-:/%q", min_size=1, max_size=12)
+KEYS = st.text(min_size=1, max_size=12)
+
+
+@given(QUEUE_NAMES, KEYS, QUEUE_NAMES, KEYS)
+def test_queue_scoped_keys_never_collide_across_queues(queue_a, key_a, queue_b, key_b):
+    """Dots, colons, percent signs in a queue name or a key cannot make two
+    (queue, key) pairs share a stored key."""
+    stored_a = scoped_key(key_a, queue_a, KeyScope.QUEUE)
+    stored_b = scoped_key(key_b, queue_b, KeyScope.QUEUE)
+    assert (stored_a == stored_b) == ((queue_a, key_a) == (queue_b, key_b))
+    assert is_queue_scoped(stored_a)
+    assert scoped_key(key_a, queue_a, KeyScope.SHARED) == key_a
+
+
+def test_key_scope_accepts_its_names_and_refuses_anything_else():
+    assert KeyScope.parse("queue") is KeyScope.QUEUE
+    assert KeyScope.parse(KeyScope.SHARED) is KeyScope.SHARED
+    for wrong in ("global", "Queue", True, None, 1):
+        with pytest.raises(InvalidInput, match=r"key_scope must be KeyScope\.QUEUE"):
+            KeyScope.parse(wrong)
+
+
+def _done(store: Any, key: str, at: int) -> None:
+    assert store.claim(key, lease_ms=LEASE, now_ms=at) is ClaimStatus.CLAIMED
+    store.complete(key, now_ms=at)
+
+
+def test_copy_unscoped_keys_marks_0_1_keys_done_in_each_queue_named(store):
+    now = 1_000_000
+    _done(store, "m1", 100)  # 0.1's form: the bare message id
+    _done(store, "m2", 200)
+    store.claim("m3", lease_ms=LEASE, now_ms=300)  # claimed, never completed: not copied
+    in_b = scoped_key("m2", "b.queue", KeyScope.QUEUE)
+    store.claim(in_b, lease_ms=10 * 60_000, now_ms=now)  # a new consumer holds it: left alone
+    _done(store, scoped_key("x", "a:queue", KeyScope.QUEUE), 400)  # already scoped: not copied
+
+    assert copy_unscoped_keys(store, ["a:queue", "b.queue"], now_ms=now + 1) == 3
+    assert copy_unscoped_keys(store, ["a:queue", "b.queue"], now_ms=now + 2) == 0  # idempotent
+
+    def status(key: str, queue: str) -> ClaimStatus:
+        return store.claim(scoped_key(key, queue, KeyScope.QUEUE), lease_ms=LEASE, now_ms=now + 3)
+
+    assert status("m1", "a:queue") is ClaimStatus.DONE
+    assert status("m1", "b.queue") is ClaimStatus.DONE
+    assert status("m2", "a:queue") is ClaimStatus.DONE
+    assert status("m2", "b.queue") is ClaimStatus.BUSY  # still the live consumer's claim
+    assert status("m3", "a:queue") is ClaimStatus.CLAIMED
+    assert status("m1", "other") is ClaimStatus.CLAIMED  # only the queues named
+    # The copies keep the original completion time: pruned when the 0.1 key would be.
+    store.prune(older_than_ms=150)
+    assert status("m1", "a:queue") is ClaimStatus.CLAIMED
+    assert status("m2", "a:queue") is ClaimStatus.DONE
+
+
+def test_copy_unscoped_keys_goes_through_every_page_of_keys(store):
+    ops: list[Any] = []
+    for n in range(1_234):
+        ops += [Claim(f"k{n}", LEASE, 0), Complete(f"k{n}", 10)]
+    run_ops(store, ops)
+    assert copy_unscoped_keys(store, ["q1"], now_ms=20) == 1_234
+    assert store.claim(scoped_key("k1233", "q1", KeyScope.QUEUE), lease_ms=LEASE, now_ms=30) is (
+        ClaimStatus.DONE
+    )
+
+
+def test_copy_unscoped_keys_refuses_a_string_of_queues_and_a_store_that_cannot_list():
+    with pytest.raises(InvalidInput, match="list of queue names"):
+        copy_unscoped_keys(InMemoryStore(), "billing")
+    with pytest.raises(InvalidInput, match="non-empty list"):
+        copy_unscoped_keys(InMemoryStore(), [])
+
+    class Opaque:
+        blocking = False
+
+    with pytest.raises(InvalidInput, match="cannot list its keys"):
+        copy_unscoped_keys(Opaque(), ["billing"])  # type: ignore[arg-type]
+
+
+def test_a_closed_store_refuses_every_call_with_a_store_error(store):
+    store.close()
+    calls: list[Callable[[], object]] = [
+        lambda: store.claim("k", lease_ms=LEASE, now_ms=0),
+        lambda: store.complete("k", now_ms=0),
+        lambda: store.release("k"),
+        lambda: store.prune(older_than_ms=0),
+        lambda: list(store.done_keys()),
+        lambda: run_ops(store, [Claim("k", LEASE, 0)]),
+    ]
+    for call in calls:
+        with pytest.raises(StoreError, match="is closed: make a new store"):
+            call()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
@@ -18,11 +19,16 @@ from delayq.retry import (
 )
 from tests.unit.test_cli import TOPOLOGY
 
+
+def ms(low: int, high: int) -> st.SearchStrategy[timedelta]:
+    return st.integers(low, high).map(lambda n: timedelta(milliseconds=n))
+
+
 exponential = st.builds(
     ExponentialBackoff,
-    initial=st.integers(1, 10**7),
+    initial=ms(1, 10**7),
     multiplier=st.floats(1.0, 100.0),
-    max_delay=st.integers(10**7, 10**9),
+    max_delay=ms(10**7, 10**9),
     max_attempts=st.integers(1, 60),
     jitter=st.floats(0.0, 1.0),
 )

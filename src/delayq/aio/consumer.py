@@ -46,6 +46,7 @@ from delayq.idempotency import (
     call_in_transaction,
     check_transactional,
 )
+from delayq.key_scope import KeyScope
 from delayq.logcontext import bound_delivery
 from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
@@ -102,6 +103,7 @@ class AsyncConsumer:
         policy: RetryPolicy | None = None,
         store: IdempotencyStore | None = None,
         key: Callable[[Any], str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
         model: type[BaseModel] | None = None,
         prefetch: int = 50,
         concurrency: int | None = None,
@@ -135,6 +137,7 @@ class AsyncConsumer:
         self._store = None if store is None else StoreBatcher(store)
         self._transactional = transactional
         self._key = key
+        self._key_scope = KeyScope.parse(key_scope)
         self._model = model
         self._prefetch = prefetch
         # The prefetch already bounds what runs at once; a semaphore only for less.
@@ -362,7 +365,9 @@ class AsyncConsumer:
     ) -> None:
         try:
             value = decode_body(delivery, self._model)
-            key = idempotency_key(value, delivery, self._key, required=self._transactional)
+            key = idempotency_key(
+                value, delivery, self._key, required=self._transactional, scope=self._key_scope
+            )
         except Undecodable as exc:
             decision = self._planner.undecodable(delivery, exc)
             await self._perform(message, decision, delivery, received_ms)

@@ -52,6 +52,7 @@ from delayq.idempotency import (
     run_ops,
     store_error,
 )
+from delayq.key_scope import KeyScope
 from delayq.logcontext import bound_delivery
 from delayq.observe import DeliveryObserver, Observers, monotonic_ms
 from delayq.retry import RetryPolicy
@@ -110,6 +111,7 @@ class Consumer:
         policy: RetryPolicy | None = None,
         store: IdempotencyStore | None = None,
         key: Callable[[Any], str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
         model: type[BaseModel] | None = None,
         prefetch: int = 50,
         handler_timeout: object = "5m",
@@ -143,6 +145,7 @@ class Consumer:
         self._store = store
         self._transactional = transactional
         self._key = key
+        self._key_scope = KeyScope.parse(key_scope)
         self._model = model
         self._prefetch = prefetch
         self._timeout_ms = settings.handler_timeout_ms
@@ -325,7 +328,9 @@ class Consumer:
     def _handle(self, tag: int, delivery: Delivery, received_ms: int) -> None:
         try:
             value = decode_body(delivery, self._model)
-            key = idempotency_key(value, delivery, self._key, required=self._transactional)
+            key = idempotency_key(
+                value, delivery, self._key, required=self._transactional, scope=self._key_scope
+            )
         except Undecodable as exc:
             decision = self._planner.undecodable(delivery, exc)
             self._perform(tag, decision, delivery, received_ms)

@@ -57,7 +57,13 @@ def _open(url: str | None, queue: str) -> tuple[pika.BlockingConnection, Blockin
     return connection, channel, int(count)
 
 
-def _parked(queue: str, method: object, props: pika.BasicProperties, body: bytes) -> ParkedMessage:
+def _parked(
+    queue: str,
+    method: object,
+    props: pika.BasicProperties,
+    body: bytes,
+    dead_letters_of: str | None = None,
+) -> ParkedMessage:
     delivery = Delivery(
         queue=queue,
         body=body,
@@ -66,11 +72,17 @@ def _parked(queue: str, method: object, props: pika.BasicProperties, body: bytes
         content_type=props.content_type,
         headers=dict(props.headers or {}),
     )
-    return ParkedMessage(delivery, props.timestamp)
+    return ParkedMessage(delivery, props.timestamp, dead_letters_of)
 
 
-def browse(url: str | None, queue: str, *, limit: int = 100) -> list[ParkedMessage]:
-    """Up to ``limit`` messages from the head of ``queue``, left in place."""
+def browse(
+    url: str | None, queue: str, *, limit: int = 100, dead_letters_of: str | None = None
+) -> list[ParkedMessage]:
+    """Up to ``limit`` messages from the head of ``queue``, left in place.
+
+    ``dead_letters_of``: the queue that dead-letters into ``queue`` (a DLQ's
+    destination), so :attr:`ParkedMessage.reason` can tell the broker's reasons.
+    """
     connection, channel, _ = _open(url, queue)
     found: list[ParkedMessage] = []
     try:
@@ -78,7 +90,7 @@ def browse(url: str | None, queue: str, *, limit: int = 100) -> list[ParkedMessa
             method, props, body = channel.basic_get(queue, auto_ack=False)
             if method is None:
                 break
-            found.append(_parked(queue, method, props, body))
+            found.append(_parked(queue, method, props, body, dead_letters_of))
         channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
     except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise translate_channel_error(exc) from exc
