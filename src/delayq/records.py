@@ -137,6 +137,8 @@ class DeliveryRecorder:
         """Records not written because writing failed (see :attr:`error`)."""
         self.written = 0
         """Records written and flushed to the file."""
+        self.late = 0
+        """Deliveries settled after :meth:`close`, not recorded."""
         self.error: BaseException | None = None
         """The last write failure, if any."""
         self._prefix = f"{prefix}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}"
@@ -167,6 +169,14 @@ class DeliveryRecorder:
     def settled(self, event: Settled) -> None:
         """Queue the event's record (the observer hook; returns at once)."""
         if self._closed:
+            self.late += 1
+            if self.late == 1:  # the consumer outlived its recorder: say so, once
+                log.warning(
+                    "delivery records: a delivery settled after the recorder for %s was "
+                    "closed is not recorded (counted in DeliveryRecorder.late); stop the "
+                    "consumer first",
+                    self.directory,
+                )
             return
         if self._dead:
             self.failed += 1

@@ -66,8 +66,8 @@ def test_the_recorder_writes_every_record_and_rotates_by_size(tmp_path: Path) ->
     assert len(files) > 5
     assert all(path.stat().st_size <= 4096 for path in files)
     recorder.close()
-    recorder.settled(event(999))  # after close: ignored, no error
-    assert len(read(tmp_path)) == 200
+    recorder.settled(event(999))  # after close: not recorded, but counted (and logged)
+    assert len(read(tmp_path)) == 200 and recorder.late == 1
 
 
 def test_observers_flush_the_recorder_so_a_stopping_consumer_loses_nothing(
