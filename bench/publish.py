@@ -131,7 +131,11 @@ class Context:
 
     @classmethod
     def create(cls, url: str, settings: Settings) -> Context:
-        topology = Topology(namespace=f"bench{secrets.token_hex(4)}", ladder=LADDER)
+        # No destination: the messages park in the 1 h tier; the key is declared bound
+        # elsewhere so the publisher's routing check lets it through.
+        topology = Topology(
+            namespace=f"bench{secrets.token_hex(4)}", ladder=LADDER, external_bindings=[ROUTING_KEY]
+        )
         body = os.urandom(settings.body_bytes)
         sample = MessageFactory(topology).build(body, ROUTING_KEY, DELAY)
         tier = topology.ladder.select_ms(sample.receipt.delay_ms)

@@ -47,6 +47,8 @@ from delayq.errors import (
     StoreError,
     TopologyConflict,
     TopologyMissing,
+    TopologyNotApplied,
+    UnboundRoutingKey,
     Unroutable,
 )
 from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
@@ -155,6 +157,8 @@ __all__ = [
     "Topology",
     "TopologyConflict",
     "TopologyMissing",
+    "TopologyNotApplied",
+    "UnboundRoutingKey",
     "Unroutable",
     "Worker",
     "apply_topology",

@@ -9,15 +9,19 @@ run it on any table-like source). Nothing here does I/O:
 * an absolute due time becomes a delay at build time (publish time); a due time
   in the past means immediate;
 * a row that cannot be sent (no key, bad delay, longer than the ladder, body
-  that cannot be encoded or is too large, bad routing key) becomes a
+  that cannot be encoded or is too large, a routing key that is malformed or
+  that no binding of the topology matches) becomes a
   :class:`Rejection` naming the reason. It is reported, never dropped.
 
 >>> from delayq import Topology
->>> planner = BulkPlanner(Topology(ladder=["1s", "2s"]), clock_ms=lambda: 0)
+>>> jobs = [{"queue": "jobs", "bindings": ["job.*"]}]
+>>> planner = BulkPlanner(Topology(ladder=["1s", "2s"], destinations=jobs), clock_ms=lambda: 0)
 >>> planner.plan(Row(key="a", routing_key="job.a", delay="2s", body={"n": 1})).receipt.tier
 '2s'
 >>> planner.plan(Row(key="b", routing_key="job.a", delay="3s", body=None)).error
 'DelayTooLong'
+>>> planner.plan(Row(key="c", routing_key="jbo.a", delay="1s", body=None)).error
+'UnboundRoutingKey'
 """
 
 from __future__ import annotations

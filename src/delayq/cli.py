@@ -94,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cmds.add_parser(
         "plan", parents=[file_only], help="print what would be declared (no broker)"
     )
-    topo_cmds.add_parser("apply", parents=[common], help="declare the topology on the broker")
+    apply = topo_cmds.add_parser(
+        "apply", parents=[common], help="declare the topology on the broker"
+    )
+    apply.add_argument(
+        "--quiet", "-q", action="store_true", help="print only conflicts and the summary"
+    )
     export = topo_cmds.add_parser(
         "export", parents=[file_only], help="write RabbitMQ definitions JSON (no broker)"
     )
@@ -405,20 +410,32 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     topology = _topology(args)
     url = resolve_url(args.url)
-    print(f"applying {args.file} (namespace {topology.namespace!r}) to {redact(url)}")
+    if not args.quiet:
+        print(f"applying {args.file} (namespace {topology.namespace!r}) to {redact(url)}")
     report = apply_topology(topology, url, raise_on_conflict=False)
+    marks = {"created": "+", "present": "=", "bound": "~", "conflict": "!", "skipped": "-"}
     for result in report.results:
-        mark = {"created": "+", "present": "=", "bound": "~", "conflict": "!"}[result.status.value]
-        print(f"{mark} {result.status.value:<8} {describe(result.declaration)}")
+        if args.quiet and result.conflict is None:
+            continue
+        status = result.status.value
+        print(f"{marks[status]} {status:<8} {describe(result.declaration)}")
         if result.conflict is not None:
             print(f"    {result.conflict}")
     print(report.summary())
     if not report.ok:
+        count = report.count(ApplyStatus.CONFLICT)
         print(
-            f"delayq: {report.count(ApplyStatus.CONFLICT)} conflicting entities were left "
-            "unchanged",
+            f"delayq: {count} conflicting {'entity was' if count == 1 else 'entities were'} "
+            "left unchanged and nothing else was declared; resolve "
+            f"{'it' if count == 1 else 'them'} and apply again",
             file=sys.stderr,
         )
+        if report.marker_removed:
+            print(
+                f"delayq: publishers now refuse namespace {topology.namespace!r} "
+                "(its apply marker was removed) until an apply succeeds",
+                file=sys.stderr,
+            )
         return EXIT_BROKER
     return EXIT_OK
 

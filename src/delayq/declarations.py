@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from delayq import marker
 from delayq.cascade import Kind, delivery_binding_key, level_binding_keys
 from delayq.topology import QueueType, Topology
 
@@ -19,8 +20,10 @@ __all__ = [
     "Declaration",
     "ExchangeDecl",
     "QueueDecl",
+    "apply_marker",
     "build_declarations",
     "describe",
+    "is_destination_entity",
     "rung_arguments",
 ]
 
@@ -35,6 +38,8 @@ class ExchangeDecl:
     type: str
     arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
     durable: bool = True
+    role: str = ""
+    """``marker`` for the apply marker (see :mod:`delayq.marker`), else empty."""
 
     @property
     def kind(self) -> str:
@@ -103,7 +108,31 @@ def rung_arguments(
 
 
 def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
-    """Everything ``apply`` declares, in dependency order."""
+    """Everything ``apply`` declares, in dependency order; the apply marker last."""
+    decls = _entities(topology)
+    return (*decls, _marker(topology, decls))
+
+
+def apply_marker(topology: Topology) -> ExchangeDecl:
+    """The exchange a completed apply of ``topology`` leaves (see :mod:`delayq.marker`)."""
+    return _marker(topology, _entities(topology))
+
+
+def is_destination_entity(topology: Topology, decl: Declaration) -> bool:
+    """Whether ``decl`` is a destination queue, its DLQ, or a binding to one of them."""
+    names = {name for dest in topology.destinations for name in (dest.queue, dest.dlq)}
+    if isinstance(decl, BindingDecl):
+        return decl.destination_type == "queue" and decl.destination in names
+    return isinstance(decl, QueueDecl) and decl.name in names
+
+
+def _marker(topology: Topology, decls: tuple[Declaration, ...]) -> ExchangeDecl:
+    own = [d for d in decls if not is_destination_entity(topology, d)]
+    name = marker.marker_name(topology.namespace, marker.digest(own))
+    return ExchangeDecl(name, "fanout", role=marker.MARKER_ROLE)
+
+
+def _entities(topology: Topology) -> tuple[Declaration, ...]:
     qtype = topology.queue_type
     plain_queue: dict[str, ArgumentValue] = {"x-queue-type": qtype.value}
     ready, unrouted = topology.ready_exchange, topology.unrouted
@@ -195,7 +224,8 @@ def describe(decl: Declaration) -> str:
     """One line for ``delayq topology plan``."""
     if isinstance(decl, ExchangeDecl):
         args = _format_args(decl.arguments)
-        return f"exchange {decl.name} ({decl.type}{', ' + args if args else ''})"
+        role = f" [{decl.role}]" if decl.role else ""
+        return f"exchange {decl.name}{role} ({decl.type}{', ' + args if args else ''})"
     if isinstance(decl, QueueDecl):
         return f"queue    {decl.name} [{decl.role}] ({_format_args(decl.arguments)})"
     arrow = "=>" if decl.destination_type == "exchange" else "->"

@@ -10,10 +10,11 @@ replaced on every hop, never stacked.
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -30,6 +31,7 @@ from delayq.errors import (
     InvalidInput,
     InvalidMessageId,
     InvalidRoutingKey,
+    UnboundRoutingKey,
 )
 from delayq.ladder import Tier
 from delayq.limits import (
@@ -39,6 +41,7 @@ from delayq.limits import (
     MAX_HEADERS,
     MessageLimits,
 )
+from delayq.topic import BindingKeys
 from delayq.topology import Topology
 
 __all__ = [
@@ -71,6 +74,7 @@ __all__ = [
     "new_message_id",
     "resolve_strategy",
     "route_exact",
+    "unbound_key",
     "validate_headers",
     "validate_routing_key",
 ]
@@ -359,6 +363,45 @@ def resolve_strategy(topology: Topology, strategy: object) -> Strategy:
     return chosen
 
 
+def _near_keys(routing_key: str, keys: Sequence[str]) -> list[str]:
+    """Up to 3 keys the binding keys take that look like ``routing_key`` (a typo)."""
+    words = routing_key.split(".")
+    scored = []
+    for key in keys:
+        taken: list[str] = []  # the binding key with its wildcards filled from the typo
+        for i, word in enumerate(key.split(".")):
+            if word == "#":
+                taken.extend(words[i:])
+                break
+            taken.append(words[i] if word == "*" and i < len(words) else word)
+        example = ".".join(taken)
+        ratio = difflib.SequenceMatcher(None, routing_key, example).ratio()
+        if ratio >= 0.75:
+            shown = repr(example) if example == key else f"{example!r} (bound by {key!r})"
+            scored.append((-ratio, shown))
+    return [shown for _ratio, shown in sorted(scored)[:3]]
+
+
+def unbound_key(topology: Topology, routing_key: str, keys: Sequence[str]) -> UnboundRoutingKey:
+    """The error for a routing key that none of ``keys`` (the topology's) matches."""
+    if not keys:
+        known, fix = (
+            ", which lists no destinations and no external_bindings",
+            "List the destinations in the topology",
+        )
+    else:
+        close = _near_keys(routing_key, keys)
+        shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+        guess = f"; did you mean {' or '.join(close)}?" if close else ""
+        known, fix = f" (bindings: {shown}{guess})", "Fix the key"
+    return UnboundRoutingKey(
+        f"routing key {routing_key!r} matches no binding of namespace "
+        f"{topology.namespace!r}{known}: nothing was sent, as the message could only be "
+        f"parked in {topology.unrouted} when due. {fix}, or, for a queue bound outside the "
+        'topology file, add its binding key to `external_bindings` (["#"] accepts every key).'
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ExactRoute:
     """Where a cascade message is published (``plan`` is ``None`` when immediate)."""
@@ -416,6 +459,7 @@ class MessageFactory:
             for tier in topology.ladder.tiers
         }
         self._route[None] = (topology.ready_exchange, 0, None)
+        self._bound = BindingKeys(topology.binding_keys)
 
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
         """Validate a whole batch first, so bad input anywhere sends nothing."""
@@ -475,6 +519,8 @@ class MessageFactory:
                 f"body is {len(data)} bytes, more than the limit of {self.max_body_bytes} "
                 "(limits.max_body_bytes; put large data in a blob store and send its address)"
             )
+        if self._bound.match(routing_key) is None:  # every strategy, delay 0 too
+            raise unbound_key(self.topology, routing_key, self._bound.keys)
         now_ms = self._clock_ms()
         user_headers.update(
             envelope_headers(delay_ms, tier_label, tier_ms, now_ms, attempt, routing_key)

@@ -21,9 +21,11 @@ and aiormq are translated at one place per adapter and chained with
     │   ├── ConnectionFailed
     │   │   └── ManagementUnavailable
     │   ├── TopologyMissing
+    │   │   └── TopologyNotApplied: no completed apply of this topology is recorded
     │   ├── TopologyConflict
     │   └── PublishError: the fate of a message is not "confirmed"
     │       ├── Unroutable
+    │       │   └── UnboundRoutingKey (also an InvalidInput): no binding matches; not sent
     │       ├── PublishRejected
     │       ├── PublishUnconfirmed
     │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
@@ -70,6 +72,8 @@ __all__ = [
     "StoreError",
     "TopologyConflict",
     "TopologyMissing",
+    "TopologyNotApplied",
+    "UnboundRoutingKey",
     "Unroutable",
 ]
 
@@ -175,6 +179,14 @@ class TopologyMissing(BrokerError):
     """An exchange or queue delayq needs does not exist: run ``delayq topology apply``."""
 
 
+class TopologyNotApplied(TopologyMissing):
+    """No completed ``delayq topology apply`` of the publisher's topology is recorded on
+    the broker (its apply marker exchange is missing): the last apply failed or never
+    ran, or the broker holds another ladder or queue type. A publisher refuses to send
+    rather than have a message confirmed into a half-applied topology, where it could
+    be lost. Run ``delayq topology apply`` and fix what it reports."""
+
+
 class TopologyConflict(BrokerError):
     """An existing entity was declared with other arguments than the topology wants."""
 
@@ -219,6 +231,13 @@ class PublishError(BrokerError):
 
 class Unroutable(PublishError):
     """The broker returned a mandatory message: no queue was bound to take it."""
+
+
+class UnboundRoutingKey(Unroutable, InvalidInput):
+    """No binding of the topology matches the routing key: the message would only be
+    parked in ``<ns>.unrouted`` when due. Raised before anything is sent (so it is an
+    :class:`InvalidInput` too); a key bound outside the topology file is declared in
+    the topology's ``external_bindings``."""
 
 
 class PublishRejected(PublishError):

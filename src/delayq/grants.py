@@ -109,6 +109,7 @@ def _names(topology: Topology) -> dict[str, str]:
         "retry": f"{ns}\\.retry\\.{_LABEL}",
         "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
         "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
+        "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.marker: applies declare it
     }
 
 
@@ -149,7 +150,7 @@ def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
     queues = [_escape(d.queue) for d in topology.destinations]
     dlqs = [_escape(d.dlq) for d in topology.destinations]
     cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
-    entities = [n["ready"], n["unrouted"], n["rungs"], *cascade, *queues, *dlqs]
+    entities = [n["ready"], n["unrouted"], n["rungs"], *cascade, n["marker"], *queues, *dlqs]
     write = ["amq\\.default", n["ready"], n["unrouted"], n["rungs"], *cascade, *queues]
     read = [n["ready"], n["unrouted"], n["rungs"], *cascade, *queues]
     return Grant(
@@ -160,8 +161,9 @@ def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
             configure=_pattern(entities), write=_pattern(write), read=_pattern(read)
         ),
         reasons=(
-            "configure: declare every exchange and queue of the namespace and the "
-            "destination queues with their DLQs (consumers apply the topology at start)",
+            "configure: declare every exchange and queue of the namespace (the apply "
+            "marker included) and the destination queues with their DLQs (consumers "
+            "apply the topology at start)",
             "write: republish retries to the retry exchanges and dead letters through the "
             "default exchange (amq.default); bind the tier, retry, unrouted and destination "
             "queues; name the ready and default exchanges as dead-letter exchanges and "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import yaml
 from pydantic import (
@@ -31,6 +31,9 @@ from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidDelay, InvalidTopology
 from delayq.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 from delayq.limits import DEFAULT_LIMITS, MessageLimits
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "DEFAULT_TOPOLOGY_FILE",
@@ -83,7 +86,57 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
-class Destination(BaseModel):
+def _check_binding_keys(value: tuple[str, ...]) -> tuple[str, ...]:
+    for key in value:
+        if len(key.encode()) > 255 or not _BINDING.fullmatch(key):
+            raise ValueError(
+                f"binding key {key!r} must be dot-separated words of letters, digits, "
+                "'_' or '-', or the wildcards '*' and '#' (at most 255 bytes)"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("binding keys must be unique")
+    return value
+
+
+def _problem_list(exc: ValidationError, outer: tuple[str | int, ...] = ()) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = (*outer, *err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, InvalidTopology) and isinstance(cause.__cause__, ValidationError):
+            # A nested model refused its part (its __init__ raised): name its fields in full.
+            problems.extend(_problem_list(cause.__cause__, loc))
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{'.'.join(str(p) for p in loc)}: {msg}" if loc else msg)
+    return problems
+
+
+def _problems(source: str, exc: ValidationError) -> str:
+    """One line naming every field pydantic refused, and why."""
+    return f"{source}: {'; '.join(_problem_list(exc))}"
+
+
+class _Model(BaseModel):
+    """Refuses bad input with :class:`~delayq.errors.InvalidTopology`, never pydantic's
+    own ``ValidationError``: ``except DelayqError`` (or ``ValueError``) catches a bad
+    ``Topology(...)``, as it catches every other delayq error."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidTopology(_problems(type(self).__name__, exc)) from exc
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidTopology(_problems(cls.__name__, exc)) from exc
+
+
+class Destination(_Model):
     """An application queue bound to the ready exchange."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -105,15 +158,7 @@ class Destination(BaseModel):
     @field_validator("bindings")
     @classmethod
     def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for key in value:
-            if len(key.encode()) > 255 or not _BINDING.fullmatch(key):
-                raise ValueError(
-                    f"binding key {key!r} must be dot-separated words of letters, digits, "
-                    "'_' or '-', or the wildcards '*' and '#' (at most 255 bytes)"
-                )
-        if len(set(value)) != len(value):
-            raise ValueError("binding keys must be unique")
-        return value
+        return _check_binding_keys(value)
 
     @property
     def dlq(self) -> str:
@@ -128,7 +173,7 @@ def _parse_unit(value: object) -> int:
         raise ValueError(str(exc)) from None
 
 
-class ExactSettings(BaseModel):
+class ExactSettings(_Model):
     """The exact strategy's cascade: ``levels`` levels, level ``k`` waiting ``2**k`` units."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -144,7 +189,7 @@ class ExactSettings(BaseModel):
     """``None``: enough for the ladder's largest tier."""
 
 
-class Topology(BaseModel):
+class Topology(_Model):
     """Namespace, ladder, queue type, destination queues, and message size limits."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -164,6 +209,16 @@ class Topology(BaseModel):
     """The default strategy of publishes and of consumers' retries."""
     exact: ExactSettings | None = None
     """The exact strategy's cascade; declared when set or when ``strategy`` is exact."""
+    external_bindings: tuple[str, ...] = ()
+    """Binding keys of queues bound to ``<ns>.ready`` outside this topology. A publish
+    whose routing key matches neither a destination's bindings nor these raises
+    :class:`~delayq.errors.UnboundRoutingKey` before anything is sent (it could only
+    be parked in ``<ns>.unrouted`` when due); ``["#"]`` accepts every key."""
+
+    @field_validator("external_bindings")
+    @classmethod
+    def _external_bindings(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_binding_keys(value)
 
     @field_validator("namespace")
     @classmethod
@@ -255,6 +310,12 @@ class Topology(BaseModel):
         """A copy under another namespace (tests and demos use unique ones)."""
         return Topology.model_validate({**self.model_dump(), "namespace": namespace})
 
+    @property
+    def binding_keys(self) -> tuple[str, ...]:
+        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``."""
+        keys = [key for dest in self.destinations for key in dest.bindings]
+        return tuple(dict.fromkeys([*keys, *self.external_bindings]))
+
     def destination(self, queue: str) -> Destination:
         for dest in self.destinations:
             if dest.queue == queue:
@@ -267,13 +328,34 @@ class Topology(BaseModel):
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "topology") -> Topology:
         """Validate a mapping, raising :class:`~delayq.errors.InvalidTopology`."""
         try:
-            return cls.model_validate(dict(data))
+            return cast(Topology, cls.__pydantic_validator__.validate_python(dict(data)))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise InvalidTopology(f"{source}: {problems}") from exc
+            raise InvalidTopology(_problems(source, exc)) from exc
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys and drops the first without a word: a
+    second ``destinations:`` would silently replace the first list. Refuse it."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Hashable, int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` then an override of a merged key is fine
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader refuses it below, with its own words
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice (lines {seen[key]} and {line}); YAML would "
+                    "keep only the last one",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_topology(path: str | Path = DEFAULT_TOPOLOGY_FILE) -> Topology:
@@ -291,7 +373,7 @@ def load_topology(path: str | Path = DEFAULT_TOPOLOGY_FILE) -> Topology:
     except OSError as exc:
         raise InvalidTopology(f"cannot read topology file {str(path)!r}: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         raise InvalidTopology(f"{path}: not valid YAML: {exc}") from exc
     if data is None:

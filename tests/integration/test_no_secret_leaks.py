@@ -270,10 +270,10 @@ def test_no_password_in_the_pytest_plugins_output(secret: Secret, tmp_path: Path
     (tmp_path / "test_uses_broker.py").write_text(
         textwrap.dedent(
             """
-            from delayq import Publisher
+            from delayq import Publisher, Topology
 
             def test_publish(rabbitmq_url):
-                with Publisher(rabbitmq_url) as pub:
+                with Publisher(rabbitmq_url, Topology(external_bindings=["#"])) as pub:
                     pub.publish(b"x", "k", "0s")
 
             def test_fails_on_purpose(rabbitmq_url):

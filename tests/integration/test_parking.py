@@ -133,7 +133,7 @@ def test_replay_goes_to_the_failing_queue_alone(make_topology, rabbitmq_url, tmp
 
 
 def test_unrouted_list_and_replay_once_a_binding_exists(make_topology, rabbitmq_url, tmp_path):
-    topo = make_topology(["1s"])
+    topo = make_topology(["1s"], external_bindings=["nobody.*"])  # a key bound elsewhere
     apply_topology(topo, rabbitmq_url)
     with Publisher(rabbitmq_url, topo) as pub:
         pub.publish({"late": True}, "nobody.yet", "0s", message_id="u-1")

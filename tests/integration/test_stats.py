@@ -8,7 +8,7 @@ from typing import Any
 
 import pika
 
-from delayq import Publisher
+from delayq import Publisher, Topology
 from delayq.localnode import LocalNode
 from delayq.sync import apply_topology
 from tests.integration.ops import delayq
@@ -18,6 +18,8 @@ def _fill(node: LocalNode, topology: Any) -> pika.BlockingConnection:
     """3 messages waiting in the 30s tier, 2 in the work queue (1 of them delivered and
     unacked to a consumer), 2 in the DLQ, 1 unrouted. Returns the consumer's connection."""
     ns = topology.namespace
+    # The unrouted one's key is said to be bound outside the file (else it is refused).
+    topology = Topology.model_validate({**topology.model_dump(), "external_bindings": ["nobody.#"]})
     with Publisher(node.url, topology) as publisher:
         for n in range(3):
             publisher.publish({"n": n}, "job.later", "20s")

@@ -2,4 +2,24 @@
 
 from __future__ import annotations
 
-from tests.integration.conftest import collect, make_topology  # noqa: F401
+import pytest
+
+from tests.integration.conftest import (  # noqa: F401 (fixtures)
+    collect,
+    driver,
+    driver_for,
+    driver_kind,
+    make_topology,
+    start_consumer,
+)
+from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Those that reach a real broker count as integration tests (-m "not integration").
+    for item in items:
+        uses_broker = {"rabbitmq_url", "local_rabbitmq_management_node"} & set(
+            getattr(item, "fixturenames", ())
+        )
+        if "misuse" in item.path.parts and uses_broker:
+            item.add_marker(pytest.mark.integration)

@@ -45,6 +45,7 @@ INVALID = [  # key, routing key, delay, body, expected error
     ("too-long", "job.a", "5s", None, "DelayTooLong"),
     ("nan-body", "job.a", "1s", float("nan"), "InvalidBody"),
     ("wildcard", "job.*", "1s", 1.0, "InvalidRoutingKey"),
+    ("typo", "jbo.a", "1s", 3.0, "UnboundRoutingKey"),  # no binding matches: never sent
     (None, "job.a", "1s", 2.0, "InvalidMessageId"),
 ]
 
@@ -141,7 +142,7 @@ def test_ten_thousand_rows_each_delivered_once_at_its_tier_then_rerun_gives_dupl
         assert summary.published == dict(expected_tiers)
         assert summary.total_rejected == len(INVALID)
         assert summary.errors == dict(Counter(e for *_, e in INVALID))
-        assert summary.rejected == {"-": 4, "1s": 3}  # bad delays have no tier
+        assert summary.rejected == {"-": 4, "1s": 4}  # bad delays have no tier
         assert progress and progress[-1][0] <= progress[-1][1]
 
         errors = [
@@ -154,6 +155,7 @@ def test_ten_thousand_rows_each_delivered_once_at_its_tier_then_rerun_gives_dupl
             assert by_key[key]["error"] == error
             assert by_key[key]["reason"]
         assert "longer than the largest tier" in by_key["too-long"]["reason"]
+        assert "did you mean 'job.a' (bound by 'job.#')?" in by_key["typo"]["reason"]
 
         assert wait_for(lambda: len(seen.handled) >= ROWS, 60), len(seen.handled)
         # The handler counts a body before the ack; the observer's event comes after it.
@@ -292,7 +294,7 @@ def test_a_wrong_url_or_an_unapplied_topology_is_a_delayq_error_before_any_task(
     with pytest.raises(ConnectionFailed):
         schedule(df, url="amqp://guest:guest@127.0.0.1:1/", topology=applied,
                  delay_col="delay", body_col=None)
-    with pytest.raises(TopologyMissing, match="apply the topology"):
+    with pytest.raises(TopologyMissing, match="delayq topology apply"):
         schedule(df, url=rabbitmq_url, topology=make_topology(), delay_col="delay",
                  body_col=None)
 

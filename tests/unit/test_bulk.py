@@ -20,7 +20,8 @@ from delayq.envelope import OutgoingMessage, Receipt
 from delayq.errors import PublishRejected
 
 NOW = 1_700_000_000_000
-TOPOLOGY = Topology(namespace="bulk", ladder=["1s", "2s", "4s"])
+JOBS = [{"queue": "bulk.jobs", "bindings": ["job.*"]}]
+TOPOLOGY = Topology(namespace="bulk", ladder=["1s", "2s", "4s"], destinations=JOBS)
 
 
 def planner(**kwargs: object) -> BulkPlanner:
@@ -85,7 +86,9 @@ def test_rows_that_cannot_be_sent_become_rejections_with_the_reason(
 
 
 def test_a_body_too_large_is_rejected() -> None:
-    topology = Topology(namespace="bulk", ladder=["1s"], limits={"max_body_bytes": 1024})
+    topology = Topology(
+        namespace="bulk", ladder=["1s"], limits={"max_body_bytes": 1024}, destinations=JOBS
+    )
     planned = BulkPlanner(topology).plan(Row("k", "job.a", "x" * 2000, delay="1s"))
     assert isinstance(planned, Rejection) and planned.error == "BodyTooLarge"
 
@@ -113,7 +116,7 @@ def test_a_message_the_broker_refused_is_a_rejection_in_its_tier() -> None:
 
 
 def test_an_exact_topology_schedules_through_the_cascade() -> None:
-    exact = BulkPlanner(Topology(namespace="bulk", strategy="exact"))
+    exact = BulkPlanner(Topology(namespace="bulk", strategy="exact", destinations=JOBS))
     msg = exact.plan(Row("k", "job.a", None, delay="90s"))
     assert isinstance(msg, OutgoingMessage)
     assert (msg.receipt.tier, msg.receipt.tier_ms) == ("exact", 90_000)

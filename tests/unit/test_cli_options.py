@@ -157,7 +157,8 @@ def test_any_option_twice_with_different_values_is_refused(capsys):
 def test_url_before_the_command_is_the_broker_used(capsys, monkeypatch):
     """Before the fix, `delayq --url X publish` used $DELAYQ_URL (here: port 2)."""
     monkeypatch.setenv("DELAYQ_URL", "amqp://guest:guest@127.0.0.1:2/")
-    argv = ["--url", DEAD_URL, "--file", str(TOPOLOGY), "publish", "-k", "orders.x", "-d", "1m"]
+    argv = ["--url", DEAD_URL, "--file", str(TOPOLOGY)]
+    argv += ["publish", "-k", "orders.reminder", "-d", "1m"]  # a key the file binds
     assert main(argv) == EXIT_BROKER
     err = capsys.readouterr().err
     assert "127.0.0.1:1/" in err and "127.0.0.1:2" not in err and "s3cret" not in err

@@ -14,6 +14,7 @@ from delayq.declarations import (
     Declaration,
     ExchangeDecl,
     QueueDecl,
+    apply_marker,
     build_declarations,
     describe,
 )
@@ -84,15 +85,19 @@ _KIND_RANK = {"exchange": 0, "queue": 1, "binding": 2}
 
 
 @pytest.mark.parametrize("topology", [QUORUM, CLASSIC], ids=["quorum", "classic"])
-def test_exchanges_then_queues_then_bindings(topology: Topology) -> None:
-    ranks = [_KIND_RANK[d.kind] for d in build_declarations(topology)]
+def test_exchanges_then_queues_then_bindings_then_the_marker(topology: Topology) -> None:
+    *entities, marker = build_declarations(topology)
+    ranks = [_KIND_RANK[d.kind] for d in entities]
     assert ranks == sorted(ranks)
+    assert isinstance(marker, ExchangeDecl) and marker.role == "marker"
 
 
 @given(topologies)
 def test_order_holds_for_any_ladder(topology: Topology) -> None:
-    ranks = [_KIND_RANK[d.kind] for d in build_declarations(topology)]
+    *entities, marker = build_declarations(topology)
+    ranks = [_KIND_RANK[d.kind] for d in entities]
     assert ranks == sorted(ranks)
+    assert marker == apply_marker(topology)
 
 
 def test_ready_exchange_is_declared_before_any_tier_queue() -> None:
@@ -294,6 +299,7 @@ def test_topology_without_destinations_has_only_delayq_entities() -> None:
         ("binding", "ns.unrouted -> ns.unrouted [(any)]"),
         ("binding", "ns.tier.1s -> ns.tier.1s [(any)]"),
         ("binding", "ns.retry.1s -> ns.retry.1s [(any)]"),
+        ("exchange", apply_marker(Topology(namespace="ns", ladder=["1s"])).name),
     }
 
 

@@ -34,7 +34,8 @@ from delayq.errors import (
 from delayq.topology import Topology
 
 NOW_MS = 1_700_000_000_123
-TOPOLOGY = Topology(namespace="shop")  # the default ladder, 30s .. 24h
+# The default ladder, 30s .. 24h; every key is bound (the routing check: test_routing.py).
+TOPOLOGY = Topology(namespace="shop", external_bindings=["#"])
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 

@@ -87,7 +87,7 @@ def test_a_topology_copy_keeps_its_limits() -> None:
 
 
 def small(**limits: Any) -> MessageFactory:
-    return MessageFactory(Topology(limits=limits))
+    return MessageFactory(Topology(limits=limits, external_bindings=["#"]))
 
 
 def test_body_limit_comes_from_the_topology_and_the_publisher_may_override_it() -> None:
@@ -95,7 +95,8 @@ def test_body_limit_comes_from_the_topology_and_the_publisher_may_override_it() 
     assert len(factory.build(b"x" * 10, "k", "1m").body) == 10
     with pytest.raises(BodyTooLarge, match="11 bytes, more than the limit of 10"):
         factory.build(b"x" * 11, "k", "1m")
-    override = MessageFactory(Topology(limits={"max_body_bytes": 10}), max_body_bytes=20)
+    topology = Topology(limits={"max_body_bytes": 10}, external_bindings=["#"])
+    override = MessageFactory(topology, max_body_bytes=20)
     assert len(override.build(b"x" * 20, "k", "1m").body) == 20
     with pytest.raises(InvalidInput, match="max_body_bytes"):
         MessageFactory(Topology(), max_body_bytes=-5)

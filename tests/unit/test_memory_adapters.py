@@ -348,7 +348,10 @@ def test_exact_retries_are_addressed_to_the_failing_queue(memory_broker: MemoryB
 
 def test_parked_messages_can_be_replayed(memory_broker: MemoryBroker) -> None:
     emails = {"queue": "emails", "bindings": ["email.*"]}
-    topology = Topology(namespace="park", ladder=["1m"], destinations=[emails])
+    # lost.* is bound later, outside this topology: its key is accepted at publish
+    topology = Topology(
+        namespace="park", ladder=["1m"], destinations=[emails], external_bindings=["lost.*"]
+    )
     fail = [True]
     seen: list[Any] = []
 

@@ -16,13 +16,12 @@ from delayq.aio._connection import (
 )
 from delayq.declarations import (
     BindingDecl,
-    Declaration,
     ExchangeDecl,
     QueueDecl,
     build_declarations,
 )
 from delayq.errors import ConnectionFailed, TopologyConflict
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url, resolved_memory_name
 
@@ -61,26 +60,34 @@ async def _declare(chan: AbstractChannel, decl: ExchangeDecl | QueueDecl, passiv
         )
 
 
-async def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
-    if isinstance(decl, BindingDecl):
-        channel = await channels.get()
-        try:
-            if decl.destination_type == "exchange":
-                target = await channel.get_exchange(decl.destination, ensure=False)
-                await target.bind(decl.source, decl.routing_key)
-            else:
-                queue = await channel.get_queue(decl.destination, ensure=False)
-                await queue.bind(decl.source, decl.routing_key)
-        except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
-            raise translate_channel_error(exc) from exc
-        return ApplyResult(decl, ApplyStatus.BOUND)
+async def _bind(channels: _Channels, decl: BindingDecl) -> ApplyResult:
+    channel = await channels.get()
+    try:
+        if decl.destination_type == "exchange":
+            target = await channel.get_exchange(decl.destination, ensure=False)
+            await target.bind(decl.source, decl.routing_key)
+        else:
+            queue = await channel.get_queue(decl.destination, ensure=False)
+            await queue.bind(decl.source, decl.routing_key)
+    except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
+        raise translate_channel_error(exc) from exc
+    return ApplyResult(decl, ApplyStatus.BOUND)
+
+
+async def _check(channels: _Channels, decl: ExchangeDecl | QueueDecl) -> ApplyResult | None:
+    """Phase 1: ``None`` when missing, else present or in conflict (nothing created)."""
     try:
         await _declare(await channels.get(), decl, passive=True)
-        existed = True
     except aex.ChannelNotFoundEntity:
-        existed = False
+        return None
     except aex.AMQPChannelError as exc:
         raise translate_channel_error(exc) from exc
+    return await _create(channels, decl, ApplyStatus.PRESENT)
+
+
+async def _create(
+    channels: _Channels, decl: ExchangeDecl | QueueDecl, status: ApplyStatus
+) -> ApplyResult:
     try:
         await _declare(await channels.get(), decl, passive=False)
     except aex.AMQPChannelError as exc:
@@ -88,7 +95,35 @@ async def _apply_one(channels: _Channels, decl: Declaration) -> ApplyResult:
         if isinstance(error, TopologyConflict):
             return ApplyResult(decl, ApplyStatus.CONFLICT, error)
         raise error from exc
-    return ApplyResult(decl, ApplyStatus.PRESENT if existed else ApplyStatus.CREATED)
+    return ApplyResult(decl, status)
+
+
+async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
+    """Check every entity, then create what is missing only if nothing conflicts
+    (the two phases of :mod:`delayq.provisioning`)."""
+    decls = build_declarations(topology)
+    found = [
+        None if isinstance(d, BindingDecl) else await _check(channels, d) for d in decls
+    ]
+    stopped = any(r is not None and r.conflict is not None for r in found)
+    report = ApplyReport()
+    for decl, result in zip(decls, found, strict=True):
+        if result is None:
+            if stopped:
+                result = ApplyResult(decl, ApplyStatus.SKIPPED)
+            elif isinstance(decl, BindingDecl):
+                result = await _bind(channels, decl)
+            else:
+                result = await _create(channels, decl, ApplyStatus.CREATED)
+                stopped = result.conflict is not None  # a racing apply: stop here
+        report.results.append(result)
+    if found[-1] is not None and spoils_marker(topology, report.results):
+        try:
+            await (await channels.get()).exchange_delete(decls[-1].name)
+        except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
+            raise translate_channel_error(exc) from exc
+        report.marker_removed = True
+    return report
 
 
 async def apply_topology(
@@ -101,7 +136,8 @@ async def apply_topology(
     """Declare every entity of ``topology``; applying twice changes nothing.
 
     The async twin of :func:`delayq.sync.apply_topology`, with the same report
-    and the same conflict handling; delayq's own channels are used on a
+    and the same conflict handling (nothing is declared while an entity
+    conflicts, see :mod:`delayq.provisioning`); delayq's own channels are used on a
     ``connection`` you pass, so none of yours is closed by a refused declaration.
     """
     if connection is None and resolved_memory_name(url) is not None:
@@ -112,10 +148,8 @@ async def apply_topology(
     own = connection is None
     conn = await connect(resolved, name="delayq-provision") if connection is None else connection
     channels = _Channels(conn)
-    report = ApplyReport()
     try:
-        for decl in build_declarations(topology):
-            report.results.append(await _apply_one(channels, decl))
+        report = await _apply(channels, topology)
     except CONNECTION_ERRORS as exc:
         raise ConnectionFailed(
             f"lost the connection to {redact(resolved)} while applying the topology"

@@ -22,6 +22,7 @@ from delayq.aio._connection import (
     is_blocked,
     translate_channel_error,
 )
+from delayq.declarations import apply_marker
 from delayq.envelope import (
     Message,
     MessageFactory,
@@ -38,6 +39,7 @@ from delayq.errors import (
     PublishUnconfirmed,
     TopologyMissing,
 )
+from delayq.marker import Gate
 from delayq.published import PublishObserver, PublishObservers
 from delayq.topology import Strategy, Topology
 from delayq.urls import redact, resolve_url, resolved_memory_name
@@ -129,6 +131,9 @@ class AsyncPublisher:
         self._channel: AbstractChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
         self._lock = asyncio.Lock()
+        self._gate = Gate(
+            self.topology.namespace, apply_marker(self.topology).name, redact(self._url)
+        )
 
     def __repr__(self) -> str:
         return f"AsyncPublisher(url={redact(self._url)!r}, namespace={self.topology.namespace!r})"
@@ -156,14 +161,33 @@ class AsyncPublisher:
                     return self._channel
                 except CHANNEL_REFUSED:  # the connection closed, not yet noticed here
                     await close_quietly(connection)
-            self._connection = await connect(
+            connection = await connect(
                 self._url, name="delayq-publisher", attempts=self._connect_attempts
             )
+            try:
+                await self._check_applied(connection)
+            except BaseException:
+                await close_quietly(connection)
+                raise
+            self._connection = connection
             self._channel = await self._connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
             self._exchanges = {}
             return self._channel
+
+    async def _check_applied(self, connection: AbstractConnection) -> None:
+        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`);
+        once per connection, on a channel of its own that a refusal may close."""
+        probe = await connection.channel(publisher_confirms=False)
+        try:
+            await probe.get_exchange(self._gate.marker, ensure=True)
+        except aex.ChannelNotFoundEntity as exc:
+            raise self._gate.refusal() from exc
+        except aex.AMQPChannelError as exc:
+            raise translate_channel_error(exc) from exc
+        finally:
+            await close_quietly(probe)
 
     async def _exchange(self, name: str) -> AbstractExchange:
         channel = await self._ensure_channel()

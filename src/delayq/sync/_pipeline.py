@@ -29,6 +29,7 @@ from delayq.errors import (
     PublishRejected,
     TopologyMissing,
 )
+from delayq.marker import Gate
 
 __all__ = ["Settle", "publish_pipelined", "send_pipelined"]
 
@@ -87,8 +88,11 @@ class _Round:
         window: int,
         properties: Callable[[OutgoingMessage], pika.BasicProperties],
         settle: Settle,
+        gate: Gate | None = None,
     ) -> None:
         self.params = params
+        self.gate = gate
+        self.gating = False  # the passive declare of the apply marker is under way
         self.source = source
         self.window = window
         self.properties = properties
@@ -138,14 +142,34 @@ class _Round:
         self.channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._fill)
+        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._pass_gate)
+
+    def _pass_gate(self, _frame: Any) -> None:
+        """Every connection checks the apply marker before its first publish."""
+        if self.gate is None:
+            self._fill()
+            return
+
+        def passed(_frame: Any) -> None:
+            self.gating = False
+            self._fill()
+
+        self.gating = True
+        self.channel.exchange_declare(self.gate.marker, passive=True, callback=passed)
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
         if isinstance(reason, pex.ChannelClosedByBroker):
             text = reason.reply_text or ""
-            self.fatal = missing_from_reply(text) or refused_from_reply(text) or PublishRejected(
-                f"the broker closed the channel: ({reason.reply_code}) {reason.reply_text}"
-            )
+            if self.gating and self.gate is not None and reason.reply_code == 404:
+                self.fatal = self.gate.refusal()
+            else:
+                self.fatal = (
+                    missing_from_reply(text)
+                    or refused_from_reply(text)
+                    or PublishRejected(
+                        f"the broker closed the channel: ({reason.reply_code}) {reason.reply_text}"
+                    )
+                )
         self._finish()
 
     def _check_exchange(self, item: tuple[int, OutgoingMessage]) -> None:
@@ -239,6 +263,7 @@ def send_pipelined(
     backoff_s: float,
     url_for_errors: str,
     explain: Callable[[BaseException], str | None] = lambda _exc: None,
+    gate: Gate | None = None,
 ) -> None:
     """Stream ``messages`` with up to ``window`` unconfirmed; ``settle`` hears each fate once.
 
@@ -252,7 +277,9 @@ def send_pipelined(
     nothing sent yet, it raises at once. Each round after a lost one goes to the
     next of ``hosts`` (the nodes of a cluster); an attempt is a pass over all of
     them. :class:`~delayq.errors.TopologyMissing` and
-    :class:`~delayq.errors.AccessRefused` raise at once.
+    :class:`~delayq.errors.AccessRefused` raise at once; so does
+    :class:`~delayq.errors.TopologyNotApplied` when a round's connection finds no
+    apply marker of ``gate`` (checked before its first publish).
     """
     source = _Source(enumerate(messages))
     barren_rounds = 0
@@ -260,7 +287,7 @@ def send_pipelined(
     handed_over = False  # did any round write a message to a socket?
     rounds = 0
     while True:
-        rnd = _Round(hosts[rounds % len(hosts)], source, window, properties, settle)
+        rnd = _Round(hosts[rounds % len(hosts)], source, window, properties, settle, gate)
         rounds += 1
         rnd.run()
         handed_over = handed_over or rnd.next_tag > 1
@@ -302,6 +329,7 @@ def publish_pipelined(
     backoff_s: float,
     url_for_errors: str,
     explain: Callable[[BaseException], str | None] = lambda _exc: None,
+    gate: Gate | None = None,
 ) -> None:
     """Publish ``messages`` with up to ``window`` unconfirmed; raise for any not confirmed.
 
@@ -324,6 +352,7 @@ def publish_pipelined(
         backoff_s=backoff_s,
         url_for_errors=url_for_errors,
         explain=explain,
+        gate=gate,
     )
     if failures:
         receipts = [None if i in failures else messages[i].receipt for i in range(len(messages))]

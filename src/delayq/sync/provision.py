@@ -14,7 +14,7 @@ from delayq.declarations import (
     build_declarations,
 )
 from delayq.errors import ConnectionFailed, TopologyConflict
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.sync._connection import (
     CONNECTION_ERRORS,
     close_quietly,
@@ -105,6 +105,31 @@ def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
     return result
 
 
+def _apply(channels: Channels, topology: Topology) -> ApplyReport:
+    """Check every entity, then create what is missing only if nothing conflicts
+    (the two phases of :mod:`delayq.provisioning`)."""
+    decls = build_declarations(topology)
+    found = [
+        None if isinstance(d, BindingDecl) else declare_checked(channels, d, create=False)
+        for d in decls
+    ]
+    stopped = any(r is not None and r.conflict is not None for r in found)
+    report = ApplyReport()
+    for decl, result in zip(decls, found, strict=True):
+        if result is None:
+            if stopped:
+                result = ApplyResult(decl, ApplyStatus.SKIPPED)
+            else:
+                result = _apply_one(channels, decl)
+                stopped = result.conflict is not None  # a racing apply: stop here
+        report.results.append(result)
+    marker = decls[-1]
+    if found[-1] is not None and spoils_marker(topology, report.results):
+        channels.channel.exchange_delete(marker.name)
+        report.marker_removed = True
+    return report
+
+
 def apply_topology(
     topology: Topology,
     url: str | None = None,
@@ -114,9 +139,12 @@ def apply_topology(
 ) -> ApplyReport:
     """Declare every entity of ``topology``; applying twice changes nothing.
 
-    An entity that exists with other arguments is left alone and reported; with
-    ``raise_on_conflict`` (the default) the first conflict is raised as
-    :class:`~delayq.errors.TopologyConflict` once everything else is declared.
+    Every existing entity is checked first: if one exists with other arguments,
+    nothing is declared (the others are reported ``skipped``), and the apply
+    marker of a former apply is removed when the conflict is on the namespace's
+    own entities, so publishers refuse the namespace until an apply succeeds
+    (see :mod:`delayq.provisioning`). With ``raise_on_conflict`` (the default)
+    the first conflict is raised as :class:`~delayq.errors.TopologyConflict`.
     Pass ``connection`` to reuse one: delayq opens and closes its own channels on
     it, so the caller's channels are never closed by a refused declaration.
     """
@@ -128,10 +156,10 @@ def apply_topology(
     own = connection is None
     conn = connect(resolved, name="delayq-provision") if connection is None else connection
     channels = Channels(conn)
-    report = ApplyReport()
     try:
-        for decl in build_declarations(topology):
-            report.results.append(_apply_one(channels, decl))
+        report = _apply(channels, topology)
+    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED deleting the marker
+        raise translate_channel_error(exc) from exc
     except CONNECTION_ERRORS as exc:
         raise ConnectionFailed(
             f"lost the connection to {redact(resolved)} while applying the topology"

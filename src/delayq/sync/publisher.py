@@ -13,6 +13,7 @@ import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq import outcomes
+from delayq.declarations import apply_marker
 from delayq.envelope import (
     Message,
     MessageFactory,
@@ -27,6 +28,7 @@ from delayq.errors import (
     PublishError,
     TopologyMissing,
 )
+from delayq.marker import Gate
 from delayq.published import PublishObserver, PublishObservers
 from delayq.sync._connection import (
     BLOCKED_CONNECTION_TIMEOUT_S,
@@ -103,6 +105,10 @@ class Publisher:
         self._backoff_s = retry_backoff_s
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
+        self._gate = Gate(
+            self.topology.namespace, apply_marker(self.topology).name, redact(self._url)
+        )
+        self._gated: pika.BlockingConnection | None = None  # the connection that passed it
 
     def __repr__(self) -> str:
         return f"Publisher(url={redact(self._url)!r}, namespace={self.topology.namespace!r})"
@@ -123,9 +129,22 @@ class Publisher:
             )
             self._channel = None
         if self._channel is None or not self._channel.is_open:
-            self._channel = self._connection.channel()
-            self._channel.confirm_delivery()
+            channel = self._connection.channel()
+            if self._gated is not self._connection:
+                self._check_applied(channel)
+                self._gated = self._connection
+            channel.confirm_delivery()
+            self._channel = channel
         return self._channel
+
+    def _check_applied(self, channel: BlockingChannel) -> None:
+        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`)."""
+        try:
+            channel.exchange_declare(self._gate.marker, passive=True)
+        except pex.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                raise self._gate.refusal() from exc
+            raise translate_channel_error(exc) from exc
 
     def _drop_connection(self) -> None:
         close_quietly(self._connection)
@@ -256,6 +275,7 @@ class Publisher:
             backoff_s=self._backoff_s,
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
+            gate=self._gate,
         )
 
     def send_many(
@@ -308,6 +328,7 @@ class Publisher:
             backoff_s=self._backoff_s,
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
+            gate=self._gate,
         )
 
     @property

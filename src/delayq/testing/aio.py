@@ -39,14 +39,17 @@ class AsyncMemoryPublisher(AsyncPublisher):
 
     async def connect(self) -> None:
         broker_for(self.broker.url)
+        self.broker.check_applied(self._gate)
 
     async def aclose(self) -> None:
         pass
 
     async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
+        self.broker.check_applied(self._gate)
         self.broker.send(msg)
 
     async def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
+        self.broker.check_applied(self._gate)
         send_batch(self.broker, built)
 
 

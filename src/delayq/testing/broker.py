@@ -56,8 +56,9 @@ from delayq.errors import (
     TopologyMissing,
     Unroutable,
 )
+from delayq.marker import Gate
 from delayq.parked import H_REPLAYED_AT, replay_message
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
 from delayq.testing.topic import topic_matches
@@ -150,7 +151,7 @@ class MemoryBroker:
     >>> broker = MemoryBroker()
     >>> broker.apply(Topology(namespace="shop", ladder=["1m", "15m"],
     ...     destinations=[{"queue": "emails", "bindings": ["email.*"]}])).summary()
-    '13 created, 6 bound'
+    '14 created, 6 bound'
     >>> broker.close()
     """
 
@@ -224,13 +225,37 @@ class MemoryBroker:
     # Topology -----------------------------------------------------------------------
 
     def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
-        """Declare ``topology`` from the same declarations the real provisioning applies."""
+        """Declare ``topology`` from the same declarations the real provisioning applies,
+        in the same two phases: nothing is declared while an entity conflicts."""
+        decls = build_declarations(topology)
+        found = [self._check(decl) for decl in decls]
+        conflicted = any(r is not None and r.conflict is not None for r in found)
         report = ApplyReport()
-        for decl in build_declarations(topology):
-            report.results.append(self.declare(decl))
+        for decl, result in zip(decls, found, strict=True):
+            if result is None:
+                status = ApplyStatus.SKIPPED
+                result = ApplyResult(decl, status) if conflicted else self.declare(decl)
+            report.results.append(result)
+        if found[-1] is not None and spoils_marker(topology, report.results):
+            del self._exchanges[decls[-1].name]
+            report.marker_removed = True
         if raise_on_conflict:
             report.raise_for_conflicts()
         return report
+
+    def check_applied(self, gate: Gate) -> None:
+        """What a real publisher checks on each connection: its topology's apply marker
+        (raises :class:`~delayq.errors.TopologyNotApplied` when it is missing)."""
+        if gate.marker not in self._exchanges:
+            raise gate.refusal()
+
+    def _check(self, decl: Declaration) -> ApplyResult | None:
+        """An existing exchange or queue compared with ``decl``; ``None`` when missing."""
+        if isinstance(decl, ExchangeDecl) and decl.name in self._exchanges:
+            return self.declare(decl)
+        if isinstance(decl, QueueDecl) and decl.name in self._queues:
+            return self.declare(decl)
+        return None
 
     def declare(self, decl: Declaration) -> ApplyResult:
         """Declare one exchange, queue or binding (idempotent, like RabbitMQ)."""

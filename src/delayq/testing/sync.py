@@ -48,19 +48,23 @@ class MemoryPublisher(Publisher):
 
     def connect(self) -> None:
         broker_for(self.broker.url)  # closed brokers fail like unreachable ones
+        self.broker.check_applied(self._gate)
 
     def close(self) -> None:
         pass
 
     def _send(self, msg: OutgoingMessage) -> None:
+        self.broker.check_applied(self._gate)
         self.broker.send(msg)
 
     def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
+        self.broker.check_applied(self._gate)
         send_batch(self.broker, built)
 
     def _send_stream(
         self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
     ) -> None:
+        self.broker.check_applied(self._gate)
         for index, msg in enumerate(messages):
             try:
                 self.broker.send(msg)
