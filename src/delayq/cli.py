@@ -349,6 +349,19 @@ def _spark_commands(
         "--window", type=positive_int, default=1000, help="unconfirmed per connection"
     )
     sched.add_argument("--json", action="store_true", help="print the summary as JSON")
+    tolerance = sched.add_mutually_exclusive_group()
+    tolerance.add_argument(
+        "--max-rejected",
+        default="0",
+        metavar="N|P%",
+        help="rejected rows the job accepts: a count, or a percentage of the rows "
+        "(default 0: any rejected row makes the job exit 1)",
+    )
+    tolerance.add_argument(
+        "--allow-rejected",
+        action="store_true",
+        help="exit 0 however many rows were rejected (read the summary)",
+    )
     rep = jobs.add_parser(
         "report",
         parents=[global_options(url=False, file=False), master],
@@ -728,10 +741,16 @@ def cmd_parked(args: argparse.Namespace) -> int:
             f"replayed {len(report.replayed)} of {counted(report.seen, 'parked message')} "
             f"from {queue}"
         )
+    if report.returned:
+        print(
+            f"delayq: {len(report.returned)} came straight back to {label}, their routing "
+            f"keys still matching no binding (e.g. {', '.join(report.returned[:5])}): bind "
+            "them (topology destinations, then `delayq topology apply`) and replay again",
+            file=sys.stderr,
+        )
     if report.missing:
         print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
-        return EXIT_BROKER
-    return EXIT_OK
+    return EXIT_BROKER if report.missing or report.returned else EXIT_OK
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -799,10 +818,16 @@ def _spark_session(args: argparse.Namespace) -> Any:
 
 
 def cmd_spark_schedule(args: argparse.Namespace) -> int:
+    from delayq.bulk import RejectionLimit
+    from delayq.errors import RowsRejected
     from delayq.spark import schedule
 
+    max_rejected = None if args.allow_rejected else args.max_rejected
+    RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
     topology = _topology(args)
     url = resolve_url(args.url)
+    if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
+        raise InvalidInput(f"no input at {args.input}: no such file or directory")
     session = _spark_session(args)
     fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
         Path(args.input).suffix, "jsonl"
@@ -810,7 +835,11 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     reader = session.read
     if fmt == "csv":
         reader = reader.option("header", "true")
-    df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    try:
+        df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(f"cannot read {args.input} as {fmt}: {first}") from exc
     body_col = None if args.body_col == "none" else args.body_col
     print(
         f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
@@ -820,22 +849,27 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\rpublishing: {done}/{total} tasks done", end="", file=sys.stderr, flush=True)
 
-    summary = schedule(
-        df,
-        url=url,
-        topology=topology,
-        key_col=args.key_col,
-        routing_key_col=args.routing_key_col,
-        delay_col=args.delay_col,
-        due_col=args.due_col,
-        body_col=body_col,
-        body_json=args.body_json,
-        errors_path=args.errors,
-        errors_format=args.errors_format,
-        partitions=args.partitions,
-        window=args.window,
-        progress=progress,
-    )
+    failure: RowsRejected | None = None
+    try:
+        summary = schedule(
+            df,
+            url=url,
+            topology=topology,
+            key_col=args.key_col,
+            routing_key_col=args.routing_key_col,
+            delay_col=args.delay_col,
+            due_col=args.due_col,
+            body_col=body_col,
+            body_json=args.body_json,
+            errors_path=args.errors,
+            errors_format=args.errors_format,
+            partitions=args.partitions,
+            window=args.window,
+            progress=progress,
+            max_rejected=max_rejected,
+        )
+    except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+        failure, summary = exc, exc.summary
     print(file=sys.stderr)
     if args.json:
         print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))
@@ -845,6 +879,9 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
             print(f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}")
         if len(summary.rejections) > 50:
             print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    if failure is not None:
+        print(f"delayq: error: {failure}", file=sys.stderr)
+        return EXIT_BROKER
     return EXIT_OK
 
 
@@ -867,6 +904,12 @@ def cmd_spark_report(args: argparse.Namespace) -> int:
         f"{summary.records:,} records ({summary.skipped:,} skipped); wrote "
         f"{', '.join(str(args.out / f) for f in summary.files)}"
     )
+    if summary.skipped:
+        print(
+            f"delayq: warning: {summary.skipped:,} lines of {args.records} were skipped "
+            "(malformed, or another record version): the report leaves them out",
+            file=sys.stderr,
+        )
     for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
         if fit is not None:
             print(
