@@ -797,15 +797,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
         recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
         observers.append(recorder)
         print(f"delivery records: {args.records}", flush=True)
+    failed = False
     try:
         worker.run(
             url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers
         )
+    except BaseException:
+        failed = True
+        raise
     finally:
         if server is not None:
             server.close()
         if recorder is not None:
-            recorder.close()
+            try:
+                recorder.close()  # RecordsLost when records could not be written
+            except DelayqError as lost:
+                if not failed:
+                    raise
+                # The worker's own failure is what ends the run; the lost records
+                # are said too, not hidden behind it, nor hiding it.
+                print(f"delayq: error: {lost}", file=sys.stderr)
     return EXIT_OK
 
 
