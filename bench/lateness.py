@@ -21,6 +21,7 @@ negative value is an early message. Reported per mode: early count, p50, p99
 and max lateness, mean hops (queues a message waited in), publish msg/s
 (confirmed) and delivered msg/s (arrivals over the span from the first to the
 last arrival). A PNG of the lateness distributions is written to ``--plot``.
+It exits 1 when any mode lost a message or delivered one early.
 
 Run it::
 
@@ -264,7 +265,20 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(benchmark(url, args))
     print(report(results, command.strip(), to_ms(args.unit)))
     plot(results, args.plot, f"lateness, {args.count} messages over ladder {args.ladder}")
+    failure = verdict(results)
+    if failure:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def verdict(results: list[Result]) -> str | None:
+    """Why the run failed (a message missing or early in any mode), or ``None``: a
+    lateness table over lost or early messages is no measurement."""
+    bad = [
+        f"{r.mode}: {r.missing} missing, {r.early} early" for r in results if r.missing or r.early
+    ]
+    return "; ".join(bad) or None
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ run it on any table-like source). Nothing here does I/O:
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "NO_TIER",
     "BulkPlanner",
     "Rejection",
+    "RejectionLimit",
     "Row",
     "describe_rejection",
     "key_message_id",
@@ -221,3 +223,68 @@ def describe_rejection(rejection: Rejection) -> dict[str, Any]:
         "error": rejection.error,
         "reason": rejection.reason,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class RejectionLimit:
+    """How many rejected rows a bulk job accepts before it counts as failed.
+
+    ``count`` rows, or ``percent`` of the rows read, or any number when both
+    are ``None`` (:meth:`parse` of ``None``). The default, 0, fails a job with
+    any rejection: a job that reports success after rejecting every row is a
+    silent failure.
+
+    >>> RejectionLimit.parse(0).exceeded(rejected=1, rows=10)
+    True
+    >>> RejectionLimit.parse("10%").exceeded(rejected=1, rows=10)
+    False
+    >>> RejectionLimit.parse(None).exceeded(rejected=10, rows=10)
+    False
+    """
+
+    count: int | None = 0
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, value: object) -> RejectionLimit:
+        """``None`` (any), a whole number of rows (``5``, ``"5"``), or a percentage (``"0.5%"``).
+
+        A bare fraction (``0.01``) is refused: is it 1 % or 0.01 rows? Write ``"1%"``.
+        """
+        if value is None:
+            return cls(count=None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise InvalidInput(f"max_rejected must not be negative, got {value}")
+            return cls(count=value)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.endswith("%"):
+                try:
+                    percent = float(text[:-1])
+                except ValueError:
+                    percent = math.nan
+                if not 0 <= percent <= 100:  # NaN fails too
+                    raise InvalidInput(
+                        f"max_rejected {value!r} is not a percentage from 0% to 100%"
+                    )
+                return cls(count=None, percent=percent)
+            if text.isdigit():
+                return cls(count=int(text))
+        raise InvalidInput(
+            f"max_rejected {value!r} is neither a whole number of rows (5) nor a "
+            'percentage of the rows ("0.5%"); a bare fraction is ambiguous'
+        )
+
+    def exceeded(self, *, rejected: int, rows: int) -> bool:
+        """Whether ``rejected`` of ``rows`` is more than this limit allows."""
+        if self.count is not None:
+            return rejected > self.count
+        if self.percent is not None:
+            return rejected * 100 > self.percent * rows
+        return False
+
+    def __str__(self) -> str:
+        if self.count is not None:
+            return str(self.count)
+        return "any" if self.percent is None else f"{self.percent:g}%"

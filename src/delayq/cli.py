@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=positive_int,
         default=None,
-        help="handlers running at once per async consumer",
+        help="handlers running at once per queue, at most --prefetch (plain handlers: "
+        "threads, default 8; coroutines: default the prefetch)",
     )
     work.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     work.add_argument(
@@ -349,6 +350,19 @@ def _spark_commands(
         "--window", type=positive_int, default=1000, help="unconfirmed per connection"
     )
     sched.add_argument("--json", action="store_true", help="print the summary as JSON")
+    tolerance = sched.add_mutually_exclusive_group()
+    tolerance.add_argument(
+        "--max-rejected",
+        default="0",
+        metavar="N|P%",
+        help="rejected rows the job accepts: a count, or a percentage of the rows "
+        "(default 0: any rejected row makes the job exit 1)",
+    )
+    tolerance.add_argument(
+        "--allow-rejected",
+        action="store_true",
+        help="exit 0 however many rows were rejected (read the summary)",
+    )
     rep = jobs.add_parser(
         "report",
         parents=[global_options(url=False, file=False), master],
@@ -732,10 +746,16 @@ def cmd_parked(args: argparse.Namespace) -> int:
             f"replayed {len(report.replayed)} of {counted(report.seen, 'parked message')} "
             f"from {queue}"
         )
+    if report.returned:
+        print(
+            f"delayq: {len(report.returned)} came straight back to {label}, their routing "
+            f"keys still matching no binding (e.g. {', '.join(report.returned[:5])}): bind "
+            "them (topology destinations, then `delayq topology apply`) and replay again",
+            file=sys.stderr,
+        )
     if report.missing:
         print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
-        return EXIT_BROKER
-    return EXIT_OK
+    return EXIT_BROKER if report.missing or report.returned else EXIT_OK
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -782,15 +802,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
         recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
         observers.append(recorder)
         print(f"delivery records: {args.records}", flush=True)
+    failed = False
     try:
         worker.run(
             url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers
         )
+    except BaseException:
+        failed = True
+        raise
     finally:
         if server is not None:
             server.close()
         if recorder is not None:
-            recorder.close()
+            try:
+                recorder.close()  # RecordsLost when records could not be written
+            except DelayqError as lost:
+                if not failed:
+                    raise
+                # The worker's own failure is what ends the run; the lost records
+                # are said too, not hidden behind it, nor hiding it.
+                print(f"delayq: error: {lost}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -803,10 +834,16 @@ def _spark_session(args: argparse.Namespace) -> Any:
 
 
 def cmd_spark_schedule(args: argparse.Namespace) -> int:
+    from delayq.bulk import RejectionLimit
+    from delayq.errors import RowsRejected
     from delayq.spark import schedule
 
+    max_rejected = None if args.allow_rejected else args.max_rejected
+    RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
     topology = _topology(args)
     url = resolve_url(args.url)
+    if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
+        raise InvalidInput(f"no input at {args.input}: no such file or directory")
     session = _spark_session(args)
     fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
         Path(args.input).suffix, "jsonl"
@@ -814,7 +851,11 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     reader = session.read
     if fmt == "csv":
         reader = reader.option("header", "true")
-    df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    try:
+        df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(f"cannot read {args.input} as {fmt}: {first}") from exc
     body_col = None if args.body_col == "none" else args.body_col
     print(
         f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
@@ -824,22 +865,27 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\rpublishing: {done}/{total} tasks done", end="", file=sys.stderr, flush=True)
 
-    summary = schedule(
-        df,
-        url=url,
-        topology=topology,
-        key_col=args.key_col,
-        routing_key_col=args.routing_key_col,
-        delay_col=args.delay_col,
-        due_col=args.due_col,
-        body_col=body_col,
-        body_json=args.body_json,
-        errors_path=args.errors,
-        errors_format=args.errors_format,
-        partitions=args.partitions,
-        window=args.window,
-        progress=progress,
-    )
+    failure: RowsRejected | None = None
+    try:
+        summary = schedule(
+            df,
+            url=url,
+            topology=topology,
+            key_col=args.key_col,
+            routing_key_col=args.routing_key_col,
+            delay_col=args.delay_col,
+            due_col=args.due_col,
+            body_col=body_col,
+            body_json=args.body_json,
+            errors_path=args.errors,
+            errors_format=args.errors_format,
+            partitions=args.partitions,
+            window=args.window,
+            progress=progress,
+            max_rejected=max_rejected,
+        )
+    except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+        failure, summary = exc, exc.summary
     print(file=sys.stderr)
     if args.json:
         print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))
@@ -849,6 +895,9 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
             print(f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}")
         if len(summary.rejections) > 50:
             print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    if failure is not None:
+        print(f"delayq: error: {failure}", file=sys.stderr)
+        return EXIT_BROKER
     return EXIT_OK
 
 
@@ -871,6 +920,12 @@ def cmd_spark_report(args: argparse.Namespace) -> int:
         f"{summary.records:,} records ({summary.skipped:,} skipped); wrote "
         f"{', '.join(str(args.out / f) for f in summary.files)}"
     )
+    if summary.skipped:
+        print(
+            f"delayq: warning: {summary.skipped:,} lines of {args.records} were skipped "
+            "(malformed, or another record version): the report leaves them out",
+            file=sys.stderr,
+        )
     for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
         if fit is not None:
             print(

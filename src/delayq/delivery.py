@@ -53,6 +53,7 @@ __all__ = [
     "H_FAILED_AT",
     "H_FIRST_FAILURE_AT",
     "H_QUEUE",
+    "H_RETURNS",
     "MAX_ERROR_MESSAGE_BYTES",
     "MAX_ERROR_TRACE_BYTES",
     "RECONNECT_MAX_S",
@@ -63,15 +64,18 @@ __all__ = [
     "DeadLetterReason",
     "Decision",
     "Delivery",
+    "DeliveryLimitReached",
     "DeliveryPlanner",
     "Reject",
     "Retry",
     "Undecodable",
     "Wait",
     "bounded",
+    "check_concurrency",
     "decode_body",
     "fit_headers",
     "idempotency_key",
+    "is_fresh",
     "republished",
 ]
 
@@ -82,6 +86,9 @@ H_FIRST_FAILURE_AT = "delayq-first-failure-at"
 H_FAILED_AT = "delayq-failed-at"
 H_QUEUE = "delayq-queue"
 H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
+H_RETURNS = "delayq-returns"
+"""Times the message went back to its queue unsettled (a crashed or cut consumer)
+before a deferral republished it, which resets the broker's ``x-delivery-count``."""
 
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 10.0
@@ -113,6 +120,10 @@ class Undecodable(DelayqError):
     """The body cannot be decoded for its content type, or fails the handler's model."""
 
 
+class DeliveryLimitReached(DelayqError):
+    """A message went back to its queue unsettled more often than its ``delivery_limit``."""
+
+
 class DeadLetterReason(str, enum.Enum):
     EXHAUSTED = "exhausted"
     """The policy's attempts are spent."""
@@ -122,6 +133,9 @@ class DeadLetterReason(str, enum.Enum):
     """The body could not be decoded or validated."""
     TOO_LONG = "delay-too-long"
     """The retry delay asked for is longer than the largest tier."""
+    DELIVERY_LIMIT = "delivery-limit"
+    """Returned unsettled (its consumer crashed) more often than the queue's
+    ``delivery_limit``: what the broker's backstop does, kept across deferrals."""
 
 
 class Action(str, enum.Enum):
@@ -150,12 +164,39 @@ class Delivery:
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
     @property
+    def delivery_count(self) -> int:
+        """How often the broker got this message back unsettled (``x-delivery-count`` of a
+        quorum queue; 1 for a redelivery that does not say)."""
+        return _delivery_count(self.redelivered, self.headers)
+
+    @property
+    def returns(self) -> int:
+        """Times the message went back unsettled, across deferrals (see :data:`H_RETURNS`)."""
+        carried = self.headers.get(H_RETURNS, 0)
+        if not isinstance(carried, int) or isinstance(carried, bool) or carried < 0:
+            carried = 0
+        return carried + self.delivery_count
+
+    @property
     def origin_routing_key(self) -> str:
         """The routing key the message was first published with (retries change it)."""
         value = self.headers.get(H_ROUTING_KEY)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         return value if isinstance(value, str) and value else self.routing_key
+
+
+def _delivery_count(redelivered: object, headers: Mapping[str, Any] | None) -> int:
+    value = (headers or {}).get("x-delivery-count")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return 1 if redelivered else 0
+
+
+def is_fresh(redelivered: object, headers: Mapping[str, Any] | None) -> bool:
+    """A first delivery, not one the broker got back from a dead or stopped consumer
+    (the ``redelivered`` flag, or a quorum queue's ``x-delivery-count``)."""
+    return _delivery_count(redelivered, headers) == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +284,8 @@ class ConsumeSettings:
     retention_ms: int = 7 * 86_400_000
     """How long a completed key is remembered (duplicates later than this run again)."""
     prune_every_ms: int = 600_000
+    concurrency: int | None = None
+    """Handlers running at once (``None``: the adapter's default); at most ``prefetch``."""
 
     @classmethod
     def parse(
@@ -252,9 +295,11 @@ class ConsumeSettings:
         handler_timeout: object,
         lease: object = None,
         retention: object = "7d",
+        concurrency: object = None,
     ) -> ConsumeSettings:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        checked = check_concurrency(concurrency, prefetch)
         timeout_ms = to_ms(handler_timeout, what="handler_timeout")
         if timeout_ms <= 0:
             raise InvalidInput("handler_timeout must be longer than 0")
@@ -265,7 +310,26 @@ class ConsumeSettings:
         if retention_ms < lease_ms:
             raise InvalidInput("retention must be at least as long as the claim's lease")
         prune_every_ms = max(1_000, min(600_000, retention_ms // 10))
-        return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms)
+        return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms, checked)
+
+
+def check_concurrency(concurrency: object, prefetch: int) -> int | None:
+    """``concurrency`` if it is ``None`` or an int from 1 to ``prefetch``, else
+    :class:`~delayq.errors.InvalidInput` saying what to change."""
+    if concurrency is None:
+        return None
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidInput(
+            f"concurrency must be an int of at least 1 (handlers running at once), "
+            f"got {concurrency!r}"
+        )
+    if concurrency > prefetch:
+        # Only prefetched deliveries can run: more would be a promise not kept.
+        raise InvalidInput(
+            f"concurrency {concurrency} is more than prefetch {prefetch}: a consumer runs "
+            "at most as many handlers as it has deliveries; raise prefetch or lower concurrency"
+        )
+    return concurrency
 
 
 def idempotency_key(
@@ -402,10 +466,35 @@ class DeliveryPlanner:
 
     def deferred(self, delivery: Delivery) -> Decision:
         """Another consumer holds this key's claim: come back after the smallest tier,
-        without counting an attempt (the other consumer may still fail)."""
+        without counting an attempt (the other consumer may still fail).
+
+        The republished copy starts with a fresh broker delivery count, so the returns
+        so far travel in :data:`H_RETURNS`: a message whose handler keeps crashing the
+        process leaves its claim behind each time and would otherwise be deferred
+        forever, never reaching the queue's ``delivery_limit``.
+        """
+        limited = self.over_delivery_limit(delivery)
+        if limited is not None:
+            return limited
         tier = self.topology.ladder.tiers[0]
         message = self._retry_message(delivery, tier.ttl_ms, delivery.attempt, self._clock_ms())
+        if delivery.returns:
+            message.headers[H_RETURNS] = delivery.returns
         return Decision(Action.RETRY, message, reason="claimed by another consumer")
+
+    def over_delivery_limit(self, delivery: Delivery) -> Decision | None:
+        """Dead-letter ``delivery`` if it went back unsettled more often than the queue's
+        ``delivery_limit``, counting returns carried across deferrals; else ``None``."""
+        limit = self.topology.destination(self.queue).delivery_limit
+        returns = delivery.returns
+        if returns <= limit:
+            return None
+        error = DeliveryLimitReached(
+            f"message {delivery.message_id!r} went back to {self.queue!r} unsettled "
+            f"{returns} times (its handler keeps crashing the consumer?); the queue's "
+            f"delivery_limit is {limit}"
+        )
+        return self._dead_letter(delivery, DeadLetterReason.DELIVERY_LIMIT, error, None)
 
     def _retry_message(
         self, delivery: Delivery, delay_ms: int, attempt: int, now: int

@@ -14,7 +14,7 @@ import uuid
 from contextlib import ExitStack
 
 from delayq.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, Message
-from delayq.errors import ConnectionFailed
+from delayq.errors import ConnectionFailed, InvalidInput
 from delayq.localnode import LocalNode, server_installed
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync.provision import apply_topology, delete_topology
@@ -41,7 +41,16 @@ def run_demo(
     keep: bool = False,
     seed: int | None = None,
 ) -> int:
-    """Run the demo; returns 0 when every message arrived, never early."""
+    """Run the demo; returns 0 when every message arrived, never early.
+
+    ``messages`` is at least 2: the demo's point is a short delay published right
+    after a long one, and it must not wait behind it.
+    """
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 2:
+        raise InvalidInput(
+            f"the demo needs at least 2 messages (a 20 s one, then a 1 s one that must "
+            f"not wait behind it), got {messages!r}"
+        )
     rng = random.Random(seed)
     with ExitStack() as stack:
         if local_node:

@@ -33,6 +33,8 @@ and aiormq are translated at one place per adapter and chained with
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
     │   └── ClaimLost
     ├── HandlerTimeout
+    ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
+    ├── RecordsLost: delivery records that could not be written
     └── MissingExtra (also an ImportError): an optional dependency is not installed
 """
 
@@ -65,6 +67,8 @@ __all__ = [
     "PublishError",
     "PublishRejected",
     "PublishUnconfirmed",
+    "RecordsLost",
+    "RowsRejected",
     "StoreError",
     "TopologyConflict",
     "TopologyMissing",
@@ -269,3 +273,35 @@ class PublishBatchError(PublishError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.receipts, self.failures))
+
+
+class RowsRejected(DelayqError):
+    """A bulk job (``delayq.spark.schedule``) rejected more rows than ``max_rejected``.
+
+    The rows that were not rejected were published (running the job again sends
+    them as duplicates only); ``summary`` is the job's
+    :class:`~delayq.spark.ScheduleSummary`, with the rejections or where they went.
+    """
+
+    def __init__(self, message: str, summary: Any = None) -> None:
+        self.summary = summary
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.summary))
+
+
+class RecordsLost(DelayqError):
+    """Delivery records were not written (the disk failed, or could not keep up).
+
+    ``failed`` records were lost to write errors, ``dropped`` ones because the
+    writer fell behind; the deliveries themselves were not affected.
+    """
+
+    def __init__(self, message: str, failed: int = 0, dropped: int = 0) -> None:
+        self.failed = failed
+        self.dropped = dropped
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed, self.dropped))

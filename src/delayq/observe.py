@@ -163,7 +163,8 @@ class Observers:
             if not callable(flush):
                 continue
             try:
-                flush()
+                if flush() is False:  # e.g. delivery records lost: the observer logged why
+                    log.warning("observer %r did not flush everything it was given", observer)
             except Exception as exc:
                 log.exception("observer %r failed to flush: %r", observer, exc)
 

@@ -6,15 +6,15 @@
 ... async def send_reminder(order: Order) -> None: ...
 
 Then ``delayq worker myapp.tasks:worker`` consumes every registered queue:
-coroutine handlers on one event loop (``AsyncConsumer``), plain ones each in a
-thread (``Consumer``), until SIGTERM or SIGINT stops them all gracefully.
+coroutine handlers on one event loop (``AsyncConsumer``), plain ones each with a
+``Consumer`` of its own (up to ``concurrency`` handler threads), until SIGTERM or
+SIGINT stops them all gracefully.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import logging
 import signal
 import threading
@@ -43,7 +43,9 @@ class Registration:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler)
+        from delayq.handlers import is_coroutine_handler
+
+        return is_coroutine_handler(self.handler)  # an async __call__ counts too
 
 
 class Worker:
@@ -104,7 +106,7 @@ class Worker:
             merged["observers"] = (*merged.get("observers", ()), *extra)
         if prefetch is not None:
             merged["prefetch"] = prefetch
-        if concurrency is not None and reg.is_async:
+        if concurrency is not None:  # threads for plain handlers, tasks for coroutines
             merged["concurrency"] = concurrency
         return merged
 
@@ -167,7 +169,7 @@ class Worker:
         def run_sync(consumer: Consumer) -> None:
             try:
                 consumer.run(install_signal_handlers=False)
-            except Exception as exc:
+            except BaseException as exc:  # a handler's SystemExit too: it ends the worker
                 failed(consumer.queue, exc)
 
         def sync_started() -> bool:
@@ -223,8 +225,8 @@ class Worker:
                 signal.signal(signum, old)
         if failures:
             queue, exc = failures[0]
-            if isinstance(exc, DelayqError):
-                raise exc
+            if isinstance(exc, DelayqError) or not isinstance(exc, Exception):
+                raise exc  # SystemExit(3) from a handler exits with 3
             raise DelayqError(f"the consumer of {queue} failed: {exc!r}") from exc
         log.info("worker stopped")
 

@@ -21,6 +21,7 @@ import os
 import random
 import sqlite3
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     pid = os.getpid()
     pause_s = (args.sleep_ms[0] / 1000, args.sleep_ms[1] / 1000)
 
-    own = sqlite3.connect(args.db, isolation_level=None, timeout=30, check_same_thread=False)
+    # One connection per handler thread: a sqlite3 connection shared by concurrent
+    # handlers is not thread-safe (rows written by one can be lost with another's).
+    local = threading.local()
+
+    def own() -> sqlite3.Connection:
+        if not hasattr(local, "db"):
+            local.db = sqlite3.connect(args.db, isolation_level=None, timeout=30)
+        return local.db
 
     def handler(body: Any, tx: Any = None) -> None:
         n = int(body["n"])
         os.write(log_fd, f"start {n} {pid}\n".encode())
         time.sleep(random.uniform(*pause_s))
-        (tx or own).execute("INSERT INTO effects (n, pid) VALUES (?, ?)", (n, pid))
+        (tx or own()).execute("INSERT INTO effects (n, pid) VALUES (?, ?)", (n, pid))
         os.write(log_fd, f"wrote {n} {pid}\n".encode())
         time.sleep(random.uniform(*pause_s))
 
@@ -69,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapter == "sync":
         from delayq.sync import Consumer
 
-        consumer = Consumer(args.url, topology, args.queue, handler, prefetch=20, **options)
+        # SQLite has one writer: a few handlers at once are plenty (as for the async one).
+        consumer = Consumer(
+            args.url, topology, args.queue, handler, prefetch=20, concurrency=4, **options
+        )
         consumer.start()
         print("ready", flush=True)
         consumer.run()

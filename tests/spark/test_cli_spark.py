@@ -32,24 +32,28 @@ def test_schedule_a_json_lines_file_then_report_records(
     source = tmp_path / "rows.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    code = main(
-        [
-            "spark", "schedule", str(source), "--file", str(topo_file), "--url", rabbitmq_url,
-            "--key-col", "id", "--routing-key-col", "kind", "--delay-col", "wait",
-            "--body-col", "payload", "--errors", str(tmp_path / "errors"), "--partitions", "3",
-        ]
-    )
+    command = [
+        "spark", "schedule", str(source), "--file", str(topo_file), "--url", rabbitmq_url,
+        "--key-col", "id", "--routing-key-col", "kind", "--delay-col", "wait",
+        "--body-col", "payload", "--errors", str(tmp_path / "errors"), "--partitions", "3",
+    ]
+    code = main(command)
     out, err = capsys.readouterr()
-    assert code == 0, err
+    assert code == 1, err  # one rejected row fails the job, by default
     assert "publishing:" in err and "tasks done" in err
-    assert "2s         100          0" in out
+    assert "2s         100          0" in out  # the summary is printed all the same
     assert "rejected: 1 DelayTooLong" in out
+    assert "delayq: error: 1 of 101 rows were rejected (1 DelayTooLong)" in err
+    assert f"they are in {tmp_path / 'errors'}" in err and "--max-rejected" in err
     [line] = [
         json.loads(line)
         for part in (tmp_path / "errors").glob("part-*")
         for line in part.read_text().splitlines()
     ]
     assert (line["key"], line["error"], line["delay"]) == ("100", "DelayTooLong", "1d")
+    # Expected rejections: the same job (its published rows duplicates only) passes
+    assert main([*command, "--max-rejected", "1%"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
 
     records = tmp_path / "records"
     records.mkdir()

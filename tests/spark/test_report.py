@@ -86,12 +86,14 @@ def test_the_report_gives_the_known_counts_and_percentiles(spark: Any, tmp_path:
     half = len(records) // 2
     for name, part in (("a.jsonl", records[:half]), ("b.jsonl", records[half:])):
         (source / name).write_text("".join(json.dumps(r) + "\n" for r in part))
-    (source / "c.jsonl").write_text('not json\n{"v": 2, "message_id": "future"}\n')
+    (source / "c.jsonl").write_text(
+        'not json\n{"v": 2, "message_id": "future"}\n{"v": 1, "message_id": "no outcome"}\n'
+    )
     (source / "ignored.txt").write_text("not a records file\n")
 
     summary = report(str(source), tmp_path / "out", spark=spark, max_tiers=2)
 
-    assert (summary.records, summary.skipped) == (1200, 2)
+    assert (summary.records, summary.skipped) == (1200, 3)
     tiers = {t.tier: t for t in summary.tiers}
     assert [t.tier for t in summary.tiers] == ["immediate", "1s", "2s"]
     assert tiers["1s"].count == 1000 and tiers["2s"].count == 175
@@ -138,3 +140,46 @@ def test_the_report_gives_the_known_counts_and_percentiles(spark: Any, tmp_path:
     assert (out / "report.md").read_text().count("![") == 3
     data = json.loads((out / "summary.json").read_text())
     assert data["records"] == 1200 and data["recommended"]["tiers_ms"][-1] == 2000
+
+
+def test_a_report_of_nothing_readable_fails_and_says_why(spark: Any, tmp_path: Path) -> None:
+    from delayq.cli import main
+    from delayq.errors import InvalidInput
+
+    source = tmp_path / "records"
+    source.mkdir()
+    (source / "r.jsonl").write_text(
+        'not json\n{"v": 2, "outcome": "ack"}\n{"v": 1}\n{"v": 1, "outcome": "ack"}\n'
+    )
+    with pytest.raises(InvalidInput, match="all 4 lines were skipped"):
+        report(str(source), tmp_path / "out", spark=spark)
+    with pytest.raises(InvalidInput, match=r"no delivery records at .*no such file"):
+        report(str(tmp_path / "typo"), tmp_path / "out", spark=spark)
+    (source / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in generated()[:50]))
+    with pytest.raises(InvalidInput, match="bucket_ms must be at least 1"):
+        report(str(source), tmp_path / "out", spark=spark, bucket_ms=0)
+    with pytest.raises(InvalidInput, match="max_tiers must be at least 1"):
+        report(str(source), tmp_path / "out", spark=spark, max_tiers=0)
+    assert not (tmp_path / "out").exists()  # nothing written that could pass for a report
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InvalidInput, match="it is a file, not a directory"):
+        report(str(source), tmp_path / "file", spark=spark)
+    # The same path again, its files changed: before, the first read's cached (all skipped)
+    # records were served again in this session. Only immediate deliveries now: no
+    # requested-delay plot, and an earlier report's one does not linger.
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "requested_delays.png").write_bytes(b"an earlier report's plot")
+    (source / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in generated()[-25:]))
+    summary = report(str(source), out, spark=spark)
+    assert summary.records == 25 and "requested_delays.png" not in summary.files
+    assert not (out / "requested_delays.png").exists()
+    # Records keep arriving: before, the last report's cached records were served again,
+    # and the new file's good lines were counted as skipped (25 records, 5 skipped)
+    (source / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in generated()[:5]))
+    summary = report(str(source), out, spark=spark)
+    assert (summary.records, summary.skipped) == (30, 0)
+    assert main(["spark", "report", str(tmp_path / "typo"), "--out", str(tmp_path / "o")]) == 2
+    # bare numbers in a ladder have no unit: refused, not read as milliseconds
+    assert main(["spark", "report", str(source), "--out", str(tmp_path / "o"),
+                 "--ladder", "30 60"]) == 2

@@ -10,12 +10,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from delayq import Settled
+import pytest
+
+from delayq import (
+    ConnectionFailed,
+    InvalidInput,
+    PublishUnconfirmed,
+    RowsRejected,
+    Settled,
+    TopologyMissing,
+)
 from delayq.aio import AsyncConsumer
 from delayq.bulk import key_message_id
 from delayq.idempotency import InMemoryStore
 from delayq.spark import schedule
 from delayq.sync import apply_topology
+from tests.waiting import wait_for as wait_until
 
 ROWS = 10_000
 DELAYS = ["0s", "500ms", "1s", "1500ms", "2s", "3s", "4s"]
@@ -126,6 +136,7 @@ def test_ten_thousand_rows_each_delivered_once_at_its_tier_then_rerun_gives_dupl
             delay_col="delay",
             errors_path=str(tmp_path / "errors"),
             progress=lambda done, total: progress.append((done, total)),
+            max_rejected=len(INVALID),  # as many as there are: the job succeeds
         )
         expected_tiers = Counter(TIER_OF[DELAYS[n % len(DELAYS)]] for n in range(ROWS))
         assert summary.published == dict(expected_tiers)
@@ -159,7 +170,9 @@ def test_ten_thousand_rows_each_delivered_once_at_its_tier_then_rerun_gives_dupl
             assert event.received_at_ms >= event.published_at_ms + event.tier_ms
 
         # The same job again: the same ids, so the idempotent consumer skips them all.
-        again = schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
+        again = schedule(
+            df, url=rabbitmq_url, topology=topology, delay_col="delay", max_rejected="0.1%"
+        )
         assert again.published == summary.published
         assert len(again.rejections) == len(INVALID)
         assert wait_for(lambda: seen.outcomes["duplicate"] >= ROWS, 60), seen.outcomes
@@ -188,7 +201,9 @@ def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
         ],
         "key string, routing_key string, due string",
     )
-    summary = schedule(df, url=rabbitmq_url, topology=topology, due_col="due", body_col=None)
+    summary = schedule(
+        df, url=rabbitmq_url, topology=topology, due_col="due", body_col=None, max_rejected=2
+    )
     assert summary.published.get("immediate") == 1
     assert sum(summary.published.values()) == 2
     assert summary.published == {"immediate": 1, "1m": 1}
@@ -196,3 +211,105 @@ def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
     assert reasons["later"]["error"] == "DelayTooLong"
     assert reasons["garbage"]["error"] == "InvalidDelay"
     assert "not a timestamp" in reasons["garbage"]["reason"]
+
+
+def depth(url: str, queue: str) -> int:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def read_errors(path: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for part in path.glob("part-*")
+        for line in part.read_text().splitlines()
+    ]
+
+
+def test_rejected_rows_fail_the_job_once_the_rest_is_published_and_stale_errors_go(
+    spark: Any, rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    topology = make_topology()
+    apply_topology(topology, rabbitmq_url)
+    work = f"{topology.namespace}.work"
+    errors = tmp_path / "errors"
+    rows = [("ok", "job.a", "0s"), ("bad", "job.a", "soon"), ("long", "job.a", "1h")]
+    df = spark.createDataFrame(rows, "key string, routing_key string, delay string")
+
+    with pytest.raises(RowsRejected) as caught:  # default: not one rejected row allowed
+        schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay",
+                 body_col=None, errors_path=str(errors))
+    message = str(caught.value)
+    assert "2 of 3 rows were rejected (1 DelayTooLong, 1 InvalidDelay)" in message
+    assert f"they are in {errors}" in message and "The other 1 were published" in message
+    assert caught.value.summary.published == {"immediate": 1}
+    assert sorted(e["key"] for e in read_errors(errors)) == ["bad", "long"]
+    wait_until(lambda: depth(rabbitmq_url, work) == 1, 30, "the published row in its queue")
+
+    every = spark.createDataFrame(rows[1:], "key string, routing_key string, delay string")
+    with pytest.raises(RowsRejected, match="2 of 2 rows were rejected"):  # every row
+        schedule(every, url=rabbitmq_url, topology=topology, delay_col="delay", body_col=None)
+    accepted = schedule(every, url=rabbitmq_url, topology=topology, delay_col="delay",
+                        body_col=None, max_rejected="100%")
+    assert accepted.total_rejected == 2 and len(accepted.rejections) == 2
+
+    # A clean run with the same errors path: the last run's rejections do not linger there
+    clean = schedule(df.where("key = 'ok'"), url=rabbitmq_url, topology=topology,
+                     delay_col="delay", body_col=None, errors_path=str(errors))
+    assert clean.total_rejected == 0 and read_errors(errors) == []
+
+
+def test_two_rows_with_one_key_are_refused_before_anything_is_sent(
+    spark: Any, rabbitmq_url: str, make_topology: Any
+) -> None:
+    topology = make_topology()
+    apply_topology(topology, rabbitmq_url)
+    # Two reminders for one customer keyed by the customer: one message id, so an
+    # idempotent consumer would handle the first and skip the second as a duplicate.
+    df = spark.createDataFrame(
+        [("cust-1", "job.a", "1s", "first"), ("cust-1", "job.a", "2s", "second"),
+         ("cust-2", "job.a", "1s", "other")],
+        "key string, routing_key string, delay string, body string",
+    )
+    with pytest.raises(InvalidInput, match=r"1 keys of column 'key' are on more than one row"
+                       r" \(e\.g\. 'cust-1' \(2 rows\)\).*Nothing was sent"):
+        schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
+    assert [depth(rabbitmq_url, f"{topology.namespace}.tier.{t}") for t in ("1s", "2s")] == [0, 0]
+
+
+def test_a_wrong_url_or_an_unapplied_topology_is_a_delayq_error_before_any_task(
+    spark: Any, rabbitmq_url: str, make_topology: Any
+) -> None:
+    # Before: a Spark PythonException (pages of Java and Python stack) from every task.
+    df = spark.createDataFrame(
+        [("a", "job.a", "1s")], "key string, routing_key string, delay string"
+    )
+    applied = make_topology()
+    apply_topology(applied, rabbitmq_url)
+    with pytest.raises(ConnectionFailed):
+        schedule(df, url="amqp://guest:guest@127.0.0.1:1/", topology=applied,
+                 delay_col="delay", body_col=None)
+    with pytest.raises(TopologyMissing, match="delayq topology apply"):
+        schedule(df, url=rabbitmq_url, topology=make_topology(), delay_col="delay",
+                 body_col=None)
+
+
+def test_a_task_s_delayq_error_is_raised_again_as_itself() -> None:
+    from delayq.spark._checks import task_error
+
+    text = (
+        "An exception was thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in main\n'
+        "pika.exceptions.StreamLostError: Stream connection lost\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "delayq.errors.PublishUnconfirmed: message 'm1' was not confirmed after 3 attempts\n"
+    )
+    error = task_error(RuntimeError(text))
+    assert isinstance(error, PublishUnconfirmed)
+    assert "'m1' was not confirmed" in str(error) and "raised in a Spark task" in str(error)
+    assert task_error(RuntimeError("java.lang.OutOfMemoryError")) is None

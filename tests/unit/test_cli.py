@@ -73,3 +73,30 @@ def test_worker_metrics_and_log_flags_parse_with_loopback_and_text_defaults():
     assert args.metrics_port is None and args.log_format == "json"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "app:w", "--log-format", "xml"])
+
+
+@pytest.mark.parametrize("run_fails", [True, False])
+def test_a_worker_failure_and_lost_records_are_both_said(tmp_path, monkeypatch, capsys, run_fails):
+    """The worker's own failure is not hidden behind the records' (nor the reverse)."""
+    from delayq import Worker
+    from delayq.errors import ConnectionFailed, RecordsLost
+    from delayq.records import DeliveryRecorder
+
+    worker = Worker(load_topology(TOPOLOGY))
+    worker.handler("orders.reminders")(lambda body: None)
+
+    def run(*args, **kwargs):
+        if run_fails:
+            raise ConnectionFailed("cannot reach the broker")
+
+    def close(self):
+        raise RecordsLost("3 delivery records were lost", failed=3)
+
+    monkeypatch.setattr(worker, "run", run)
+    monkeypatch.setattr("delayq.worker.load_worker", lambda spec: worker)
+    monkeypatch.setattr(DeliveryRecorder, "close", close)
+    code = main(["worker", "app:worker", "--url", DEAD_URL, "--records", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "3 delivery records were lost" in err
+    assert ("cannot reach the broker" in err) is run_fails

@@ -215,3 +215,22 @@ def test_advance_moves_the_clock_even_when_nothing_is_due() -> None:
         assert broker.now_ms == 900_000 and broker.elapsed_ms == 900_000
         assert broker.run_until_idle()
         assert broker.now_ms == 900_000
+
+
+def test_an_unrouted_replay_whose_key_is_still_unbound_is_not_counted_as_replayed() -> None:
+    # As `delayq unrouted replay` against RabbitMQ (tests/misuse/test_pipeline.py): the copy
+    # goes round through the alternate exchange into <ns>.unrouted again.
+    topology = Topology(
+        namespace="park", ladder=["1m"], destinations=[{"queue": "work", "bindings": ["job.#"]}]
+    )
+    with MemoryBroker() as broker:
+        broker.apply(topology)
+        for message_id, key in (("a", "nobody.yet"), ("b", "job.bound")):
+            broker.publish(topology.ready_exchange, key, b"x", message_id=message_id,
+                           headers={"delayq-routing-key": key})
+        assert [m.message_id for m in broker.unrouted(topology)] == ["a"]
+        broker.publish(topology.unrouted, "", b"y", message_id="c",
+                       headers={"delayq-routing-key": "job.late"})
+        assert broker.replay_unrouted(topology) == ["c"]  # before: ["a", "c"]
+        assert [m.message_id for m in broker.unrouted(topology)] == ["a"]
+        assert [m.message_id for m in broker.messages("work")] == ["b", "c"]

@@ -26,6 +26,7 @@ CORE_MODULES = [
     "delayq.tls",
     "delayq.limits",
     "delayq.errors",
+    "delayq.handlers",
     "delayq.provisioning",
     "delayq.verification",
     "delayq.grants",

@@ -10,7 +10,9 @@ returned to the queue instead: nothing is acked that is not safely elsewhere.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import random
 import signal
@@ -37,9 +39,11 @@ from delayq.delivery import (
     Undecodable,
     decode_body,
     idempotency_key,
+    is_fresh,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, PublishError, StoreError
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, PublishError, StoreError
+from delayq.handlers import check_handler, is_coroutine_handler, plain
 from delayq.idempotency import (
     ClaimStatus,
     IdempotencyStore,
@@ -118,16 +122,27 @@ class AsyncConsumer:
         rng: random.Random | None = None,
         scrubber: Callable[[str], str] | None = None,
     ) -> None:
+        check_handler(handler, sync=False)
         if transactional:
             check_transactional(store, handler)
         settings = ConsumeSettings.parse(
-            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
+            prefetch=prefetch,
+            handler_timeout=handler_timeout,
+            lease=lease,
+            retention=retention,
+            concurrency=concurrency,
         )
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
-        self._handler = handler
-        self._is_async = inspect.iscoroutinefunction(handler)
+        self._is_async = is_coroutine_handler(handler)
+        if transactional and self._is_async:
+            raise InvalidInput(
+                "a transactional handler is a plain function `handler(body, tx)` (its "
+                "__call__ is a coroutine here): it runs in a thread with the transaction"
+            )
+        # A plain handler that returns a coroutine ran nothing: that fails the delivery.
+        self._handler: Handler = handler if self._is_async else plain(handler)
         self._planner = DeliveryPlanner(
             topology,
             queue,
@@ -144,9 +159,11 @@ class AsyncConsumer:
         self._model = model
         self._prefetch = prefetch
         # The prefetch already bounds what runs at once; a semaphore only for less.
-        self._slots = (
-            asyncio.Semaphore(concurrency) if concurrency and concurrency < prefetch else None
-        )
+        limit = settings.concurrency
+        self._slots = asyncio.Semaphore(limit) if limit is not None and limit < prefetch else None
+        self._cautious = False
+        self._widening: asyncio.Task[None] | None = None
+        self._handler_threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._timed_out: set[asyncio.Task[Any]] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -198,7 +215,11 @@ class AsyncConsumer:
             await ensure_topology(self.topology, connection)  # or check it, if refused
             await self._publisher.connect()
             channel = await connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=self._prefetch)
+            # Cautious start: one delivery at a time while they are redeliveries, so a
+            # message that crashes the process charges only itself to the quorum queue's
+            # delivery count, not the prefetched ones behind it (see _widen_prefetch).
+            self._cautious = self._prefetch > 1
+            await channel.set_qos(prefetch_count=1 if self._cautious else self._prefetch)
             queue = await channel.get_queue(self.queue, ensure=False)
             self._connection, self._channel = connection, channel
             self._acks = AckCoalescer()  # delivery tags are per channel
@@ -297,6 +318,9 @@ class AsyncConsumer:
             self._stall_guard.cancel()
             self._stall_guard = None
         await self._acks.drain()
+        if self._handler_threads is not None:
+            self._handler_threads.shutdown(wait=False)  # a stuck handler holds up no one
+            self._handler_threads = None
         await close_quietly(self._channel)
         await close_quietly(self._connection)
         await self._publisher.aclose()
@@ -331,12 +355,34 @@ class AsyncConsumer:
 
     # Deliveries ---------------------------------------------------------------
 
+    async def _widen_prefetch(self) -> None:
+        """Leave the cautious start at the first fresh delivery: subscribe again with the
+        full prefetch (a consumer's prefetch cannot change once it consumes, and quorum
+        queues refuse a channel-wide one). The delivery in hand stays this channel's."""
+        channel, old_tag = self._channel, self._consumer_tag
+        if channel is None or old_tag is None or self._stopping:
+            return
+        try:
+            queue = await channel.get_queue(self.queue, ensure=False)
+            self._consumer_tag = None  # the cancel below is ours, not the broker's
+            await queue.cancel(old_tag)
+            await channel.set_qos(prefetch_count=self._prefetch)
+            if self._stopping or channel is not self._channel:
+                return
+            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+        except Exception as exc:
+            log.warning("widening the prefetch of %s failed (%r); reconnecting", self.queue, exc)
+            self._on_lost(channel, exc)
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._in_flight.add(task)
         self._acks.track(message)
         self._last_delivery = asyncio.get_running_loop().time()
+        if self._cautious and is_fresh(message.redelivered, message.headers):
+            self._cautious = False
+            self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
         try:
             if self._slots is None:
                 await self._process(message)
@@ -362,7 +408,7 @@ class AsyncConsumer:
             redelivered=bool(message.redelivered),
         )
         # Each delivery runs in a task of its own, so the binding stays with it; threads
-        # from asyncio.to_thread copy it (see delayq.logcontext).
+        # for plain handlers get a copy of it (see delayq.logcontext).
         with bound_delivery(delivery):
             await self._handle(message, delivery, received_ms)
 
@@ -377,6 +423,10 @@ class AsyncConsumer:
         except Undecodable as exc:
             decision = self._planner.undecodable(delivery, exc)
             await self._perform(message, decision, delivery, received_ms)
+            return
+        limited = self._planner.over_delivery_limit(delivery)
+        if limited is not None:  # crashed its consumers too often (see H_RETURNS)
+            await self._perform(message, limited, delivery, received_ms)
             return
         store = self._store if key is not None else None
         lease_until = 0
@@ -449,6 +499,24 @@ class AsyncConsumer:
         self._finishing.add(finishing)
         finishing.add_done_callback(self._finishing.discard)
 
+    def _in_thread(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        """Run a plain handler in a thread of this consumer's own, with this task's context.
+
+        Not the loop's default executor: that one has ``cpu_count + 4`` threads, shared
+        with everything else, which silently capped plain handlers below
+        ``concurrency``. Twice the slots: a handler past its timeout keeps its thread
+        (it cannot be killed) while its slot takes the next delivery.
+        """
+        if self._handler_threads is None:
+            size = self._settings.concurrency or self._prefetch
+            self._handler_threads = concurrent.futures.ThreadPoolExecutor(
+                2 * size, thread_name_prefix="delayq-handler"
+            )
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return asyncio.get_running_loop().run_in_executor(self._handler_threads, call)
+
     async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
         """Run the handler; the watchdog cancels it past ``handler_timeout``."""
         task = asyncio.current_task()
@@ -458,22 +526,20 @@ class AsyncConsumer:
         try:
             if self._transactional:
                 assert self._store is not None and key is not None
-                running = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        call_in_transaction,
-                        cast(TransactionalStore, self._store.store),
-                        cast(TransactionalHandler, self._handler),
-                        value,
-                        key=key,
-                        lease_until_ms=lease_until,
-                        now_ms=self._clock_ms(),
-                    )
+                running = self._in_thread(
+                    call_in_transaction,
+                    cast(TransactionalStore, self._store.store),
+                    cast(TransactionalHandler, self._handler),
+                    value,
+                    key=key,
+                    lease_until_ms=lease_until,
+                    now_ms=self._clock_ms(),
                 )
                 await asyncio.shield(running)
             elif self._is_async:
-                await self._handler(value)
+                await cast(Callable[..., Awaitable[Any]], self._handler)(value)
             else:
-                running = asyncio.ensure_future(asyncio.to_thread(self._handler, value))
+                running = self._in_thread(self._handler, value)
                 await asyncio.shield(running)
         except asyncio.CancelledError:
             if task not in self._timed_out:

@@ -46,6 +46,7 @@ RECORDS_SCHEMA = (
     "handler_ms double, _corrupt_record string"
 )
 PERCENTILES = (0.5, 0.9, 0.99)
+_PLOTS = frozenset({"lateness_by_tier.png", "requested_delays.png", "throughput.png"})
 OUTCOMES = ("ack", "duplicate", "retry", "dead-letter")
 ALL = "all"
 
@@ -134,7 +135,14 @@ def load_records(spark: SparkSession, path: str) -> tuple[DataFrame, int]:
         .json(path)
         .cache()
     )
-    good = raw.where(F.col("_corrupt_record").isNull() & (F.col("v") == RECORD_VERSION))
+    # A v1 line without an outcome or a delivery time (`{"v": 1}`) is no record: counted as
+    # one it would make a report of nothing look like a report.
+    good = raw.where(
+        F.col("_corrupt_record").isNull()
+        & (F.col("v") == RECORD_VERSION)
+        & F.col("outcome").isNotNull()
+        & F.col("delivered_at_ms").isNotNull()
+    )
     total = raw.count()
     good = good.drop("_corrupt_record").cache()
     kept = good.count()
@@ -159,7 +167,15 @@ def compute(
     df = df.withColumn("tier", F.coalesce(F.col("tier"), F.lit("(none)"))).cache()
     counts = df.groupBy("tier", "outcome").count().collect()
     if not counts:
-        raise InvalidInput("no delivery records (version 1) were found")
+        df.unpersist()  # left cached, a later report of the same plan would find it empty
+        raise InvalidInput(
+            "no delivery records (version 1) were found"
+            + (
+                f": all {skipped:,} lines were skipped (malformed, or another record version)"
+                if skipped
+                else ""
+            )
+        )
     per_tier: dict[str, dict[str, int]] = {}
     tier_ms: dict[str, int] = {}
     for row in counts:
@@ -461,19 +477,49 @@ def report(
     """
     from delayq.spark._session import local_session
 
+    if bucket_ms is not None and bucket_ms < 1:
+        raise InvalidInput(f"bucket_ms must be at least 1, got {bucket_ms}")
+    if max_tiers is not None and max_tiers < 1:
+        raise InvalidInput(f"max_tiers must be at least 1, got {max_tiers}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InvalidInput(f"cannot write the report to {out}: it is a file, not a directory")
     skipped = 0
+    loaded = isinstance(records, (str, Path))
     if isinstance(records, (str, Path)):
+        if "://" not in str(records) and not Path(records).exists():  # local, not hdfs:// etc.
+            raise InvalidInput(f"no delivery records at {records}: no such file or directory")
         session = spark or local_session()
         frame, skipped = load_records(session, str(records))
     else:
         frame = records
+    try:
+        return _write_report(frame, skipped, Path(out), ladder, max_tiers, bucket_ms)
+    finally:
+        if loaded:
+            # Left cached, the next report of the same path in this session would be
+            # served these records again (Spark matches the cache by plan), not the files.
+            frame.unpersist()
+
+
+def _write_report(
+    frame: DataFrame,
+    skipped: int,
+    target: Path,
+    ladder: Ladder | None,
+    max_tiers: int | None,
+    bucket_ms: int | None,
+) -> ReportSummary:
     summary = compute(
         frame, skipped=skipped, ladder=ladder, max_tiers=max_tiers, bucket_ms=bucket_ms
     )
     edges, hist = lateness_histograms(frame)
-    target = Path(out)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the report to {target}: {exc}") from exc
     plots = _plot(summary, edges, hist, target)
+    for stale in _PLOTS - set(plots.values()):  # an earlier report's, not this one's
+        (target / stale).unlink(missing_ok=True)
     (target / "report.md").write_text(render_markdown(summary, plots), encoding="utf-8")
     files = ["report.md", "summary.json", *plots.values()]
     final = replace(summary, files=files)

@@ -9,7 +9,9 @@ idempotent consumers skip.
 A task whose messages the broker did not confirm (connection lost for good,
 publishers blocked) fails, and Spark retries it. Rows the broker refused
 (nacked, unroutable) and rows that cannot be sent are rejections: counted per
-tier in the summary and written to the errors output with the reason.
+tier in the summary and written to the errors output with the reason. More
+rejections than ``max_rejected`` (default 0) make the job fail with
+:class:`~delayq.errors.RowsRejected` once everything else was published.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.bulk import BulkPlanner, Rejection, Row, tier_of
+from delayq.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
 from delayq.envelope import OutgoingMessage
-from delayq.errors import InvalidInput, PublishError, PublishRejected, Unroutable
+from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
+from delayq.spark._checks import preflight, task_error
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
@@ -66,6 +69,11 @@ class ScheduleSummary:
     def total_rejected(self) -> int:
         return sum(self.rejected.values())
 
+    @property
+    def rows(self) -> int:
+        """Rows read: published plus rejected."""
+        return self.total_published + self.total_rejected
+
     def render(self) -> str:
         """A small table: published and rejected per tier, then rejections per error."""
         tiers = sorted(set(self.published) | set(self.rejected), key=_tier_order)
@@ -80,6 +88,24 @@ class ScheduleSummary:
         if self.errors_path and self.total_rejected:
             lines.append(f"rejections written to {self.errors_path}")
         return "\n".join(lines) + "\n"
+
+    def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
+        """The error of a job whose rejections exceed ``limit``: counts, causes, where they are."""
+        causes = ", ".join(f"{n:,} {error}" for error, n in sorted(self.errors.items()))
+        where = (
+            f"they are in {self.errors_path}"
+            if self.errors_path
+            else "they are in the summary's rejections (give errors_path / --errors DIR "
+            "to write them out)"
+        )
+        return RowsRejected(
+            f"{self.total_rejected:,} of {self.rows:,} rows were rejected ({causes}), more "
+            f"than max_rejected={limit} allows; {where}. The other {self.total_published:,} "
+            "were published: fix the rejected rows and run again (what was published is sent "
+            'again as duplicates only), or accept rejections with max_rejected=N or "P%" '
+            "(--max-rejected, --allow-rejected)",
+            self,
+        )
 
 
 def _tier_order(label: str) -> tuple[int, int]:
@@ -247,6 +273,7 @@ def schedule(
     partitions: int | None = None,
     window: int = 1000,
     progress: Progress | None = None,
+    max_rejected: int | str | None = 0,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -258,16 +285,28 @@ def schedule(
     and numbers as JSON; with ``body_json`` a str is parsed as JSON).
 
     Rejected rows go to ``errors_path`` (``errors_format``: json, csv or
-    parquet; overwritten) with the reason, or into the summary's
-    ``rejections`` when no path is given. ``partitions`` repartitions the input
-    first (one connection per partition). The topology must be applied.
+    parquet; overwritten, emptied when nothing was rejected) with the reason,
+    or into the summary's ``rejections`` when no path is given. More than
+    ``max_rejected`` rejections (a row count, ``"P%"`` of the rows read, or
+    ``None`` for any number; default 0) raise
+    :class:`~delayq.errors.RowsRejected` (its ``summary`` is the job's) after
+    the rest was published. Two rows with the same key would be one message id,
+    and an idempotent consumer would skip the second: such an input is refused
+    before anything is sent. ``partitions`` repartitions the input first (one
+    connection per partition). The topology must be applied.
     """
     from pyspark import StorageLevel
 
     url = resolve_url(url)
+    limit = RejectionLimit.parse(max_rejected)
     if errors_format not in ("json", "csv", "parquet"):
         raise InvalidInput(f"errors_format must be json, csv or parquet, not {errors_format!r}")
+    for name, value in (("window", window), ("partitions", partitions)):
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise InvalidInput(f"{name} must be at least 1, got {value!r}")
     selected = _input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col)
+    _refuse_duplicate_keys(selected, key_col)
+    preflight(url, topology)
     if partitions is not None:
         selected = selected.repartition(partitions)
     task = publish_partition(
@@ -289,6 +328,12 @@ def schedule(
         # Were a cached partition lost, recomputing it re-sends its rows:
         # duplicates only, by the key-derived ids.
         results.count()
+    except Exception as exc:
+        results.unpersist()
+        error = task_error(exc)
+        if error is None:
+            raise
+        raise error from exc
     finally:
         done.set()
         if watcher is not None:
@@ -310,23 +355,54 @@ def schedule(
                 rejected[tier] += count
                 errors[error] += count
         rejections: list[dict[str, Any]] = []
-        if rejected:
-            rows = results.filter(lambda r: r[0] == _REJECTED).map(lambda r: tuple(r[1:7]))
-            if errors_path is not None:
-                out = spark.createDataFrame(rows, ERRORS_SCHEMA).coalesce(1)
-                writer = out.write.mode("overwrite")
-                if errors_format == "csv":
-                    writer = writer.option("header", "true")
-                writer.format(errors_format).save(errors_path)
-            else:
-                names = [c.split()[0] for c in ERRORS_SCHEMA.split(", ")]
-                rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
+        rows = results.filter(lambda r: r[0] == _REJECTED).map(lambda r: tuple(r[1:7]))
+        if errors_path is not None:
+            # Written even when empty: rejections of an earlier run left there would
+            # pass for this run's.
+            out = spark.createDataFrame(rows, ERRORS_SCHEMA).coalesce(1)
+            writer = out.write.mode("overwrite")
+            if errors_format == "csv":
+                writer = writer.option("header", "true")
+            writer.format(errors_format).save(errors_path)
+        elif rejected:
+            names = [c.split()[0] for c in ERRORS_SCHEMA.split(", ")]
+            rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
     finally:
         results.unpersist()
-    return ScheduleSummary(
+    summary = ScheduleSummary(
         published=dict(published),
         rejected=dict(rejected),
         errors=dict(errors),
-        errors_path=errors_path if rejected else None,
+        errors_path=errors_path,
         rejections=rejections,
     )
+    if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
+        raise summary.rejected_error(limit)
+    return summary
+
+
+def _refuse_duplicate_keys(selected: DataFrame, key_col: str) -> None:
+    """Raise :class:`~delayq.errors.InvalidInput` when a key is on several rows (nothing sent)."""
+    from pyspark.sql import functions as F
+
+    repeated = (
+        selected.where(F.col("key").isNotNull())
+        .groupBy("key")
+        .count()
+        .where(F.col("count") > 1)
+        .cache()
+    )
+    try:
+        sample = repeated.limit(3).collect()
+        if not sample:
+            return
+        shown = ", ".join(f"{row['key']!r} ({row['count']} rows)" for row in sample)
+        raise InvalidInput(
+            f"{repeated.count():,} keys of column {key_col!r} are on more than one row "
+            f"(e.g. {shown}): a key is the message id, so an idempotent consumer would "
+            "handle the first of them and skip the others as duplicates. Nothing was sent. "
+            "Make the key unique (e.g. the key and the due time together), or drop "
+            "repeated rows (DataFrame.dropDuplicates) if they are the same message."
+        )
+    finally:
+        repeated.unpersist()

@@ -1,17 +1,21 @@
 """The blocking consumer (pika): performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
 
-One handler runs at a time, in a worker thread, while the consumer's own thread
-keeps the connection alive (heartbeats) and enforces ``handler_timeout``. For
-parallel handlers run several consumers (processes, or threads each with its
-own ``Consumer``), or use :class:`~delayq.aio.AsyncConsumer`.
+Up to ``concurrency`` handlers run at once, each in a thread of its own
+(:mod:`delayq.sync._threads`), while the consumer's own thread owns the pika
+connection (not thread-safe): it keeps heartbeats flowing, receives deliveries,
+enforces ``handler_timeout`` and does every store call, republish, ack and nack.
+A handler that hangs holds one slot only: the others keep flowing.
+
+After every (re)connect the consumer subscribes with a prefetch of 1 and keeps it
+while the deliveries are redeliveries, widening to ``prefetch`` at the first
+fresh one. A quorum queue charges every unacked delivery of a dead connection to
+its ``x-delivery-count``, so a handler that crashes the process (a poison message)
+charges only itself on each restart, not the messages prefetched behind it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextvars
-import functools
-import inspect
+import collections
 import logging
 import random
 import signal
@@ -19,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import pika
 import pika.exceptions as pex
@@ -31,30 +35,18 @@ from delayq.delivery import (
     RECONNECT_MIN_S,
     STALL_CHECK_S,
     ConsumeSettings,
-    Decision,
-    Delivery,
     DeliveryPlanner,
-    Undecodable,
-    decode_body,
-    idempotency_key,
+    is_fresh,
 )
 from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
+from delayq.errors import DelayqError
+from delayq.handlers import check_handler, plain
 from delayq.idempotency import (
-    Claim,
-    ClaimStatus,
-    Complete,
     IdempotencyStore,
-    Release,
-    TransactionalStore,
-    call_in_transaction,
     check_transactional,
-    run_ops,
-    store_error,
 )
 from delayq.key_scope import KeyScope
-from delayq.logcontext import bound_delivery
-from delayq.observe import DeliveryObserver, Observers, monotonic_ms
+from delayq.observe import DeliveryObserver, Observers
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
 from delayq.sync._connection import (
@@ -63,21 +55,39 @@ from delayq.sync._connection import (
     connect,
     translate_channel_error,
 )
+from delayq.sync._deliveries import DeliveryFlow, Incoming
+from delayq.sync._threads import HandlerThreads
 from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url, resolved_memory_name
 
-__all__ = ["Consumer"]
+__all__ = ["DEFAULT_CONCURRENCY", "STOP_GRACE_S", "Consumer"]
+
+DEFAULT_CONCURRENCY = 8
+"""Handler threads of a :class:`Consumer` when ``concurrency`` is not given (or
+``prefetch`` if smaller): one hung handler leaves 7 others flowing, and a worker
+with a consumer per queue stays at tens of threads, not hundreds."""
+
+STOP_GRACE_S = 30.0
+"""On a graceful stop, prefetched deliveries still start for this long (as
+:meth:`AsyncConsumer.stop <delayq.aio.AsyncConsumer.stop>` waits for them);
+running handlers finish or reach their ``handler_timeout``."""
 
 
 class StalledConsumer(Exception):
     """The queue holds ready messages but the broker delivers none: subscribe again."""
 
 
+class ConsumerCancelled(Exception):
+    """The broker cancelled the consumer (its queue went away, a quorum queue lost its
+    leader): subscribe again on a fresh connection."""
+
+
 LOST: tuple[type[BaseException], ...] = (
     *CONNECTION_ERRORS,
     StalledConsumer,
+    ConsumerCancelled,
     pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
     pex.ChannelWrongStateError,
 )
@@ -86,7 +96,7 @@ LOST: tuple[type[BaseException], ...] = (
 log = logging.getLogger("delayq.consumer")
 
 
-class Consumer:
+class Consumer(DeliveryFlow):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = Consumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -95,8 +105,12 @@ class Consumer:
     >>> consumer.run()   # until SIGTERM/SIGINT, then a graceful stop  # doctest: +SKIP
 
     The same arguments, decisions and headers as :class:`~delayq.aio.AsyncConsumer`.
-    A handler that overruns ``handler_timeout`` is retried; its thread cannot be
-    killed and is left to finish on its own while the consumer goes on.
+    Up to ``concurrency`` handlers (default :data:`DEFAULT_CONCURRENCY`, at most
+    ``prefetch``) run at once in threads, so the handler must be thread-safe; pass
+    ``concurrency=1`` for one at a time. A handler that overruns ``handler_timeout``
+    is retried; its thread cannot be killed and is left to finish on its own while
+    the consumer goes on with its slot (at most ``concurrency`` such threads
+    beyond the working ones; then no handler starts until one of them ends).
     """
 
     def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> Consumer:
@@ -119,6 +133,7 @@ class Consumer:
         key_scope: KeyScope | str = KeyScope.QUEUE,
         model: type[BaseModel] | None = None,
         prefetch: int = 50,
+        concurrency: int | None = None,
         handler_timeout: object = "5m",
         lease: object = None,
         retention: object = "7d",
@@ -129,17 +144,20 @@ class Consumer:
         rng: random.Random | None = None,
         scrubber: Callable[[str], str] | None = None,
     ) -> None:
-        if inspect.iscoroutinefunction(handler):
-            raise InvalidInput("handler is a coroutine function: use delayq.aio.AsyncConsumer")
+        check_handler(handler, sync=True)
         if transactional:
             check_transactional(store, handler)
         settings = ConsumeSettings.parse(
-            prefetch=prefetch, handler_timeout=handler_timeout, lease=lease, retention=retention
+            prefetch=prefetch,
+            handler_timeout=handler_timeout,
+            lease=lease,
+            retention=retention,
+            concurrency=concurrency,
         )
         self._url = resolve_url(url)
         self.topology = topology
         self.queue = queue
-        self._handler = handler
+        self._handler = plain(handler)  # a coroutine it returns fails the delivery
         self._planner = DeliveryPlanner(
             topology,
             queue,
@@ -155,16 +173,25 @@ class Consumer:
         self._key_scope = KeyScope.parse(key_scope)
         self._model = model
         self._prefetch = prefetch
+        self.concurrency = settings.concurrency or min(prefetch, DEFAULT_CONCURRENCY)
+        """Handlers running at once, at most."""
         self._timeout_ms = settings.handler_timeout_ms
         self._lease_ms = settings.lease_ms
         self._settings = settings
         self._next_prune = 0.0
         self._return_pause_s = 1.0
+        self._stop_grace_s = STOP_GRACE_S
         self._clock_ms = clock_ms
         self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="delayq-handler")
+        self._consumer_tag: str | None = None
+        self._cautious = False
+        self._widen = False
+        self._cancelled = False
+        self._pending: collections.deque[Incoming] = collections.deque()
+        self._threads = self._new_threads()
+        self._fatal: BaseException | None = None
         self._stop = threading.Event()
         self.started = threading.Event()
         self.stats = ConsumerStats()
@@ -172,6 +199,24 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer(url={redact(self._url)!r}, queue={self.queue!r})"
+
+    def _new_threads(self) -> HandlerThreads:
+        return HandlerThreads(
+            self.concurrency,
+            spare=self.concurrency,
+            timeout_s=self._timeout_ms / 1000,
+            name="delayq-handler",
+            wake=self._wake,
+        )
+
+    def _wake(self) -> None:
+        """From a handler thread: make the connection's thread look at finished jobs now."""
+        connection = self._connection
+        if connection is not None:
+            try:
+                connection.add_callback_threadsafe(lambda: None)
+            except Exception:  # closed meanwhile: the loop polls anyway
+                pass
 
     # Life cycle ---------------------------------------------------------------
 
@@ -183,9 +228,15 @@ class Consumer:
         up to ``RECONNECT_MAX_S``) until a stop is requested.
         """
         self._stop.clear()
+        self._fatal = None
         self._open()
         self.started.set()
-        log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
+        log.info(
+            "consuming %s (prefetch %d, %d handlers at once)",
+            self.queue,
+            self._prefetch,
+            self.concurrency,
+        )
 
     def _open(self) -> None:
         connection = connect(self._url, name=f"delayq-consumer {self.queue}")
@@ -193,20 +244,55 @@ class Consumer:
             ensure_topology(self.topology, connection)  # or check it, if refused
             self._publisher.connect()
             channel = connection.channel()
-            channel.basic_qos(prefetch_count=self._prefetch)
+            channel.add_on_cancel_callback(self._on_cancelled)
+            # Cautious start (see the module's docstring): one delivery at a time until
+            # the first fresh one.
+            self._cautious = self._prefetch > 1
+            self._widen = self._cancelled = False
+            channel.basic_qos(prefetch_count=1 if self._cautious else self._prefetch)
+            try:
+                tag = channel.basic_consume(self.queue, self._on_message)
+            except pex.ChannelClosedByBroker as exc:  # may not read it (see delayq.grants)
+                raise translate_channel_error(exc) from exc
         except BaseException:
             close_quietly(connection)
             raise
-        self._connection, self._channel = connection, channel
+        self._connection, self._channel, self._consumer_tag = connection, channel, tag
+
+    def _on_message(
+        self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
+    ) -> None:
+        self._pending.append((channel, method, props, body))
+        self._last_delivery = time.monotonic()
+        if self._cautious and is_fresh(method.redelivered, props.headers):
+            self._widen = True
+
+    def _on_cancelled(self, _frame: Any) -> None:
+        self._cancelled = True
+
+    def _widen_prefetch(self) -> None:
+        """Leave the cautious start: subscribe again with the full prefetch. A
+        consumer's prefetch cannot change once it consumes, and quorum queues refuse a
+        channel-wide one; the delivery in hand stays this channel's to ack."""
+        self._widen = self._cautious = False
+        channel = self._channel
+        assert channel is not None and self._consumer_tag is not None
+        channel.basic_cancel(self._consumer_tag)
+        channel.basic_qos(prefetch_count=self._prefetch)
+        self._consumer_tag = channel.basic_consume(self.queue, self._on_message)
 
     def request_stop(self) -> None:
-        """Stop after the delivery in hand (safe from any thread or a signal handler)."""
+        """Stop gracefully (safe from any thread or a signal handler): no new deliveries,
+        running handlers finish, prefetched ones are handled for up to :data:`STOP_GRACE_S`."""
         self._stop.set()
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
 
-        Signal handlers can only be installed from the main thread.
+        Signal handlers can only be installed from the main thread. A handler that
+        raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` that is
+        not an ``Exception`` stops the consumer gracefully; ``run`` then raises it, and
+        that delivery goes back to the queue unacked.
         """
         previous: dict[int, Any] = {}
         if install_signal_handlers:
@@ -219,14 +305,10 @@ class Consumer:
         try:
             if self._channel is None:
                 self.start()
-            while not self._stop.is_set():
+            while True:
                 try:
-                    self._consume()
-                    if self._stop.is_set():
-                        break
-                    # The generator ended by itself: the broker cancelled the consumer
-                    # (its queue went away or restarted, a quorum queue losing its leader).
-                    log.warning("the broker cancelled the consumer of %s; reconnecting", self.queue)
+                    self._serve()
+                    break
                 except LOST as exc:
                     if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code == 403:
                         # May not consume: reconnecting cannot help (see delayq.grants).
@@ -241,21 +323,52 @@ class Consumer:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
             self.close()
+        if self._fatal is not None:
+            raise self._fatal
 
-    def _consume(self) -> None:
-        assert self._channel is not None
-        last_delivery = time.monotonic()
-        for method, props, body in self._channel.consume(self.queue, inactivity_timeout=0.2):
-            if method is not None:
-                self._process(method, props, body)
-                last_delivery = time.monotonic()
+    def _serve(self) -> None:
+        """The connection thread's loop: deliveries in, handlers started, outcomes settled."""
+        assert self._connection is not None
+        tick_s = max(0.005, min(0.2, self._timeout_ms / 10_000))
+        self._last_delivery = time.monotonic()
+        stop_by: float | None = None
+        while True:
+            self._connection.process_data_events(time_limit=tick_s)
+            self._settle_finished()
+            self._time_out_overruns()
+            if self._cancelled:
+                raise ConsumerCancelled(f"the broker cancelled the consumer of {self.queue}")
             if self._stop.is_set():
-                return
+                if stop_by is None:
+                    stop_by = time.monotonic() + self._stop_grace_s
+                    self._unsubscribe()
+                if time.monotonic() >= stop_by:
+                    self._pending.clear()  # back to the queue when the channel closes
+                if not self._pending and not self._threads.running:
+                    return
+            elif self._widen:
+                self._widen_prefetch()
+            self._start_pending()
             self._prune_when_due()
-            if time.monotonic() - last_delivery >= STALL_CHECK_S:
-                last_delivery = time.monotonic()
-                if self._stalled():
-                    raise StalledConsumer(f"messages ready in {self.queue} but none delivered")
+            self._check_stalled()
+
+    def _unsubscribe(self) -> None:
+        channel = self._channel
+        if channel is not None and channel.is_open and self._consumer_tag is not None:
+            try:
+                channel.basic_cancel(self._consumer_tag)
+            except (pex.AMQPError, OSError) as exc:
+                log.debug("cancel failed: %r", exc)
+        self._consumer_tag = None
+
+    def _check_stalled(self) -> None:
+        if self._pending or self._threads.running or self._stop.is_set():
+            return
+        if time.monotonic() - self._last_delivery < STALL_CHECK_S:
+            return
+        self._last_delivery = time.monotonic()
+        if self._stalled():
+            raise StalledConsumer(f"messages ready in {self.queue} but none delivered")
 
     def _stalled(self) -> bool:
         """Ready messages, none delivered for a while (see AsyncConsumer._watch_stalls)."""
@@ -271,6 +384,8 @@ class Consumer:
         close_quietly(self._channel)
         close_quietly(self._connection)
         self._channel = self._connection = None
+        self._consumer_tag = None
+        self._pending.clear()  # the broker gives them back
         delay = RECONNECT_MIN_S
         while not self._stop.is_set():
             try:
@@ -293,172 +408,19 @@ class Consumer:
         """Cancel consuming (unacked deliveries go back to the queue) and close."""
         channel = self._channel
         if channel is not None and channel.is_open:
-            try:
-                channel.cancel()  # requeues what was prefetched but not handled
-            except (pex.AMQPError, OSError) as exc:
-                log.debug("cancel failed: %r", exc)
+            self._unsubscribe()
         close_quietly(channel)
         close_quietly(self._connection)
         self._channel = None
         self._connection = None
+        self._pending.clear()
         self._publisher.close()
-        self._pool.shutdown(wait=False)
+        for job in self._threads.forget_running():
+            log.warning(
+                "handler of %s still running at close; its claim lapses with its lease",
+                job.delivery.message_id,
+            )
+        self._threads.close()
+        self._threads = self._new_threads()
         self._observers.flush()
         self.started.clear()
-
-    def _prune_when_due(self) -> None:
-        """Forget keys past the retention period, every tenth of it (at most 10 min)."""
-        if self._store is None or time.monotonic() < self._next_prune:
-            return
-        self._next_prune = time.monotonic() + self._settings.prune_every_ms / 1000
-        try:
-            try:
-                self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
-            except Exception as exc:
-                raise store_error(self._store, exc) from exc
-        except StoreError as exc:
-            log.warning("pruning the idempotency store failed: %r", exc)
-
-    # Deliveries ---------------------------------------------------------------
-
-    def _process(self, method: Any, props: pika.BasicProperties, body: bytes) -> None:
-        received_ms = self._clock_ms()
-        delivery = Delivery(
-            queue=self.queue,
-            body=body,
-            routing_key=method.routing_key or "",
-            message_id=props.message_id,
-            content_type=props.content_type,
-            headers=props.headers or {},
-            redelivered=bool(method.redelivered),
-        )
-        with bound_delivery(delivery):
-            self._handle(method.delivery_tag, delivery, received_ms)
-
-    def _handle(self, tag: int, delivery: Delivery, received_ms: int) -> None:
-        try:
-            value = decode_body(delivery, self._model)
-            key = idempotency_key(
-                value, delivery, self._key, required=self._transactional, scope=self._key_scope
-            )
-        except Undecodable as exc:
-            decision = self._planner.undecodable(delivery, exc)
-            self._perform(tag, decision, delivery, received_ms)
-            return
-        store = self._store if key is not None else None
-        claim = Claim(key or "", self._lease_ms, self._clock_ms())
-        if store is not None:
-            try:
-                status = run_ops(store, [claim])[0]
-            except StoreError as exc:
-                self._return(tag, delivery.message_id, f"claiming its key failed: {exc}")
-                return
-            if status is ClaimStatus.DONE:
-                decision = self._planner.duplicate()
-                self._perform(tag, decision, delivery, received_ms)
-                return
-            if status is ClaimStatus.BUSY:
-                decision = self._planner.deferred(delivery)
-                self._perform(tag, decision, delivery, received_ms)
-                return
-        started = monotonic_ms()
-        try:
-            self._call_handler(value, claim)
-        except Exception as exc:
-            if store is not None:
-                try:
-                    run_ops(store, [Release(claim.key)])
-                except StoreError as release_error:  # the claim's lease ends by itself
-                    log.warning("releasing key %r failed: %s", claim.key, release_error)
-            decision = self._planner.failure(delivery, exc)
-            self._perform(tag, decision, delivery, received_ms, monotonic_ms() - started)
-            return
-        if store is not None and not self._transactional:
-            try:
-                run_ops(store, [Complete(claim.key, self._clock_ms())])
-            except StoreError as exc:
-                self._return(tag, delivery.message_id, f"recording its key as done failed: {exc}")
-                return
-        handler_ms = monotonic_ms() - started
-        self._perform(tag, self._planner.success(), delivery, received_ms, handler_ms)
-
-    def _handler_call(self, value: Any, claim: Claim) -> Callable[[], None]:
-        """The handler's call for ``value``: within the store's transaction for a
-        transactional consumer, which marks ``claim``'s key done in the same commit."""
-        if self._transactional:
-            return functools.partial(
-                call_in_transaction,
-                cast(TransactionalStore, self._store),
-                self._handler,
-                value,
-                key=claim.key,
-                lease_until_ms=claim.lease_until_ms,
-                now_ms=self._clock_ms(),
-            )
-        return functools.partial(self._handler, value)
-
-    def _call_handler(self, value: Any, claim: Claim) -> None:
-        assert self._connection is not None
-        # The handler's thread logs with this delivery's fields (see delayq.logcontext).
-        context = contextvars.copy_context()
-        future = self._pool.submit(context.run, self._handler_call(value, claim))
-        deadline = time.monotonic() + self._timeout_ms / 1000
-        connected = True
-        while not future.done():
-            if time.monotonic() >= deadline:
-                # The thread cannot be stopped: leave it and take a fresh one.
-                self._pool.shutdown(wait=False)
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="delayq-handler"
-                )
-                raise HandlerTimeout(
-                    f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
-                )
-            if connected:
-                try:
-                    self._connection.sleep(0.01)  # keeps heartbeats flowing
-                except LOST:
-                    # The handler goes on; its key is still recorded when it ends, so
-                    # the redelivery after the reconnect is a skipped duplicate.
-                    connected = False
-            else:
-                concurrent.futures.wait([future], timeout=0.01)
-        future.result()
-
-    def _return(self, tag: int, message_id: str | None, why: str) -> None:
-        """Put a delivery back on the queue: its fate could not be made safe now."""
-        assert self._channel is not None
-        log.error("returning %s to %s: %s", message_id, self.queue, why)
-        self.stats.returned += 1
-        if self._connection is not None:
-            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
-        self._channel.basic_nack(tag, requeue=True)
-
-    def _perform(
-        self,
-        tag: int,
-        decision: Decision,
-        delivery: Delivery,
-        received_ms: int,
-        handler_ms: float | None = None,
-    ) -> None:
-        assert self._channel is not None
-        if decision.message is not None:
-            try:
-                self._publisher.send(decision.message)
-            except DelayqError as exc:
-                # Not safely elsewhere: back to the queue (the broker's delivery
-                # limit dead-letters it if this keeps happening).
-                why = f"its republish was not confirmed: {exc}"
-                self._return(tag, decision.message.message_id, why)
-                return
-        self._channel.basic_ack(tag)
-        self.stats.record(decision)
-        if self._observers:
-            self._observers.emit(
-                delivery,
-                decision,
-                received_at_ms=received_ms,
-                settled_at_ms=self._clock_ms(),
-                handler_ms=handler_ms,
-            )

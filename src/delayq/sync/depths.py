@@ -26,16 +26,21 @@ from delayq.urls import redact, resolve_url
 __all__ = ["queue_depths"]
 
 
-def _by_api(api: ManagementAPI, vhost: str, queues: list[str]) -> dict[str, Depth | None]:
+def _by_api(
+    api: ManagementAPI, vhost: str, queues: list[str], channels: Channels
+) -> dict[str, Depth | None]:
     depths: dict[str, Depth | None] = {}
+    unsampled: list[str] = []
     for name in queues:
         found = api.queue(vhost, name)
-        depths[name] = (
-            None
-            if found is None
-            else _api_depth(found)
-        )
-    return depths
+        if found is not None and "messages_ready" not in found:
+            # Declared since the last statistics sample: the API has no counts for it yet,
+            # which is not 0. A passive declare counts its ready messages now.
+            unsampled.append(name)
+            continue
+        depths[name] = None if found is None else _api_depth(found)
+    depths.update(_by_amqp(channels, unsampled))
+    return {name: depths[name] for name in queues}
 
 
 def _api_depth(found: dict[str, object]) -> Depth:
@@ -88,7 +93,7 @@ def queue_depths(
         reach = reach_management(management, connection)
         if reach.api is not None:
             try:
-                depths = _by_api(reach.api, vhost, queues)
+                depths = _by_api(reach.api, vhost, queues, channels)
                 return depths, f"management API {reach.api.url} (vhost {vhost!r})"
             except DelayqError as exc:
                 reach = Reach(None, str(exc))

@@ -18,9 +18,14 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.delivery import Delivery
 from delayq.envelope import epoch_ms
-from delayq.errors import TopologyMissing
-from delayq.parked import ParkedMessage, replay_message
-from delayq.sync._connection import close_quietly, connect, translate_channel_error
+from delayq.errors import ConnectionFailed, InvalidInput, TopologyMissing
+from delayq.parked import H_REPLAYED_AT, ParkedMessage, replay_message
+from delayq.sync._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import resolve_url
@@ -36,6 +41,9 @@ class ReplayReport:
     """Messages looked at."""
     missing: list[str] = field(default_factory=list)
     """Ids asked for that were not found."""
+    returned: list[str] = field(default_factory=list)
+    """Ids sent again that came straight back to the parking queue (an unrouted message
+    whose routing key still matches no binding): parked again, not replayed."""
 
 
 def _open(url: str | None, queue: str) -> tuple[pika.BlockingConnection, BlockingChannel, int]:
@@ -104,12 +112,21 @@ def replay(
     """Send parked messages again and remove them from ``queue`` once confirmed.
 
     ``target`` gives each message's (exchange, routing key); ``ids`` selects
-    messages by id (``None``: all that were parked when the replay started).
+    messages by id (``None``: all that were parked when the replay started);
+    ``rate_per_s`` (above 0) bounds the pace. A copy the broker routes straight
+    back into ``queue`` (an unrouted message whose key no binding takes yet) is
+    listed in ``returned``, not ``replayed``. A message is removed only once
+    its copy is confirmed: a replay that stops half-way (connection lost:
+    :class:`~delayq.errors.ConnectionFailed`; destination gone:
+    :class:`~delayq.errors.Unroutable`) leaves the others parked.
     """
+    if rate_per_s is not None and not 0 < rate_per_s < float("inf"):
+        raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
     wanted = None if ids is None else set(ids)
     report = ReplayReport()
     connection, channel, total = _open(url, queue)
     interval = 1.0 / rate_per_s if rate_per_s else 0.0
+    stamps: dict[str, object] = {}  # id -> the replayed-at header of its copy
     try:
         with Publisher(url, topology) as publisher:
             while report.seen < total:
@@ -122,28 +139,51 @@ def replay(
                     continue  # held unacked, returned at the end
                 exchange, routing_key = target(parked)
                 started = time.monotonic()
-                publisher.send(
-                    replay_message(
-                        parked.delivery,
-                        exchange=exchange,
-                        routing_key=routing_key,
-                        now_ms=epoch_ms(),
-                    )
+                copy = replay_message(
+                    parked.delivery, exchange=exchange, routing_key=routing_key, now_ms=epoch_ms()
                 )
+                publisher.send(copy)
                 channel.basic_ack(method.delivery_tag)  # only once the copy is confirmed
                 report.replayed.append(parked.message_id)
+                if exchange:  # through an exchange, a copy may be routed back here
+                    stamps[copy.message_id] = copy.headers[H_REPLAYED_AT]
                 if progress is not None:
                     progress(len(report.replayed), total if wanted is None else len(wanted))
                 if interval:
                     time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        # Confirmed copies are enqueued: any that came back is behind what we took.
+        returned = _returned(channel, queue, stamps)
         channel.basic_nack(0, multiple=True, requeue=True)
     except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise translate_channel_error(exc) from exc
+    except CONNECTION_ERRORS as exc:
+        raise ConnectionFailed(
+            f"the connection to the broker was lost while replaying from {queue}: "
+            f"{len(report.replayed)} were replayed, the others are still parked "
+            f"({type(exc).__name__}: {exc}); run the replay again"
+        ) from exc
     finally:
         close_quietly(connection)
+    if returned:
+        report.returned = [m for m in report.replayed if m in returned]
+        report.replayed = [m for m in report.replayed if m not in returned]
     if wanted is not None:
-        report.missing = sorted(wanted - set(report.replayed))
+        report.missing = sorted(wanted - set(report.replayed) - set(report.returned))
     return report
+
+
+def _returned(channel: BlockingChannel, queue: str, stamps: dict[str, object]) -> set[str]:
+    """Ids among ``stamps`` whose very copy is now in ``queue`` (held unacked, like the rest)."""
+    found: set[str] = set()
+    if not stamps:
+        return found
+    while True:
+        method, props, _ = channel.basic_get(queue, auto_ack=False)
+        if method is None:
+            return found
+        stamp = (props.headers or {}).get(H_REPLAYED_AT)
+        if props.message_id in stamps and stamps[props.message_id] == stamp:
+            found.add(props.message_id)
 
 
 def purge(url: str | None, queue: str) -> int:

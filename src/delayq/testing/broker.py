@@ -57,7 +57,7 @@ from delayq.errors import (
     Unroutable,
 )
 from delayq.marker import Gate
-from delayq.parked import replay_message
+from delayq.parked import H_REPLAYED_AT, replay_message
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
@@ -362,7 +362,8 @@ class MemoryBroker:
 
     def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
         """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
-        routing key, as ``delayq unrouted replay`` does; return their ids."""
+        routing key, as ``delayq unrouted replay`` does; return their ids. One whose key
+        still matches no binding comes straight back and is not counted (as there)."""
 
         def target(message: StoredMessage) -> tuple[str, str]:
             return topology.ready_exchange, _delivery(message).origin_routing_key
@@ -381,15 +382,21 @@ class MemoryBroker:
             if ids is not None and message.message_id not in ids:
                 continue
             exchange, routing_key = target(message)
-            self.send(
-                replay_message(
-                    _delivery(message),
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    now_ms=self.clock.now_ms(),
-                )
+            copy = replay_message(
+                _delivery(message),
+                exchange=exchange,
+                routing_key=routing_key,
+                now_ms=self.clock.now_ms(),
             )
+            self.send(copy)
             parked.messages.remove(message)  # only once the copy is in
+            last = parked.messages[-1] if parked.messages else None
+            if (
+                last is not None
+                and last.message_id == copy.message_id
+                and last.headers.get(H_REPLAYED_AT) == copy.headers[H_REPLAYED_AT]
+            ):
+                continue  # routed straight back here: parked again, not replayed
             replayed.append(message.message_id or "")
         return replayed
 

@@ -16,7 +16,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.envelope import OutgoingMessage, epoch_ms
 from delayq.errors import InvalidInput, PublishError, TopologyMissing
-from delayq.idempotency import Claim
+from delayq.logcontext import bound_delivery
 from delayq.sync._pipeline import Settle
 from delayq.sync.consumer import Consumer
 from delayq.sync.publisher import Publisher
@@ -147,7 +147,6 @@ class MemoryConsumer(Consumer):
     def close(self) -> None:
         self.broker.unsubscribe(self)
         self._channel = None
-        self._pool.shutdown(wait=False)
         self._observers.flush()
         self.started.clear()
 
@@ -158,7 +157,15 @@ class MemoryConsumer(Consumer):
         self._prune_on_virtual_time()
         method = _Method(tag, message.routing_key, message.redelivered)
         props = _Properties(message.message_id, message.content_type, message.headers)
-        self._process(method, cast(Any, props), message.body)
+        # The real consumer's steps, in this thread: no handler thread, no timeout.
+        job = self._begin(self._channel, method, cast(Any, props), message.body)
+        if job is not None:
+            job.run()
+            with bound_delivery(job.delivery):
+                self._finish(job)
+        if self._fatal is not None:
+            fatal, self._fatal = self._fatal, None
+            raise fatal
 
     async def adeliver(self, tag: int, message: StoredMessage) -> None:
         raise InvalidInput("a sync consumer is delivered to with deliver()")
@@ -168,6 +175,3 @@ class MemoryConsumer(Consumer):
         cutoff = self._prunes.due(self._clock_ms())
         if cutoff is not None and self._store is not None:
             self._store.prune(older_than_ms=cutoff)
-
-    def _call_handler(self, value: Any, claim: Claim) -> None:
-        self._handler_call(value, claim)()  # inline: no thread, no timeout

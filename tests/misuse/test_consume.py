@@ -1,0 +1,375 @@
+"""Consuming, misused: bad concurrency and timeouts, handlers that cannot run in a thread
+or never return or end the process, handlers that are not thread-safe, stores shared by
+concurrent handlers, and stops in the middle of a stream. Each ends in a clear delayq
+error or a correct outcome, and nothing confirmed is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from delayq import FixedBackoff, Message, SQLiteStore, Topology, Worker
+from delayq.aio import AsyncConsumer
+from delayq.cli import main as cli_main
+from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_TYPE
+from delayq.errors import InvalidInput
+from delayq.sync import Consumer, Publisher, apply_topology
+from tests.integration.conftest import SyncConsumerHandle
+
+DEAD_URL = "amqp://guest:guest@127.0.0.1:1/"  # nothing listens: building must not connect
+
+
+def _topology() -> Topology:
+    return Topology(namespace="mis", destinations=[{"queue": "mis.work", "bindings": ["job.#"]}])
+
+
+def until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _publish(url: str, topo: Topology, *messages: Message) -> None:
+    with Publisher(url, topo) as pub:
+        pub.publish_many(list(messages))
+
+
+def _raw(url: str, queue: str) -> list[tuple[Any, Any]]:
+    """(method, properties) of every message left in ``queue``, taken off it."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        got = []
+        while True:
+            method, props, _ = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append((method, props))
+    finally:
+        connection.close()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Options, refused before anything is consumed ---------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, "8", 2.5])
+@pytest.mark.parametrize("adapter", [Consumer, AsyncConsumer])
+def test_concurrency_that_is_not_a_positive_int_is_refused(adapter: Any, bad: Any) -> None:
+    with pytest.raises(InvalidInput, match="concurrency must be an int"):
+        adapter(DEAD_URL, _topology(), "mis.work", lambda body: None, concurrency=bad)
+
+
+@pytest.mark.parametrize("adapter", [Consumer, AsyncConsumer])
+def test_concurrency_above_the_prefetch_is_refused_not_silently_capped(adapter: Any) -> None:
+    with pytest.raises(InvalidInput, match="more than prefetch 5"):
+        adapter(DEAD_URL, _topology(), "mis.work", lambda body: None, prefetch=5, concurrency=6)
+
+
+def test_a_worker_refuses_bad_concurrency_before_connecting() -> None:
+    worker = Worker(_topology())
+    worker.handler("mis.work")(lambda body: None)
+    with pytest.raises(InvalidInput, match="concurrency"):  # not ConnectionFailed
+        worker.run(DEAD_URL, prefetch=4, concurrency=8)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--concurrency", "0"], "concurrency"),
+        (["--prefetch", "5", "--concurrency", "10"], "more than prefetch"),
+    ],
+)
+def test_the_worker_command_exits_2_on_bad_concurrency(
+    options: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = cli_main(["worker", "tests.misuse.consume_app", "--url", DEAD_URL, *options])
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    assert code == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("adapter", [Consumer, AsyncConsumer])
+def test_a_bare_number_handler_timeout_is_refused(adapter: Any) -> None:
+    with pytest.raises(InvalidInput):
+        adapter(DEAD_URL, _topology(), "mis.work", lambda body: None, handler_timeout=30)
+
+
+def test_handlers_a_thread_cannot_run_are_refused_by_the_sync_consumer() -> None:
+    async def coroutine(body: Any) -> None: ...
+
+    def generator(body: Any) -> Any:
+        yield body
+
+    with pytest.raises(InvalidInput, match="AsyncConsumer"):
+        Consumer(DEAD_URL, _topology(), "mis.work", coroutine)
+    for adapter in (Consumer, AsyncConsumer):
+        with pytest.raises(InvalidInput, match="generator function"):
+            adapter(DEAD_URL, _topology(), "mis.work", generator)
+
+
+# Against a real broker ---------------------------------------------------------------
+
+
+def test_an_async_function_behind_a_wrapper_fails_instead_of_being_acked(
+    make_topology, rabbitmq_url, start_consumer, collect
+):
+    """``lambda body: send(body)`` with an async ``send`` returns a coroutine that nobody
+    awaits: the delivery must fail with the reason, not count as done."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    dlq = collect(f"{queue}.dlq")
+    ran: list[Any] = []
+
+    async def send(body: Any) -> None:
+        ran.append(body)
+
+    consumer = start_consumer(
+        topo, queue, lambda body: send(body), policy=FixedBackoff(delay="1s", max_attempts=1)
+    )
+    _publish(rabbitmq_url, topo, Message({"n": 1}, "job.w", "0s", message_id="wrapped"))
+    arrivals = dlq.wait(1, 20)
+    assert [a.message_id for a in arrivals] == ["wrapped"]
+    assert _text(arrivals[0].headers[H_ERROR_TYPE]).endswith("InvalidInput")
+    assert consumer.stats.handled == 0 and ran == []
+
+
+def test_a_handler_that_never_returns_with_concurrency_1_is_retried_and_the_queue_goes_on(
+    make_topology, rabbitmq_url, collect
+):
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    dlq = collect(f"{queue}.dlq")
+    release = threading.Event()
+    threads: set[str] = set()
+    done: Counter[str] = Counter()
+
+    def handler(body: dict[str, str]) -> None:
+        threads.add(threading.current_thread().name)
+        if body["id"] == "stuck":
+            release.wait(120)  # forever, as far as the consumer knows
+            return
+        done[body["id"]] += 1
+
+    handle = SyncConsumerHandle(
+        Consumer(
+            rabbitmq_url, topo, queue, handler, concurrency=1, handler_timeout="1s",
+            policy=FixedBackoff(delay="1s", max_attempts=2),
+        )
+    )
+    try:
+        _publish(
+            rabbitmq_url, topo,
+            *[Message({"id": i}, "job.s", "0s", message_id=i) for i in ("stuck", "a", "b", "c")],
+        )
+        # Two attempts, each abandoned after its timeout, then the DLQ; the others run.
+        arrivals = dlq.wait(1, 30)
+        assert [a.message_id for a in arrivals] == ["stuck"]
+        assert _text(arrivals[0].headers[H_DEAD_LETTER_REASON]) == "exhausted"
+        assert _text(arrivals[0].headers[H_ERROR_TYPE]).endswith("HandlerTimeout")
+        assert until(lambda: len(done) == 3, 20)
+        assert done == Counter({"a": 1, "b": 1, "c": 1})
+        assert len(threads) <= 2, f"handler threads grew: {sorted(threads)}"
+        started = time.monotonic()
+        handle.stop()  # the stuck threads are daemons: they hold up neither stop nor exit
+        assert time.monotonic() - started < 15
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_a_handler_raising_a_base_exception_stops_the_consumer_and_loses_nothing(
+    make_topology, rabbitmq_url, tmp_path: Path, raised: BaseException
+):
+    """The sync consumer stops as asked, ``run()`` raises it; the other handlers in flight
+    finish, and the message goes back to the queue with its claim given back."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteStore(tmp_path / "keys.db")
+    done: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: dict[str, str]) -> None:
+        if body["id"] == "exit":
+            raise raised
+        time.sleep(0.2)
+        with lock:
+            done[body["id"]] += 1
+
+    consumer = Consumer(rabbitmq_url, topo, queue, handler, store=store, concurrency=4,
+                        prefetch=4)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            consumer.run(install_signal_handlers=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert consumer.started.wait(30)
+    ids = ["a", "b", "exit", "c"]
+    _publish(rabbitmq_url, topo, *[Message({"id": i}, "job.x", "0s", message_id=i) for i in ids])
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and type(errors[0]) is type(raised)
+    assert set(done) <= {"a", "b", "c"} and max(done.values(), default=1) == 1
+    # Nothing lost: a second consumer handles what is left at once (claim released, so
+    # not deferred), each message once.
+    second = SyncConsumerHandle(
+        Consumer(rabbitmq_url, topo, queue, lambda body: done.update([body["id"]]), store=store)
+    )
+    try:
+        assert until(lambda: set(done) == {"a", "b", "c", "exit"}, 20), done
+    finally:
+        second.stop()
+    assert done == Counter({"a": 1, "b": 1, "c": 1, "exit": 1})
+    assert second.stats.retried == 0, "the exiting handler's claim was left behind"
+
+
+def test_concurrency_1_runs_handlers_one_at_a_time_for_code_that_is_not_thread_safe(
+    make_topology, rabbitmq_url, start_consumer
+):
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    lock = threading.Lock()
+    running, peak = [0], [0]
+
+    def handler(body: Any) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+
+    consumer = start_consumer(topo, queue, handler, concurrency=1)
+    _publish(rabbitmq_url, topo, *[Message({"n": n}, "job.o", "0s") for n in range(30)])
+    assert until(lambda: consumer.stats.handled == 30, 30)
+    assert peak[0] == 1
+
+
+def test_one_store_shared_by_concurrent_handlers_of_two_consumers_runs_each_effect_once(
+    make_topology, rabbitmq_url, tmp_path: Path
+):
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteStore(tmp_path / "shared.db")
+    effects: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: dict[str, int]) -> None:
+        time.sleep(0.002)
+        with lock:
+            effects[body["n"]] += 1
+
+    handles = [
+        SyncConsumerHandle(Consumer(rabbitmq_url, topo, queue, handler, store=store))
+        for _ in range(2)
+    ]
+    try:
+        messages = [Message({"n": n}, "job.d", "0s", message_id=f"d{n}") for n in range(150)]
+        _publish(rabbitmq_url, topo, *messages, *messages)  # every message twice
+        assert until(lambda: sum(h.stats.handled + h.stats.duplicates for h in handles) >= 300, 60)
+    finally:
+        for handle in handles:
+            handle.stop()
+    assert effects == Counter(range(150)), "an effect ran twice or never"
+
+
+def _ready(url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def test_a_graceful_stop_hands_back_no_prefetched_message_to_be_charged(
+    make_topology, rabbitmq_url, start_consumer
+):
+    """A quorum queue counts every message a consumer gives back unsettled towards its
+    delivery limit: a stop settles what it prefetched instead of handing it back, so
+    what is left in the queue was never delivered, and nothing is lost."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    go = threading.Event()
+    seen: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: dict[str, int]) -> None:
+        go.wait(30)
+        with lock:
+            seen[body["n"]] += 1
+
+    consumer = start_consumer(topo, queue, handler, prefetch=10, concurrency=2)
+    _publish(rabbitmq_url, topo, *[Message({"n": n}, "job.g", "0s") for n in range(60)])
+    # The consumer holds a full window (10 and the delivery that ended its cautious
+    # start), two handlers waiting: nothing is on the wire to it when it stops.
+    assert until(lambda: _ready(rabbitmq_url, queue) <= 60 - 10, 20)
+    stopping = threading.Thread(target=consumer.stop, kwargs={"timeout_s": 30})
+    stopping.start()
+    # Both adapters forget their consumer tag once the broker confirmed the cancel (the
+    # queue's consumer count still shows a cancelled consumer holding deliveries).
+    assert until(lambda: consumer.consumer._consumer_tag is None, 20)
+    go.set()
+    stopping.join(60)
+    left = _raw(rabbitmq_url, queue)
+    charged = [m for m, p in left if m.redelivered or (p.headers or {}).get("x-delivery-count")]
+    assert charged == [], f"{len(charged)} prefetched messages were handed back"
+    assert len(seen) >= 10 and len(seen) + len(left) == 60 and max(seen.values()) == 1
+
+
+def test_a_worker_whose_plain_handler_raises_system_exit_stops_and_exits_with_it(
+    make_topology, rabbitmq_url
+):
+    """``sys.exit(5)`` in a handler run by ``delayq worker``: the worker stops (not just
+    that queue's consumer, silently) and exits with 5; the message is not lost."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    worker = Worker(topo)
+
+    @worker.handler(queue)
+    def handle(body: Any) -> None:
+        raise SystemExit(5)
+
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(rabbitmq_url, stop=stop)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _publish(rabbitmq_url, topo, Message({"n": 1}, "job.e", "0s", message_id="exits"))
+    try:
+        assert until(lambda: not thread.is_alive(), 30), "the worker went on without the queue"
+    finally:
+        stop.set()
+        thread.join(60)
+    assert len(raised) == 1 and isinstance(raised[0], SystemExit) and raised[0].code == 5
+    assert [p.message_id for _, p in _raw(rabbitmq_url, queue)] == ["exits"]
