@@ -121,10 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     grant = topo_cmds.add_parser(
         "grant",
         parents=[common],
-        help="least-privilege permissions for a producer and a consumer user",
+        help="least-privilege permissions for a producer, a consumer and an admin user",
     )
     grant.add_argument("--producer-user", metavar="USER", help="the user that publishes")
     grant.add_argument("--consumer-user", metavar="USER", help="the user that runs consumers")
+    grant.add_argument("--admin-user", metavar="USER", help="the user that runs topology apply")
     grant.add_argument("--vhost", help="default: the topology's vhost")
     grant.add_argument("--apply", action="store_true", help="set the permissions (else print)")
     grant.add_argument("--via", choices=VIAS, default="rabbitmqctl", help="how --apply sets them")
@@ -481,10 +482,14 @@ def cmd_grant(args: argparse.Namespace) -> int:
     from delayq.permissions import apply_grant, rabbitmqctl_command
 
     topology = _topology(args)
-    if not args.producer_user and not args.consumer_user:
-        raise InvalidInput("give --producer-user, --consumer-user or both")
+    if not (args.producer_user or args.consumer_user or args.admin_user):
+        raise InvalidInput("give --producer-user, --consumer-user, --admin-user, or several")
     grants = grants_for(
-        topology, producer=args.producer_user, consumer=args.consumer_user, vhost=args.vhost
+        topology,
+        producer=args.producer_user,
+        consumer=args.consumer_user,
+        admin=args.admin_user,
+        vhost=args.vhost,
     )
     rabbitmqctl = shlex.split(args.rabbitmqctl)
     print(f"# least-privilege permissions for namespace {topology.namespace!r}")

@@ -119,10 +119,13 @@ def apply_marker(topology: Topology) -> ExchangeDecl:
 
 
 def is_destination_entity(topology: Topology, decl: Declaration) -> bool:
-    """Whether ``decl`` is a destination queue, its DLQ, or a binding to one of them."""
+    """Whether ``decl`` is a destination queue, its DLQ, a binding to one of them, or a
+    retry tier's binding for one (keyed by the destination's name)."""
     names = {name for dest in topology.destinations for name in (dest.queue, dest.dlq)}
     if isinstance(decl, BindingDecl):
-        return decl.destination_type == "queue" and decl.destination in names
+        return decl.destination_type == "queue" and (
+            decl.destination in names or decl.routing_key in names
+        )
     return isinstance(decl, QueueDecl) and decl.name in names
 
 
@@ -140,6 +143,7 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
     exchanges: list[Declaration] = [
         ExchangeDecl(unrouted, "fanout"),
         ExchangeDecl(ready, "topic", {"alternate-exchange": unrouted}),
+        ExchangeDecl(topology.direct_exchange, "direct"),
     ]
     queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
     bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
@@ -163,6 +167,20 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
             queues.append(QueueDecl(name, arguments, role=role))
             bindings.append(BindingDecl(name, name))
 
+    # The retry tiers consumers use: a direct exchange bound by each destination's name
+    # into a fixed-TTL queue that dead-letters through <ns>.direct. A routing key, or a
+    # CC header's (dead-lettering keeps them), reaches this topology's queues alone: not
+    # so through the fanout retry tiers above, whose queues dead-letter through the
+    # default exchange to any queue of the vhost. Those stay declared for consumers of
+    # earlier versions (a rolling upgrade); the consumer grant has no right on them.
+    for tier in topology.ladder.tiers:
+        name = topology.retry_direct_name(tier)
+        exchanges.append(ExchangeDecl(name, "direct"))
+        arguments = rung_arguments(qtype, tier.ttl_ms, topology.direct_exchange)
+        if topology.tier_max_length is not None:
+            arguments["x-max-length"] = topology.tier_max_length
+        queues.append(QueueDecl(name, arguments, role="retry"))
+
     if topology.exact_enabled:
         _cascade(topology, exchanges, queues, bindings)
 
@@ -177,6 +195,16 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
             work_args["x-delivery-limit"] = dest.delivery_limit
         queues.append(QueueDecl(dest.queue, work_args, role="destination"))
         bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+        # What consumers address to one queue by name (a retry, a dead letter) goes
+        # through direct exchanges that know this topology's queues alone: consumers
+        # need no right on the default exchange nor on the fanout retry tiers, which
+        # would let them reach any queue of the vhost (see delayq.grants).
+        bindings.append(BindingDecl(topology.direct_exchange, dest.queue, dest.queue))
+        bindings.append(BindingDecl(topology.direct_exchange, dest.dlq, dest.dlq))
+        bindings.extend(
+            BindingDecl(name, name, dest.queue)
+            for name in map(topology.retry_direct_name, topology.ladder.tiers)
+        )
         if topology.exact_enabled:
             levels, delivery = topology.exact_levels, topology.delivery_exchange
             bindings.extend(

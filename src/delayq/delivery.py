@@ -42,6 +42,7 @@ from delayq.key_scope import KeyScope, scoped_key
 from delayq.ladder import Tier
 from delayq.limits import ERROR_TYPE_MAX_BYTES, FRAME_MAX, PROPERTIES_RESERVED_BYTES
 from delayq.retry import RetryPolicy, check_policy, default_policy
+from delayq.scrub import SCRUB_WINDOW_CHARS, Scrubber, scrubbing
 from delayq.topology import Topology
 
 __all__ = [
@@ -392,6 +393,7 @@ class DeliveryPlanner:
         non_retryable: tuple[type[BaseException], ...] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         try:
             topology.destination(queue)
@@ -417,6 +419,16 @@ class DeliveryPlanner:
         self.non_retryable: tuple[type[BaseException], ...] = (Reject, *non_retryable)
         self._clock_ms = clock_ms
         self._rng = rng if rng is not None else random.Random()
+        self._scrub = scrubbing(scrubber)
+
+    def _clean(self, text: str, limit_bytes: int, *, keep_tail: bool = False) -> str:
+        """``text`` scrubbed of credentials (see :mod:`delayq.scrub`), then cut to fit.
+
+        Error text goes into headers, the decision's reason, logs and records only
+        through here. Only a window of it is scrubbed, far larger than what is kept.
+        """
+        window = text[-SCRUB_WINDOW_CHARS:] if keep_tail else text[:SCRUB_WINDOW_CHARS]
+        return bounded(self._scrub(window), limit_bytes, keep_tail=keep_tail)
 
     def success(self) -> Decision:
         return Decision(Action.ACK)
@@ -496,6 +508,8 @@ class DeliveryPlanner:
             # queue's binding on the delivery exchange matches.
             route = route_exact(self.topology, delay_ms, Kind.ADDRESS, self.queue)
             exchange, routing_key = route.exchange, route.routing_key
+            if not exchange:  # immediate: this queue alone, as below
+                exchange = self.topology.direct_exchange
             plan = route.plan
             wait = Wait(
                 Strategy.EXACT,
@@ -505,8 +519,10 @@ class DeliveryPlanner:
             )
         else:
             tier = self.topology.ladder.select_ms(delay_ms)
-            # Delay 0 goes straight back to the queue, through the default exchange.
-            exchange = "" if tier is None else self.topology.retry_name(tier)
+            # Addressed by this queue's name through a direct exchange that routes only
+            # the topology's queue names: to the retry tier, or for delay 0 straight back.
+            topo = self.topology
+            exchange = topo.direct_exchange if tier is None else topo.retry_direct_name(tier)
             routing_key = self.queue
             wait = Wait.of_tier(tier)
         headers = _user_headers(delivery.headers)
@@ -537,13 +553,13 @@ class DeliveryPlanner:
             H_ERROR_TYPE: bounded(
                 f"{type(error).__module__}.{type(error).__qualname__}", ERROR_TYPE_MAX_BYTES
             ),
-            H_ERROR_MESSAGE: bounded(str(error), MAX_ERROR_MESSAGE_BYTES),
+            H_ERROR_MESSAGE: self._clean(_error_text(error), MAX_ERROR_MESSAGE_BYTES),
             H_FIRST_FAILURE_AT: first if isinstance(first, int) else now,
             H_FAILED_AT: now,
             H_QUEUE: self.queue,
         }
         if trace:
-            headers[H_ERROR_TRACE] = bounded(trace, MAX_ERROR_TRACE_BYTES, keep_tail=True)
+            headers[H_ERROR_TRACE] = self._clean(trace, MAX_ERROR_TRACE_BYTES, keep_tail=True)
         return headers
 
     def _dead_letter(
@@ -558,12 +574,31 @@ class DeliveryPlanner:
         headers.update(
             envelope_headers(0, None, 0, now, delivery.attempt, delivery.origin_routing_key)
         )
-        headers.update(self._failure_headers(delivery, error, trace, now))
+        failure = self._failure_headers(delivery, error, trace, now)
+        headers.update(failure)
         headers[H_DEAD_LETTER_REASON] = reason.value
         message = republished(
-            delivery, "", self.dlq, headers, now, 0, None, frame_max=self.topology.limits.frame_max
+            delivery,
+            self.topology.direct_exchange,
+            self.dlq,
+            headers,
+            now,
+            0,
+            None,
+            frame_max=self.topology.limits.frame_max,
         )
-        return Decision(Action.DEAD_LETTER, message, reason=f"{reason.value}: {error}")
+        # The reason reaches logs, delivery records and observers: scrubbed and cut too.
+        return Decision(
+            Action.DEAD_LETTER, message, reason=f"{reason.value}: {failure[H_ERROR_MESSAGE]}"
+        )
+
+
+def _error_text(error: BaseException) -> str:
+    """``str(error)``, or a placeholder when the exception's ``__str__`` itself fails."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__}: str() failed>"
 
 
 def fit_headers(headers: dict[str, Any], frame_max: int = FRAME_MAX) -> dict[str, Any]:

@@ -47,7 +47,8 @@ def stats_rows(topology: Topology) -> list[StatsRow]:
     """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
     DLQs), then ``<ns>.unrouted``."""
     rows = [StatsRow(topology.tier_name(t), "tier") for t in topology.ladder.tiers]
-    rows += [StatsRow(topology.retry_name(t), "retry") for t in topology.ladder.tiers]
+    rows += [StatsRow(topology.retry_direct_name(t), "retry") for t in topology.ladder.tiers]
+    rows += [StatsRow(topology.retry_name(t), "retry") for t in topology.ladder.tiers]  # older
     if topology.exact_enabled:
         rows += [StatsRow(topology.level_name(k), "level") for k in range(topology.exact_levels)]
     rows += [StatsRow(d.queue, "destination", d.dlq) for d in topology.destinations]

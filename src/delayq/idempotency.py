@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from delayq.errors import ClaimLost, DelayqError, InvalidInput, StoreError
+from delayq.scrub import scrub
 
 __all__ = [
     "BatchingStore",
@@ -182,7 +183,8 @@ def closed_error(store: object) -> StoreError:
 
 
 def store_error(store: object, exc: BaseException) -> StoreError:
-    return StoreError(f"idempotency store {store!r} failed: {type(exc).__name__}: {exc}")
+    # Logged by the consumers: a client's error may quote its DSN, password included.
+    return StoreError(scrub(f"idempotency store {store!r} failed: {type(exc).__name__}: {exc}"))
 
 
 def call_in_transaction(

@@ -228,7 +228,12 @@ class Topology(_Model):
     @model_validator(mode="after")
     def _unique_queues(self) -> Topology:
         seen: set[str] = set()
-        reserved = {self.ready_exchange, self.unrouted, self.delivery_exchange}
+        reserved = {
+            self.ready_exchange,
+            self.unrouted,
+            self.delivery_exchange,
+            self.direct_exchange,
+        }
         for dest in self.destinations:
             if dest.queue in seen:
                 raise ValueError(f"destination queue {dest.queue!r} is listed twice")
@@ -272,14 +277,30 @@ class Topology(_Model):
         """Exchange and queue that park due messages no binding wanted."""
         return f"{self.namespace}.unrouted"
 
+    @property
+    def direct_exchange(self) -> str:
+        """A direct exchange where each destination queue and each DLQ is bound by its own
+        name: consumers send immediate retries and dead letters through it, so they need
+        no write permission on the default exchange (which reaches every queue of the
+        vhost, other namespaces' included)."""
+        return f"{self.namespace}.direct"
+
     def tier_name(self, tier: Tier) -> str:
         """Name of a tier's exchange and queue, which carries its TTL."""
         return f"{self.namespace}.tier.{tier.label}"
 
     def retry_name(self, tier: Tier) -> str:
-        """Name of a retry tier's exchange and queue: it dead-letters to the failing
-        queue alone, through the default exchange."""
+        """Name of a fanout retry tier's exchange and queue (dead-letters through the
+        default exchange): what consumers before delayq's least-privilege grant used;
+        still declared for them. Consumers now use :meth:`retry_direct_name`."""
         return f"{self.namespace}.retry.{tier.label}"
+
+    def retry_direct_name(self, tier: Tier) -> str:
+        """Name of a retry tier's direct exchange and queue: the exchange routes only the
+        topology's destination queue names (each binds by its name), and the queue
+        dead-letters through :attr:`direct_exchange`, back to the failing queue alone.
+        Neither can reach another namespace's queue (see :mod:`delayq.grants`)."""
+        return f"{self.retry_name(tier)}.direct"
 
     @property
     def exact_enabled(self) -> bool:

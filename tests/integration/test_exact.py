@@ -216,7 +216,7 @@ def test_apply_verify_and_stats_cover_the_levels(
             assert table[f"exchange {ns}.level.{k}"][0] == "OK"
         assert table[f"exchange {ns}.delivery"][0] == "OK"
         # 4 of the tiered strategy + 2 per level (one to an exchange) + 2 on delivery
-        assert table["bindings"][1] == "14 bindings present, no stray ones"
+        assert table["bindings"][1] == "17 bindings present, no stray ones"
         with Publisher(node.url, topology) as pub:  # 15 units: 8 s in level 3, then 4, 2, 1
             pub.publish(b"x", "job.a", "15s")
         deadline = time.monotonic() + 10  # the management API's figures lag a few seconds
@@ -248,13 +248,17 @@ def test_granted_users_apply_publish_and_retry_through_the_cascade(
     )
     topology = load_topology(path)
     producer, consumer = make_user("producer"), make_user("consumer")
+    admin = make_user("admin")
     env = {**os.environ, **node.env()}
     run = delayq(
         "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
         "--producer-user", producer.name, "--consumer-user", consumer.name,
+        "--admin-user", admin.name,
         "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
+    # The admin user applies the topology (exchange-to-exchange binds included).
+    assert apply_topology(topology, admin.url).ok
     seen = Calls()
 
     def flaky(value: Any) -> None:
@@ -263,7 +267,7 @@ def test_granted_users_apply_publish_and_retry_through_the_cascade(
             raise RuntimeError("fails once")
 
     try:
-        # The consumer user applies the topology (exchange-to-exchange binds included).
+        # The consumer user checks the topology and retries through the cascade.
         handle = start_consumer(
             topology, f"{ns}.work", flaky, url=consumer.url,
             policy=FixedBackoff(delay="600ms", max_attempts=3),

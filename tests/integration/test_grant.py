@@ -1,19 +1,24 @@
 """``delayq topology grant`` on a node whose users the test controls.
 
-The grant is applied by the CLI; then a producer user publishes delayed
-messages through both adapters and is refused everything else, and a consumer
-user runs a consumer that applies the topology, retries and dead-letters.
+The grants are applied by the CLI; then each role does its job with its own
+user (the admin applies, the consumer consumes, retries and dead-letters, the
+producer publishes), and is refused everything else, on a real broker. The
+refusals include the two paths by which the consumer's earlier grant reached
+other queues: deleting the namespace's tiers and ready exchange (configure),
+and putting a message in another namespace's queue through the default
+exchange (directly, or through a retry tier that dead-letters through it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +26,8 @@ import pika
 import pika.exceptions as pex
 import pytest
 
-from delayq import AccessRefused, FixedBackoff, Message, Reject
+from delayq import AccessRefused, FixedBackoff, Message, Reject, Retry, Topology, TopologyMissing
+from delayq.aio import AsyncConsumer
 from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
@@ -57,7 +63,8 @@ def make_user(local_rabbitmq_management_node: LocalNode) -> Iterator[Any]:
 def _grant(node: LocalNode, path: Any, *args: str) -> Any:
     env = {**os.environ, **node.env()}  # rabbitmqctl finds the node and its cookie
     return delayq(
-        "topology", "grant", "--file", str(path), "--url", node.url, "--apply", *args, env=env
+        "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
+        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), *args, env=env,
     )
 
 
@@ -66,23 +73,79 @@ def _permissions(node: LocalNode, user: str) -> list[str]:
     return out.strip().split("\t")
 
 
-def test_the_grant_lets_a_producer_publish_and_a_consumer_consume(
-    local_rabbitmq_management_node: LocalNode, node_topology, make_user, driver_for, start_consumer
-):
+@dataclass
+class Granted:
+    node: LocalNode
+    topology: Topology
+    path: Any
+    producer: User
+    consumer: User
+    admin: User
+
+
+@pytest.fixture
+def granted(
+    local_rabbitmq_management_node: LocalNode, node_topology: Any, make_user: Any
+) -> Granted:
+    """A topology and three users granted by the CLI; not applied yet."""
     node = local_rabbitmq_management_node
-    topology, path = node_topology(node, ("1s", "2s"))
-    producer, consumer = make_user("producer"), make_user("consumer")
+    topology, path = node_topology(node, ("1s", "30s"))
+    users = [make_user(role) for role in ("producer", "consumer", "admin")]
     run = _grant(
-        node, path, "--producer-user", producer.name, "--consumer-user", consumer.name,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
+        node, path, "--producer-user", users[0].name, "--consumer-user", users[1].name,
+        "--admin-user", users[2].name,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert f"set the permissions of {producer.name!r} on vhost '/' via rabbitmqctl" in run.stdout
-    for user in (producer, consumer):
+    for user in users:
+        assert f"set the permissions of {user.name!r} on vhost '/' via rabbitmqctl" in run.stdout
         assert user.password not in run.stdout + run.stderr
-    assert _permissions(node, producer.name)[1:] == [
-        "^$", f"^(?:{topology.namespace}\\.ready|{topology.namespace}\\.tier\\.[0-9hms]+)$", "^$"
-    ]
+    return Granted(node, topology, path, *users)
+
+
+def refused(action: Callable[[], Any]) -> bool:
+    """Whether the broker refused ``action`` with ACCESS_REFUSED (403)."""
+    try:
+        action()
+    except pex.ChannelClosedByBroker as exc:
+        assert exc.reply_code == 403, exc
+        return True
+    return False
+
+
+class Raw:
+    """A raw pika connection as some user: one fresh confirmed channel per attempt."""
+
+    def __init__(self, url: str) -> None:
+        self.connection = pika.BlockingConnection(pika.URLParameters(url))
+
+    def channel(self) -> Any:
+        channel = self.connection.channel()
+        channel.confirm_delivery()
+        return channel
+
+    def publish(self, exchange: str, key: str, headers: dict[str, Any] | None = None) -> None:
+        props = pika.BasicProperties(message_id=f"inject-{uuid.uuid4().hex[:6]}", headers=headers)
+        self.channel().basic_publish(exchange, key, b"injected", props, mandatory=True)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def depth(url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def test_each_role_does_its_job_with_its_own_grant(
+    granted: Granted, driver_for: Any, start_consumer: Any
+) -> None:
+    g, topology = granted, granted.topology
+    applied = delayq("topology", "apply", "--file", str(g.path), "--url", g.admin.url)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert g.admin.password not in applied.stdout + applied.stderr
 
     seen: list[Any] = []
     lock = threading.Lock()
@@ -94,103 +157,165 @@ def test_the_grant_lets_a_producer_publish_and_a_consumer_consume(
         if body.get("poison"):
             raise Reject("poison")
         if body.get("flaky") and attempts < 2:
-            raise RuntimeError("fails once")
+            raise RuntimeError("fails once")  # retried through a retry tier
+        if body.get("again") and attempts < 2:
+            raise Retry("0s")  # retried at once, through <ns>.direct
 
-    # The consumer user applies the topology at start: nothing exists before.
+    # The consumer may not declare: it checks the topology instead of applying it.
     handle = start_consumer(
-        topology, f"{topology.namespace}.work", handler, url=consumer.url,
+        topology, f"{topology.namespace}.work", handler, url=g.consumer.url,
         policy=FixedBackoff(delay="1s", max_attempts=3),
     )
-    publisher = driver_for(producer.url)
-    publisher.publish(topology, {"delayed": 1}, "job.a", "1500ms")
+    publisher = driver_for(g.producer.url)
+    publisher.publish(topology, {"delayed": 1}, "job.a", "1s")
     publisher.publish(topology, {"now": 1}, "job.a", "0s")
     publisher.publish(topology, {"flaky": 1}, "job.a", "1s")
+    publisher.publish(topology, {"again": 1}, "job.a", "0s")
     publisher.publish(topology, {"poison": 1}, "job.a", "0s")
     publisher.publish_many(topology, [Message({"batch": n}, "job.b", "1s") for n in range(5)])
 
     stats = handle.stats  # the poison message's fate is its own: wait for all three counts
     wait_for(
-        lambda: stats.handled >= 8 and stats.retried >= 1 and stats.dead_lettered >= 1,
-        20,
-        lambda: f"8 handled, 1 retried, 1 dead-lettered ({stats})",
+        lambda: stats.handled >= 9 and stats.retried >= 2 and stats.dead_lettered >= 1,
+        30,
+        lambda: f"9 handled, 2 retried, 1 dead-lettered ({stats})",
     )
     handle.stop()
-    assert handle.stats.handled == 8  # delayed, now, flaky (second try), 5 of the batch
-    assert handle.stats.retried == 1  # the flaky one, through the retry tier
-    assert handle.stats.dead_lettered == 1  # the poison one, through the default exchange
-    admin = pika.BlockingConnection(pika.URLParameters(node.url))
-    dlq = admin.channel().queue_declare(f"{topology.namespace}.work.dlq", passive=True)
-    assert dlq.method.message_count == 1
-    admin.close()
+    assert handle.stats.handled == 9  # delayed, now, flaky, again, 5 of the batch
+    assert handle.stats.retried == 2  # flaky through the retry tier, again at once
+    assert handle.stats.dead_lettered == 1  # the poison one, through <ns>.direct
+    assert depth(g.node.url, f"{topology.namespace}.work.dlq") == 1
 
 
-def test_the_producer_may_not_consume_get_or_declare(
-    local_rabbitmq_management_node: LocalNode, node_topology, make_user
-):
-    node = local_rabbitmq_management_node
-    topology, path = node_topology(node)
-    apply_topology(topology, node.url)
-    producer = make_user("producer")
-    run = _grant(
-        node, path, "--producer-user", producer.name,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
-    )
-    assert run.returncode == 0, run.stderr
-    queue = f"{topology.namespace}.work"
-
-    connection = pika.BlockingConnection(pika.URLParameters(producer.url))
-    with pytest.raises(pex.ChannelClosedByBroker) as refused:
-        connection.channel().basic_get(queue)
-    assert refused.value.reply_code == 403
-    with pytest.raises(pex.ChannelClosedByBroker) as refused:
-        connection.channel().basic_consume(queue, lambda *args: None)
-    assert refused.value.reply_code == 403
-    connection.close()
-
-    listing = delayq("dlq", "list", queue, "--file", str(path), "--url", producer.url)
-    assert listing.returncode == 1
-    assert f"refused user {producer.name!r} access to queue '{queue}.dlq'" in listing.stderr
-    assert producer.password not in listing.stdout + listing.stderr
-
-    elsewhere = topology.with_namespace(f"x{topology.namespace}")
-    # Refused at its first declare that needs a right (a check of an existing entity).
-    with pytest.raises(AccessRefused, match=f"refused user {producer.name!r}"):
-        apply_topology(elsewhere, producer.url)
-    with pytest.raises(AccessRefused):
-        apply_topology(topology, producer.url)  # not even its own namespace: no configure
-    with pytest.raises(AccessRefused):
-        Consumer(producer.url, topology, queue, lambda body: None).start()
-    applied = delayq("topology", "apply", "--file", str(path), "--url", producer.url)
+def test_the_consumer_may_not_delete_declare_or_reach_another_namespace(
+    granted: Granted, node_topology: Any
+) -> None:
+    g, ns = granted, granted.topology.namespace
+    apply_topology(g.topology, g.admin.url)
+    other, _ = node_topology(g.node)  # another namespace on the same vhost
+    apply_topology(other, g.node.url)
+    theirs = f"{other.namespace}.work"
+    raw = Raw(g.consumer.url)
+    try:
+        # configure: nothing to delete or declare (issue 12: it could delete these).
+        assert refused(lambda: raw.channel().queue_delete(f"{ns}.retry.30s"))
+        assert refused(lambda: raw.channel().queue_delete(f"{ns}.retry.30s.direct"))
+        assert refused(lambda: raw.channel().queue_delete(f"{ns}.tier.1s"))
+        assert refused(lambda: raw.channel().queue_delete(f"{ns}.work"))
+        assert refused(lambda: raw.channel().exchange_delete(f"{ns}.ready"))
+        assert refused(lambda: raw.channel().queue_declare(f"{ns}.tier.1s", passive=False))
+        # write: not the default exchange (issue 12: it injected into another namespace),
+        # not the fanout retry tiers that dead-letter through it, not the tiers.
+        assert refused(lambda: raw.publish("", theirs))
+        assert refused(lambda: raw.publish(f"{ns}.retry.1s", theirs))
+        assert refused(lambda: raw.publish(f"{ns}.tier.1s", "job.a"))
+        assert refused(lambda: raw.publish(f"{ns}.ready", "job.a"))
+        # Its direct exchanges route its own queue names only: another's is returned.
+        for exchange in (f"{ns}.direct", f"{ns}.retry.1s.direct"):
+            with pytest.raises(pex.UnroutableError):
+                raw.publish(exchange, theirs)
+        # A CC header survives dead-lettering; the retry queue dead-letters through
+        # <ns>.direct, so the copy addressed to the other queue goes nowhere.
+        raw.publish(f"{ns}.retry.1s.direct", f"{ns}.work", headers={"CC": [theirs]})
+        # Dead-lettered back to its queue after the tier's second:
+        wait_for(lambda: depth(g.node.url, f"{ns}.work") == 1, 20, f"a message in {ns}.work")
+        assert depth(g.node.url, theirs) == 0
+        # read: its queues only, not DLQs, not another namespace's queues.
+        assert refused(lambda: raw.channel().basic_get(f"{ns}.work.dlq"))
+        assert refused(lambda: raw.channel().basic_get(theirs))
+    finally:
+        raw.close()
+    with pytest.raises(AccessRefused, match=f"refused user '{g.consumer.name}'"):
+        apply_topology(g.topology, g.consumer.url)
+    applied = delayq("topology", "apply", "--file", str(g.path), "--url", g.consumer.url)
     assert applied.returncode == 1 and "ACCESS_REFUSED" in applied.stderr
-    assert producer.password not in applied.stdout + applied.stderr
+    assert g.consumer.password not in applied.stdout + applied.stderr
 
 
-def test_the_consumer_may_not_declare_outside_its_namespace(
-    local_rabbitmq_management_node: LocalNode, node_topology, make_user
-):
-    node = local_rabbitmq_management_node
-    topology, path = node_topology(node)
-    consumer = make_user("consumer")
-    run = _grant(
-        node, path, "--consumer-user", consumer.name,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
-    )
-    assert run.returncode == 0, run.stderr
-    assert apply_topology(topology, consumer.url).ok
+def test_the_producer_may_not_consume_declare_delete_or_address_queues(
+    granted: Granted, node_topology: Any
+) -> None:
+    g, ns = granted, granted.topology.namespace
+    apply_topology(g.topology, g.admin.url)
+    other, _ = node_topology(g.node)
+    apply_topology(other, g.node.url)
+    queue = f"{ns}.work"
+    raw = Raw(g.producer.url)
+    try:
+        assert refused(lambda: raw.channel().basic_get(queue))
+        assert refused(lambda: raw.channel().basic_consume(queue, lambda *args: None))
+        assert refused(lambda: raw.channel().queue_delete(f"{ns}.tier.1s"))
+        assert refused(lambda: raw.channel().exchange_delete(f"{ns}.tier.1s"))
+        assert refused(lambda: raw.publish("", queue))
+        assert refused(lambda: raw.publish(f"{ns}.direct", queue))
+        assert refused(lambda: raw.publish(f"{ns}.retry.1s.direct", queue))
+        assert refused(lambda: raw.publish(f"{other.namespace}.tier.1s", "job.a"))
+        assert refused(lambda: raw.publish(f"{other.namespace}.ready", "job.a"))
+    finally:
+        raw.close()
+
+    listing = delayq("dlq", "list", queue, "--file", str(g.path), "--url", g.producer.url)
+    assert listing.returncode == 1
+    assert f"refused user {g.producer.name!r} access to queue '{queue}.dlq'" in listing.stderr
+    assert g.producer.password not in listing.stdout + listing.stderr
+    # Refused at its first declare that needs a right (a check of an existing entity).
+    with pytest.raises(AccessRefused, match=f"refused user {g.producer.name!r}"):
+        apply_topology(other, g.producer.url)
     with pytest.raises(AccessRefused):
-        apply_topology(topology.with_namespace(f"x{topology.namespace}"), consumer.url)
+        apply_topology(g.topology, g.producer.url)  # not even its own namespace
+    applied = delayq("topology", "apply", "--file", str(g.path), "--url", g.producer.url)
+    assert applied.returncode == 1 and "ACCESS_REFUSED" in applied.stderr
+    assert g.producer.password not in applied.stdout + applied.stderr
+
+
+def run_consumer(kind: str, url: str, topology: Topology, queue: str) -> None:
+    """Run a consumer of ``kind`` until it fails (a test of refusals: it must)."""
+    if kind == "sync":
+        Consumer(url, topology, queue, print).run(install_signal_handlers=False)
+        return
+
+    async def run() -> None:
+        await AsyncConsumer(url, topology, queue, print).run(install_signal_handlers=False)
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_user_that_may_not_read_its_queue_cannot_run_a_consumer(
+    granted: Granted, driver_kind: str
+) -> None:
+    """Refused the consume, a consumer stops with AccessRefused instead of reconnecting
+    for ever."""
+    g = granted
+    apply_topology(g.topology, g.admin.url)
+    queue = f"{g.topology.namespace}.work"
+    with pytest.raises(AccessRefused, match=f"refused user '{g.producer.name}'"):
+        run_consumer(driver_kind, g.producer.url, g.topology, queue)
+
+
+def test_the_admin_applies_its_namespace_and_no_other(
+    granted: Granted, node_topology: Any
+) -> None:
+    g = granted
+    report = apply_topology(g.topology, g.admin.url)
+    assert report.ok
+    assert apply_topology(g.topology, g.admin.url).ok  # twice: nothing changes
+    other, _ = node_topology(g.node)
+    with pytest.raises(AccessRefused):
+        apply_topology(other, g.admin.url)
 
 
 def test_the_grant_through_the_management_api(
-    local_rabbitmq_management_node: LocalNode, node_topology, make_user
-):
+    local_rabbitmq_management_node: LocalNode, node_topology: Any, make_user: Any
+) -> None:
     node = local_rabbitmq_management_node
     topology, path = node_topology(node)
-    producer, consumer = make_user("producer"), make_user("consumer")
+    consumer, admin = make_user("consumer"), make_user("admin")
     assert node.management_url is not None
-    run = _grant(
-        node, path, "--producer-user", producer.name, "--consumer-user", consumer.name,
-        "--via", "management", "--management-url", node.management_url,
+    env = {**os.environ, **node.env()}
+    run = delayq(
+        "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
+        "--consumer-user", consumer.name, "--admin-user", admin.name,
+        "--via", "management", "--management-url", node.management_url, env=env,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"via {redact(node.management_url)}" in run.stdout
@@ -200,24 +325,21 @@ def test_the_grant_through_the_management_api(
         headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        granted = json.loads(response.read())
-    assert _permissions(node, consumer.name)[1:] == [
-        granted["configure"], granted["write"], granted["read"]
-    ]
-    assert granted["write"].startswith("^(?:amq\\.default|")
-    assert apply_topology(topology, consumer.url).ok  # the consumer's grant works
+        got = json.loads(response.read())
+    assert _permissions(node, consumer.name)[1:] == [got["configure"], got["write"], got["read"]]
+    assert got["configure"] == "^$" and "amq" not in got["write"]
+    assert apply_topology(topology, admin.url).ok  # the admin's grant works
 
 
 @pytest.mark.parametrize("via", ["rabbitmqctl", "management"])
 def test_a_grant_for_a_user_that_does_not_exist_fails_clearly(
-    local_rabbitmq_management_node: LocalNode, node_topology, via
-):
+    local_rabbitmq_management_node: LocalNode, node_topology: Any, via: str
+) -> None:
     node = local_rabbitmq_management_node
     _, path = node_topology(node)
     assert node.management_url is not None
     run = _grant(
-        node, path, "--producer-user", "nobody-here", "--via", via,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
+        node, path, "--admin-user", "nobody-here", "--via", via,
         "--management-url", node.management_url,
     )
     assert run.returncode == 1
@@ -226,17 +348,14 @@ def test_a_grant_for_a_user_that_does_not_exist_fails_clearly(
 
 
 def test_a_producer_granted_another_namespace_is_refused_when_publishing(
-    local_rabbitmq_management_node: LocalNode, node_topology, make_user, driver_for
-):
+    local_rabbitmq_management_node: LocalNode, node_topology: Any, make_user: Any, driver_for: Any
+) -> None:
     node = local_rabbitmq_management_node
     topology, _ = node_topology(node, ("1s", "2s"))
     apply_topology(topology, node.url)
     _, elsewhere = node_topology(node)  # the grant is for this other namespace
     producer = make_user("producer")
-    run = _grant(
-        node, elsewhere, "--producer-user", producer.name,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"),
-    )
+    run = _grant(node, elsewhere, "--producer-user", producer.name)
     assert run.returncode == 0, run.stderr
     publisher = driver_for(producer.url)
     tier = f"exchange '{topology.namespace}.tier.1s'"
@@ -246,3 +365,12 @@ def test_a_producer_granted_another_namespace_is_refused_when_publishing(
         publisher.publish(topology, {"n": 2}, "job.a", "0s")
     with pytest.raises(AccessRefused, match=tier):
         publisher.publish_many(topology, [Message({"n": n}, "job.b", "1s") for n in range(50)])
+
+
+def test_a_consumer_refused_configure_on_a_topology_never_applied_says_what_to_do(
+    granted: Granted, driver_kind: str
+) -> None:
+    g = granted
+    queue = f"{g.topology.namespace}.work"
+    with pytest.raises(TopologyMissing, match="topology apply"):
+        run_consumer(driver_kind, g.consumer.url, g.topology, queue)

@@ -388,3 +388,99 @@ def test_no_password_in_the_workers_json_logs_or_metrics(secret: Secret, tmp_pat
         1,
     )
     assert secret.password not in stdout + stderr + metrics
+
+
+# --- a handler's error: DLQ headers, dlq list/show, worker logs, delivery records ----------------
+
+FAILING_APP = """
+import os
+from pathlib import Path
+from delayq import FixedBackoff, Worker, load_topology
+
+SECRET, CUSTOMER = os.environ["LEAK_SECRET"], os.environ["LEAK_CUSTOMER"]
+# A scrubber of the application's own, for what delayq cannot know is private.
+worker = Worker(
+    load_topology(Path(__file__).with_name("delayq.yaml")),
+    policy=FixedBackoff(delay="1s", max_attempts=2),
+    scrubber=lambda text: text.replace(CUSTOMER, "<customer>"),
+)
+
+@worker.handler("{queue}")
+def handle(value):
+    raise RuntimeError(
+        f"order of {CUSTOMER}: cannot connect to postgresql://app:{SECRET}@db/x "
+        f"(headers {{'Authorization': 'Bearer {SECRET}'}})"
+    )
+"""
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_no_secret_from_a_handlers_error_in_dlq_logs_or_records(
+    secret: Secret, tmp_path: Path, log_format: str
+) -> None:
+    """The error text is scrubbed once, before headers, reasons, logs and records see it."""
+    topo = topology()
+    queue = f"{topo.namespace}.work"
+    db_secret, customer = f"db{uuid.uuid4().hex}", f"cust-{uuid.uuid4().hex[:12]}"
+    (tmp_path / "delayq.yaml").write_text(
+        f"namespace: {topo.namespace}\nladder: [1s]\ndestinations:\n"
+        f"  - queue: {queue}\n    bindings: [job.#]\n"
+    )
+    (tmp_path / "failapp.py").write_text(FAILING_APP.replace("{queue}", queue))
+    apply_topology(topo, secret.good)
+    records = tmp_path / "records"
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    args = ["worker", "failapp:worker", "--url", secret.good, "--log-level", "debug"]
+    args += ["--log-format", log_format, "--records", str(records)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "PYTHONUNBUFFERED": "1",
+        "LEAK_SECRET": db_secret,
+        "LEAK_CUSTOMER": customer,
+    }
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "delayq", *args], cwd=tmp_path, stdout=out, stderr=err, env=env
+        )
+    try:
+        wait_for(out_path, lambda text: "delivery records:" in text)
+        with Publisher(secret.good, topo) as pub:
+            pub.publish({"n": 1}, "job.a", "0s", message_id="leak-error")
+        wait_for(err_path, lambda text: "dead-lettered leak-error" in text)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
+    logs = out_path.read_text() + err_path.read_text()
+    if log_format == "json":
+        [json.loads(line) for line in err_path.read_text().splitlines()]  # every line is JSON
+    record_text = "".join(p.read_text() for p in sorted(records.glob("*.jsonl")))
+    outcomes = [json.loads(line)["outcome"] for line in record_text.splitlines()]
+    assert outcomes == ["retry", "dead-letter"], record_text
+
+    listing = run_cli(["dlq", "list", queue, "--url", secret.good, "-f", "delayq.yaml"], tmp_path)
+    shown = run_cli(
+        ["dlq", "show", queue, "leak-error", "--url", secret.good, "-f", "delayq.yaml"], tmp_path
+    )
+    assert listing.returncode == 0 and shown.returncode == 0, listing.stderr + shown.stderr
+    assert "leak-error" in listing.stdout and "postgresql://app:***@db/x" in shown.stdout
+
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(secret.good))
+    method, props, _body = connection.channel().basic_get(f"{queue}.dlq", auto_ack=False)
+    connection.close()
+    assert method is not None
+    headers = repr(props.headers)
+    assert "postgresql://app:***@db/x" in headers and "<customer>" in headers
+
+    everything = "\n".join(
+        [logs, record_text, listing.stdout, listing.stderr, shown.stdout, shown.stderr, headers]
+    )
+    assert "dead-lettered leak-error" in logs  # the reason reached the log, scrubbed
+    assert db_secret not in everything
+    assert customer not in everything

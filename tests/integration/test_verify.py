@@ -46,7 +46,7 @@ def test_an_applied_topology_passes_every_check_through_the_management_api(
     assert all(status == "OK" for status, _ in table.values()), run.stdout
     assert table["broker version"][1].startswith("RabbitMQ 3.")
     assert "quorum_queue enabled, stream_queue enabled" in table["feature flags"][1]
-    assert table["bindings"][1] == "6 bindings present, no stray ones"
+    assert table["bindings"][1] == "10 bindings present, no stray ones"
     assert table[f"queue {topology.namespace}.tier.30s"][1] == (
         "quorum, durable, 5 arguments as declared"
     )
@@ -69,7 +69,7 @@ def test_an_unapplied_topology_fails_and_the_probe_leaves_nothing_behind(
         "FAIL",
         "missing: run `delayq topology apply`",
     )
-    assert table["bindings"][0] == "FAIL" and "6 of 6 missing" in table["bindings"][1]
+    assert table["bindings"][0] == "FAIL" and "10 of 10 missing" in table["bindings"][1]
     assert table["dead-lettering probe"][0] == "FAIL"
     assert (
         f"exchange '{topology.namespace}.ready' does not exist" in table["dead-lettering probe"][1]

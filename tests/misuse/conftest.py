@@ -10,9 +10,10 @@ from tests.integration.conftest import (  # noqa: F401 (fixtures)
     driver_for,
     driver_kind,
     make_topology,
+    node_topology,
     start_consumer,
 )
-from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
+from tests.integration.test_grant import granted, make_user  # noqa: F401 (fixtures)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from delayq import load_topology
 from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
 from delayq.errors import BrokerError, InvalidInput
-from delayq.grants import consumer_grant, producer_grant
+from delayq.grants import admin_grant, consumer_grant, producer_grant
 from delayq.permissions import apply_grant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +24,19 @@ VIA_MANAGEMENT = ["topology", "grant", "--producer-user", "a", "--apply", "--via
 
 def test_grant_prints_one_rabbitmqctl_command_per_user(capsys):
     argv = ["topology", "grant", "--file", str(TOPOLOGY), "--url", DEAD_URL]
-    assert main([*argv, "--producer-user", "app", "--consumer-user", "worker"]) == EXIT_OK
+    users = ["--producer-user", "app", "--consumer-user", "worker", "--admin-user", "ops"]
+    assert main([*argv, *users]) == EXIT_OK
     out = capsys.readouterr().out
     commands = [shlex.split(line) for line in out.splitlines() if line.startswith("rabbitmqctl ")]
     topology = load_topology(TOPOLOGY)
-    wanted = [producer_grant(topology, "app"), consumer_grant(topology, "worker")]
+    wanted = [
+        producer_grant(topology, "app"),
+        consumer_grant(topology, "worker"),
+        admin_grant(topology, "ops"),
+    ]
     assert commands == [["rabbitmqctl", *g.rabbitmqctl_args()] for g in wanted]
     assert "# producer 'app' on vhost '/'" in out and "# consumer 'worker' on vhost '/'" in out
+    assert "# admin 'ops' on vhost '/'" in out
     assert "s3cret" not in out
 
 
@@ -51,7 +57,7 @@ def test_grant_takes_the_vhost_and_the_rabbitmqctl_command(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["topology", "grant"], "--producer-user, --consumer-user or both"),
+        (["topology", "grant"], "--producer-user, --consumer-user, --admin-user, or several"),
         ([*VIA_MANAGEMENT, "--no-management"], "--no-management"),
         (
             [*VIA_MANAGEMENT, "--management-url", "ftp://u:s3cret@h/"],

@@ -291,11 +291,14 @@ def test_topology_without_destinations_has_only_delayq_entities() -> None:
     assert {(d.kind, d.name) for d in decls} == {
         ("exchange", "ns.unrouted"),
         ("exchange", "ns.ready"),
+        ("exchange", "ns.direct"),
         ("exchange", "ns.tier.1s"),
         ("exchange", "ns.retry.1s"),
+        ("exchange", "ns.retry.1s.direct"),
         ("queue", "ns.unrouted"),
         ("queue", "ns.tier.1s"),
         ("queue", "ns.retry.1s"),
+        ("queue", "ns.retry.1s.direct"),
         ("binding", "ns.unrouted -> ns.unrouted [(any)]"),
         ("binding", "ns.tier.1s -> ns.tier.1s [(any)]"),
         ("binding", "ns.retry.1s -> ns.retry.1s [(any)]"),
@@ -304,15 +307,23 @@ def test_topology_without_destinations_has_only_delayq_entities() -> None:
 
 
 @pytest.mark.parametrize("topology", [QUORUM, CLASSIC], ids=["quorum", "classic"])
-def test_retry_tiers_dead_letter_to_the_default_exchange(topology: Topology) -> None:
+def test_retry_tiers_dead_letter_through_the_namespaces_direct_exchange(
+    topology: Topology,
+) -> None:
     decls = build_declarations(topology)
     retry = {n: q for n, q in queues(decls).items() if q.role == "retry"}
-    assert len(retry) == len(topology.ladder)
+    assert len(retry) == 2 * len(topology.ladder)
     for tier in topology.ladder.tiers:
-        queue = retry[topology.retry_name(tier)]
+        queue = retry[topology.retry_direct_name(tier)]
         assert queue.arguments["x-message-ttl"] == tier.ttl_ms
-        assert queue.arguments["x-dead-letter-exchange"] == ""
+        # Not the default exchange: the routing keys (the queue's name, and any a CC
+        # header adds) reach this topology's queues alone.
+        assert queue.arguments["x-dead-letter-exchange"] == topology.direct_exchange
         assert "x-dead-letter-routing-key" not in queue.arguments  # the queue's own name
+        assert exchanges(decls)[topology.retry_direct_name(tier)].type == "direct"
+        # The fanout retry tiers of earlier versions stay, for their consumers.
+        legacy = retry[topology.retry_name(tier)]
+        assert legacy.arguments["x-dead-letter-exchange"] == ""
         assert exchanges(decls)[topology.retry_name(tier)].type == "fanout"
 
 

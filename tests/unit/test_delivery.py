@@ -65,7 +65,7 @@ def test_a_failure_is_retried_through_the_retry_tier_to_this_queue_alone():
     assert decision.action is Action.RETRY
     msg = decision.message
     assert msg is not None
-    assert (msg.exchange, msg.routing_key) == ("ns.retry.5s", "work")
+    assert (msg.exchange, msg.routing_key) == ("ns.retry.5s.direct", "work")
     assert msg.message_id == "m-1" and msg.body == b'{"n": 1}'
     assert msg.headers[H_ATTEMPT] == 2
     assert msg.headers[H_DELAY_MS] == 3000 and msg.headers[H_TIER] == "5s"
@@ -89,7 +89,8 @@ def test_exhausted_attempts_go_to_the_dlq_with_the_reason():
     decision = planner().failure(delivery(attempt=3), ValueError("still"))
     assert decision.action is Action.DEAD_LETTER
     msg = decision.message
-    assert msg is not None and (msg.exchange, msg.routing_key) == ("", "work.dlq")
+    # Through the namespace's direct exchange, never the default one (see delayq.grants).
+    assert msg is not None and (msg.exchange, msg.routing_key) == ("ns.direct", "work.dlq")
     assert msg.headers[H_DEAD_LETTER_REASON] == "exhausted"
     assert msg.headers[H_ATTEMPT] == 3 and msg.headers[H_ERROR_MESSAGE] == "still"
 
@@ -108,7 +109,7 @@ def test_non_retryable_errors_go_straight_to_the_dlq(error):
 
 def test_a_handler_can_ask_for_its_own_delay():
     decision = planner().failure(delivery(), Retry("50s"))
-    assert decision.message is not None and decision.message.exchange == "ns.retry.1m"
+    assert decision.message is not None and decision.message.exchange == "ns.retry.1m.direct"
     assert decision.delay is not None and decision.delay.total_seconds() == 50
 
 
@@ -122,7 +123,7 @@ def test_a_retry_longer_than_the_ladder_is_dead_lettered_not_lost():
 def test_zero_delay_retries_straight_back_to_the_queue():
     decision = planner().failure(delivery(), Retry("0s"))
     assert decision.message is not None
-    assert (decision.message.exchange, decision.message.routing_key) == ("", "work")
+    assert (decision.message.exchange, decision.message.routing_key) == ("ns.direct", "work")
 
 
 def test_undecodable_goes_to_the_dlq_with_the_reason():
@@ -197,7 +198,7 @@ def test_malformed_attempt_headers_count_as_the_first(value):
 def test_a_busy_key_is_deferred_to_the_smallest_tier_without_counting_an_attempt():
     decision = planner().deferred(delivery(attempt=2))
     assert decision.action is Action.RETRY and decision.message is not None
-    assert decision.message.exchange == "ns.retry.1s"
+    assert decision.message.exchange == "ns.retry.1s.direct"
     assert decision.message.headers[H_ATTEMPT] == 2
     assert decision.message.headers[H_FIRST_FAILURE_AT] == 111
 

@@ -17,14 +17,16 @@ def test_rows_tiers_then_retries_then_destinations_then_unrouted() -> None:
     assert [(r.queue, r.role) for r in rows] == [
         ("shop.tier.1s", "tier"),
         ("shop.tier.5s", "tier"),
-        ("shop.retry.1s", "retry"),
+        ("shop.retry.1s.direct", "retry"),
+        ("shop.retry.5s.direct", "retry"),
+        ("shop.retry.1s", "retry"),  # the fanout retry tiers of earlier versions
         ("shop.retry.5s", "retry"),
         ("emails", "destination"),
         ("shop.unrouted", "unrouted"),
     ]
-    assert rows[4].dlq == "emails.dlq"
+    assert rows[6].dlq == "emails.dlq"
     assert stats_queues(rows)[-1] == "emails.dlq"
-    assert len(stats_queues(rows)) == 7
+    assert len(stats_queues(rows)) == 9
 
 
 def _depths(unacked: int | None) -> dict[str, Depth | None]:

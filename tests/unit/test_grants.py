@@ -1,5 +1,11 @@
 """Least-privilege grants: each role's regexes cover what it uses and nothing else.
 
+What each role needs is derived here from RabbitMQ's rules (as rabbit_channel
+checks them) applied to what delayq does: the admin's declarations, the
+consumer's decisions, the producer's publishes. Every need must be granted, and
+every alternative of every regex must be needed by something (none superfluous).
+The real-broker proof is tests/integration/test_grant.py.
+
 RabbitMQ matches permission regexes unanchored (PCRE); delayq anchors them.
 Python's ``re.search`` reads these simple patterns the same way.
 """
@@ -12,9 +18,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq import Topology
-from delayq.declarations import BindingDecl, build_declarations
-from delayq.grants import NOTHING, Role, consumer_grant, grants_for, producer_grant
+from delayq import Reject, Retry, Topology
+from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.delivery import Delivery, DeliveryPlanner
+from delayq.envelope import MessageFactory
+from delayq.grants import (
+    NOTHING,
+    Grant,
+    Role,
+    admin_grant,
+    consumer_grant,
+    grants_for,
+    producer_grant,
+)
 
 TOPO = Topology(
     namespace="shop",
@@ -24,14 +40,107 @@ TOPO = Topology(
         {"queue": "orders.reminders", "bindings": ["orders.#"]},
     ],
 )
+EXACT = Topology.model_validate({**TOPO.model_dump(), "strategy": "exact"})
+CASCADE = Topology.model_validate({**TOPO.model_dump(), "exact": {"unit": "1s"}})
+"""The cascade declared for publishes that ask for it; retries stay tiered."""
+
+Need = tuple[str, str]
+"""(permission, resource name): what RabbitMQ checks before an operation."""
 
 
-def matches(pattern: str, name: str) -> bool:
-    return re.search(pattern, name) is not None
+def _x(name: str) -> str:
+    return "amq.default" if name == "" else name  # how RabbitMQ names the default exchange
 
 
-def entity_names(topology: Topology) -> set[str]:
-    return {d.name for d in build_declarations(topology) if not isinstance(d, BindingDecl)}
+def admin_needs(topology: Topology) -> set[Need]:
+    """What ``apply`` asks of RabbitMQ, declaration by declaration."""
+    needs: set[Need] = set()
+    for decl in build_declarations(topology):
+        if isinstance(decl, ExchangeDecl):
+            needs.add(("configure", decl.name))
+            if "alternate-exchange" in decl.arguments:
+                needs |= {("read", decl.name), ("write", str(decl.arguments["alternate-exchange"]))}
+        elif isinstance(decl, QueueDecl):
+            needs.add(("configure", decl.name))
+            if "x-dead-letter-exchange" in decl.arguments:
+                dlx = _x(str(decl.arguments["x-dead-letter-exchange"]))
+                needs |= {("read", decl.name), ("write", dlx)}
+        else:
+            needs |= {("write", decl.destination), ("read", decl.source)}
+    return needs
+
+
+def consumer_needs(topology: Topology) -> set[Need]:
+    """Consume each destination; publish every message a decision can ask for."""
+    needs: set[Need] = set()
+    delays = ["0s", *(f"{t.ttl_ms}ms" for t in topology.ladder.tiers), "7s"]
+    for dest in topology.destinations:
+        needs.add(("read", dest.queue))
+        planner = DeliveryPlanner(topology, dest.queue)
+        delivery = Delivery(dest.queue, b"x", "k", "m", None, {})
+        decisions = [planner.failure(delivery, Retry(d)) for d in delays]
+        decisions += [planner.failure(delivery, Reject("no")), planner.deferred(delivery)]
+        decisions += [planner.undecodable(delivery, ValueError("?"))]
+        for decision in decisions:
+            assert decision.message is not None
+            needs.add(("write", _x(decision.message.exchange)))
+    return needs
+
+
+def producer_needs(topology: Topology) -> set[Need]:
+    factory = MessageFactory(topology)
+    delays = ["0s", "1s", "7s", *(f"{t.ttl_ms}ms" for t in topology.ladder.tiers)]
+    strategies = ["tiered", "exact"] if topology.exact_enabled else ["tiered"]
+    return {
+        ("write", _x(factory.build(b"x", "email.x", d, strategy=s).exchange))
+        for d in delays
+        for s in strategies
+    }
+
+
+def granted(grant: Grant, need: Need) -> bool:
+    return re.search(getattr(grant.permissions, need[0]), need[1]) is not None
+
+
+def alternatives(pattern: str) -> list[str]:
+    """The top-level alternatives of ``^(?:a|b|...)$``."""
+    if pattern == NOTHING:
+        return []
+    assert pattern.startswith("^(?:") and pattern.endswith(")$"), pattern
+    parts, depth, current = [], 0, ""
+    for char in pattern[4:-2]:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "|" and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [*parts, current]
+
+
+ROLES = [
+    (producer_grant, producer_needs),
+    (consumer_grant, consumer_needs),
+    (admin_grant, admin_needs),
+]
+
+
+@pytest.mark.parametrize("topology", [TOPO, EXACT, CASCADE], ids=["tiered", "exact", "both"])
+@pytest.mark.parametrize(("make", "needs"), ROLES, ids=["producer", "consumer", "admin"])
+def test_every_need_is_granted_and_every_alternative_is_needed(make, needs, topology) -> None:
+    grant: Grant = make(topology, "u")
+    wanted = needs(topology)
+    missing = [need for need in sorted(wanted) if not granted(grant, need)]
+    assert not missing, missing
+    for permission in ("configure", "write", "read"):
+        pattern = getattr(grant.permissions, permission)
+        for alternative in alternatives(pattern):
+            rest = [a for a in alternatives(pattern) if a != alternative]
+            narrower = "^(?:" + "|".join(rest) + ")$" if rest else NOTHING
+            still = [n for n in wanted if n[0] == permission and re.search(narrower, n[1])]
+            assert len(still) < sum(1 for n in wanted if n[0] == permission), (
+                f"{grant.role.value}: {permission} alternative {alternative!r} is not needed"
+            )
 
 
 OUTSIDE = [
@@ -42,60 +151,65 @@ OUTSIDE = [
     "shop.tier.30s.extra",
     "shop.verify.ab12",
     "shop.tier.",
+    "shop.directx",
     "emails.extra",
     "emailsx",
     "orders.reminders.dlq.dlq",
-    "amq.default",
-    "",
+    "other.work",
 ]
 
 
-def test_the_producer_writes_to_the_tiers_and_ready_only() -> None:
-    grant = producer_grant(TOPO, "app")
-    perms = grant.permissions
-    assert perms.configure == NOTHING and perms.read == NOTHING
-    tiers = {TOPO.tier_name(t) for t in TOPO.ladder.tiers}
-    for name in entity_names(TOPO):
-        assert matches(perms.write, name) == (name in tiers | {"shop.ready"}), name
-    for name in OUTSIDE:
-        assert not matches(perms.write, name), name
-    assert not matches(perms.write, "shop.retry.30s")  # retries are the consumers' business
-
-
-def test_the_consumer_configures_every_entity_of_the_topology_and_nothing_else() -> None:
+def test_the_consumer_declares_nothing_and_has_no_way_into_other_queues() -> None:
     perms = consumer_grant(TOPO, "worker").permissions
-    for name in entity_names(TOPO):
-        assert matches(perms.configure, name), name
-    for name in OUTSIDE:
-        assert not matches(perms.configure, name), name
+    assert perms.configure == NOTHING  # cannot declare, nor delete tiers, retries, ready
+    # The default exchange and the retry tiers' fanouts route any routing key to any
+    # queue of the vhost (the retry queues dead-letter through the default exchange).
+    no_write = ["amq.default", "", "shop.ready", "shop.unrouted", "emails", "emails.dlq"]
+    no_write += [TOPO.retry_name(t) for t in TOPO.ladder.tiers]
+    no_write += [TOPO.tier_name(t) for t in TOPO.ladder.tiers]
+    for name in [*no_write, *OUTSIDE]:
+        assert not re.search(perms.write, name), name
+    for name in ["emails.dlq", "orders.reminders.dlq", "shop.ready", "amq.default", *OUTSIDE]:
+        assert not re.search(perms.read, name), name
 
 
-def test_the_consumer_writes_where_it_republishes_and_binds() -> None:
-    perms = consumer_grant(TOPO, "worker").permissions
-    needed = {
-        "amq.default",  # retries of delay 0 and dead letters go through the default exchange
-        "shop.ready",  # named as dead-letter exchange of the tiers
-        "shop.unrouted",  # alternate exchange of ready; its queue is bound
-        "emails",
-        "orders.reminders",  # bound to ready
-        *(TOPO.retry_name(t) for t in TOPO.ladder.tiers),  # republished to, queues bound
-        *(TOPO.tier_name(t) for t in TOPO.ladder.tiers),  # queues bound
+def test_the_direct_exchanges_route_the_topologys_queue_names_only() -> None:
+    """What the consumer may write to can reach this topology's queues and DLQs alone."""
+    writable = {d.name for d in build_declarations(TOPO) if isinstance(d, ExchangeDecl)}
+    writable = {x for x in writable if re.search(consumer_grant(TOPO, "c").permissions.write, x)}
+    assert writable == {"shop.direct", *(f"{TOPO.retry_name(t)}.direct" for t in TOPO.ladder.tiers)}
+    ours = {d.queue for d in TOPO.destinations} | {d.dlq for d in TOPO.destinations}
+    for decl in build_declarations(TOPO):
+        if isinstance(decl, BindingDecl) and decl.source in writable:
+            assert decl.routing_key in ours, decl.name
+        if isinstance(decl, ExchangeDecl) and decl.name in writable:
+            assert decl.type == "direct" and "alternate-exchange" not in decl.arguments
+    # Where those messages wait, dead-lettering keeps their routing keys (a CC header's
+    # too): only through <ns>.direct, or with one fixed key (the destination's DLQ).
+    reached = {
+        d.destination
+        for d in build_declarations(TOPO)
+        if isinstance(d, BindingDecl) and d.source in writable
     }
-    for name in needed:
-        assert matches(perms.write, name), name
-    for name in ["emails.dlq", "orders.reminders.dlq", *OUTSIDE[:-2]]:
-        assert not matches(perms.write, name), name
+    for decl in build_declarations(TOPO):
+        if isinstance(decl, QueueDecl) and decl.name in reached:
+            dlx = decl.arguments.get("x-dead-letter-exchange")
+            fixed = "x-dead-letter-routing-key" in decl.arguments
+            assert dlx is None or dlx == "shop.direct" or fixed, decl
 
 
-def test_the_consumer_reads_its_queues_and_binding_sources_but_no_dlq() -> None:
-    perms = consumer_grant(TOPO, "worker").permissions
-    for name in ["emails", "orders.reminders", "shop.ready", "shop.unrouted", "shop.tier.30s"]:
-        assert matches(perms.read, name), name
-    for name in ["emails.dlq", "orders.reminders.dlq", "amq.default", *OUTSIDE]:
-        assert not matches(perms.read, name), name
+def test_the_producer_writes_to_the_tiers_and_ready_only() -> None:
+    perms = producer_grant(TOPO, "app").permissions
+    assert perms.configure == NOTHING and perms.read == NOTHING
+    for name in ["shop.retry.30s", "shop.retry.30s.direct", "shop.direct", "amq.default"]:
+        assert not re.search(perms.write, name), name
 
 
 namespaces = st.from_regex(r"[a-z][a-z0-9_\-]{0,8}(\.[a-z0-9]{1,4})?", fullmatch=True)
+
+
+def entity_names(topology: Topology) -> set[str]:
+    return {d.name for d in build_declarations(topology) if not isinstance(d, BindingDecl)}
 
 
 @given(namespaces, namespaces)
@@ -104,21 +218,22 @@ def test_grants_never_reach_into_another_namespace(ns: str, other: str) -> None:
         return
     mine = Topology(namespace=ns, ladder=["1s", "1m"])
     theirs = Topology(namespace=other, ladder=["1s", "1m"])
-    for grant in (producer_grant(mine, "u"), consumer_grant(mine, "u")):
+    for make in (producer_grant, consumer_grant, admin_grant):
+        grant = make(mine, "u")
         for pattern in vars(grant.permissions).values():
             for name in entity_names(theirs):
-                assert not matches(pattern, name), (pattern, name)
+                assert not re.search(pattern, name), (grant.role, pattern, name)
 
 
 def test_commands_and_bodies() -> None:
-    grant = producer_grant(TOPO, "app", vhost="/prod")
-    assert grant.role is Role.PRODUCER and grant.vhost == "/prod"
+    grant = admin_grant(TOPO, "ops", vhost="/prod")
+    assert grant.role is Role.ADMIN and grant.vhost == "/prod"
     perms = grant.permissions
     assert grant.rabbitmqctl_args() == [
         "set_permissions",
         "-p",
         "/prod",
-        "app",
+        "ops",
         perms.configure,
         perms.write,
         perms.read,
@@ -132,21 +247,22 @@ def test_commands_and_bodies() -> None:
 
 
 @pytest.mark.parametrize(
-    ("producer", "consumer", "roles"),
+    ("producer", "consumer", "admin", "roles"),
     [
-        ("p", "c", [Role.PRODUCER, Role.CONSUMER]),
-        ("p", None, [Role.PRODUCER]),
-        (None, "c", [Role.CONSUMER]),
-        (None, None, []),
+        ("p", "c", "a", [Role.PRODUCER, Role.CONSUMER, Role.ADMIN]),
+        ("p", None, None, [Role.PRODUCER]),
+        (None, "c", None, [Role.CONSUMER]),
+        (None, None, "a", [Role.ADMIN]),
+        (None, None, None, []),
     ],
 )
 def test_grants_for_whichever_users_are_given(
-    producer: str | None, consumer: str | None, roles: list[Role]
+    producer: str | None, consumer: str | None, admin: str | None, roles: list[Role]
 ) -> None:
-    grants = grants_for(TOPO, producer=producer, consumer=consumer)
+    grants = grants_for(TOPO, producer=producer, consumer=consumer, admin=admin)
     assert [g.role for g in grants] == roles
 
 
 def test_every_grant_explains_each_permission() -> None:
-    for grant in (producer_grant(TOPO, "p"), consumer_grant(TOPO, "c")):
+    for grant in grants_for(TOPO, producer="p", consumer="c", admin="a"):
         assert [r.split(":")[0] for r in grant.reasons] == ["configure", "write", "read"]

@@ -280,7 +280,7 @@ def test_a_retry_that_cannot_be_published_ends_at_the_delivery_limit(
     consumer = memory_broker.consumer(
         TOPOLOGY, "emails", failing, policy=FixedBackoff(delay="1m", max_attempts=5)
     )
-    memory_broker.delete_queue("shop.retry.1m")
+    memory_broker.delete_queue("shop.retry.1m.direct")
     memory_broker.publisher(TOPOLOGY).publish("x", "email.x", "0s")
     memory_broker.advance("0s")
 
@@ -404,7 +404,7 @@ def test_injected_publish_failures(memory_broker: MemoryBroker) -> None:
     with pytest.raises(PublishRejected):
         publisher.publish("x", "email.x", "1m")
 
-    memory_broker.fail_publishes(exchange="shop.retry.1m")  # the first retry is nacked
+    memory_broker.fail_publishes(exchange="shop.retry.1m.direct")  # the first retry is nacked
     memory_broker.advance("5m")
     # Returned to the queue and handled again at once; then retried after 1 m.
     assert calls == [0, 0, 60_000]

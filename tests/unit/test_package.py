@@ -30,6 +30,7 @@ CORE_MODULES = [
     "delayq.provisioning",
     "delayq.verification",
     "delayq.grants",
+    "delayq.scrub",
     "delayq.depths",
     "delayq.management",
     "delayq.permissions",

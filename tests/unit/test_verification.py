@@ -210,7 +210,8 @@ def test_a_missing_binding_is_named() -> None:
     observed = _observed_bindings([b for b in BINDINGS if b.destination != "emails"])
     check = compare_bindings(BINDINGS, observed, OWNED)
     assert check.status is Status.FAIL
-    assert "1 of" in check.detail and "shop.ready -> emails [email.*]" in check.detail
+    assert "2 of" in check.detail and "shop.ready -> emails [email.*]" in check.detail
+    assert "shop.direct -> emails [emails]" in check.detail
 
 
 def test_many_missing_bindings_are_counted_not_all_listed() -> None:

@@ -77,6 +77,8 @@ async def connect(
             raise ConnectionFailed(
                 f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
             ) from None
+        except Exception as exc:  # aiormq fails a handshake cut short with a bare Exception
+            last = exc
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"

@@ -19,13 +19,14 @@ import signal
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
+import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel
 
 from delayq.aio._acks import AckCoalescer
-from delayq.aio._connection import close_quietly, connect
+from delayq.aio._connection import close_quietly, connect, translate_channel_error
 from delayq.aio._store import StoreBatcher
-from delayq.aio.provision import apply_topology
+from delayq.aio.ensure import ensure_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.delivery import (
     RECONNECT_MAX_S,
@@ -119,6 +120,7 @@ class AsyncConsumer:
         observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
+        scrubber: Callable[[str], str] | None = None,
     ) -> None:
         check_handler(handler, sync=False)
         if transactional:
@@ -148,6 +150,7 @@ class AsyncConsumer:
             non_retryable=non_retryable,
             clock_ms=clock_ms,
             rng=rng,
+            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
         )
         self._store = None if store is None else StoreBatcher(store)
         self._transactional = transactional
@@ -209,7 +212,7 @@ class AsyncConsumer:
     async def _open(self) -> None:
         connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
         try:
-            await apply_topology(self.topology, connection=connection)
+            await ensure_topology(self.topology, connection)  # or check it, if refused
             await self._publisher.connect()
             channel = await connection.channel(publisher_confirms=False)
             # Cautious start: one delivery at a time while they are redeliveries, so a
@@ -220,7 +223,10 @@ class AsyncConsumer:
             queue = await channel.get_queue(self.queue, ensure=False)
             self._connection, self._channel = connection, channel
             self._acks = AckCoalescer()  # delivery tags are per channel
-            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+            try:
+                self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
+            except aex.ChannelAccessRefused as exc:  # may not read it (see delayq.grants)
+                raise translate_channel_error(exc) from exc
         except BaseException:
             await close_quietly(connection)
             raise

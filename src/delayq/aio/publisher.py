@@ -34,6 +34,7 @@ from delayq.envelope import (
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    DelayqError,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -131,6 +132,7 @@ class AsyncPublisher:
         self._channel: AbstractChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
         self._lock = asyncio.Lock()
+        self._warned: AbstractConnection | None = None
         self._gate = Gate(
             self.topology.namespace, apply_marker(self.topology).name, redact(self._url)
         )
@@ -224,18 +226,21 @@ class AsyncPublisher:
     async def _check_exchanges(self, names: set[str]) -> None:
         # A publish to a missing exchange closes the shared channel and fails every
         # message in flight on it, so a batch checks its few exchanges first.
-        await self._ensure_channel()
-        assert self._connection is not None
         probe: AbstractChannel | None = None
         try:
+            await self._ensure_channel()
+            assert self._connection is not None
             probe = await self._connection.channel(publisher_confirms=False)
             for name in sorted(names):
                 await probe.get_exchange(name, ensure=True)
         except aex.AMQPChannelError as exc:
             raise translate_channel_error(exc) from exc
-        except CONNECTION_ERRORS as exc:
+        except DelayqError:
+            raise
+        except Exception as exc:  # CONNECTION_ERRORS, or aiormq's bare Exception on a close
             raise ConnectionFailed(
-                f"lost the connection to {redact(self._url)} before the batch was sent"
+                f"lost the connection to {redact(self._url)} before the batch was sent "
+                f"({type(exc).__name__}); nothing of it was sent"
             ) from exc
         finally:
             await close_quietly(probe)
@@ -300,21 +305,37 @@ class AsyncPublisher:
                     raise  # never sent: the connect retries are spent, say so plainly
                 last = exc
                 break
-            except CONNECTION_ERRORS as exc:
+            except DelayqError:
+                raise
+            except Exception as exc:
+                # CONNECTION_ERRORS, and what aiormq fails a publish with when its
+                # connection closes under it: a bare Exception (the default of its
+                # futures' reject_all), RuntimeError. Either way the connection's
+                # state is unknown: a fresh one may succeed.
                 if isinstance(exc, asyncio.TimeoutError) and is_blocked(connection):
                     # Retrying cannot help while the broker blocks publishers.
                     await self._drop_connection(connection)
                     raise outcomes.blocked(msg, timeout_s or 0, redact(self._url)) from exc
                 last = exc
-                log.warning(
-                    "publish of %s failed (%s), attempt %d of %d",
-                    msg.message_id,
-                    type(exc).__name__,
-                    attempt + 1,
-                    self._publish_attempts,
-                )
+                self._warn_lost(connection, exc, attempt)
                 await self._drop_connection(connection)
         raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
+
+    def _warn_lost(
+        self, connection: AbstractConnection | None, exc: BaseException, attempt: int
+    ) -> None:
+        # Once per lost connection, not once per message: a batch of thousands in
+        # flight fails all at once.
+        if connection is not None and connection is self._warned:
+            return
+        self._warned = connection
+        log.warning(
+            "a publish failed (%s), attempt %d of %d%s",
+            type(exc).__name__,
+            attempt + 1,
+            self._publish_attempts,
+            "; re-sending on a fresh connection" if attempt + 1 < self._publish_attempts else "",
+        )
 
     @staticmethod
     async def _run_senders(
@@ -377,14 +398,22 @@ class AsyncPublisher:
         await self._check_exchanges({m.exchange for m in built})
         failures: dict[int, PublishError] = {}
         in_flight: set[int] = set()
+        unreachable: ConnectionFailed | None = None
         queue = iter(enumerate(built))
         last_progress = time.monotonic()
 
         async def sender() -> None:
             # `window` senders share one iterator: at most `window` confirms are
             # outstanding, with no task or semaphore per message.
-            nonlocal last_progress
+            nonlocal last_progress, unreachable
             for index, msg in queue:
+                if unreachable is not None:
+                    # No connection could be opened: the rest of the batch fails at
+                    # once instead of each message trying (and failing) to connect.
+                    failures[index] = outcomes.unconfirmed(
+                        msg, self._publish_attempts, redact(self._url), unreachable
+                    )
+                    continue
                 in_flight.add(index)
                 try:
                     # No per-message confirm timer (one each costs more than the
@@ -394,6 +423,15 @@ class AsyncPublisher:
                     failures[index] = PublishUnconfirmed(str(exc), msg.message_id)
                 except PublishError as exc:
                     failures[index] = exc
+                    if isinstance(exc.__cause__, ConnectionFailed):
+                        unreachable = exc.__cause__
+                except ConnectionFailed as exc:
+                    # The connection was lost and no new one could be opened: this
+                    # message is unconfirmed, and those confirmed before it still are.
+                    failures[index] = outcomes.unconfirmed(
+                        msg, self._publish_attempts, redact(self._url), exc
+                    )
+                    unreachable = exc
                 in_flight.discard(index)
                 last_progress = time.monotonic()
 

@@ -104,6 +104,7 @@ class _Round:
         self.next_tag = 1
         self.fatal: BaseException | None = None
         self.lost: BaseException | None = None
+        self.settle_error: BaseException | None = None
         self.channel: Any = None
         self.connection: pika.SelectConnection | None = None
         self.last_progress = time.monotonic()
@@ -113,13 +114,39 @@ class _Round:
         self.checked: set[str] = set()
 
     def run(self) -> None:
-        self.connection = pika.SelectConnection(
-            self.params,
-            on_open_callback=self._on_open,
-            on_open_error_callback=self._on_open_error,
-            on_close_callback=self._on_closed,
-        )
-        self.connection.ioloop.start()
+        try:
+            self.connection = pika.SelectConnection(
+                self.params,
+                on_open_callback=self._on_open,
+                on_open_error_callback=self._on_open_error,
+                on_close_callback=self._on_closed,
+            )
+            self.connection.ioloop.start()
+        except Exception as exc:
+            if exc is self.settle_error:
+                self._abandon()
+                raise  # the caller's own callback failed: not ours to hide
+            # pika raised out of its I/O loop (a publish on a channel or connection
+            # closing under it): the round is lost like a dropped connection, and
+            # what it left unconfirmed goes to the next one.
+            self.lost = self.lost or exc
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Close this round's connection after its I/O loop ended abnormally."""
+        connection = self.connection
+        if connection is None or connection.is_closed:
+            return
+        try:
+            if connection.is_open:
+                connection.close()
+            connection.ioloop.call_later(5.0, connection.ioloop.stop)
+            connection.ioloop.start()  # until _on_closed stops it (or 5 s)
+        except Exception as exc:
+            if exc is self.settle_error:
+                raise
+            # A connection already broken: nothing more to close.
+            log.debug("closing an abandoned batch connection failed: %r", exc)
 
     # connection and channel ---------------------------------------------------
 
@@ -245,11 +272,14 @@ class _Round:
         self.settled += 1
         if index in self.returned:
             self.returned.discard(index)
-            self.settle(index, msg, outcomes.unroutable(msg))
-        elif acked:
-            self.settle(index, msg, None)
+            error: PublishError | None = outcomes.unroutable(msg)
         else:
-            self.settle(index, msg, outcomes.rejected(msg))
+            error = None if acked else outcomes.rejected(msg)
+        try:
+            self.settle(index, msg, error)
+        except BaseException as exc:
+            self.settle_error = exc
+            raise
 
 
 def send_pipelined(

@@ -49,10 +49,15 @@ from delayq.key_scope import KeyScope
 from delayq.observe import DeliveryObserver, Observers
 from delayq.retry import RetryPolicy
 from delayq.stats import ConsumerStats
-from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
+from delayq.sync._connection import (
+    CONNECTION_ERRORS,
+    close_quietly,
+    connect,
+    translate_channel_error,
+)
 from delayq.sync._deliveries import DeliveryFlow, Incoming
 from delayq.sync._threads import HandlerThreads
-from delayq.sync.provision import apply_topology
+from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url, resolved_memory_name
@@ -137,6 +142,7 @@ class Consumer(DeliveryFlow):
         observers: Iterable[DeliveryObserver] = (),
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
+        scrubber: Callable[[str], str] | None = None,
     ) -> None:
         check_handler(handler, sync=True)
         if transactional:
@@ -159,6 +165,7 @@ class Consumer(DeliveryFlow):
             non_retryable=non_retryable,
             clock_ms=clock_ms,
             rng=rng,
+            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
         )
         self._store = store
         self._transactional = transactional
@@ -234,7 +241,7 @@ class Consumer(DeliveryFlow):
     def _open(self) -> None:
         connection = connect(self._url, name=f"delayq-consumer {self.queue}")
         try:
-            apply_topology(self.topology, connection=connection)
+            ensure_topology(self.topology, connection)  # or check it, if refused
             self._publisher.connect()
             channel = connection.channel()
             channel.add_on_cancel_callback(self._on_cancelled)
@@ -243,7 +250,10 @@ class Consumer(DeliveryFlow):
             self._cautious = self._prefetch > 1
             self._widen = self._cancelled = False
             channel.basic_qos(prefetch_count=1 if self._cautious else self._prefetch)
-            tag = channel.basic_consume(self.queue, self._on_message)
+            try:
+                tag = channel.basic_consume(self.queue, self._on_message)
+            except pex.ChannelClosedByBroker as exc:  # may not read it (see delayq.grants)
+                raise translate_channel_error(exc) from exc
         except BaseException:
             close_quietly(connection)
             raise
@@ -300,6 +310,9 @@ class Consumer(DeliveryFlow):
                     self._serve()
                     break
                 except LOST as exc:
+                    if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code == 403:
+                        # May not consume: reconnecting cannot help (see delayq.grants).
+                        raise translate_channel_error(exc) from exc
                     if self._stop.is_set():
                         break
                     log.warning(

@@ -25,6 +25,7 @@ from delayq.envelope import (
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    DelayqError,
     PublishError,
     TopologyMissing,
 )
@@ -32,7 +33,6 @@ from delayq.marker import Gate
 from delayq.published import PublishObserver, PublishObservers
 from delayq.sync._connection import (
     BLOCKED_CONNECTION_TIMEOUT_S,
-    CONNECTION_ERRORS,
     close_quietly,
     connect,
     host_parameters,
@@ -236,7 +236,12 @@ class Publisher:
             except (pex.ChannelClosed, pex.ChannelWrongStateError) as exc:
                 last = exc  # the channel went away under us: a new one may succeed
                 self._channel = None
-            except CONNECTION_ERRORS as exc:
+            except DelayqError:
+                raise
+            except Exception as exc:
+                # CONNECTION_ERRORS, and anything else pika raises mid-publish (a
+                # channel or connection in a state it did not expect): the
+                # connection's state is unknown, a fresh one may succeed.
                 last = exc
                 log.warning(
                     "publish of %s failed (%s), attempt %d of %d",

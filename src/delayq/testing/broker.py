@@ -151,7 +151,7 @@ class MemoryBroker:
     >>> broker = MemoryBroker()
     >>> broker.apply(Topology(namespace="shop", ladder=["1m", "15m"],
     ...     destinations=[{"queue": "emails", "bindings": ["email.*"]}])).summary()
-    '14 created, 6 bound'
+    '19 created, 10 bound'
     >>> broker.close()
     """
 

@@ -1,0 +1,63 @@
+"""What a consumer does with the topology at start: apply it, or, when its user may not
+configure (the least-privilege consumer grant, see :mod:`delayq.grants`), check that
+it exists.
+
+The check is passive (needs no permission): every exchange and queue of the
+topology must exist, or :class:`~delayq.errors.TopologyMissing` names the first
+that does not (apply the topology with the admin user). Bindings and arguments
+cannot be read without the management API; ``delayq topology verify`` checks them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pika
+import pika.exceptions as pex
+
+from delayq.declarations import BindingDecl, build_declarations
+from delayq.errors import AccessRefused
+from delayq.sync._connection import translate_channel_error
+from delayq.sync.provision import Channels, apply_topology, declare_entity
+from delayq.topology import Topology
+
+__all__ = ["check_topology", "ensure_topology"]
+
+log = logging.getLogger("delayq.consumer")
+
+
+def check_topology(topology: Topology, connection: pika.BlockingConnection) -> int:
+    """Check with passive declares that every exchange and queue of ``topology`` exists;
+    returns how many were checked."""
+    channels = Channels(connection)
+    checked = 0
+    try:
+        for decl in build_declarations(topology):
+            if isinstance(decl, BindingDecl):
+                continue
+            try:
+                declare_entity(channels.channel, decl, passive=True)
+            except pex.ChannelClosedByBroker as exc:
+                raise translate_channel_error(exc) from exc
+            checked += 1
+    finally:
+        channels.close()
+    return checked
+
+
+def ensure_topology(topology: Topology, connection: pika.BlockingConnection) -> None:
+    """Apply ``topology``; a user refused the right to declare checks it instead."""
+    try:
+        apply_topology(topology, connection=connection)
+        return
+    except AccessRefused as refused:
+        reason = refused
+    checked = check_topology(topology, connection)
+    log.info(
+        "the topology of namespace %r was not applied (%s); its %d exchanges and queues "
+        "exist, checked with passive declares (apply it with the admin user: "
+        "`delayq topology apply`)",
+        topology.namespace,
+        reason,
+        checked,
+    )

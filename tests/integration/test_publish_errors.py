@@ -1,0 +1,165 @@
+"""Client errors under a batch, on a real broker: a delayq error, never a lost confirm.
+
+What must never happen is a message reported confirmed that did not arrive. A
+message reported unconfirmed may still have arrived (its confirm was lost with
+the connection); publishing it again with the same id is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiormq.channel
+import pika
+import pika.channel
+import pika.exceptions as pex
+import pytest
+
+from delayq import Message, PublishBatchError, PublishError, Receipt, Topology
+from delayq.aio import AsyncPublisher
+from delayq.localnode import LocalNode
+from delayq.sync import Publisher, apply_topology
+
+
+def publish_many(kind: str, url: str, topo: Topology, batch: list[Message], **kw: Any) -> Any:
+    """Receipts, or the PublishBatchError the batch raised (anything else propagates)."""
+    try:
+        if kind == "sync":
+            with Publisher(url, topo, **kw) as pub:
+                return pub.publish_many(batch)
+
+        async def run() -> list[Receipt]:
+            async with AsyncPublisher(url, topo, **kw) as pub:
+                return await pub.publish_many(batch)
+
+        return asyncio.run(run())
+    except PublishBatchError as exc:
+        return exc
+
+
+def fail_once_after(kind: str, calls: int) -> tuple[Any, str, Callable[..., Any]]:
+    """A basic_publish of the client that raises once, at call ``calls``, what the client
+    raises when its connection goes away under it."""
+    count = 0
+    if kind == "sync":
+        original = pika.channel.Channel.basic_publish
+
+        def sync_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal count
+            count += 1
+            if count == calls:
+                raise pex.ChannelWrongStateError("Channel is closed.")
+            return original(self, *args, **kwargs)
+
+        return pika.channel.Channel, "basic_publish", sync_publish
+    original_async = aiormq.channel.Channel.basic_publish
+
+    async def async_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal count
+        count += 1
+        if count == calls:
+            raise Exception  # aiormq's reject_all(None) on a closing connection
+        return await original_async(self, *args, **kwargs)
+
+    return aiormq.channel.Channel, "basic_publish", async_publish
+
+
+def wait_for_ids(inbox: Any, wanted: set[str], timeout_s: float = 60) -> set[str]:
+    """The ids that arrived, once ``wanted`` all did or the time is up (duplicates count
+    once: a message whose confirm was lost is sent again)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        arrived = {a.message_id for a in inbox.wait(0, timeout_s=0)}
+        if wanted <= arrived or time.monotonic() > deadline:
+            return arrived
+        time.sleep(0.05)
+
+
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def work_queue_depth(rabbitmq_url: str) -> Iterator[Callable[[str], int]]:
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+
+    def depth(queue: str) -> int:
+        ok = connection.channel().queue_declare(queue, passive=True)
+        return int(ok.method.message_count)
+
+    yield depth
+    try:
+        connection.close()
+    except Exception:
+        pass
+
+
+def test_a_client_error_mid_batch_is_translated_and_what_it_left_is_sent_again(
+    kind: str,
+    rabbitmq_url: str,
+    make_topology: Callable[..., Topology],
+    collect: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topo = make_topology(["1s"])
+    apply_topology(topo, rabbitmq_url)
+    batch = [Message(b"x", "job.err", "0s", message_id=f"mid-{n}") for n in range(3_000)]
+    monkeypatch.setattr(*fail_once_after(kind, 1_200))
+    result = publish_many(kind, rabbitmq_url, topo, batch)
+    assert not isinstance(result, PublishBatchError), result  # re-sent on a fresh connection
+    assert [r.message_id for r in result] == [m.message_id for m in batch]
+    inbox = collect(f"{topo.namespace}.work")
+    wanted = {m.message_id for m in batch}
+    assert wanted <= wait_for_ids(inbox, wanted)
+
+
+def test_connections_closed_under_a_batch_never_report_a_lost_message_confirmed(
+    kind: str,
+    rabbitmq_url: str,
+    local_rabbitmq_node: LocalNode,
+    make_topology: Callable[..., Topology],
+    collect: Callable[..., Any],
+    work_queue_depth: Callable[[str], int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="delayq")
+    topo = make_topology(["1s"])
+    apply_topology(topo, rabbitmq_url)
+    queue = f"{topo.namespace}.work"
+    batch = [Message(b"y" * 128, "job.err", "0s", message_id=f"cut-{n}") for n in range(10_000)]
+
+    def close_when_publishing() -> None:
+        deadline = time.monotonic() + 60
+        while work_queue_depth(queue) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        local_rabbitmq_node.ctl("close_all_connections", "delayq publish-errors test", check=False)
+
+    closer = threading.Thread(target=close_when_publishing, daemon=True)
+    closer.start()
+    # One attempt per message: the lost connection leaves messages unconfirmed.
+    result = publish_many(
+        kind, local_rabbitmq_node.url, topo, batch, publish_attempts=1, connect_attempts=1
+    )
+    closer.join(60)
+    if isinstance(result, PublishBatchError):
+        confirmed = {r.message_id for r in result.receipts if r is not None}
+        unconfirmed = {batch[i].message_id for i in result.failures}
+        for index, failure in result.failures.items():
+            assert isinstance(failure, PublishError)
+            assert failure.message_id == batch[index].message_id
+    else:
+        confirmed, unconfirmed = {r.message_id for r in result}, set()
+    # One line per lost connection, not one per message in flight.
+    publisher_lines = [r for r in caplog.records if r.name == "delayq.publisher"]
+    assert len(publisher_lines) <= 10, len(publisher_lines)
+    assert confirmed | unconfirmed == {m.message_id for m in batch}
+    assert not confirmed & unconfirmed
+    inbox = collect(queue)
+    arrived = wait_for_ids(inbox, confirmed)
+    assert confirmed <= arrived, f"{len(confirmed - arrived)} confirmed messages did not arrive"
