@@ -23,6 +23,7 @@ from delayq import Topology
 from delayq.cli import main
 from delayq.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
+from tests.amqp import depth
 from tests.waiting import wait_for
 
 
@@ -54,14 +55,6 @@ def write(topology: Topology, tmp_path: Path) -> Path:
     path = tmp_path / f"{topology.namespace}.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
     return path
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def park(url: str, topology: Topology, queue: str, message_id: str, headers: dict[str, Any]):

@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pika
 import pytest
 import yaml
 
 from delayq.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
+from tests.amqp import depth
 from tests.waiting import wait_for
 
 DEAD = "amqp://guest:dead-secret@127.0.0.1:1/"
@@ -31,14 +31,6 @@ def run(env_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         env={**os.environ, "DELAYQ_URL": env_url},
     )
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def assert_refused_here(run_: subprocess.CompletedProcess[str]) -> None:

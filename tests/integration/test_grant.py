@@ -31,6 +31,7 @@ from delayq.aio import AsyncConsumer
 from delayq.localnode import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
+from tests.amqp import depth
 from tests.integration.ops import delayq
 from tests.waiting import wait_for
 
@@ -129,14 +130,6 @@ class Raw:
 
     def close(self) -> None:
         self.connection.close()
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def test_each_role_does_its_job_with_its_own_grant(

@@ -14,7 +14,6 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import pika
 import pytest
 import yaml
 
@@ -22,6 +21,7 @@ from delayq import Topology
 from delayq.cli import main
 from delayq.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
+from tests.amqp import depth
 
 pytestmark = pytest.mark.integration
 
@@ -78,14 +78,6 @@ def one_error_line(run: Run | subprocess.CompletedProcess[str], code: int, *expe
     for text in expected:
         assert text in errors[0], (text, errors[0])
     return errors[0]
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def with_password(url: str, password: str) -> str:

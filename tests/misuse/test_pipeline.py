@@ -25,6 +25,7 @@ from delayq.bulk import RejectionLimit
 from delayq.localnode import LocalNode
 from delayq.parked import H_REPLAYED_AT
 from delayq.sync import Publisher, apply_topology, parking
+from tests.amqp import depth
 from tests.waiting import wait_for
 
 # --- helpers --------------------------------------------------------------------------------
@@ -43,14 +44,6 @@ def write(topology: Topology, tmp_path: Path) -> Path:
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
     return path
-
-
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def park(url: str, queue: str, ids: list[str], routing_key: str = "job.x") -> None:

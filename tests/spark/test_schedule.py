@@ -25,6 +25,7 @@ from delayq.bulk import key_message_id
 from delayq.idempotency import InMemoryStore
 from delayq.spark import schedule
 from delayq.sync import apply_topology
+from tests.amqp import depth
 from tests.waiting import wait_for as wait_until
 
 ROWS = 10_000
@@ -211,16 +212,6 @@ def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
     assert reasons["later"]["error"] == "DelayTooLong"
     assert reasons["garbage"]["error"] == "InvalidDelay"
     assert "not a timestamp" in reasons["garbage"]["reason"]
-
-
-def depth(url: str, queue: str) -> int:
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def read_errors(path: Path) -> list[dict[str, Any]]:
