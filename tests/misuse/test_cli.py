@@ -327,3 +327,18 @@ def test_two_brokers_named_for_one_purge_purge_neither(applied, rabbitmq_url, de
     )
     one_error_line(run, 2, "different values")
     nothing_lost(rabbitmq_url, topo, queue)
+
+
+def test_stats_with_a_management_url_that_does_not_answer_is_refused(
+    applied, rabbitmq_url, delayq
+):
+    """An explicit --management-url that does not answer was replaced by AMQP counts
+    (ready only) under the same table: the figures asked for are refused, not swapped."""
+    _, path, _ = applied
+    dead_api = f"http://guest:{SECRET}@127.0.0.1:1/"
+    run = delayq("stats", "--file", str(path), "--management-url", dead_api, env_url=rabbitmq_url)
+    one_error_line(run, 1, "management API asked for did not answer", "--no-management")
+    assert run.stdout == ""
+    # Without the option the same command counts over AMQP (or the API it finds).
+    counted = delayq("stats", "--file", str(path), "--no-management", env_url=rabbitmq_url)
+    assert counted.returncode == 0, counted.stderr

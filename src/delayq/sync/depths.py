@@ -11,7 +11,7 @@ from __future__ import annotations
 import pika.exceptions as pex
 
 from delayq.depths import Depth
-from delayq.errors import ConnectionFailed, DelayqError
+from delayq.errors import ConnectionFailed, DelayqError, ManagementUnavailable
 from delayq.management import ManagementAPI
 from delayq.sync._broker import ManagementChoice, Reach, reach_management, url_vhost
 from delayq.sync._connection import (
@@ -91,11 +91,22 @@ def queue_depths(
     channels = Channels(connection)
     try:
         reach = reach_management(management, connection)
+        if reach.failed:
+            # Asked for by name: counting some other way would pass off other figures
+            # (ready only, no unacked) as the ones asked for.
+            raise ManagementUnavailable(
+                f"the management API asked for did not answer: {reach.detail}; drop "
+                "--management-url (or give --no-management) to count over AMQP"
+            )
         if reach.api is not None:
             try:
                 depths = _by_api(reach.api, vhost, queues, channels)
                 return depths, f"management API {reach.api.url} (vhost {vhost!r})"
             except DelayqError as exc:
+                if isinstance(management, ManagementAPI) or (
+                    isinstance(management, ManagementChoice) and management.explicit
+                ):
+                    raise
                 reach = Reach(None, str(exc))
         source = f"AMQP passive declares on {redact(resolved)} (management API: {reach.detail})"
         return _by_amqp(channels, queues), source
