@@ -43,6 +43,7 @@ __all__ = [
     "SQLiteStore",
     "StoreOp",
     "TransactionalStore",
+    "answer_op",
     "call_in_transaction",
     "check_transactional",
     "closed_error",
@@ -173,6 +174,15 @@ def run_ops(store: IdempotencyStore, ops: Sequence[StoreOp]) -> list[ClaimStatus
         raise
     except Exception as exc:
         raise store_error(store, exc) from exc
+
+
+def answer_op(store: IdempotencyStore, op: StoreOp) -> ClaimStatus | StoreError | None:
+    """What :func:`run_ops` gives for ``op`` alone, or its :class:`StoreError` (the answer
+    a delivery flow is sent for a store step: see :mod:`delayq.consume.flow`)."""
+    try:
+        return run_ops(store, [op])[0]
+    except StoreError as exc:
+        return exc
 
 
 def closed_error(store: object) -> StoreError:

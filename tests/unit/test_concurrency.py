@@ -22,7 +22,6 @@ from delayq.delivery import (
 )
 from delayq.errors import InvalidInput
 from delayq.handlers import check_handler, plain_result
-from delayq.idempotency import Claim
 from delayq.sync._threads import HandlerThreads, Job
 
 TOPOLOGY = Topology(
@@ -68,7 +67,7 @@ def test_worker_passes_concurrency_to_plain_and_coroutine_handlers() -> None:
 def _job(call: Any, n: int = 0) -> Job:
     delivery = Delivery(queue="work", body=b"", routing_key="job.x", message_id=f"m{n}",
                         content_type=None, headers={})
-    return Job(None, n, delivery, 0, Claim(f"m{n}", 1000, 0), False, call)
+    return Job(None, delivery, 0, None, call)
 
 
 def _overrun(pool: HandlerThreads, count: int) -> list[Job]:

@@ -16,31 +16,41 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Protocol
 
-from aio_pika.abc import AbstractIncomingMessage
-
-__all__ = ["AckCoalescer"]
+__all__ = ["AckCoalescer", "Settleable"]
 
 log = logging.getLogger("delayq.consumer")
+
+
+class Settleable(Protocol):
+    """A delivery as the coalescer settles it: aio-pika's incoming message, or the
+    memory broker's handle on one (:class:`delayq.testing.aio.BrokerHandle`)."""
+
+    @property
+    def delivery_tag(self) -> int | None: ...
+
+    async def ack(self, multiple: bool = False) -> None: ...
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
 
 
 class AckCoalescer:
     """Tracks one channel's outstanding deliveries in delivery order."""
 
     def __init__(self) -> None:
-        self._outstanding: OrderedDict[int, AbstractIncomingMessage] = OrderedDict()
-        self._to_ack: dict[int, AbstractIncomingMessage] = {}
+        self._outstanding: OrderedDict[int, Settleable] = OrderedDict()
+        self._to_ack: dict[int, Settleable] = {}
         self._scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
 
-    def track(self, message: AbstractIncomingMessage) -> None:
+    def track(self, message: Settleable) -> None:
         """Call when a delivery arrives (deliveries arrive in delivery-tag order)."""
         tag = message.delivery_tag
         if tag is not None:
             self._outstanding[tag] = message
 
-    def ack(self, message: AbstractIncomingMessage) -> None:
+    def ack(self, message: Settleable) -> None:
         """Ack ``message`` at the end of this loop turn."""
         tag = message.delivery_tag
         if tag is None or self._outstanding.get(tag) is not message:
@@ -51,11 +61,11 @@ class AckCoalescer:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    async def nack(self, message: AbstractIncomingMessage, *, requeue: bool) -> None:
+    async def nack(self, message: Settleable, *, requeue: bool) -> None:
         self.forget(message)
         await message.nack(requeue=requeue)
 
-    def forget(self, message: AbstractIncomingMessage) -> None:
+    def forget(self, message: Settleable) -> None:
         """A delivery that will never be settled here (its handler was cancelled at
         shutdown): the broker requeues it when the channel closes."""
         tag = message.delivery_tag
@@ -64,7 +74,7 @@ class AckCoalescer:
 
     def _flush(self) -> None:
         self._scheduled = False
-        last: AbstractIncomingMessage | None = None
+        last: Settleable | None = None
         outstanding, to_ack = self._outstanding, self._to_ack
         while outstanding:
             tag = next(iter(outstanding))

@@ -64,6 +64,16 @@ class StoreBatcher:
         assert status is not None
         return status
 
+    async def answer(self, op: StoreOp) -> ClaimStatus | StoreError | None:
+        """``op``'s result or its :class:`StoreError`: the answer to a delivery flow's
+        store step (see :mod:`delayq.consume.flow`)."""
+        try:
+            if isinstance(op, Claim):
+                return await self.claim(op.key, lease_ms=op.lease_ms, now_ms=op.now_ms)
+            return await self._submit(op)
+        except StoreError as exc:
+            return exc
+
     async def complete(self, key: str, *, now_ms: int) -> None:
         await self._submit(Complete(key, now_ms))
 

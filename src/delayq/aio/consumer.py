@@ -14,50 +14,43 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
-import random
 import signal
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, cast
 
 import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-from pydantic import BaseModel
 
-from delayq.aio._acks import AckCoalescer
+from delayq.aio._acks import AckCoalescer, Settleable
 from delayq.aio._connection import close_quietly, connect, translate_channel_error
 from delayq.aio._store import StoreBatcher
 from delayq.aio.ensure import ensure_topology
 from delayq.aio.publisher import AsyncPublisher
-from delayq.delivery import (
-    RECONNECT_MAX_S,
-    RECONNECT_MIN_S,
-    STALL_CHECK_S,
-    ConsumeSettings,
-    Decision,
-    Delivery,
-    DeliveryPlanner,
-    Undecodable,
-    decode_body,
-    idempotency_key,
-    is_fresh,
+from delayq.consume.base import ConsumerBase
+from delayq.consume.flow import (
+    Ack,
+    Answer,
+    Flow,
+    GiveUp,
+    HandlerEnded,
+    Publish,
+    PutBack,
+    RunHandler,
+    advance,
+    delivery_flow,
 )
-from delayq.envelope import epoch_ms
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, PublishError, StoreError
-from delayq.handlers import check_handler, is_coroutine_handler, plain
+from delayq.delivery import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S, Delivery, is_fresh
+from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
+from delayq.handlers import is_coroutine_handler, plain
 from delayq.idempotency import (
-    ClaimStatus,
+    Claim,
     IdempotencyStore,
     TransactionalStore,
     call_in_transaction,
-    check_transactional,
 )
-from delayq.key_scope import KeyScope
 from delayq.logcontext import bound_delivery
-from delayq.observe import DeliveryObserver, Observers, monotonic_ms
-from delayq.retry import RetryPolicy
-from delayq.stats import ConsumerStats
-from delayq.topology import Topology
-from delayq.urls import redact, resolve_url, resolved_memory_name
+from delayq.observe import monotonic_ms
+from delayq.urls import resolved_memory_name
 
 __all__ = ["AsyncConsumer"]
 
@@ -78,7 +71,7 @@ class _HandlerCut(Exception):
         self.running = running
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerBase):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = AsyncConsumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -98,68 +91,22 @@ class AsyncConsumer:
             return super().__new__(AsyncMemoryConsumer)
         return super().__new__(cls)
 
-    def __init__(
-        self,
-        url: str | None,
-        topology: Topology,
-        queue: str,
-        handler: Handler,
-        *,
-        policy: RetryPolicy | None = None,
-        store: IdempotencyStore | None = None,
-        key: Callable[[Any], str] | None = None,
-        key_scope: KeyScope | str = KeyScope.QUEUE,
-        model: type[BaseModel] | None = None,
-        prefetch: int = 50,
-        concurrency: int | None = None,
-        handler_timeout: object = "5m",
-        lease: object = None,
-        retention: object = "7d",
-        non_retryable: tuple[type[BaseException], ...] = (),
-        transactional: bool = False,
-        observers: Iterable[DeliveryObserver] = (),
-        clock_ms: Callable[[], int] = epoch_ms,
-        rng: random.Random | None = None,
-        scrubber: Callable[[str], str] | None = None,
-    ) -> None:
-        check_handler(handler, sync=False)
-        if transactional:
-            check_transactional(store, handler)
-        settings = ConsumeSettings.parse(
-            prefetch=prefetch,
-            handler_timeout=handler_timeout,
-            lease=lease,
-            retention=retention,
-            concurrency=concurrency,
-        )
-        self._url = resolve_url(url)
-        self.topology = topology
-        self.queue = queue
+    _sync: ClassVar[bool] = False
+    _name: ClassVar[str] = "AsyncConsumer"
+
+    def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         self._is_async = is_coroutine_handler(handler)
-        if transactional and self._is_async:
+        if self._transactional and self._is_async:
             raise InvalidInput(
                 "a transactional handler is a plain function `handler(body, tx)` (its "
                 "__call__ is a coroutine here): it runs in a thread with the transaction"
             )
         # A plain handler that returns a coroutine ran nothing: that fails the delivery.
         self._handler: Handler = handler if self._is_async else plain(handler)
-        self._planner = DeliveryPlanner(
-            topology,
-            queue,
-            policy=policy,
-            non_retryable=non_retryable,
-            clock_ms=clock_ms,
-            rng=rng,
-            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
-        )
         self._store = None if store is None else StoreBatcher(store)
-        self._transactional = transactional
-        self._key = key
-        self._key_scope = KeyScope.parse(key_scope)
-        self._model = model
-        self._prefetch = prefetch
         # The prefetch already bounds what runs at once; a semaphore only for less.
-        limit = settings.concurrency
+        limit = self._settings.concurrency
+        prefetch = self._prefetch
         self._slots = asyncio.Semaphore(limit) if limit is not None and limit < prefetch else None
         self._cautious = False
         self._widening: asyncio.Task[None] | None = None
@@ -169,13 +116,8 @@ class AsyncConsumer:
         self._watchdog: asyncio.Task[None] | None = None
         self._stall_guard: asyncio.Task[None] | None = None
         self._last_delivery = 0.0
-        self._timeout_ms = settings.handler_timeout_ms
-        self._lease_ms = settings.lease_ms
-        self._settings = settings
         self._pruner: asyncio.Task[None] | None = None
-        self._return_pause_s = 1.0
-        self._clock_ms = clock_ms
-        self._publisher = AsyncPublisher(self._url, topology, clock_ms=clock_ms)
+        self._publisher = AsyncPublisher(self._url, self.topology, clock_ms=self._clock_ms)
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
@@ -185,11 +127,6 @@ class AsyncConsumer:
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self.stats = ConsumerStats()
-        self._observers = Observers(observers)
-
-    def __repr__(self) -> str:
-        return f"AsyncConsumer(url={redact(self._url)!r}, queue={self.queue!r})"
 
     # Life cycle ---------------------------------------------------------------
 
@@ -375,29 +312,6 @@ class AsyncConsumer:
             self._on_lost(channel, exc)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_flight.add(task)
-        self._acks.track(message)
-        self._last_delivery = asyncio.get_running_loop().time()
-        if self._cautious and is_fresh(message.redelivered, message.headers):
-            self._cautious = False
-            self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
-        try:
-            if self._slots is None:
-                await self._process(message)
-            else:
-                async with self._slots:
-                    await self._process(message)
-        except asyncio.CancelledError:
-            self._acks.forget(message)  # back to the queue when the channel closes
-            raise
-        finally:
-            if task is not None:
-                self._in_flight.discard(task)
-
-    async def _process(self, message: AbstractIncomingMessage) -> None:
-        received_ms = self._clock_ms()
         delivery = Delivery(
             queue=self.queue,
             body=message.body,
@@ -407,70 +321,78 @@ class AsyncConsumer:
             headers=message.headers or {},
             redelivered=bool(message.redelivered),
         )
-        # Each delivery runs in a task of its own, so the binding stays with it; threads
-        # for plain handlers get a copy of it (see delayq.logcontext).
-        with bound_delivery(delivery):
-            await self._handle(message, delivery, received_ms)
+        await self._on_delivery(message, delivery)
 
-    async def _handle(
-        self, message: AbstractIncomingMessage, delivery: Delivery, received_ms: int
-    ) -> None:
+    async def _on_delivery(self, message: Settleable, delivery: Delivery) -> None:
+        """One delivery, in a task of its own, from its arrival to its settlement."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        self._acks.track(message)
+        self._last_delivery = asyncio.get_running_loop().time()
+        if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
+            self._cautious = False
+            self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
         try:
-            value = decode_body(delivery, self._model)
-            key = idempotency_key(
-                value, delivery, self._key, required=self._transactional, scope=self._key_scope
-            )
-        except Undecodable as exc:
-            decision = self._planner.undecodable(delivery, exc)
-            await self._perform(message, decision, delivery, received_ms)
-            return
-        limited = self._planner.over_delivery_limit(delivery)
-        if limited is not None:  # crashed its consumers too often (see H_RETURNS)
-            await self._perform(message, limited, delivery, received_ms)
-            return
-        store = self._store if key is not None else None
-        lease_until = 0
-        if store is not None and key is not None:
-            now = self._clock_ms()
-            lease_until = now + self._lease_ms
-            try:
-                status = await store.claim(key, lease_ms=self._lease_ms, now_ms=now)
-            except StoreError as exc:
-                await self._return(message, f"claiming its key failed: {exc}")
+            # The task's logging binding stays with it; threads for plain handlers get a
+            # copy of it (see delayq.logcontext).
+            with bound_delivery(delivery):
+                if self._slots is None:
+                    await self._handle(message, delivery, self._clock_ms())
+                else:
+                    async with self._slots:
+                        await self._handle(message, delivery, self._clock_ms())
+        except asyncio.CancelledError:
+            self._acks.forget(message)  # back to the queue when the channel closes
+            raise
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+    async def _handle(self, message: Settleable, delivery: Delivery, received_ms: int) -> None:
+        """Drive the delivery's flow (:mod:`delayq.consume.flow`) to its settlement."""
+        flow = delivery_flow(delivery, self._flow_context)
+        answer: Answer = None
+        while True:
+            step = advance(flow, answer)
+            if isinstance(step, RunHandler):
+                answer = await self._run_handler(step, flow)
+            elif isinstance(step, Publish):
+                answer = await self._republish(step)
+            elif isinstance(step, Ack):
+                self._acks.ack(message)
+                self._settled(delivery, step, received_ms)
                 return
-            if status is ClaimStatus.DONE:
-                decision = self._planner.duplicate()
-                await self._perform(message, decision, delivery, received_ms)
+            elif isinstance(step, PutBack):
+                self._putting_back(delivery, step.why)
+                await asyncio.sleep(self._return_pause_s)
+                await self._acks.nack(message, requeue=True)
                 return
-            if status is ClaimStatus.BUSY:
-                decision = self._planner.deferred(delivery)
-                await self._perform(message, decision, delivery, received_ms)
-                return
+            elif isinstance(step, GiveUp):
+                raise step.error  # cancelled (stop, connection lost): back to the queue
+            else:
+                assert self._store is not None
+                answer = await self._store.answer(step)
+
+    async def _run_handler(self, step: RunHandler, flow: Flow) -> HandlerEnded:
         started = monotonic_ms()
         try:
-            await self._call_handler(value, key, lease_until)
+            await self._call_handler(step.value, step.claim)
         except _HandlerCut as cut:
-            if store is not None and key is not None:
-                self._finish_cut(cut.running, store, key)
+            flow.close()
+            if step.claim is not None:
+                self._finish_cut(cut.running, step.claim.key)
             raise asyncio.CancelledError from None
-        except asyncio.CancelledError:
-            if store is not None and key is not None:
-                await self._release(store, key)
-            raise  # shutting down: the delivery goes back to the queue unacked
-        except Exception as exc:
-            if store is not None and key is not None:
-                await self._release(store, key)
-            decision = self._planner.failure(delivery, exc)
-            await self._perform(message, decision, delivery, received_ms, monotonic_ms() - started)
-            return
-        if store is not None and key is not None and not self._transactional:
-            try:
-                await store.complete(key, now_ms=self._clock_ms())
-            except StoreError as exc:
-                await self._return(message, f"recording its key as done failed: {exc}")
-                return
-        handler_ms = monotonic_ms() - started
-        await self._perform(message, self._planner.success(), delivery, received_ms, handler_ms)
+        except BaseException as exc:  # the flow gives the claim back, then decides
+            return HandlerEnded(exc, monotonic_ms() - started)
+        return HandlerEnded(None, monotonic_ms() - started)
+
+    async def _republish(self, step: Publish) -> DelayqError | None:
+        try:
+            await self._publisher.send(step.message)
+        except DelayqError as exc:
+            return exc
+        return None
 
     async def _release(self, store: StoreBatcher, key: str) -> None:
         try:
@@ -478,9 +400,11 @@ class AsyncConsumer:
         except StoreError as exc:  # the claim's lease ends by itself
             log.warning("releasing key %r failed: %s", key, exc)
 
-    def _finish_cut(self, running: asyncio.Future[Any], store: StoreBatcher, key: str) -> None:
+    def _finish_cut(self, running: asyncio.Future[Any], key: str) -> None:
         """When a cut handler thread ends, record its key (or give the claim back if it
         failed), so the redelivery is a skipped duplicate rather than a second effect."""
+        store = self._store
+        assert store is not None
 
         async def finish() -> None:
             try:
@@ -517,7 +441,7 @@ class AsyncConsumer:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return asyncio.get_running_loop().run_in_executor(self._handler_threads, call)
 
-    async def _call_handler(self, value: Any, key: str | None, lease_until: int) -> None:
+    async def _call_handler(self, value: Any, claim: Claim | None) -> None:
         """Run the handler; the watchdog cancels it past ``handler_timeout``."""
         task = asyncio.current_task()
         assert task is not None
@@ -525,14 +449,14 @@ class AsyncConsumer:
         running: asyncio.Future[Any] | None = None
         try:
             if self._transactional:
-                assert self._store is not None and key is not None
+                assert self._store is not None and claim is not None
                 running = self._in_thread(
                     call_in_transaction,
                     cast(TransactionalStore, self._store.store),
                     cast(TransactionalHandler, self._handler),
                     value,
-                    key=key,
-                    lease_until_ms=lease_until,
+                    key=claim.key,
+                    lease_until_ms=claim.lease_until_ms,
                     now_ms=self._clock_ms(),
                 )
                 await asyncio.shield(running)
@@ -594,37 +518,3 @@ class AsyncConsumer:
                 del self._deadlines[task]
                 self._timed_out.add(task)
                 task.cancel()
-
-    async def _return(self, message: AbstractIncomingMessage, why: str) -> None:
-        """Put a delivery back on the queue: its fate could not be made safe now."""
-        log.error("returning %s to %s: %s", message.message_id, self.queue, why)
-        self.stats.returned += 1
-        await asyncio.sleep(self._return_pause_s)
-        await self._acks.nack(message, requeue=True)
-
-    async def _perform(
-        self,
-        message: AbstractIncomingMessage,
-        decision: Decision,
-        delivery: Delivery,
-        received_ms: int,
-        handler_ms: float | None = None,
-    ) -> None:
-        if decision.message is not None:
-            try:
-                await self._publisher.send(decision.message)
-            except (PublishError, DelayqError) as exc:
-                # Not safely elsewhere: back to the queue (the broker's delivery
-                # limit dead-letters it if this keeps happening).
-                await self._return(message, f"its republish was not confirmed: {exc}")
-                return
-        self._acks.ack(message)
-        self.stats.record(decision)
-        if self._observers:
-            self._observers.emit(
-                delivery,
-                decision,
-                received_at_ms=received_ms,
-                settled_at_ms=self._clock_ms(),
-                handler_ms=handler_ms,
-            )

@@ -1,11 +1,12 @@
-"""What the blocking consumer does with a delivery, from its arrival to its settling.
+"""The blocking consumers' driver of the delivery flow (:mod:`delayq.consume.flow`).
 
 Everything here runs in the connection's thread (pika's BlockingConnection is not
-thread-safe): decoding, the store's claim, starting the handler in a thread
-(:mod:`delayq.sync._threads`), then, when the handler has ended or overrun its
-timeout, the store's complete or release, the republish and the ack. An outcome
-from a channel that has since been lost is not acked on the new one (its tag would
-name another delivery): the broker has the message back already.
+thread-safe): the flow's store steps, the republish and the ack. Only the handler
+runs elsewhere, in a thread of :mod:`delayq.sync._threads`; when it ends (or
+overruns its timeout) the connection's thread sends the flow what came of it and
+drives it to its settlement. A delivery from a channel that has since been lost
+is not settled on the new one (its tag would name another delivery): the broker
+has the message back already.
 """
 
 from __future__ import annotations
@@ -17,73 +18,77 @@ import threading
 import time
 from collections.abc import Callable
 from queue import Empty
-from typing import Any, cast
+from typing import Any, ClassVar, Protocol, cast
 
-import pika
-from pydantic import BaseModel
-
-from delayq.delivery import (
-    ConsumeSettings,
-    Decision,
-    Delivery,
-    DeliveryPlanner,
-    Undecodable,
-    decode_body,
-    idempotency_key,
+from delayq.consume.base import ConsumerBase
+from delayq.consume.flow import (
+    Ack,
+    Answer,
+    Flow,
+    GiveUp,
+    HandlerEnded,
+    Publish,
+    PutBack,
+    RunHandler,
+    Settlement,
+    advance,
+    delivery_flow,
 )
+from delayq.delivery import Delivery
 from delayq.errors import DelayqError, HandlerTimeout, StoreError
+from delayq.handlers import plain
 from delayq.idempotency import (
-    Claim,
-    ClaimStatus,
-    Complete,
     IdempotencyStore,
-    Release,
     TransactionalStore,
+    answer_op,
     call_in_transaction,
-    run_ops,
     store_error,
 )
-from delayq.key_scope import KeyScope
 from delayq.logcontext import bound_delivery
-from delayq.observe import Observers
-from delayq.stats import ConsumerStats
 from delayq.sync._threads import HandlerThreads, Job
 from delayq.sync.publisher import Publisher
 
-__all__ = ["DeliveryFlow", "Incoming"]
+__all__ = ["DeliveryFlow", "Incoming", "Settler"]
 
 log = logging.getLogger("delayq.consumer")
 
-Incoming = tuple[Any, Any, pika.BasicProperties, bytes]
-"""A delivery not yet started: (channel, method, properties, body)."""
+
+class Settler(Protocol):
+    """Where a delivery came from, and how it is settled there."""
+
+    @property
+    def current(self) -> bool:
+        """Whether it can still be settled (its channel is the consumer's channel)."""
+        ...
+
+    def ack(self) -> None: ...
+
+    def requeue(self) -> None: ...
 
 
-class DeliveryFlow:
-    """The delivery steps of :class:`~delayq.sync.Consumer` (which sets these attributes)."""
+Incoming = tuple[Settler, Delivery]
+"""A delivery not yet started, and where to settle it."""
 
-    queue: str
-    stats: ConsumerStats
-    _handler: Callable[..., Any]
-    _planner: DeliveryPlanner
+
+class DeliveryFlow(ConsumerBase):
+    """The delivery steps of :class:`~delayq.sync.Consumer` and its memory twin."""
+
+    _sync: ClassVar[bool] = True
+    _handler: Callable[..., None]
     _store: IdempotencyStore | None
-    _transactional: bool
-    _key: Callable[[Any], str] | None
-    _key_scope: KeyScope
-    _model: type[BaseModel] | None
-    _settings: ConsumeSettings
-    _timeout_ms: int
-    _lease_ms: int
-    _next_prune: float
-    _return_pause_s: float
-    _clock_ms: Callable[[], int]
     _publisher: Publisher
-    _connection: pika.BlockingConnection | None
-    _channel: Any
     _pending: collections.deque[Incoming]
     _threads: HandlerThreads
     _fatal: BaseException | None
     _stop: threading.Event
-    _observers: Observers
+    _next_prune: float
+
+    def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
+        self._handler = plain(handler)  # a coroutine it returns fails the delivery
+        self._store = store
+
+    def _pause_before_requeue(self) -> None:
+        """Wait a moment before a delivery goes back (the adapter keeps heartbeats)."""
 
     def _prune_when_due(self) -> None:
         """Forget keys past the retention period, every tenth of it (at most 10 min)."""
@@ -104,79 +109,84 @@ class DeliveryFlow:
             if job is not None:
                 self._threads.submit(job)
 
-    def _begin(
-        self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
-    ) -> Job | None:
-        """Decode and claim a delivery; a :class:`Job` to run its handler, or ``None``
+    def _begin(self, settler: Settler, delivery: Delivery) -> Job | None:
+        """Start the flow of a delivery: a :class:`Job` to run its handler, or ``None``
         when it is settled already (undecodable, duplicate, deferred, store down)."""
         received_ms = self._clock_ms()
-        tag = method.delivery_tag
-        delivery = Delivery(
-            queue=self.queue,
-            body=body,
-            routing_key=method.routing_key or "",
-            message_id=props.message_id,
-            content_type=props.content_type,
-            headers=props.headers or {},
-            redelivered=bool(method.redelivered),
-        )
         with bound_delivery(delivery):
-            try:
-                value = decode_body(delivery, self._model)
-                key = idempotency_key(
-                    value, delivery, self._key, required=self._transactional, scope=self._key_scope
-                )
-            except Undecodable as exc:
-                decision = self._planner.undecodable(delivery, exc)
-                self._perform(channel, tag, decision, delivery, received_ms)
+            flow = delivery_flow(delivery, self._flow_context)
+            step = self._drive(flow, None, settler, delivery, received_ms)
+            if step is None:
                 return None
-            limited = self._planner.over_delivery_limit(delivery)
-            if limited is not None:  # crashed its consumers too often (see H_RETURNS)
-                self._perform(channel, tag, limited, delivery, received_ms)
-                return None
-            store = self._store if key is not None else None
-            claim = Claim(key or "", self._lease_ms, self._clock_ms())
-            if store is not None:
-                try:
-                    status = run_ops(store, [claim])[0]
-                except StoreError as exc:
-                    why = f"claiming its key failed: {exc}"
-                    self._return(channel, tag, delivery.message_id, why)
-                    return None
-                if status is ClaimStatus.DONE:
-                    decision = self._planner.duplicate()
-                    self._perform(channel, tag, decision, delivery, received_ms)
-                    return None
-                if status is ClaimStatus.BUSY:
-                    decision = self._planner.deferred(delivery)
-                    self._perform(channel, tag, decision, delivery, received_ms)
-                    return None
             # The job's context is copied here: the handler's thread logs with this
             # delivery's fields (see delayq.logcontext).
-            return Job(
-                channel,
-                tag,
-                delivery,
-                received_ms,
-                claim,
-                store is not None,
-                self._handler_call(value, claim),
-            )
+            return Job(settler, delivery, received_ms, flow, self._handler_call(step))
 
-    def _handler_call(self, value: Any, claim: Claim) -> Callable[[], None]:
-        """The handler's call for ``value``: within the store's transaction for a
-        transactional consumer, which marks ``claim``'s key done in the same commit."""
+    def _handler_call(self, step: RunHandler) -> Callable[[], None]:
+        """The handler's call: within the store's transaction for a transactional
+        consumer, which marks the claimed key done in the same commit."""
         if self._transactional:
+            claim = step.claim
+            assert claim is not None  # a transactional consumer requires a key and a store
             return functools.partial(
                 call_in_transaction,
                 cast(TransactionalStore, self._store),
                 self._handler,
-                value,
+                step.value,
                 key=claim.key,
                 lease_until_ms=claim.lease_until_ms,
                 now_ms=self._clock_ms(),
             )
-        return functools.partial(self._handler, value)
+        return functools.partial(self._handler, step.value)
+
+    def _drive(
+        self,
+        flow: Flow,
+        answer: Answer,
+        settler: Settler,
+        delivery: Delivery,
+        received_ms: int,
+    ) -> RunHandler | None:
+        """Do the flow's steps here up to its handler (returned) or its settlement."""
+        while True:
+            step = advance(flow, answer)
+            if isinstance(step, RunHandler):
+                return step
+            if isinstance(step, Publish):
+                if not settler.current:  # its channel is gone: the broker has it back
+                    flow.close()
+                    return None
+                answer = self._republish(step)
+            elif isinstance(step, (Ack, PutBack, GiveUp)):
+                self._settle(step, settler, delivery, received_ms)
+                return None
+            else:
+                assert self._store is not None
+                answer = answer_op(self._store, step)
+
+    def _republish(self, step: Publish) -> DelayqError | None:
+        try:
+            self._publisher.send(step.message)
+        except DelayqError as exc:
+            return exc
+        return None
+
+    def _settle(
+        self, settlement: Settlement, settler: Settler, delivery: Delivery, received_ms: int
+    ) -> None:
+        if isinstance(settlement, GiveUp):
+            # SystemExit & co: stop as asked; the delivery goes back unacked.
+            self._fatal = self._fatal or settlement.error
+            self._stop.set()
+        elif not settler.current:
+            return  # a lost channel's delivery: its key is recorded, its tag is void
+        elif isinstance(settlement, Ack):
+            settler.ack()  # by tag, never multiple: handlers end in any order
+            self._settled(delivery, settlement, received_ms)
+        else:
+            self._putting_back(delivery, settlement.why)
+            self._pause_before_requeue()
+            settler.requeue()
 
     def _settle_finished(self) -> None:
         while True:
@@ -202,82 +212,5 @@ class DeliveryFlow:
 
     def _finish(self, job: Job) -> None:
         """Settle a job whose handler ended (or was abandoned past its timeout)."""
-        store = self._store if job.keyed else None
-        current = job.channel is self._channel
-        error = job.error
-        if error is not None:
-            if store is not None:
-                try:
-                    run_ops(store, [Release(job.claim.key)])
-                except StoreError as release_error:  # the claim's lease ends by itself
-                    log.warning("releasing key %r failed: %s", job.claim.key, release_error)
-            if not isinstance(error, Exception):
-                # SystemExit & co: stop as asked; the delivery goes back unacked.
-                self._fatal = self._fatal or error
-                self._stop.set()
-                return
-            if current:
-                decision = self._planner.failure(job.delivery, error)
-                self._perform(
-                    job.channel, job.tag, decision, job.delivery, job.received_ms, job.handler_ms
-                )
-            return
-        if store is not None and not self._transactional:
-            try:
-                run_ops(store, [Complete(job.claim.key, self._clock_ms())])
-            except StoreError as exc:
-                why = f"recording its key as done failed: {exc}"
-                self._return(job.channel, job.tag, job.delivery.message_id, why)
-                return
-        # A job from a lost channel: its key is recorded (the redelivery is a
-        # duplicate), its tag means nothing on the new channel.
-        if current:
-            self._perform(
-                job.channel,
-                job.tag,
-                self._planner.success(),
-                job.delivery,
-                job.received_ms,
-                job.handler_ms,
-            )
-
-    def _return(self, channel: Any, tag: int, message_id: str | None, why: str) -> None:
-        """Put a delivery back on the queue: its fate could not be made safe now."""
-        if channel is not self._channel:
-            return  # its channel is gone: the broker has it back already
-        log.error("returning %s to %s: %s", message_id, self.queue, why)
-        self.stats.returned += 1
-        if self._connection is not None:
-            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
-        channel.basic_nack(tag, requeue=True)
-
-    def _perform(
-        self,
-        channel: Any,
-        tag: int,
-        decision: Decision,
-        delivery: Delivery,
-        received_ms: int,
-        handler_ms: float | None = None,
-    ) -> None:
-        if channel is not self._channel:
-            return
-        if decision.message is not None:
-            try:
-                self._publisher.send(decision.message)
-            except DelayqError as exc:
-                # Not safely elsewhere: back to the queue (the broker's delivery
-                # limit dead-letters it if this keeps happening).
-                why = f"its republish was not confirmed: {exc}"
-                self._return(channel, tag, decision.message.message_id, why)
-                return
-        channel.basic_ack(tag)  # by tag, never multiple: handlers end in any order
-        self.stats.record(decision)
-        if self._observers:
-            self._observers.emit(
-                delivery,
-                decision,
-                received_at_ms=received_ms,
-                settled_at_ms=self._clock_ms(),
-                handler_ms=handler_ms,
-            )
+        ended = HandlerEnded(job.error, job.handler_ms)
+        self._drive(job.flow, ended, job.settler, job.delivery, job.received_ms)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.delivery import Delivery
-from delayq.idempotency import Claim
 
 __all__ = ["HandlerThreads", "Job"]
 
@@ -33,14 +32,12 @@ __all__ = ["HandlerThreads", "Job"]
 class Job:
     """One delivery whose handler runs in a thread, and what came of it."""
 
-    channel: Any
-    """The channel the delivery came on: after a reconnect its tag means nothing."""
-    tag: int
+    settler: Any
+    """Where the delivery came from (after a reconnect it cannot be settled there)."""
     delivery: Delivery
     received_ms: int
-    claim: Claim
-    keyed: bool
-    """Whether ``claim`` is held in the store (release or complete it afterwards)."""
+    flow: Any
+    """The delivery's flow (:mod:`delayq.consume.flow`), waiting for the handler's end."""
     call: Callable[[], object]
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
     started: float = 0.0

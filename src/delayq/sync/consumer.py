@@ -17,38 +17,26 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 import pika
 import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
-from pydantic import BaseModel
 
 from delayq.delivery import (
     RECONNECT_MAX_S,
     RECONNECT_MIN_S,
     STALL_CHECK_S,
-    ConsumeSettings,
-    DeliveryPlanner,
+    Delivery,
     is_fresh,
 )
-from delayq.envelope import epoch_ms
 from delayq.errors import DelayqError
-from delayq.handlers import check_handler, plain
-from delayq.idempotency import (
-    IdempotencyStore,
-    check_transactional,
-)
-from delayq.key_scope import KeyScope
-from delayq.observe import DeliveryObserver, Observers
-from delayq.retry import RetryPolicy
-from delayq.stats import ConsumerStats
+from delayq.idempotency import IdempotencyStore
 from delayq.sync._connection import (
     CONNECTION_ERRORS,
     close_quietly,
@@ -59,8 +47,7 @@ from delayq.sync._deliveries import DeliveryFlow, Incoming
 from delayq.sync._threads import HandlerThreads
 from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
-from delayq.topology import Topology
-from delayq.urls import redact, resolve_url, resolved_memory_name
+from delayq.urls import resolved_memory_name
 
 __all__ = ["DEFAULT_CONCURRENCY", "STOP_GRACE_S", "Consumer"]
 
@@ -73,6 +60,25 @@ STOP_GRACE_S = 30.0
 """On a graceful stop, prefetched deliveries still start for this long (as
 :meth:`AsyncConsumer.stop <delayq.aio.AsyncConsumer.stop>` waits for them);
 running handlers finish or reach their ``handler_timeout``."""
+
+
+class _ChannelSettler:
+    """Settles a delivery on the channel it came on, while that is the consumer's."""
+
+    __slots__ = ("_channel", "_consumer", "_tag")
+
+    def __init__(self, consumer: Consumer, channel: Any, tag: int) -> None:
+        self._consumer, self._channel, self._tag = consumer, channel, tag
+
+    @property
+    def current(self) -> bool:
+        return self._channel is self._consumer._channel
+
+    def ack(self) -> None:
+        self._channel.basic_ack(self._tag)
+
+    def requeue(self) -> None:
+        self._channel.basic_nack(self._tag, requeue=True)
 
 
 class StalledConsumer(Exception):
@@ -120,69 +126,15 @@ class Consumer(DeliveryFlow):
             return super().__new__(MemoryConsumer)
         return super().__new__(cls)
 
-    def __init__(
-        self,
-        url: str | None,
-        topology: Topology,
-        queue: str,
-        handler: Callable[..., Any],
-        *,
-        policy: RetryPolicy | None = None,
-        store: IdempotencyStore | None = None,
-        key: Callable[[Any], str] | None = None,
-        key_scope: KeyScope | str = KeyScope.QUEUE,
-        model: type[BaseModel] | None = None,
-        prefetch: int = 50,
-        concurrency: int | None = None,
-        handler_timeout: object = "5m",
-        lease: object = None,
-        retention: object = "7d",
-        non_retryable: tuple[type[BaseException], ...] = (),
-        transactional: bool = False,
-        observers: Iterable[DeliveryObserver] = (),
-        clock_ms: Callable[[], int] = epoch_ms,
-        rng: random.Random | None = None,
-        scrubber: Callable[[str], str] | None = None,
-    ) -> None:
-        check_handler(handler, sync=True)
-        if transactional:
-            check_transactional(store, handler)
-        settings = ConsumeSettings.parse(
-            prefetch=prefetch,
-            handler_timeout=handler_timeout,
-            lease=lease,
-            retention=retention,
-            concurrency=concurrency,
-        )
-        self._url = resolve_url(url)
-        self.topology = topology
-        self.queue = queue
-        self._handler = plain(handler)  # a coroutine it returns fails the delivery
-        self._planner = DeliveryPlanner(
-            topology,
-            queue,
-            policy=policy,
-            non_retryable=non_retryable,
-            clock_ms=clock_ms,
-            rng=rng,
-            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
-        )
-        self._store = store
-        self._transactional = transactional
-        self._key = key
-        self._key_scope = KeyScope.parse(key_scope)
-        self._model = model
-        self._prefetch = prefetch
-        self.concurrency = settings.concurrency or min(prefetch, DEFAULT_CONCURRENCY)
+    _name: ClassVar[str] = "Consumer"
+
+    def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
+        super()._adapt(handler, store)
+        self.concurrency = self._settings.concurrency or min(self._prefetch, DEFAULT_CONCURRENCY)
         """Handlers running at once, at most."""
-        self._timeout_ms = settings.handler_timeout_ms
-        self._lease_ms = settings.lease_ms
-        self._settings = settings
         self._next_prune = 0.0
-        self._return_pause_s = 1.0
         self._stop_grace_s = STOP_GRACE_S
-        self._clock_ms = clock_ms
-        self._publisher = Publisher(self._url, topology, clock_ms=clock_ms)
+        self._publisher = Publisher(self._url, self.topology, clock_ms=self._clock_ms)
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._consumer_tag: str | None = None
@@ -194,11 +146,10 @@ class Consumer(DeliveryFlow):
         self._fatal: BaseException | None = None
         self._stop = threading.Event()
         self.started = threading.Event()
-        self.stats = ConsumerStats()
-        self._observers = Observers(observers)
 
-    def __repr__(self) -> str:
-        return f"Consumer(url={redact(self._url)!r}, queue={self.queue!r})"
+    def _pause_before_requeue(self) -> None:
+        if self._connection is not None:
+            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
 
     def _new_threads(self) -> HandlerThreads:
         return HandlerThreads(
@@ -262,9 +213,18 @@ class Consumer(DeliveryFlow):
     def _on_message(
         self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
     ) -> None:
-        self._pending.append((channel, method, props, body))
+        delivery = Delivery(
+            queue=self.queue,
+            body=body,
+            routing_key=method.routing_key or "",
+            message_id=props.message_id,
+            content_type=props.content_type,
+            headers=props.headers or {},
+            redelivered=bool(method.redelivered),
+        )
+        self._pending.append((_ChannelSettler(self, channel, method.delivery_tag), delivery))
         self._last_delivery = time.monotonic()
-        if self._cautious and is_fresh(method.redelivered, props.headers):
+        if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
             self._widen = True
 
     def _on_cancelled(self, _frame: Any) -> None:

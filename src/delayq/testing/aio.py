@@ -8,9 +8,7 @@ broker's. Drive them with ``await broker.advance_async("15m")``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
-
-from aio_pika.abc import AbstractIncomingMessage
+from typing import Any
 
 from delayq.aio._acks import AckCoalescer
 from delayq.aio.consumer import AsyncConsumer
@@ -18,12 +16,12 @@ from delayq.aio.publisher import AsyncPublisher
 from delayq.envelope import OutgoingMessage
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
 from delayq.testing.clock import PruneSchedule
-from delayq.testing.model import StoredMessage
+from delayq.testing.model import StoredMessage, delivery_of
 from delayq.testing.sync import _virtual_clock
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
-__all__ = ["AsyncMemoryConsumer", "AsyncMemoryPublisher"]
+__all__ = ["AsyncMemoryConsumer", "AsyncMemoryPublisher", "BrokerHandle"]
 
 
 class AsyncMemoryPublisher(AsyncPublisher):
@@ -53,23 +51,21 @@ class AsyncMemoryPublisher(AsyncPublisher):
         send_batch(self.broker, built)
 
 
-class _IncomingMessage:
-    """The parts of an aio-pika delivery the consumer reads, settled on the memory broker."""
+class BrokerHandle:
+    """A delivery's tag on the memory broker, settled there (see ``aio._acks.Settleable``)."""
 
-    def __init__(self, broker: MemoryBroker, tag: int, message: StoredMessage) -> None:
+    __slots__ = ("_broker", "delivery_tag")
+
+    def __init__(self, broker: MemoryBroker, tag: int) -> None:
         self._broker = broker
-        self.delivery_tag = tag
-        self.body = message.body
-        self.routing_key = message.routing_key
-        self.message_id = message.message_id
-        self.content_type = message.content_type
-        self.headers = message.headers
-        self.redelivered = message.redelivered
+        self.delivery_tag: int | None = tag
 
     async def ack(self, multiple: bool = False) -> None:
+        assert self.delivery_tag is not None
         self._broker.ack(self.delivery_tag, multiple=multiple)
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        assert self.delivery_tag is not None
         self._broker.nack(self.delivery_tag, requeue=requeue)
 
 
@@ -118,8 +114,7 @@ class AsyncMemoryConsumer(AsyncConsumer):
     async def adeliver(self, tag: int, message: StoredMessage) -> None:
         """Called by the broker: the same processing as a delivery from aio-pika."""
         await self._prune_on_virtual_time()
-        incoming = _IncomingMessage(self.broker, tag, message)
-        await self._on_message(cast(AbstractIncomingMessage, incoming))
+        await self._on_delivery(BrokerHandle(self.broker, tag), delivery_of(self.queue, message))
         await self._acks.drain()
 
     async def _prune_on_virtual_time(self) -> None:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.declarations import ArgumentValue, BindingDecl
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE
+from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Delivery
 from delayq.envelope import H_ATTEMPT
 
-__all__ = ["Exchange", "Queue", "StoredMessage"]
+__all__ = ["Exchange", "Queue", "StoredMessage", "delivery_of"]
 
 
 @dataclass
@@ -161,3 +161,16 @@ class Queue:
         head = self.messages[0]
         ttls = [t for t in (self.ttl_ms, head.expiration_ms) if t is not None]
         return head.enqueued_at_ms + min(ttls) if ttls else None
+
+
+def delivery_of(queue: str, message: StoredMessage) -> Delivery:
+    """``message`` as a consumer of ``queue`` receives it."""
+    return Delivery(
+        queue=queue,
+        body=message.body,
+        routing_key=message.routing_key,
+        message_id=message.message_id,
+        content_type=message.content_type,
+        headers=message.headers,
+        redelivered=message.redelivered,
+    )

@@ -9,10 +9,7 @@ are the real adapters' own code, not a copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, cast
-
-from pika.adapters.blocking_connection import BlockingChannel
+from typing import Any
 
 from delayq.envelope import OutgoingMessage, epoch_ms
 from delayq.errors import InvalidInput, PublishError, TopologyMissing
@@ -22,11 +19,11 @@ from delayq.sync.consumer import Consumer
 from delayq.sync.publisher import Publisher
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
 from delayq.testing.clock import PruneSchedule
-from delayq.testing.model import StoredMessage
+from delayq.testing.model import StoredMessage, delivery_of
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
-__all__ = ["MemoryConsumer", "MemoryPublisher"]
+__all__ = ["BrokerSettler", "MemoryConsumer", "MemoryPublisher"]
 
 
 def _virtual_clock(broker: MemoryBroker, options: dict[str, Any]) -> None:
@@ -76,38 +73,23 @@ class MemoryPublisher(Publisher):
             settle(index, msg, None)
 
 
-@dataclass(frozen=True)
-class _Method:
-    delivery_tag: int
-    routing_key: str
-    redelivered: bool
+class BrokerSettler:
+    """Settles a delivery on the memory broker, while its consumer is attached."""
 
+    __slots__ = ("_broker", "_consumer", "_tag")
 
-@dataclass(frozen=True)
-class _Properties:
-    message_id: str | None
-    content_type: str | None
-    headers: dict[str, Any]
+    def __init__(self, consumer: MemoryConsumer, tag: int) -> None:
+        self._consumer, self._broker, self._tag = consumer, consumer.broker, tag
 
+    @property
+    def current(self) -> bool:
+        return self._consumer.attached
 
-class _Channel:
-    """What the consumer does with its channel, done on the memory broker."""
+    def ack(self) -> None:
+        self._broker.ack(self._tag)
 
-    def __init__(self, broker: MemoryBroker) -> None:
-        self.broker = broker
-        self.is_open = True
-
-    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.broker.ack(delivery_tag, multiple=multiple)
-
-    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
-        self.broker.nack(delivery_tag, requeue=requeue)
-
-    def cancel(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.is_open = False
+    def requeue(self) -> None:
+        self._broker.nack(self._tag, requeue=True)
 
 
 class MemoryConsumer(Consumer):
@@ -132,33 +114,36 @@ class MemoryConsumer(Consumer):
         _virtual_clock(broker, options)
         super().__init__(url, topology, queue, handler, **options)
         self.broker = broker
+        self._attached = False
         self._prunes = PruneSchedule(self._settings.prune_every_ms, self._settings.retention_ms)
+
+    @property
+    def attached(self) -> bool:
+        return self._attached
 
     def _open(self) -> None:
         self.broker.apply(self.topology)  # as the real consumer applies its topology
-        self._channel = cast(BlockingChannel, _Channel(self.broker))
+        self._attached = True
         self.broker.subscribe(self)
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Attach to the broker and return: the broker's ``advance`` runs the handler."""
-        if self._channel is None:
+        if not self._attached:
             self.start()
 
     def close(self) -> None:
         self.broker.unsubscribe(self)
-        self._channel = None
+        self._attached = False
         self._observers.flush()
         self.started.clear()
 
     def deliver(self, tag: int, message: StoredMessage) -> None:
         """Called by the broker: the same processing as a delivery from pika."""
-        if self._channel is None:
+        if not self._attached:
             self.start()
         self._prune_on_virtual_time()
-        method = _Method(tag, message.routing_key, message.redelivered)
-        props = _Properties(message.message_id, message.content_type, message.headers)
         # The real consumer's steps, in this thread: no handler thread, no timeout.
-        job = self._begin(self._channel, method, cast(Any, props), message.body)
+        job = self._begin(BrokerSettler(self, tag), delivery_of(self.queue, message))
         if job is not None:
             job.run()
             with bound_delivery(job.delivery):

@@ -1,0 +1,135 @@
+"""What every consumer shares before any I/O: its arguments, checks and bookkeeping.
+
+:class:`ConsumerBase` holds the one constructor signature of
+:class:`~delayq.sync.Consumer` and :class:`~delayq.aio.AsyncConsumer` (and so of
+their memory twins): the checks on the handler and the settings, the planner,
+the :class:`~delayq.consume.flow.FlowContext` the delivery flow runs with, the
+counters and the observers, and what happens once a delivery is settled. The
+adapters add only their I/O (``_adapt`` takes the handler and the store in the
+shape each one runs them).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from delayq.consume.flow import Ack, FlowContext
+from delayq.delivery import ConsumeSettings, Delivery, DeliveryPlanner
+from delayq.envelope import epoch_ms
+from delayq.handlers import check_handler
+from delayq.idempotency import IdempotencyStore, check_transactional
+from delayq.key_scope import KeyScope
+from delayq.observe import DeliveryObserver, Observers
+from delayq.retry import RetryPolicy
+from delayq.stats import ConsumerStats
+from delayq.topology import Topology
+from delayq.urls import redact, resolve_url
+
+__all__ = ["ConsumerBase"]
+
+log = logging.getLogger("delayq.consumer")
+
+
+class ConsumerBase:
+    """The shared part of the consumers; subclasses set ``_sync`` and ``_adapt``."""
+
+    _sync: ClassVar[bool]
+    """Whether handlers run in threads only (a coroutine handler is refused)."""
+    _name: ClassVar[str]
+    """The public class name, for reprs (the memory consumers share it)."""
+
+    def __init__(
+        self,
+        url: str | None,
+        topology: Topology,
+        queue: str,
+        handler: Callable[..., Any],
+        *,
+        policy: RetryPolicy | None = None,
+        store: IdempotencyStore | None = None,
+        key: Callable[[Any], str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+        model: type[BaseModel] | None = None,
+        prefetch: int = 50,
+        concurrency: int | None = None,
+        handler_timeout: object = "5m",
+        lease: object = None,
+        retention: object = "7d",
+        non_retryable: tuple[type[BaseException], ...] = (),
+        transactional: bool = False,
+        observers: Iterable[DeliveryObserver] = (),
+        clock_ms: Callable[[], int] = epoch_ms,
+        rng: random.Random | None = None,
+        scrubber: Callable[[str], str] | None = None,
+    ) -> None:
+        check_handler(handler, sync=self._sync)
+        if transactional:
+            check_transactional(store, handler)
+        settings = ConsumeSettings.parse(
+            prefetch=prefetch,
+            handler_timeout=handler_timeout,
+            lease=lease,
+            retention=retention,
+            concurrency=concurrency,
+        )
+        self._url = resolve_url(url)
+        self.topology = topology
+        self.queue = queue
+        self._planner = DeliveryPlanner(
+            topology,
+            queue,
+            policy=policy,
+            non_retryable=non_retryable,
+            clock_ms=clock_ms,
+            rng=rng,
+            scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
+        )
+        self._transactional = transactional
+        self._prefetch = prefetch
+        self._settings = settings
+        self._timeout_ms = settings.handler_timeout_ms
+        self._lease_ms = settings.lease_ms
+        self._clock_ms = clock_ms
+        self._return_pause_s = 1.0
+        self._flow_context = FlowContext(
+            planner=self._planner,
+            model=model,
+            key=key,
+            key_scope=KeyScope.parse(key_scope),
+            keyed_store=store is not None,
+            transactional=transactional,
+            lease_ms=settings.lease_ms,
+            clock_ms=clock_ms,
+        )
+        self.stats = ConsumerStats()
+        self._observers = Observers(observers)
+        self._adapt(handler, store)
+
+    def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
+        """Keep ``handler`` and ``store`` in the shape this adapter runs them."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{self._name}(url={redact(self._url)!r}, queue={self.queue!r})"
+
+    def _settled(self, delivery: Delivery, ack: Ack, received_ms: int) -> None:
+        """The delivery is acked: count it and tell the observers."""
+        self.stats.record(ack.decision)
+        if self._observers:
+            self._observers.emit(
+                delivery,
+                ack.decision,
+                received_at_ms=received_ms,
+                settled_at_ms=self._clock_ms(),
+                handler_ms=ack.handler_ms,
+            )
+
+    def _putting_back(self, delivery: Delivery, why: str) -> None:
+        """The delivery goes back to its queue unacked (the adapter pauses, then nacks)."""
+        log.error("returning %s to %s: %s", delivery.message_id, self.queue, why)
+        self.stats.returned += 1

@@ -1,0 +1,200 @@
+"""One delivery's way from arrival to settlement, written once, without I/O.
+
+:func:`delivery_flow` is a generator in the style of h11 and httpx's auth flows:
+it decides, the consumer performs. It *yields* the steps it needs done and is
+*sent* what came of each; it *returns* how the delivery is settled. The sync,
+asyncio and memory consumers only drive it (see :func:`advance`), each with its
+own I/O, so the order of the steps (decode, key, claim, handler, release or
+complete, decide, republish, ack) exists in one place.
+
+Steps and their answers:
+
+======================================  =============================================
+step yielded                            answer sent back
+======================================  =============================================
+:class:`~delayq.idempotency.Claim`      a :class:`~delayq.idempotency.ClaimStatus`,
+                                        or the :class:`~delayq.errors.StoreError`
+:class:`~delayq.idempotency.Complete`   ``None`` or the ``StoreError``
+:class:`~delayq.idempotency.Release`    ``None`` or the ``StoreError``
+:class:`RunHandler`                     :class:`HandlerEnded` (what it raised, if anything)
+:class:`Publish`                        ``None`` once confirmed, or the ``DelayqError``
+======================================  =============================================
+
+Settlements returned: :class:`Ack` (ack the delivery: its fate is safe),
+:class:`PutBack` (return it to the queue unacked, its fate could not be made safe
+now) and :class:`GiveUp` (the handler raised a ``BaseException`` that is not an
+``Exception``: the consumer stops or the task is cancelled; the delivery goes back
+with the channel). Nothing is acked before its republish is confirmed and its key
+recorded: a crash between two steps can only duplicate, which the key absorbs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from delayq.delivery import (
+    Decision,
+    Delivery,
+    DeliveryPlanner,
+    Undecodable,
+    decode_body,
+    idempotency_key,
+)
+from delayq.envelope import OutgoingMessage
+from delayq.errors import DelayqError, StoreError
+from delayq.idempotency import Claim, ClaimStatus, Complete, Release
+from delayq.key_scope import KeyScope
+
+__all__ = [
+    "Ack",
+    "Answer",
+    "Flow",
+    "FlowContext",
+    "GiveUp",
+    "HandlerEnded",
+    "Publish",
+    "PutBack",
+    "RunHandler",
+    "Settlement",
+    "Step",
+    "advance",
+    "delivery_flow",
+]
+
+log = logging.getLogger("delayq.consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandler:
+    """Run the handler on ``value``. ``claim`` is the claim held for its key (``None``:
+    no store, or no key); a transactional handler commits that key with its writes."""
+
+    value: Any
+    claim: Claim | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerEnded:
+    """What the handler did: ``error`` is what it raised (a timeout included), or ``None``."""
+
+    error: BaseException | None = None
+    handler_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Publish ``message`` (a retry or a dead letter) and wait for the broker's confirm."""
+
+    message: OutgoingMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Ack the delivery: ``decision`` is done (its republish confirmed, its key recorded)."""
+
+    decision: Decision
+    handler_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutBack:
+    """Return the delivery to its queue unacked; ``why`` is logged."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """The handler raised ``error`` (``SystemExit``, ``KeyboardInterrupt``, a cancel):
+    its claim is given back, the delivery is not settled, the consumer re-raises."""
+
+    error: BaseException
+
+
+Step = Claim | Complete | Release | RunHandler | Publish
+Answer = ClaimStatus | HandlerEnded | DelayqError | None
+Settlement = Ack | PutBack | GiveUp
+Flow = Generator[Step, Answer, Settlement]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowContext:
+    """What the flow needs of its consumer: the planner and the keying options."""
+
+    planner: DeliveryPlanner
+    model: type[BaseModel] | None
+    key: Callable[[Any], Any] | None
+    key_scope: KeyScope
+    keyed_store: bool
+    """Whether the consumer has an idempotency store (a delivery with a key claims it)."""
+    transactional: bool
+    lease_ms: int
+    clock_ms: Callable[[], int]
+
+
+def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
+    """The steps for ``delivery``; returns its settlement (see the module's docstring)."""
+    planner = ctx.planner
+    try:
+        value = decode_body(delivery, ctx.model)
+        key = idempotency_key(
+            value, delivery, ctx.key, required=ctx.transactional, scope=ctx.key_scope
+        )
+    except Undecodable as exc:
+        return (yield from _settle(planner.undecodable(delivery, exc)))
+    limited = planner.over_delivery_limit(delivery)
+    if limited is not None:  # crashed its consumers too often (see delivery.H_RETURNS)
+        return (yield from _settle(limited))
+    claim: Claim | None = None
+    if ctx.keyed_store and key is not None:
+        claim = Claim(key, ctx.lease_ms, ctx.clock_ms())
+        status = yield claim
+        if isinstance(status, StoreError):
+            return PutBack(f"claiming its key failed: {status}")
+        if status is ClaimStatus.DONE:
+            return (yield from _settle(planner.duplicate()))
+        if status is ClaimStatus.BUSY:
+            return (yield from _settle(planner.deferred(delivery)))
+    ended = yield RunHandler(value, claim)
+    assert isinstance(ended, HandlerEnded), ended
+    error = ended.error
+    if error is not None:
+        if claim is not None:
+            # Given back so a retry can claim it at once; if this fails, the claim's
+            # lease ends by itself (and the retry is deferred until then).
+            released = yield Release(claim.key)
+            if isinstance(released, StoreError):
+                log.warning("releasing key %r failed: %s", claim.key, released)
+        if not isinstance(error, Exception):
+            return GiveUp(error)
+        return (yield from _settle(planner.failure(delivery, error), ended.handler_ms))
+    if claim is not None and not ctx.transactional:  # a transaction recorded it already
+        recorded = yield Complete(claim.key, ctx.clock_ms())
+        if isinstance(recorded, StoreError):
+            return PutBack(f"recording its key as done failed: {recorded}")
+    return (yield from _settle(planner.success(), ended.handler_ms))
+
+
+def _settle(decision: Decision, handler_ms: float | None = None) -> Flow:
+    """Republish (confirmed) what ``decision`` sends on, then ack; put back if refused."""
+    if decision.message is not None:
+        refused = yield Publish(decision.message)
+        if isinstance(refused, DelayqError):
+            # Not safely elsewhere: back to the queue (the broker's delivery limit
+            # dead-letters it if this keeps happening).
+            return PutBack(f"its republish was not confirmed: {refused}")
+    return Ack(decision, handler_ms)
+
+
+def advance(flow: Flow, answer: Answer) -> Step | Settlement:
+    """Send ``answer`` to ``flow``: its next step, or its settlement once it is done."""
+    try:
+        return flow.send(answer)
+    except StopIteration as done:
+        settlement: Settlement = done.value
+        return settlement
