@@ -230,6 +230,10 @@ class Decision:
         return self.message.receipt.delay
 
 
+_SUCCESS = Decision(Action.ACK)
+"""Every success's decision: decisions are immutable, one will do."""
+
+
 def bounded(text: str, limit_bytes: int, *, keep_tail: bool = False) -> str:
     """``text`` cut to at most ``limit_bytes`` of UTF-8, never inside a character."""
     data = text.encode("utf-8", "replace")
@@ -431,7 +435,7 @@ class DeliveryPlanner:
         return bounded(self._scrub(window), limit_bytes, keep_tail=keep_tail)
 
     def success(self) -> Decision:
-        return Decision(Action.ACK)
+        return _SUCCESS
 
     def duplicate(self) -> Decision:
         return Decision(Action.DUPLICATE, reason="already handled")

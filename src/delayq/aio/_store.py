@@ -64,6 +64,18 @@ class StoreBatcher:
         assert status is not None
         return status
 
+    @property
+    def inline(self) -> bool:
+        """Whether the store does no I/O: its steps are answered at once (:meth:`answer_now`)."""
+        return not self._blocking
+
+    def answer_now(self, op: StoreOp) -> ClaimStatus | StoreError | None:
+        """:meth:`answer` for a store that does no I/O, without a coroutine."""
+        try:
+            return self._apply(op)
+        except StoreError as exc:
+            return exc
+
     async def answer(self, op: StoreOp) -> ClaimStatus | StoreError | None:
         """``op``'s result or its :class:`StoreError`: the answer to a delivery flow's
         store step (see :mod:`delayq.consume.flow`)."""

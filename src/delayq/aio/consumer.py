@@ -29,14 +29,11 @@ from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
 from delayq.consume.flow import (
     Ack,
-    Answer,
-    Flow,
     GiveUp,
     HandlerEnded,
     Publish,
     PutBack,
     RunHandler,
-    advance,
     delivery_flow,
 )
 from delayq.delivery import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S, Delivery, is_fresh
@@ -45,6 +42,7 @@ from delayq.handlers import is_coroutine_handler, plain
 from delayq.idempotency import (
     Claim,
     IdempotencyStore,
+    StoreOp,
     TransactionalStore,
     call_in_transaction,
 )
@@ -352,40 +350,41 @@ class AsyncConsumer(ConsumerBase):
     async def _handle(self, message: Settleable, delivery: Delivery, received_ms: int) -> None:
         """Drive the delivery's flow (:mod:`delayq.consume.flow`) to its settlement."""
         flow = delivery_flow(delivery, self._flow_context)
-        answer: Answer = None
+        store = self._store
+        step = next(flow)
         while True:
-            step = advance(flow, answer)
-            if isinstance(step, RunHandler):
-                answer = await self._run_handler(step, flow)
-            elif isinstance(step, Publish):
-                answer = await self._republish(step)
-            elif isinstance(step, Ack):
+            kind = type(step)  # by identity, not isinstance: this runs per delivery
+            if kind is RunHandler:
+                run = cast(RunHandler, step)
+                started = monotonic_ms()
+                try:
+                    await self._call_handler(run.value, run.claim)
+                except _HandlerCut as cut:
+                    flow.close()
+                    if run.claim is not None:
+                        self._finish_cut(cut.running, run.claim.key)
+                    raise asyncio.CancelledError from None
+                except BaseException as exc:  # the flow gives the claim back, then decides
+                    step = flow.send(HandlerEnded(exc, monotonic_ms() - started))
+                else:
+                    step = flow.send(HandlerEnded(None, monotonic_ms() - started))
+            elif kind is Ack:
                 self._acks.ack(message)
-                self._settled(delivery, step, received_ms)
+                self._settled(delivery, cast(Ack, step), received_ms)
                 return
-            elif isinstance(step, PutBack):
-                self._putting_back(delivery, step.why)
+            elif kind is Publish:
+                step = flow.send(await self._republish(cast(Publish, step)))
+            elif kind is PutBack:
+                self._putting_back(delivery, cast(PutBack, step).why)
                 await asyncio.sleep(self._return_pause_s)
                 await self._acks.nack(message, requeue=True)
                 return
-            elif isinstance(step, GiveUp):
-                raise step.error  # cancelled (stop, connection lost): back to the queue
+            elif kind is GiveUp:
+                raise cast(GiveUp, step).error  # cancelled (stop, connection lost)
             else:
-                assert self._store is not None
-                answer = await self._store.answer(step)
-
-    async def _run_handler(self, step: RunHandler, flow: Flow) -> HandlerEnded:
-        started = monotonic_ms()
-        try:
-            await self._call_handler(step.value, step.claim)
-        except _HandlerCut as cut:
-            flow.close()
-            if step.claim is not None:
-                self._finish_cut(cut.running, step.claim.key)
-            raise asyncio.CancelledError from None
-        except BaseException as exc:  # the flow gives the claim back, then decides
-            return HandlerEnded(exc, monotonic_ms() - started)
-        return HandlerEnded(None, monotonic_ms() - started)
+                assert store is not None
+                op = cast(StoreOp, step)
+                step = flow.send(store.answer_now(op) if store.inline else await store.answer(op))
 
     async def _republish(self, step: Publish) -> DelayqError | None:
         try:

@@ -69,7 +69,7 @@ __all__ = [
 log = logging.getLogger("delayq.consumer")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunHandler:
     """Run the handler on ``value``. ``claim`` is the claim held for its key (``None``:
     no store, or no key); a transactional handler commits that key with its writes."""
@@ -78,7 +78,7 @@ class RunHandler:
     claim: Claim | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HandlerEnded:
     """What the handler did: ``error`` is what it raised (a timeout included), or ``None``."""
 
@@ -86,14 +86,14 @@ class HandlerEnded:
     handler_ms: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Publish:
     """Publish ``message`` (a retry or a dead letter) and wait for the broker's confirm."""
 
     message: OutgoingMessage
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ack:
     """Ack the delivery: ``decision`` is done (its republish confirmed, its key recorded)."""
 
@@ -101,14 +101,14 @@ class Ack:
     handler_ms: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PutBack:
     """Return the delivery to its queue unacked; ``why`` is logged."""
 
     why: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GiveUp:
     """The handler raised ``error`` (``SystemExit``, ``KeyboardInterrupt``, a cancel):
     its claim is given back, the delivery is not settled, the consumer re-raises."""
@@ -119,7 +119,9 @@ class GiveUp:
 Step = Claim | Complete | Release | RunHandler | Publish
 Answer = ClaimStatus | HandlerEnded | DelayqError | None
 Settlement = Ack | PutBack | GiveUp
-Flow = Generator[Step, Answer, Settlement]
+Flow = Generator[Step | Settlement, Answer, None]
+"""The flow's last item is its settlement, after which it must not be sent anything:
+yielded rather than returned, so a delivery costs no ``StopIteration``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,7 @@ class FlowContext:
 
 
 def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
-    """The steps for ``delivery``; returns its settlement (see the module's docstring)."""
+    """The steps for ``delivery``, ending with its settlement (see the module's docstring)."""
     planner = ctx.planner
     try:
         value = decode_body(delivery, ctx.model)
@@ -146,22 +148,26 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
             value, delivery, ctx.key, required=ctx.transactional, scope=ctx.key_scope
         )
     except Undecodable as exc:
-        return (yield from _settle(planner.undecodable(delivery, exc)))
+        yield from _settle(planner.undecodable(delivery, exc))
+        return
     limited = planner.over_delivery_limit(delivery)
     if limited is not None:  # crashed its consumers too often (see delivery.H_RETURNS)
-        return (yield from _settle(limited))
+        yield from _settle(limited)
+        return
     claim: Claim | None = None
     if ctx.keyed_store and key is not None:
         claim = Claim(key, ctx.lease_ms, ctx.clock_ms())
         status = yield claim
-        if isinstance(status, StoreError):
-            return PutBack(f"claiming its key failed: {status}")
-        if status is ClaimStatus.DONE:
-            return (yield from _settle(planner.duplicate()))
-        if status is ClaimStatus.BUSY:
-            return (yield from _settle(planner.deferred(delivery)))
+        if status is not ClaimStatus.CLAIMED:
+            if status is ClaimStatus.DONE:
+                yield from _settle(planner.duplicate())
+            elif status is ClaimStatus.BUSY:
+                yield from _settle(planner.deferred(delivery))
+            else:
+                yield PutBack(f"claiming its key failed: {status}")
+            return
     ended = yield RunHandler(value, claim)
-    assert isinstance(ended, HandlerEnded), ended
+    assert type(ended) is HandlerEnded, ended
     error = ended.error
     if error is not None:
         if claim is not None:
@@ -171,30 +177,30 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
             if isinstance(released, StoreError):
                 log.warning("releasing key %r failed: %s", claim.key, released)
         if not isinstance(error, Exception):
-            return GiveUp(error)
-        return (yield from _settle(planner.failure(delivery, error), ended.handler_ms))
+            yield GiveUp(error)
+            return
+        yield from _settle(planner.failure(delivery, error), ended.handler_ms)
+        return
     if claim is not None and not ctx.transactional:  # a transaction recorded it already
         recorded = yield Complete(claim.key, ctx.clock_ms())
-        if isinstance(recorded, StoreError):
-            return PutBack(f"recording its key as done failed: {recorded}")
-    return (yield from _settle(planner.success(), ended.handler_ms))
+        if recorded is not None:
+            yield PutBack(f"recording its key as done failed: {recorded}")
+            return
+    yield Ack(planner.success(), ended.handler_ms)
 
 
 def _settle(decision: Decision, handler_ms: float | None = None) -> Flow:
     """Republish (confirmed) what ``decision`` sends on, then ack; put back if refused."""
     if decision.message is not None:
         refused = yield Publish(decision.message)
-        if isinstance(refused, DelayqError):
+        if refused is not None:
             # Not safely elsewhere: back to the queue (the broker's delivery limit
             # dead-letters it if this keeps happening).
-            return PutBack(f"its republish was not confirmed: {refused}")
-    return Ack(decision, handler_ms)
+            yield PutBack(f"its republish was not confirmed: {refused}")
+            return
+    yield Ack(decision, handler_ms)
 
 
 def advance(flow: Flow, answer: Answer) -> Step | Settlement:
-    """Send ``answer`` to ``flow``: its next step, or its settlement once it is done."""
-    try:
-        return flow.send(answer)
-    except StopIteration as done:
-        settlement: Settlement = done.value
-        return settlement
+    """Send ``answer`` to ``flow``: its next step, or its settlement (its last item)."""
+    return flow.send(answer)
