@@ -1,4 +1,4 @@
-"""AsyncPublisher's batch senders: how a batch ends, without a broker."""
+"""The asyncio link's batch senders: how a batch ends, without a broker."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from delayq.aio.publisher import AsyncPublisher
+from delayq.aio._link import AioPikaLink
 from delayq.errors import AccessRefused, PublishRejected
 
-run_senders = AsyncPublisher._run_senders
+run_senders = AioPikaLink._run_senders
 
 
 async def idle_watchdog() -> None:

@@ -152,7 +152,7 @@ def pika_encoded(headers: dict[str, Any]) -> int:
 
 
 def pamqp_encoded(headers: dict[str, Any]) -> int:
-    from delayq.aio.publisher import _pamqp_value
+    from delayq.aio._link import _pamqp_value
 
     return len(pamqp.encode.field_table(_pamqp_value(validate_headers(headers))))
 
@@ -175,8 +175,8 @@ def test_headers_size_is_exact_for_string_headers(headers: dict[str, str]) -> No
 
 def header_frame_sizes(msg: OutgoingMessage) -> tuple[int, int]:
     """Bytes of the content header frame for ``msg``, as pika and as pamqp encode it."""
-    from delayq.aio.publisher import aio_message
-    from delayq.sync.publisher import pika_properties
+    from delayq.aio._link import aio_message
+    from delayq.sync._link import pika_properties
 
     by_pika = len(pika.frame.Header(1, len(msg.body), pika_properties(msg)).marshal())
     message = aio_message(msg)

@@ -18,8 +18,9 @@ from delayq.idempotency import InMemoryStore
 from delayq.retry import ROCKETMQ_SCHEDULE, FixedBackoff, ScheduleBackoff
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
-from delayq.testing.aio import AsyncMemoryConsumer, AsyncMemoryPublisher
-from delayq.testing.sync import MemoryConsumer, MemoryPublisher
+from delayq.testing.aio import AsyncMemoryConsumer
+from delayq.testing.links import AsyncMemoryLink, MemoryLink
+from delayq.testing.sync import MemoryConsumer
 
 TOPOLOGY = Topology(
     namespace="shop",
@@ -34,9 +35,9 @@ TOPOLOGY = Topology(
 def test_a_memory_url_builds_the_memory_adapters(memory_broker: MemoryBroker) -> None:
     publisher = Publisher(memory_broker.url, TOPOLOGY)
     consumer = Consumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None)
-    assert isinstance(publisher, MemoryPublisher) and isinstance(publisher, Publisher)
+    assert type(publisher) is Publisher and isinstance(publisher.link, MemoryLink)
     assert isinstance(consumer, MemoryConsumer) and isinstance(consumer, Consumer)
-    assert isinstance(AsyncPublisher(memory_broker.url, TOPOLOGY), AsyncMemoryPublisher)
+    assert isinstance(AsyncPublisher(memory_broker.url, TOPOLOGY).link, AsyncMemoryLink)
     assert isinstance(
         AsyncConsumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None),
         AsyncMemoryConsumer,

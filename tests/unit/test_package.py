@@ -42,6 +42,11 @@ CORE_MODULES = [
     "delayq.records",
     "delayq.testing",
     "delayq.testing.broker",
+    "delayq.testing.links",
+    "delayq.links",
+    "delayq.consume",
+    "delayq.consume.flow",
+    "delayq.consume.base",
 ]
 BROKER_CLIENTS = {"pika", "aio_pika", "aiormq"}
 

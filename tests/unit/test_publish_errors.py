@@ -110,7 +110,7 @@ def fake_connect(
             raise ConnectionFailed("cannot connect to the broker (fake)")
         return step
 
-    monkeypatch.setattr("delayq.aio.publisher.connect", connect)
+    monkeypatch.setattr("delayq.aio._link.connect", connect)
     return calls
 
 
@@ -271,14 +271,14 @@ def test_sync_send_translates_any_pika_error_and_retries_on_a_fresh_connection(
     monkeypatch: pytest.MonkeyPatch, error: BaseException
 ) -> None:
     connections = [FakeBlockingConnection(error), FakeBlockingConnection(None)]
-    monkeypatch.setattr("delayq.sync.publisher.connect", lambda *a, **k: connections.pop(0))
+    monkeypatch.setattr("delayq.sync._link.connect", lambda *a, **k: connections.pop(0))
     pub = Publisher(URL, TOPO, retry_backoff_s=0)
     receipt = pub.publish(b"x", "job.a", "1s", message_id="sync-1")
     assert receipt.message_id == "sync-1" and not connections
 
     pub.close()
     monkeypatch.setattr(
-        "delayq.sync.publisher.connect", lambda *a, **k: FakeBlockingConnection(error)
+        "delayq.sync._link.connect", lambda *a, **k: FakeBlockingConnection(error)
     )
     with pytest.raises(PublishUnconfirmed, match="'sync-2'") as caught:
         pub.publish(b"x", "job.a", "1s", message_id="sync-2")

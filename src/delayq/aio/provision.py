@@ -21,9 +21,10 @@ from delayq.declarations import (
     build_declarations,
 )
 from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.links import LinkOptions, gate_for, open_async_link, serves_amqp
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url, resolved_memory_name
+from delayq.urls import redact, resolve_url
 
 __all__ = ["apply_topology"]
 
@@ -140,11 +141,10 @@ async def apply_topology(
     conflicts, see :mod:`delayq.provisioning`); delayq's own channels are used on a
     ``connection`` you pass, so none of yours is closed by a refused declaration.
     """
-    if connection is None and resolved_memory_name(url) is not None:
-        from delayq.testing.broker import broker_for
-
-        return broker_for(resolve_url(url)).apply(topology, raise_on_conflict=raise_on_conflict)
     resolved = resolve_url(url)
+    if connection is None and not serves_amqp(resolved):  # a memory broker, say
+        link = open_async_link(resolved, gate_for(topology, resolved), LinkOptions())
+        return await link.apply(topology, raise_on_conflict=raise_on_conflict)
     own = connection is None
     conn = await connect(resolved, name="delayq-provision") if connection is None else connection
     channels = _Channels(conn)

@@ -29,9 +29,10 @@ from delayq.errors import (
     PublishRejected,
     TopologyMissing,
 )
+from delayq.links import Settle
 from delayq.marker import Gate
 
-__all__ = ["Settle", "publish_pipelined", "send_pipelined"]
+__all__ = ["publish_pipelined", "send_pipelined"]
 
 log = logging.getLogger("delayq.publisher")
 
@@ -39,9 +40,6 @@ CONFIRM_IDLE_TIMEOUT_S = 60.0
 """A round with messages unconfirmed and no confirm for this long is abandoned."""
 
 
-Settle = Callable[[int, OutgoingMessage, "PublishError | None"], None]
-"""Told the fate of each message once: its index in the stream, itself, and ``None``
-when confirmed or the error that stopped it."""
 
 
 class _Source:

@@ -14,6 +14,7 @@ from delayq.declarations import (
     build_declarations,
 )
 from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.sync._connection import (
     CONNECTION_ERRORS,
@@ -22,7 +23,7 @@ from delayq.sync._connection import (
     translate_channel_error,
 )
 from delayq.topology import Topology
-from delayq.urls import redact, resolve_url, resolved_memory_name
+from delayq.urls import redact, resolve_url
 
 __all__ = ["apply_topology", "delete_topology"]
 
@@ -148,11 +149,10 @@ def apply_topology(
     Pass ``connection`` to reuse one: delayq opens and closes its own channels on
     it, so the caller's channels are never closed by a refused declaration.
     """
-    if connection is None and resolved_memory_name(url) is not None:
-        from delayq.testing.broker import broker_for
-
-        return broker_for(resolve_url(url)).apply(topology, raise_on_conflict=raise_on_conflict)
     resolved = resolve_url(url)
+    if connection is None and not serves_amqp(resolved):  # a memory broker, say
+        link = open_link(resolved, gate_for(topology, resolved), LinkOptions())
+        return link.apply(topology, raise_on_conflict=raise_on_conflict)
     own = connection is None
     conn = connect(resolved, name="delayq-provision") if connection is None else connection
     channels = Channels(conn)

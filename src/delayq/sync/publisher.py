@@ -1,19 +1,15 @@
-"""The blocking publisher (pika): every publish confirmed, retried on a fresh connection."""
+"""The blocking publisher: every publish confirmed, retried on a fresh connection.
+
+The publisher builds and checks messages and reports their outcomes; its link
+(:mod:`delayq.links`, pika's by default: :mod:`delayq.sync._link`) does the I/O.
+"""
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-import pika
-import pika.exceptions as pex
-from pika.adapters.blocking_connection import BlockingChannel
-
-from delayq import outcomes
-from delayq.declarations import apply_marker
 from delayq.envelope import (
     Message,
     MessageFactory,
@@ -22,40 +18,14 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import (
-    AccessRefused,
-    ConnectionFailed,
-    DelayqError,
-    PublishError,
-    TopologyMissing,
-)
-from delayq.marker import Gate
+from delayq.errors import PublishError
+from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
 from delayq.published import PublishObserver, PublishObservers
-from delayq.sync._connection import (
-    BLOCKED_CONNECTION_TIMEOUT_S,
-    close_quietly,
-    connect,
-    host_parameters,
-    translate_channel_error,
-)
-from delayq.sync._pipeline import Settle, publish_pipelined, send_pipelined
+from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
 from delayq.topology import Strategy, Topology
-from delayq.urls import parse_url, redact, resolve_url, resolved_memory_name
+from delayq.urls import redact, resolve_url
 
 __all__ = ["Publisher"]
-
-log = logging.getLogger("delayq.publisher")
-
-
-def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
-    return pika.BasicProperties(
-        content_type=msg.content_type,
-        delivery_mode=2,
-        message_id=msg.message_id,
-        timestamp=msg.timestamp_s,
-        headers=msg.headers,
-    )
-
 
 class Publisher:
     """Publishes delayed messages through pika, one confirmed publish at a time.
@@ -70,14 +40,9 @@ class Publisher:
     is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
     ``observers`` see each message's outcome (see :mod:`delayq.published`).
+    ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
+    URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
     """
-
-    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> Publisher:
-        if cls is Publisher and resolved_memory_name(url) is not None:
-            from delayq.testing.sync import MemoryPublisher
-
-            return super().__new__(MemoryPublisher)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -92,23 +57,26 @@ class Publisher:
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
         observers: Iterable[PublishObserver] = (),
+        link: Link | None = None,
     ) -> None:
         self._url = resolve_url(url)
         self._observers = PublishObservers(observers)
-        self._blocked_timeout_s = blocked_timeout_s
         self.topology = topology if topology is not None else Topology()
+        self._gate = gate_for(self.topology, self._url)
+        if link is None:
+            options = LinkOptions(
+                publish_attempts=publish_attempts,
+                connect_attempts=connect_attempts,
+                retry_backoff_s=retry_backoff_s,
+                blocked_timeout_s=blocked_timeout_s,
+            )
+            link = open_link(self._url, self._gate, options)
+        self._link = link
+        if clock_ms is epoch_ms and link.clock_ms is not None:
+            clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
         )
-        self._publish_attempts = max(1, publish_attempts)
-        self._connect_attempts = max(1, connect_attempts)
-        self._backoff_s = retry_backoff_s
-        self._connection: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
-        self._gate = Gate(
-            self.topology.namespace, apply_marker(self.topology).name, redact(self._url)
-        )
-        self._gated: pika.BlockingConnection | None = None  # the connection that passed it
 
     def __repr__(self) -> str:
         return f"Publisher(url={redact(self._url)!r}, namespace={self.topology.namespace!r})"
@@ -117,43 +85,16 @@ class Publisher:
 
     def connect(self) -> None:
         """Open the connection now instead of at the first publish."""
-        self._ensure_channel()
+        self._link.connect()
 
-    def _ensure_channel(self) -> BlockingChannel:
-        if self._connection is None or not self._connection.is_open:
-            self._connection = connect(
-                self._url,
-                name="delayq-publisher",
-                attempts=self._connect_attempts,
-                blocked_timeout_s=self._blocked_timeout_s,
-            )
-            self._channel = None
-        if self._channel is None or not self._channel.is_open:
-            channel = self._connection.channel()
-            if self._gated is not self._connection:
-                self._check_applied(channel)
-                self._gated = self._connection
-            channel.confirm_delivery()
-            self._channel = channel
-        return self._channel
-
-    def _check_applied(self, channel: BlockingChannel) -> None:
-        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`)."""
-        try:
-            channel.exchange_declare(self._gate.marker, passive=True)
-        except pex.ChannelClosedByBroker as exc:
-            if exc.reply_code == 404:
-                raise self._gate.refusal() from exc
-            raise translate_channel_error(exc) from exc
-
-    def _drop_connection(self) -> None:
-        close_quietly(self._connection)
-        self._connection = None
-        self._channel = None
+    @property
+    def link(self) -> Link:
+        """What this publisher sends through (see :mod:`delayq.links`)."""
+        return self._link
 
     def close(self) -> None:
         """Close the connection; later publishes reconnect."""
-        self._drop_connection()
+        self._link.close()
 
     def __enter__(self) -> Publisher:
         return self
@@ -199,59 +140,7 @@ class Publisher:
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
         with self._observers.reporting([msg]):
-            self._send(msg)
-
-    def _send(self, msg: OutgoingMessage) -> None:
-        properties = pika_properties(msg)
-        last: BaseException | None = None
-        handed_over = False  # once written to a socket, its fate is unknown until confirmed
-        for attempt in range(self._publish_attempts):
-            if attempt:
-                time.sleep(self._backoff_s * 2 ** (attempt - 1))
-            try:
-                channel = self._ensure_channel()
-                handed_over = True
-                channel.basic_publish(
-                    msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
-                )
-                return
-            except pex.UnroutableError as exc:
-                raise outcomes.unroutable(msg) from exc
-            except pex.NackError as exc:
-                raise outcomes.rejected(msg) from exc
-            except pex.ConnectionBlockedTimeout as exc:  # retrying cannot help while blocked
-                self._drop_connection()
-                raise outcomes.blocked(msg, self._blocked_timeout_s, redact(self._url)) from exc
-            except pex.ChannelClosedByBroker as exc:
-                self._channel = None
-                error = translate_channel_error(exc)
-                if isinstance(error, (TopologyMissing, AccessRefused)):
-                    raise error from exc
-                raise outcomes.rejected(msg, str(error)) from exc
-            except ConnectionFailed as exc:
-                if not handed_over:
-                    raise  # never sent: the connect retries are spent, say so plainly
-                last = exc
-                break
-            except (pex.ChannelClosed, pex.ChannelWrongStateError) as exc:
-                last = exc  # the channel went away under us: a new one may succeed
-                self._channel = None
-            except DelayqError:
-                raise
-            except Exception as exc:
-                # CONNECTION_ERRORS, and anything else pika raises mid-publish (a
-                # channel or connection in a state it did not expect): the
-                # connection's state is unknown, a fresh one may succeed.
-                last = exc
-                log.warning(
-                    "publish of %s failed (%s), attempt %d of %d",
-                    msg.message_id,
-                    type(exc).__name__,
-                    attempt + 1,
-                    self._publish_attempts,
-                )
-                self._drop_connection()
-        raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
+            self._link.send(msg)
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
         """Publish a batch with pipelined confirms (up to ``window`` unconfirmed).
@@ -264,24 +153,8 @@ class Publisher:
         if not built:
             return []
         with self._observers.reporting(built):
-            self._publish_built(built, window)
+            self._link.send_batch(built, max(1, window))
         return [m.receipt for m in built]
-
-    def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
-        broker = parse_url(self._url)
-        publish_pipelined(
-            host_parameters(
-                self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
-            ),
-            built,
-            window=max(1, window),
-            properties=pika_properties,
-            attempts=self._publish_attempts,
-            backoff_s=self._backoff_s,
-            url_for_errors=redact(self._url),
-            explain=broker.tls_failure,
-            gate=self._gate,
-        )
 
     def send_many(
         self,
@@ -315,26 +188,7 @@ class Publisher:
                 self._observers.emit([msg], error)
                 observed(index, msg, error)
 
-        self._send_stream(messages, settle, window)
-
-    def _send_stream(
-        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
-    ) -> None:
-        broker = parse_url(self._url)
-        send_pipelined(
-            host_parameters(
-                self._url, name="delayq-publisher-stream", blocked_timeout_s=self._blocked_timeout_s
-            ),
-            messages,
-            settle=settle,
-            window=max(1, window),
-            properties=pika_properties,
-            attempts=self._publish_attempts,
-            backoff_s=self._backoff_s,
-            url_for_errors=redact(self._url),
-            explain=broker.tls_failure,
-            gate=self._gate,
-        )
+        self._link.send_stream(messages, settle, max(1, window))
 
     @property
     def factory(self) -> MessageFactory:

@@ -1,8 +1,8 @@
 """The asyncio adapters on a :class:`~delayq.testing.MemoryBroker`.
 
-``AsyncPublisher("memory://NAME", ...)`` and ``AsyncConsumer("memory://NAME", ...)``
-build these: the real classes with the broker I/O swapped for the memory
-broker's. Drive them with ``await broker.advance_async("15m")``.
+``AsyncConsumer("memory://NAME", ...)`` builds this: the real class with the
+broker I/O swapped for the memory broker's. Drive it with
+``await broker.advance_async("15m")``.
 """
 
 from __future__ import annotations
@@ -12,43 +12,14 @@ from typing import Any
 
 from delayq.aio._acks import AckCoalescer
 from delayq.aio.consumer import AsyncConsumer
-from delayq.aio.publisher import AsyncPublisher
-from delayq.envelope import OutgoingMessage
-from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.broker import MemoryBroker, broker_for
 from delayq.testing.clock import PruneSchedule
 from delayq.testing.model import StoredMessage, delivery_of
 from delayq.testing.sync import _virtual_clock
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
-__all__ = ["AsyncMemoryConsumer", "AsyncMemoryPublisher", "BrokerHandle"]
-
-
-class AsyncMemoryPublisher(AsyncPublisher):
-    """An :class:`~delayq.aio.AsyncPublisher` whose broker is a memory broker."""
-
-    def __init__(
-        self, url: str | None = None, topology: Topology | None = None, **options: Any
-    ) -> None:
-        broker = broker_for(resolve_url(url))
-        _virtual_clock(broker, options)
-        super().__init__(url, topology, **options)
-        self.broker = broker
-
-    async def connect(self) -> None:
-        broker_for(self.broker.url)
-        self.broker.check_applied(self._gate)
-
-    async def aclose(self) -> None:
-        pass
-
-    async def _send(self, msg: OutgoingMessage, timeout_s: float | None) -> None:
-        self.broker.check_applied(self._gate)
-        self.broker.send(msg)
-
-    async def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
-        self.broker.check_applied(self._gate)
-        send_batch(self.broker, built)
+__all__ = ["AsyncMemoryConsumer", "BrokerHandle"]
 
 
 class BrokerHandle:

@@ -8,69 +8,26 @@ are the real adapters' own code, not a copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from delayq.envelope import OutgoingMessage, epoch_ms
-from delayq.errors import InvalidInput, PublishError, TopologyMissing
+from delayq.envelope import epoch_ms
+from delayq.errors import InvalidInput
 from delayq.logcontext import bound_delivery
-from delayq.sync._pipeline import Settle
 from delayq.sync.consumer import Consumer
-from delayq.sync.publisher import Publisher
-from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.broker import MemoryBroker, broker_for
 from delayq.testing.clock import PruneSchedule
 from delayq.testing.model import StoredMessage, delivery_of
 from delayq.topology import Topology
 from delayq.urls import resolve_url
 
-__all__ = ["BrokerSettler", "MemoryConsumer", "MemoryPublisher"]
+__all__ = ["BrokerSettler", "MemoryConsumer"]
 
 
 def _virtual_clock(broker: MemoryBroker, options: dict[str, Any]) -> None:
     """Unless the caller passed its own clock, time is the broker's virtual time."""
     if options.get("clock_ms", epoch_ms) is epoch_ms:
         options["clock_ms"] = broker.clock_ms
-
-
-class MemoryPublisher(Publisher):
-    """A :class:`~delayq.sync.Publisher` whose broker is a memory broker."""
-
-    def __init__(
-        self, url: str | None = None, topology: Topology | None = None, **options: Any
-    ) -> None:
-        broker = broker_for(resolve_url(url))
-        _virtual_clock(broker, options)
-        super().__init__(url, topology, **options)
-        self.broker = broker
-
-    def connect(self) -> None:
-        broker_for(self.broker.url)  # closed brokers fail like unreachable ones
-        self.broker.check_applied(self._gate)
-
-    def close(self) -> None:
-        pass
-
-    def _send(self, msg: OutgoingMessage) -> None:
-        self.broker.check_applied(self._gate)
-        self.broker.send(msg)
-
-    def _publish_built(self, built: list[OutgoingMessage], window: int) -> None:
-        self.broker.check_applied(self._gate)
-        send_batch(self.broker, built)
-
-    def _send_stream(
-        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
-    ) -> None:
-        self.broker.check_applied(self._gate)
-        for index, msg in enumerate(messages):
-            try:
-                self.broker.send(msg)
-            except TopologyMissing:
-                raise
-            except PublishError as exc:
-                settle(index, msg, exc)
-                continue
-            settle(index, msg, None)
 
 
 class BrokerSettler:

@@ -1,0 +1,198 @@
+"""The blocking link (pika): the AMQP I/O of :class:`~delayq.sync.Publisher`.
+
+One connection and one confirming channel for single sends, opened at the first
+send and re-opened after a loss; a fresh connection per batch or stream, with
+pipelined confirms (:mod:`delayq.sync._pipeline`). Each send is retried on a
+fresh connection up to ``publish_attempts`` times once it was handed to a
+socket and its fate is unknown; the namespace's apply marker is checked once per
+connection (see :mod:`delayq.marker`). Registered in :data:`delayq.links.LINKS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import pika
+import pika.exceptions as pex
+from pika.adapters.blocking_connection import BlockingChannel
+
+from delayq import outcomes
+from delayq.envelope import OutgoingMessage
+from delayq.errors import AccessRefused, ConnectionFailed, DelayqError, TopologyMissing
+from delayq.links import LinkOptions, Settle
+from delayq.marker import Gate
+from delayq.provisioning import ApplyReport
+from delayq.sync._connection import (
+    close_quietly,
+    connect,
+    host_parameters,
+    translate_channel_error,
+)
+from delayq.sync._pipeline import publish_pipelined, send_pipelined
+from delayq.sync.provision import apply_topology
+from delayq.topology import Topology
+from delayq.urls import parse_url, redact
+
+__all__ = ["PikaLink", "pika_properties"]
+
+log = logging.getLogger("delayq.publisher")
+
+
+def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
+    return pika.BasicProperties(
+        content_type=msg.content_type,
+        delivery_mode=2,
+        message_id=msg.message_id,
+        timestamp=msg.timestamp_s,
+        headers=msg.headers,
+    )
+
+
+class PikaLink:
+    """A :class:`~delayq.links.Link` to RabbitMQ through pika's blocking connection."""
+
+    clock_ms: Callable[[], int] | None = None
+
+    def __init__(self, url: str, gate: Gate, options: LinkOptions) -> None:
+        self._url = url
+        self._gate = gate
+        self._publish_attempts = max(1, options.publish_attempts)
+        self._connect_attempts = max(1, options.connect_attempts)
+        self._backoff_s = options.retry_backoff_s
+        self._blocked_timeout_s = options.blocked_timeout_s
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._gated: pika.BlockingConnection | None = None  # the connection that passed it
+
+    def __repr__(self) -> str:
+        return f"PikaLink({redact(self._url)!r})"
+
+    def connect(self) -> None:
+        self._ensure_channel()
+
+    def _ensure_channel(self) -> BlockingChannel:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = connect(
+                self._url,
+                name="delayq-publisher",
+                attempts=self._connect_attempts,
+                blocked_timeout_s=self._blocked_timeout_s,
+            )
+            self._channel = None
+        if self._channel is None or not self._channel.is_open:
+            channel = self._connection.channel()
+            if self._gated is not self._connection:
+                self._check_applied(channel)
+                self._gated = self._connection
+            channel.confirm_delivery()
+            self._channel = channel
+        return self._channel
+
+    def _check_applied(self, channel: BlockingChannel) -> None:
+        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`)."""
+        try:
+            channel.exchange_declare(self._gate.marker, passive=True)
+        except pex.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                raise self._gate.refusal() from exc
+            raise translate_channel_error(exc) from exc
+
+    def _drop_connection(self) -> None:
+        close_quietly(self._connection)
+        self._connection = None
+        self._channel = None
+
+    def close(self) -> None:
+        self._drop_connection()
+
+    def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
+        return apply_topology(topology, self._url, raise_on_conflict=raise_on_conflict)
+
+    def send(self, msg: OutgoingMessage) -> None:
+        properties = pika_properties(msg)
+        last: BaseException | None = None
+        handed_over = False  # once written to a socket, its fate is unknown until confirmed
+        for attempt in range(self._publish_attempts):
+            if attempt:
+                time.sleep(self._backoff_s * 2 ** (attempt - 1))
+            try:
+                channel = self._ensure_channel()
+                handed_over = True
+                channel.basic_publish(
+                    msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
+                )
+                return
+            except pex.UnroutableError as exc:
+                raise outcomes.unroutable(msg) from exc
+            except pex.NackError as exc:
+                raise outcomes.rejected(msg) from exc
+            except pex.ConnectionBlockedTimeout as exc:  # retrying cannot help while blocked
+                self._drop_connection()
+                raise outcomes.blocked(msg, self._blocked_timeout_s, redact(self._url)) from exc
+            except pex.ChannelClosedByBroker as exc:
+                self._channel = None
+                error = translate_channel_error(exc)
+                if isinstance(error, (TopologyMissing, AccessRefused)):
+                    raise error from exc
+                raise outcomes.rejected(msg, str(error)) from exc
+            except ConnectionFailed as exc:
+                if not handed_over:
+                    raise  # never sent: the connect retries are spent, say so plainly
+                last = exc
+                break
+            except (pex.ChannelClosed, pex.ChannelWrongStateError) as exc:
+                last = exc  # the channel went away under us: a new one may succeed
+                self._channel = None
+            except DelayqError:
+                raise
+            except Exception as exc:
+                # CONNECTION_ERRORS, and anything else pika raises mid-publish (a
+                # channel or connection in a state it did not expect): the
+                # connection's state is unknown, a fresh one may succeed.
+                last = exc
+                log.warning(
+                    "publish of %s failed (%s), attempt %d of %d",
+                    msg.message_id,
+                    type(exc).__name__,
+                    attempt + 1,
+                    self._publish_attempts,
+                )
+                self._drop_connection()
+        raise outcomes.unconfirmed(msg, attempt + 1, redact(self._url), last) from last
+
+    def send_batch(self, built: list[OutgoingMessage], window: int) -> None:
+        broker = parse_url(self._url)
+        publish_pipelined(
+            host_parameters(
+                self._url, name="delayq-publisher-batch", blocked_timeout_s=self._blocked_timeout_s
+            ),
+            built,
+            window=max(1, window),
+            properties=pika_properties,
+            attempts=self._publish_attempts,
+            backoff_s=self._backoff_s,
+            url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
+            gate=self._gate,
+        )
+
+    def send_stream(
+        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
+    ) -> None:
+        broker = parse_url(self._url)
+        send_pipelined(
+            host_parameters(
+                self._url, name="delayq-publisher-stream", blocked_timeout_s=self._blocked_timeout_s
+            ),
+            messages,
+            settle=settle,
+            window=max(1, window),
+            properties=pika_properties,
+            attempts=self._publish_attempts,
+            backoff_s=self._backoff_s,
+            url_for_errors=redact(self._url),
+            explain=broker.tls_failure,
+            gate=self._gate,
+        )

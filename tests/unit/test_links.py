@@ -1,0 +1,242 @@
+"""The link seam: links chosen by URL scheme, links brought by the user, and the
+import graph it keeps clean (the adapters do not import the test doubles)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+import delayq
+from delayq import Message, Topology
+from delayq.aio import AsyncPublisher
+from delayq.envelope import OutgoingMessage
+from delayq.errors import InvalidInput, PublishRejected, UnboundRoutingKey
+from delayq.links import (
+    ASYNC_LINKS,
+    LINKS,
+    AsyncLink,
+    Link,
+    LinkOptions,
+    Settle,
+    gate_for,
+    open_async_link,
+    open_link,
+    serves_amqp,
+)
+from delayq.provisioning import ApplyReport
+from delayq.published import Published, PublishOutcome
+from delayq.sync import Publisher
+from delayq.testing import MemoryBroker
+
+TOPOLOGY = Topology(
+    namespace="ln",
+    ladder=["1m", "5m"],
+    destinations=[{"queue": "work", "bindings": ["job.#"]}],
+)
+URL = "amqp://guest:guest@127.0.0.1:1/"
+
+
+class RecordingLink:
+    """A user's link: keeps what it is asked to send, refuses what ``refuse`` names."""
+
+    clock_ms: Callable[[], int] | None = None
+
+    def __init__(self, refuse: str = "") -> None:
+        self.sent: list[OutgoingMessage] = []
+        self.calls: list[str] = []
+        self.refuse = refuse
+
+    def connect(self) -> None:
+        self.calls.append("connect")
+
+    def send(self, msg: OutgoingMessage) -> None:
+        self.calls.append("send")
+        if self.refuse and self.refuse in msg.routing_key:
+            raise PublishRejected("refused on purpose", msg.message_id)
+        self.sent.append(msg)
+
+    def send_batch(self, msgs: list[OutgoingMessage], window: int) -> None:
+        self.calls.append(f"send_batch/{window}")
+        self.sent.extend(msgs)
+
+    def send_stream(self, msgs: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
+        self.calls.append(f"send_stream/{window}")
+        for index, msg in enumerate(msgs):
+            self.sent.append(msg)
+            settle(index, msg, None)
+
+    def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+class AsyncRecordingLink:
+    clock_ms: Callable[[], int] | None = None
+
+    def __init__(self) -> None:
+        self.sent: list[OutgoingMessage] = []
+
+    async def connect(self) -> None: ...
+
+    async def send(self, msg: OutgoingMessage) -> None:
+        self.sent.append(msg)
+
+    async def send_batch(self, msgs: list[OutgoingMessage], window: int) -> None:
+        self.sent.extend(msgs)
+
+    async def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
+        raise NotImplementedError
+
+    async def close(self) -> None: ...
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[PublishOutcome] = []
+
+    def published(self, event: Published) -> None:
+        self.seen.append(event.outcome)
+
+
+def test_the_registry_names_a_link_per_scheme_by_import_path() -> None:
+    assert set(LINKS) == set(ASYNC_LINKS) == {"amqp", "amqps", "memory"}
+    assert LINKS["amqp"] == LINKS["amqps"] == "delayq.sync._link:PikaLink"
+    assert ASYNC_LINKS["memory"] == "delayq.testing.links:AsyncMemoryLink"
+
+
+def test_amqp_urls_open_the_client_links_without_io() -> None:
+    gate = gate_for(TOPOLOGY, URL)
+    link = open_link(URL, gate, LinkOptions())
+    assert type(link).__name__ == "PikaLink" and isinstance(link, Link)
+    async_link = open_async_link(URL, gate, LinkOptions())
+    assert type(async_link).__name__ == "AioPikaLink" and isinstance(async_link, AsyncLink)
+    assert serves_amqp(URL) and serves_amqp("amqps://h/") and not serves_amqp("memory://x")
+
+
+def test_memory_urls_open_the_memory_links(memory_broker: MemoryBroker) -> None:
+    from delayq.testing.links import AsyncMemoryLink, MemoryLink
+
+    gate = gate_for(TOPOLOGY, memory_broker.url)
+    link = open_link(memory_broker.url, gate, LinkOptions())
+    assert isinstance(link, MemoryLink) and link.broker is memory_broker
+    assert link.clock_ms == memory_broker.clock_ms
+    assert isinstance(open_async_link(memory_broker.url, gate, LinkOptions()), AsyncMemoryLink)
+
+
+def test_a_link_that_cannot_be_loaded_is_a_delayq_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(LINKS, "memory", "delayq.no_such_module:Link")
+    with pytest.raises(InvalidInput, match="cannot be loaded"):
+        Publisher("memory://x", TOPOLOGY)
+
+
+def test_a_users_link_gets_every_built_message() -> None:
+    link = RecordingLink()
+    publisher = Publisher(topology=TOPOLOGY, link=link)
+    assert publisher.link is link
+    publisher.connect()
+    receipt = publisher.publish({"n": 1}, "job.a", "90s")
+    assert receipt.tier == "5m"
+    assert link.sent[0].message_id == receipt.message_id and link.sent[0].receipt.tier == "5m"
+    publisher.publish_many([Message({"n": 2}, "job.b", "30s")], window=0)
+    settled: list[int] = []
+    publisher.send_many(
+        [publisher.factory.build({"n": 3}, "job.c", "1m")],
+        settle=lambda i, m, e: settled.append(i),
+        window=7,
+    )
+    publisher.close()
+    assert link.calls == ["connect", "send", "send_batch/1", "send_stream/7", "close"]
+    assert settled == [0] and len(link.sent) == 3
+
+
+def test_a_failing_link_surfaces_its_error_and_observers_see_it() -> None:
+    outcomes = Outcomes()
+    link = RecordingLink(refuse="job.bad")
+    publisher = Publisher(topology=TOPOLOGY, link=link, observers=[outcomes])
+    publisher.publish("ok", "job.good", "1m")
+    with pytest.raises(PublishRejected, match="refused on purpose"):
+        publisher.publish("no", "job.bad", "1m")
+    assert outcomes.seen == [PublishOutcome.CONFIRMED, PublishOutcome.REJECTED]
+
+
+def test_bad_input_never_reaches_the_link() -> None:
+    link = RecordingLink()
+    publisher = Publisher(topology=TOPOLOGY, link=link)
+    with pytest.raises(InvalidInput):
+        publisher.publish("x", "job.a", 90)  # a bare number: which unit?
+    with pytest.raises(UnboundRoutingKey):
+        publisher.publish("x", "nobody.binds.this", "1m")
+    assert link.sent == []
+
+
+def test_an_async_users_link() -> None:
+    link = AsyncRecordingLink()
+
+    async def run() -> None:
+        publisher = AsyncPublisher(topology=TOPOLOGY, link=link)
+        assert publisher.link is link
+        await publisher.publish("x", "job.a", "2m")
+        await publisher.publish_many([Message("y", "job.b", "1m")])
+        await publisher.aclose()
+
+    asyncio.run(run())
+    assert [m.receipt.tier for m in link.sent] == ["5m", "1m"]
+
+
+def test_a_users_clock_wins_over_the_links() -> None:
+    link = RecordingLink()
+    link.clock_ms = lambda: 5_000
+    receipt = Publisher(topology=TOPOLOGY, link=link).publish("x", "job.a", "1m")
+    assert receipt.published_at_ms == 5_000
+    mine = Publisher(topology=TOPOLOGY, link=link, clock_ms=lambda: 9_000)
+    assert mine.publish("x", "job.a", "1m").published_at_ms == 9_000
+
+
+# --- the import graph ----------------------------------------------------------------------------
+
+SRC = Path(delayq.__file__).parent
+
+STILL_IMPORTING_TESTING = {"delayq.sync.consumer", "delayq.aio.consumer"}
+"""Modules outside ``testing/`` that still import it: the consumers' ``__new__`` picks a
+memory consumer (issue 13, the consumer side of the link seam). Shrinks, never grows."""
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Every delayq module ``path`` imports, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("delayq"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("delayq"):
+                found.add(node.module)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_only_the_listed_modules_outside_testing_import_it() -> None:
+    importers = set()
+    for path in SRC.rglob("*.py"):
+        name = _module_name(path)
+        if name.startswith("delayq.testing") or name == "delayq.pytest_plugin":
+            continue  # the test double itself, and the pytest plugin that offers it
+        if any(i.startswith("delayq.testing") for i in _imports(path, name)):
+            importers.add(name)
+    assert importers == STILL_IMPORTING_TESTING
+
+
+def test_the_publishers_and_links_import_no_test_double_and_the_core_no_client() -> None:
+    for name in ("sync/publisher.py", "aio/publisher.py", "sync/_link.py", "aio/_link.py"):
+        assert not any(i.startswith("delayq.testing") for i in _imports(SRC / name, name))
+    links = _imports(SRC / "links.py", "delayq.links")
+    assert not any(i.startswith(("delayq.sync", "delayq.aio", "delayq.testing")) for i in links)
