@@ -1,4 +1,4 @@
-"""The seam between a publisher and its broker: a *link*, chosen by URL scheme.
+"""The seams between delayq and its broker: *links* and *feeds*, chosen by URL scheme.
 
 A :class:`~delayq.sync.Publisher` builds and checks messages, reports their
 outcomes to observers, and hands them to its link, which does the I/O: a
@@ -11,6 +11,13 @@ are loaded only when a ``memory://`` URL asks for them.
 Pass ``link=`` to a publisher to bring your own (httpx's ``transport=``): a link
 that fails on purpose tests what your code does when the broker refuses.
 
+A consumer's deliveries come from a *feed* (:data:`FEEDS` / :data:`ASYNC_FEEDS`):
+it subscribes, hands each delivery over with a :class:`Settler` (or, for the
+asyncio consumer, an ``aio._acks.Settleable``) that acks or requeues it where it
+came from, and reports a lost connection as :class:`FeedLost`. An *inline* feed
+(the memory broker's) delivers in the caller's thread when the broker runs, and
+the consumer runs the handler right there.
+
 >>> from delayq.links import LINKS
 >>> LINKS["memory"]
 'delayq.testing.links:MemoryLink'
@@ -19,7 +26,7 @@ that fails on purpose tests what your code does when the broker refuses.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -30,19 +37,31 @@ from delayq.topology import Topology
 from delayq.urls import redact
 
 if TYPE_CHECKING:
+    from delayq.delivery import Delivery
     from delayq.envelope import OutgoingMessage
     from delayq.errors import PublishError
     from delayq.provisioning import ApplyReport
 
 __all__ = [
+    "ASYNC_FEEDS",
     "ASYNC_LINKS",
+    "FEEDS",
     "LINKS",
+    "AsyncFeed",
     "AsyncLink",
+    "AsyncOnDelivery",
+    "Feed",
+    "FeedLost",
     "Link",
     "LinkOptions",
+    "OnDelivery",
     "Settle",
+    "Settleable",
+    "Settler",
     "gate_for",
+    "open_async_feed",
     "open_async_link",
+    "open_feed",
     "open_link",
     "serves_amqp",
 ]
@@ -63,6 +82,126 @@ ASYNC_LINKS: dict[str, str] = {
     "memory": "delayq.testing.links:AsyncMemoryLink",
 }
 """The asyncio link class for each URL scheme, by import path."""
+
+
+FEEDS: dict[str, str] = {
+    "amqp": "delayq.sync._feed:PikaFeed",
+    "amqps": "delayq.sync._feed:PikaFeed",
+    "memory": "delayq.testing.links:MemoryFeed",
+}
+"""The blocking consumer's feed class for each URL scheme, by import path."""
+
+ASYNC_FEEDS: dict[str, str] = {
+    "amqp": "delayq.aio._feed:AioPikaFeed",
+    "amqps": "delayq.aio._feed:AioPikaFeed",
+    "memory": "delayq.testing.links:AsyncMemoryFeed",
+}
+"""The asyncio consumer's feed class for each URL scheme, by import path."""
+
+
+class FeedLost(Exception):
+    """The feed lost its broker (connection or channel closed, consumer cancelled,
+    deliveries stalled): the consumer opens it again. Never leaves a consumer."""
+
+
+class Settler(Protocol):
+    """Where a delivery came from, and how it is settled there."""
+
+    @property
+    def current(self) -> bool:
+        """Whether it can still be settled there (its channel is the feed's channel)."""
+        ...
+
+    def ack(self) -> None: ...
+
+    def requeue(self) -> None: ...
+
+
+OnDelivery = Callable[["Settler", "Delivery"], None]
+"""What a feed calls with each delivery."""
+
+
+class Settleable(Protocol):
+    """A delivery as the asyncio consumer settles it (its acks are coalesced by tag):
+    aio-pika's incoming message, or the memory broker's handle on one."""
+
+    @property
+    def delivery_tag(self) -> int | None: ...
+
+    async def ack(self, multiple: bool = False) -> None: ...
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
+
+
+AsyncOnDelivery = Callable[[Settleable, "Delivery"], Awaitable[None]]
+"""What an asyncio feed awaits with each delivery."""
+
+
+@runtime_checkable
+class Feed(Protocol):
+    """Where a blocking consumer's deliveries come from. Errors: delayq errors at
+    :meth:`open` (``ConnectionFailed``, ``AccessRefused``, ``TopologyMissing``);
+    :class:`FeedLost` from any call once open, ``AccessRefused`` if consuming is refused."""
+
+    inline: bool
+    """Deliveries arrive in the caller's thread while the broker runs (no :meth:`pump`)."""
+    clock_ms: Callable[[], int] | None
+
+    def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
+        """Connect, make sure ``topology`` exists, and subscribe to ``queue``."""
+        ...
+
+    def resubscribe(self, prefetch: int) -> None:
+        """Subscribe again with another prefetch (deliveries in hand stay settleable)."""
+        ...
+
+    def pump(self, time_limit_s: float) -> None:
+        """Hand over what arrives within ``time_limit_s`` (and keep heartbeats flowing)."""
+        ...
+
+    def unsubscribe(self) -> None: ...
+
+    def ready(self) -> int:
+        """How many messages wait in the queue, ready (a stall probe)."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, keeping the connection alive."""
+        ...
+
+    def wake(self) -> None:
+        """From another thread: make :meth:`pump` return soon."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncFeed(Protocol):
+    """Where an asyncio consumer's deliveries come from: each is awaited in a task of
+    its own; a lost connection or cancelled consumer is reported through ``on_lost``
+    (once open, other calls raise :class:`FeedLost`)."""
+
+    inline: bool
+    """The broker delivers while it runs (``await broker.advance_async``)."""
+    clock_ms: Callable[[], int] | None
+
+    async def open(
+        self,
+        topology: Topology,
+        queue: str,
+        prefetch: int,
+        on_delivery: AsyncOnDelivery,
+        on_lost: Callable[[BaseException], None],
+    ) -> None: ...
+
+    async def resubscribe(self, prefetch: int) -> None: ...
+
+    async def unsubscribe(self) -> None: ...
+
+    async def ready(self) -> int: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +301,18 @@ def open_link(url: str, gate: Gate, options: LinkOptions) -> Link:
     """The blocking link :data:`LINKS` names for ``url``'s scheme (no I/O yet)."""
     link: Link = _link_class(url, LINKS)(url, gate, options)
     return link
+
+
+def open_feed(url: str) -> Feed:
+    """The blocking feed :data:`FEEDS` names for ``url``'s scheme (no I/O yet)."""
+    feed: Feed = _link_class(url, FEEDS)(url)
+    return feed
+
+
+def open_async_feed(url: str) -> AsyncFeed:
+    """The asyncio feed :data:`ASYNC_FEEDS` names for ``url``'s scheme (no I/O yet)."""
+    feed: AsyncFeed = _link_class(url, ASYNC_FEEDS)(url)
+    return feed
 
 
 def open_async_link(url: str, gate: Gate, options: LinkOptions) -> AsyncLink:

@@ -1,16 +1,13 @@
-"""The link seam: links chosen by URL scheme, links brought by the user, and the
-import graph it keeps clean (the adapters do not import the test doubles)."""
+"""The link seam: links chosen by URL scheme, and links brought by the user
+(the import graph it keeps clean is tests/unit/test_import_graph.py)."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import pytest
 
-import delayq
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
 from delayq.envelope import OutgoingMessage
@@ -196,47 +193,3 @@ def test_a_users_clock_wins_over_the_links() -> None:
     assert receipt.published_at_ms == 5_000
     mine = Publisher(topology=TOPOLOGY, link=link, clock_ms=lambda: 9_000)
     assert mine.publish("x", "job.a", "1m").published_at_ms == 9_000
-
-
-# --- the import graph ----------------------------------------------------------------------------
-
-SRC = Path(delayq.__file__).parent
-
-STILL_IMPORTING_TESTING = {"delayq.sync.consumer", "delayq.aio.consumer"}
-"""Modules outside ``testing/`` that still import it: the consumers' ``__new__`` picks a
-memory consumer (issue 13, the consumer side of the link seam). Shrinks, never grows."""
-
-
-def _imports(path: Path, package: str) -> set[str]:
-    """Every delayq module ``path`` imports, at the top or inside a function."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("delayq"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("delayq"):
-                found.add(node.module)
-    return found
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def test_only_the_listed_modules_outside_testing_import_it() -> None:
-    importers = set()
-    for path in SRC.rglob("*.py"):
-        name = _module_name(path)
-        if name.startswith("delayq.testing") or name == "delayq.pytest_plugin":
-            continue  # the test double itself, and the pytest plugin that offers it
-        if any(i.startswith("delayq.testing") for i in _imports(path, name)):
-            importers.add(name)
-    assert importers == STILL_IMPORTING_TESTING
-
-
-def test_the_publishers_and_links_import_no_test_double_and_the_core_no_client() -> None:
-    for name in ("sync/publisher.py", "aio/publisher.py", "sync/_link.py", "aio/_link.py"):
-        assert not any(i.startswith("delayq.testing") for i in _imports(SRC / name, name))
-    links = _imports(SRC / "links.py", "delayq.links")
-    assert not any(i.startswith(("delayq.sync", "delayq.aio", "delayq.testing")) for i in links)

@@ -18,9 +18,7 @@ from delayq.idempotency import InMemoryStore
 from delayq.retry import ROCKETMQ_SCHEDULE, FixedBackoff, ScheduleBackoff
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
-from delayq.testing.aio import AsyncMemoryConsumer
-from delayq.testing.links import AsyncMemoryLink, MemoryLink
-from delayq.testing.sync import MemoryConsumer
+from delayq.testing.links import AsyncMemoryFeed, AsyncMemoryLink, MemoryFeed, MemoryLink
 
 TOPOLOGY = Topology(
     namespace="shop",
@@ -36,12 +34,11 @@ def test_a_memory_url_builds_the_memory_adapters(memory_broker: MemoryBroker) ->
     publisher = Publisher(memory_broker.url, TOPOLOGY)
     consumer = Consumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None)
     assert type(publisher) is Publisher and isinstance(publisher.link, MemoryLink)
-    assert isinstance(consumer, MemoryConsumer) and isinstance(consumer, Consumer)
+    assert type(consumer) is Consumer and isinstance(consumer.feed, MemoryFeed)
     assert isinstance(AsyncPublisher(memory_broker.url, TOPOLOGY).link, AsyncMemoryLink)
-    assert isinstance(
-        AsyncConsumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None),
-        AsyncMemoryConsumer,
-    )
+    async_consumer = AsyncConsumer(memory_broker.url, TOPOLOGY, "emails", lambda body: None)
+    assert type(async_consumer) is AsyncConsumer
+    assert isinstance(async_consumer.feed, AsyncMemoryFeed) and async_consumer.inline
     assert type(Publisher("amqp://guest:guest@localhost/", TOPOLOGY)) is Publisher
 
 
@@ -249,7 +246,8 @@ def test_a_worker_runs_on_the_memory_broker(memory_broker: MemoryBroker) -> None
 
     async def scenario() -> None:
         consumers = await memory_broker.attach_async(worker)
-        assert [type(c) for c in consumers] == [MemoryConsumer, AsyncMemoryConsumer]
+        assert [type(c) for c in consumers] == [Consumer, AsyncConsumer]
+        assert [type(c.feed) for c in consumers] == [MemoryFeed, AsyncMemoryFeed]
         await memory_broker.async_publisher(TOPOLOGY).publish("hi", "email.hi", "1m")
         assert await memory_broker.run_until_idle_async()
 

@@ -16,23 +16,13 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any
+
+from delayq.links import Settleable
 
 __all__ = ["AckCoalescer", "Settleable"]
 
 log = logging.getLogger("delayq.consumer")
-
-
-class Settleable(Protocol):
-    """A delivery as the coalescer settles it: aio-pika's incoming message, or the
-    memory broker's handle on one (:class:`delayq.testing.aio.BrokerHandle`)."""
-
-    @property
-    def delivery_tag(self) -> int | None: ...
-
-    async def ack(self, multiple: bool = False) -> None: ...
-
-    async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
 
 
 class AckCoalescer:

@@ -18,13 +18,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, cast
 
-import aiormq.exceptions as aex
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
-
-from delayq.aio._acks import AckCoalescer, Settleable
-from delayq.aio._connection import close_quietly, connect, translate_channel_error
+from delayq.aio._acks import AckCoalescer
 from delayq.aio._store import StoreBatcher
-from delayq.aio.ensure import ensure_topology
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
 from delayq.consume.flow import (
@@ -46,9 +41,9 @@ from delayq.idempotency import (
     TransactionalStore,
     call_in_transaction,
 )
+from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.logcontext import bound_delivery
 from delayq.observe import monotonic_ms
-from delayq.urls import resolved_memory_name
 
 __all__ = ["AsyncConsumer"]
 
@@ -82,15 +77,17 @@ class AsyncConsumer(ConsumerBase):
     plain function cannot be interrupted when it overruns ``handler_timeout``).
     """
 
-    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> AsyncConsumer:
-        if cls is AsyncConsumer and resolved_memory_name(url) is not None:
-            from delayq.testing.aio import AsyncMemoryConsumer
-
-            return super().__new__(AsyncMemoryConsumer)
-        return super().__new__(cls)
-
     _sync: ClassVar[bool] = False
     _name: ClassVar[str] = "AsyncConsumer"
+    _feed: AsyncFeed
+
+    def _open_feed(self, url: str) -> AsyncFeed:
+        return open_async_feed(url)
+
+    @property
+    def inline(self) -> bool:
+        """Whether the broker delivers while it runs (a memory broker): no watchdogs."""
+        return self._feed.inline
 
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         self._is_async = is_coroutine_handler(handler)
@@ -116,9 +113,7 @@ class AsyncConsumer(ConsumerBase):
         self._last_delivery = 0.0
         self._pruner: asyncio.Task[None] | None = None
         self._publisher = AsyncPublisher(self._url, self.topology, clock_ms=self._clock_ms)
-        self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._consumer_tag: str | None = None
+        self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
         self._finishing: set[asyncio.Task[None]] = set()
         self._acks = AckCoalescer()
@@ -133,11 +128,14 @@ class AsyncConsumer(ConsumerBase):
 
         Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
         reached now; once started, a lost connection or channel is reopened in the
-        background (back-off up to ``RECONNECT_MAX_S``) until :meth:`stop`.
+        background (back-off up to ``RECONNECT_MAX_S``) until :meth:`stop`. On an
+        inline feed (a memory broker) ``await broker.advance_async(...)`` delivers.
         """
         self._stopping = False
         await self._open()
         self._stopped.clear()
+        if self.inline:
+            return
         self._watchdog = asyncio.create_task(self._watch_timeouts())
         self._stall_guard = asyncio.create_task(self._watch_stalls())
         if self._store is not None:
@@ -145,40 +143,24 @@ class AsyncConsumer(ConsumerBase):
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
 
     async def _open(self) -> None:
-        connection = await connect(self._url, name=f"delayq-consumer {self.queue}")
+        # Cautious start: one delivery at a time while they are redeliveries, so a
+        # message that crashes the process charges only itself to the quorum queue's
+        # delivery count, not the prefetched ones behind it (see _widen_prefetch).
+        self._cautious = self._prefetch > 1 and not self.inline
+        self._acks = AckCoalescer()  # delivery tags are per channel
+        on_delivery = self._run_inline if self.inline else self._on_delivery
+        prefetch = 1 if self._cautious else self._prefetch
+        await self._feed.open(self.topology, self.queue, prefetch, on_delivery, self._on_lost)
         try:
-            await ensure_topology(self.topology, connection)  # or check it, if refused
             await self._publisher.connect()
-            channel = await connection.channel(publisher_confirms=False)
-            # Cautious start: one delivery at a time while they are redeliveries, so a
-            # message that crashes the process charges only itself to the quorum queue's
-            # delivery count, not the prefetched ones behind it (see _widen_prefetch).
-            self._cautious = self._prefetch > 1
-            await channel.set_qos(prefetch_count=1 if self._cautious else self._prefetch)
-            queue = await channel.get_queue(self.queue, ensure=False)
-            self._connection, self._channel = connection, channel
-            self._acks = AckCoalescer()  # delivery tags are per channel
-            try:
-                self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
-            except aex.ChannelAccessRefused as exc:  # may not read it (see delayq.grants)
-                raise translate_channel_error(exc) from exc
         except BaseException:
-            await close_quietly(connection)
+            await self._feed.close()
             raise
-        connection.close_callbacks.add(self._on_lost)
-        channel.close_callbacks.add(self._on_lost)
-        # The broker cancels a consumer when its queue goes away or restarts (a quorum
-        # queue losing its leader): the channel stays open but nothing arrives any more.
-        channel.channel.on_consumer_cancel_callbacks.add(self._on_cancelled)
+        self._open_now = True
 
-    def _on_cancelled(self, frame: Any) -> None:
-        if self._stopping or getattr(frame, "consumer_tag", None) != self._consumer_tag:
-            return
-        self._on_lost(self._connection, RuntimeError("the broker cancelled the consumer"))
-
-    def _on_lost(self, sender: object, exc: BaseException | None = None) -> None:
-        """The connection or the channel closed: unless stopping, open them again."""
-        if self._stopping or sender not in (self._connection, self._channel):
+    def _on_lost(self, exc: BaseException) -> None:
+        """The feed lost its broker: unless stopping, open it again."""
+        if self._stopping:
             return
         if self._reconnecting is None or self._reconnecting.done():
             log.warning("lost the broker while consuming %s (%r); reconnecting", self.queue, exc)
@@ -186,10 +168,8 @@ class AsyncConsumer(ConsumerBase):
 
     async def _reconnect(self) -> None:
         delay = RECONNECT_MIN_S
-        old = self._connection
-        self._connection = self._channel = None
-        self._consumer_tag = None
-        await close_quietly(old)
+        self._open_now = False
+        await self._feed.close()
         while not self._stopping:
             try:
                 await self._open()
@@ -231,13 +211,7 @@ class AsyncConsumer(ConsumerBase):
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None
-        if self._channel is not None and self._consumer_tag is not None:
-            try:
-                queue = await self._channel.get_queue(self.queue, ensure=False)
-                await queue.cancel(self._consumer_tag)
-            except Exception as exc:
-                log.debug("cancel failed: %r", exc)
-            self._consumer_tag = None
+        await self._feed.unsubscribe()
         if self._in_flight:
             _, pending = await asyncio.wait(self._in_flight, timeout=timeout_s)
             for task in pending:
@@ -256,8 +230,8 @@ class AsyncConsumer(ConsumerBase):
         if self._handler_threads is not None:
             self._handler_threads.shutdown(wait=False)  # a stuck handler holds up no one
             self._handler_threads = None
-        await close_quietly(self._channel)
-        await close_quietly(self._connection)
+        await self._feed.close()
+        self._open_now = False
         await self._publisher.aclose()
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
@@ -292,34 +266,22 @@ class AsyncConsumer(ConsumerBase):
 
     async def _widen_prefetch(self) -> None:
         """Leave the cautious start at the first fresh delivery: subscribe again with the
-        full prefetch (a consumer's prefetch cannot change once it consumes, and quorum
-        queues refuse a channel-wide one). The delivery in hand stays this channel's."""
-        channel, old_tag = self._channel, self._consumer_tag
-        if channel is None or old_tag is None or self._stopping:
+        full prefetch. The delivery in hand stays this channel's."""
+        if self._stopping:
             return
         try:
-            queue = await channel.get_queue(self.queue, ensure=False)
-            self._consumer_tag = None  # the cancel below is ours, not the broker's
-            await queue.cancel(old_tag)
-            await channel.set_qos(prefetch_count=self._prefetch)
-            if self._stopping or channel is not self._channel:
-                return
-            self._consumer_tag = await queue.consume(self._on_message, no_ack=False)
-        except Exception as exc:
-            log.warning("widening the prefetch of %s failed (%r); reconnecting", self.queue, exc)
-            self._on_lost(channel, exc)
+            await self._feed.resubscribe(self._prefetch)
+        except FeedLost as exc:
+            log.warning("widening the prefetch of %s failed (%s); reconnecting", self.queue, exc)
+            self._on_lost(exc)
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        delivery = Delivery(
-            queue=self.queue,
-            body=message.body,
-            routing_key=message.routing_key or "",
-            message_id=message.message_id,
-            content_type=message.content_type,
-            headers=message.headers or {},
-            redelivered=bool(message.redelivered),
-        )
+    async def _run_inline(self, message: Settleable, delivery: Delivery) -> None:
+        """An inline feed's delivery (the broker runs): settled, acks sent, on return."""
+        cutoff = self._prunes.due(self._clock_ms())
+        if cutoff is not None and self._store is not None:
+            await self._store.prune(older_than_ms=cutoff)
         await self._on_delivery(message, delivery)
+        await self._acks.drain()
 
     async def _on_delivery(self, message: Settleable, delivery: Delivery) -> None:
         """One delivery, in a task of its own, from its arrival to its settlement."""
@@ -486,24 +448,22 @@ class AsyncConsumer(ConsumerBase):
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(STALL_CHECK_S)
-            channel = self._channel
             if (
                 self._in_flight
-                or channel is None
+                or not self._open_now
                 or (self._reconnecting is not None and not self._reconnecting.done())
                 or loop.time() - self._last_delivery < STALL_CHECK_S
             ):
                 continue
             try:
-                queue = await channel.declare_queue(self.queue, passive=True)
-                waiting = queue.declaration_result.message_count or 0
-            except Exception as exc:
-                log.debug("stall check on %s failed: %r", self.queue, exc)
+                waiting = await self._feed.ready()
+            except FeedLost as exc:
+                log.debug("stall check on %s failed: %s", self.queue, exc)
                 continue
             idle_s = loop.time() - self._last_delivery
             if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
                 why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
-                self._on_lost(self._connection, RuntimeError(why))
+                self._on_lost(RuntimeError(why))
 
     async def _watch_timeouts(self) -> None:
         """One timer for all handlers: cancel those past their deadline."""

@@ -30,9 +30,28 @@ from delayq.stats import ConsumerStats
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
-__all__ = ["ConsumerBase"]
+__all__ = ["ConsumerBase", "PruneSchedule"]
 
 log = logging.getLogger("delayq.consumer")
+
+
+class PruneSchedule:
+    """When a consumer forgets old idempotency keys: every ``every_ms`` on its clock
+    (a memory broker's virtual time in tests), keys older than ``retention_ms``."""
+
+    __slots__ = ("_every_ms", "_next_ms", "_retention_ms")
+
+    def __init__(self, every_ms: int, retention_ms: int) -> None:
+        self._every_ms = every_ms
+        self._retention_ms = retention_ms
+        self._next_ms = 0
+
+    def due(self, now_ms: int) -> int | None:
+        """The cutoff (``older_than_ms``) when a prune is due at ``now_ms``, else ``None``."""
+        if now_ms < self._next_ms:
+            return None
+        self._next_ms = now_ms + self._every_ms
+        return now_ms - self._retention_ms
 
 
 class ConsumerBase:
@@ -41,7 +60,8 @@ class ConsumerBase:
     _sync: ClassVar[bool]
     """Whether handlers run in threads only (a coroutine handler is refused)."""
     _name: ClassVar[str]
-    """The public class name, for reprs (the memory consumers share it)."""
+    """The public class name, for reprs."""
+    _feed: Any
 
     def __init__(
         self,
@@ -66,6 +86,7 @@ class ConsumerBase:
         clock_ms: Callable[[], int] = epoch_ms,
         rng: random.Random | None = None,
         scrubber: Callable[[str], str] | None = None,
+        feed: Any = None,
     ) -> None:
         check_handler(handler, sync=self._sync)
         if transactional:
@@ -78,6 +99,10 @@ class ConsumerBase:
             concurrency=concurrency,
         )
         self._url = resolve_url(url)
+        # Where deliveries come from (see delayq.links): the URL's scheme chooses it.
+        self._feed = feed if feed is not None else self._open_feed(self._url)
+        if clock_ms is epoch_ms and self._feed.clock_ms is not None:
+            clock_ms = self._feed.clock_ms  # the broker's own: a memory broker's virtual time
         self.topology = topology
         self.queue = queue
         self._planner = DeliveryPlanner(
@@ -106,9 +131,19 @@ class ConsumerBase:
             lease_ms=settings.lease_ms,
             clock_ms=clock_ms,
         )
+        self._prunes = PruneSchedule(settings.prune_every_ms, settings.retention_ms)
         self.stats = ConsumerStats()
         self._observers = Observers(observers)
         self._adapt(handler, store)
+
+    @property
+    def feed(self) -> Any:
+        """Where this consumer's deliveries come from (see :mod:`delayq.links`)."""
+        return self._feed
+
+    def _open_feed(self, url: str) -> Any:
+        """The feed :mod:`delayq.links` names for ``url`` (no I/O yet)."""
+        raise NotImplementedError
 
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         """Keep ``handler`` and ``store`` in the shape this adapter runs them."""

@@ -15,7 +15,6 @@ import collections
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from queue import Empty
 from typing import Any, ClassVar, Protocol, cast
@@ -81,7 +80,6 @@ class DeliveryFlow(ConsumerBase):
     _threads: HandlerThreads
     _fatal: BaseException | None
     _stop: threading.Event
-    _next_prune: float
 
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         self._handler = plain(handler)  # a coroutine it returns fails the delivery
@@ -92,12 +90,14 @@ class DeliveryFlow(ConsumerBase):
 
     def _prune_when_due(self) -> None:
         """Forget keys past the retention period, every tenth of it (at most 10 min)."""
-        if self._store is None or time.monotonic() < self._next_prune:
+        if self._store is None:
             return
-        self._next_prune = time.monotonic() + self._settings.prune_every_ms / 1000
+        cutoff = self._prunes.due(self._clock_ms())
+        if cutoff is None:
+            return
         try:
             try:
-                self._store.prune(older_than_ms=self._clock_ms() - self._settings.retention_ms)
+                self._store.prune(older_than_ms=cutoff)
             except Exception as exc:
                 raise store_error(self._store, exc) from exc
         except StoreError as exc:

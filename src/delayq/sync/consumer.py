@@ -1,9 +1,12 @@
-"""The blocking consumer (pika): performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
+"""The blocking consumer: performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
 
-Up to ``concurrency`` handlers run at once, each in a thread of its own
-(:mod:`delayq.sync._threads`), while the consumer's own thread owns the pika
-connection (not thread-safe): it keeps heartbeats flowing, receives deliveries,
-enforces ``handler_timeout`` and does every store call, republish, ack and nack.
+Deliveries come from a feed (:mod:`delayq.links`; pika's by default,
+:mod:`delayq.sync._feed`). Up to ``concurrency`` handlers run at once, each in a
+thread of its own (:mod:`delayq.sync._threads`), while the consumer's own thread
+owns the feed (pika's connection is not thread-safe): it keeps heartbeats flowing,
+receives deliveries, enforces ``handler_timeout`` and does every store call,
+republish, ack and nack. On an inline feed (a memory broker) the broker delivers
+in the caller's thread and the handler runs there, with no timeout.
 A handler that hangs holds one slot only: the others keep flowing.
 
 After every (re)connect the consumer subscribes with a prefetch of 1 and keeps it
@@ -24,30 +27,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, ClassVar
 
-import pika
-import pika.exceptions as pex
-from pika.adapters.blocking_connection import BlockingChannel
-
-from delayq.delivery import (
-    RECONNECT_MAX_S,
-    RECONNECT_MIN_S,
-    STALL_CHECK_S,
-    Delivery,
-    is_fresh,
-)
+from delayq.delivery import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S, Delivery, is_fresh
 from delayq.errors import DelayqError
 from delayq.idempotency import IdempotencyStore
-from delayq.sync._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.links import Feed, FeedLost, Settler, open_feed
+from delayq.logcontext import bound_delivery
 from delayq.sync._deliveries import DeliveryFlow, Incoming
 from delayq.sync._threads import HandlerThreads
-from delayq.sync.ensure import ensure_topology
 from delayq.sync.publisher import Publisher
-from delayq.urls import resolved_memory_name
 
 __all__ = ["DEFAULT_CONCURRENCY", "STOP_GRACE_S", "Consumer"]
 
@@ -60,44 +47,6 @@ STOP_GRACE_S = 30.0
 """On a graceful stop, prefetched deliveries still start for this long (as
 :meth:`AsyncConsumer.stop <delayq.aio.AsyncConsumer.stop>` waits for them);
 running handlers finish or reach their ``handler_timeout``."""
-
-
-class _ChannelSettler:
-    """Settles a delivery on the channel it came on, while that is the consumer's."""
-
-    __slots__ = ("_channel", "_consumer", "_tag")
-
-    def __init__(self, consumer: Consumer, channel: Any, tag: int) -> None:
-        self._consumer, self._channel, self._tag = consumer, channel, tag
-
-    @property
-    def current(self) -> bool:
-        return self._channel is self._consumer._channel
-
-    def ack(self) -> None:
-        self._channel.basic_ack(self._tag)
-
-    def requeue(self) -> None:
-        self._channel.basic_nack(self._tag, requeue=True)
-
-
-class StalledConsumer(Exception):
-    """The queue holds ready messages but the broker delivers none: subscribe again."""
-
-
-class ConsumerCancelled(Exception):
-    """The broker cancelled the consumer (its queue went away, a quorum queue lost its
-    leader): subscribe again on a fresh connection."""
-
-
-LOST: tuple[type[BaseException], ...] = (
-    *CONNECTION_ERRORS,
-    StalledConsumer,
-    ConsumerCancelled,
-    pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
-    pex.ChannelWrongStateError,
-)
-"""Errors after which the consumer reopens its connection and channel."""
 
 log = logging.getLogger("delayq.consumer")
 
@@ -117,39 +66,38 @@ class Consumer(DeliveryFlow):
     is retried; its thread cannot be killed and is left to finish on its own while
     the consumer goes on with its slot (at most ``concurrency`` such threads
     beyond the working ones; then no handler starts until one of them ends).
+    ``feed`` replaces where deliveries come from (see :mod:`delayq.links`).
     """
 
-    def __new__(cls, url: str | None = None, *args: Any, **kwargs: Any) -> Consumer:
-        if cls is Consumer and resolved_memory_name(url) is not None:
-            from delayq.testing.sync import MemoryConsumer
-
-            return super().__new__(MemoryConsumer)
-        return super().__new__(cls)
-
     _name: ClassVar[str] = "Consumer"
+    _feed: Feed
+
+    def _open_feed(self, url: str) -> Feed:
+        return open_feed(url)
 
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         super()._adapt(handler, store)
         self.concurrency = self._settings.concurrency or min(self._prefetch, DEFAULT_CONCURRENCY)
         """Handlers running at once, at most."""
-        self._next_prune = 0.0
         self._stop_grace_s = STOP_GRACE_S
         self._publisher = Publisher(self._url, self.topology, clock_ms=self._clock_ms)
-        self._connection: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
-        self._consumer_tag: str | None = None
+        self._open_now = False
         self._cautious = False
         self._widen = False
-        self._cancelled = False
+        self._last_delivery = 0.0
         self._pending: collections.deque[Incoming] = collections.deque()
         self._threads = self._new_threads()
         self._fatal: BaseException | None = None
         self._stop = threading.Event()
         self.started = threading.Event()
 
+    @property
+    def inline(self) -> bool:
+        """Whether handlers run in the broker's thread as it delivers (a memory broker)."""
+        return self._feed.inline
+
     def _pause_before_requeue(self) -> None:
-        if self._connection is not None:
-            self._connection.sleep(self._return_pause_s)  # keeps heartbeats flowing
+        self._feed.sleep(self._return_pause_s)  # a real feed keeps heartbeats flowing
 
     def _new_threads(self) -> HandlerThreads:
         return HandlerThreads(
@@ -157,22 +105,13 @@ class Consumer(DeliveryFlow):
             spare=self.concurrency,
             timeout_s=self._timeout_ms / 1000,
             name="delayq-handler",
-            wake=self._wake,
+            wake=self._feed.wake,  # a handler thread ended: look at it now
         )
-
-    def _wake(self) -> None:
-        """From a handler thread: make the connection's thread look at finished jobs now."""
-        connection = self._connection
-        if connection is not None:
-            try:
-                connection.add_callback_threadsafe(lambda: None)
-            except Exception:  # closed meanwhile: the loop polls anyway
-                pass
 
     # Life cycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Declare the topology and open the consuming channel.
+        """Declare the topology and start taking deliveries.
 
         Raises :class:`~delayq.errors.ConnectionFailed` when the broker cannot be
         reached now; once running, a lost connection or channel is reopened (back-off
@@ -190,56 +129,43 @@ class Consumer(DeliveryFlow):
         )
 
     def _open(self) -> None:
-        connection = connect(self._url, name=f"delayq-consumer {self.queue}")
+        # Cautious start (see the module's docstring): one delivery at a time until
+        # the first fresh one.
+        self._cautious = self._prefetch > 1 and not self.inline
+        self._widen = False
+        on_delivery = self._run_inline if self.inline else self._arrived
+        prefetch = 1 if self._cautious else self._prefetch
+        self._feed.open(self.topology, self.queue, prefetch, on_delivery)
         try:
-            ensure_topology(self.topology, connection)  # or check it, if refused
             self._publisher.connect()
-            channel = connection.channel()
-            channel.add_on_cancel_callback(self._on_cancelled)
-            # Cautious start (see the module's docstring): one delivery at a time until
-            # the first fresh one.
-            self._cautious = self._prefetch > 1
-            self._widen = self._cancelled = False
-            channel.basic_qos(prefetch_count=1 if self._cautious else self._prefetch)
-            try:
-                tag = channel.basic_consume(self.queue, self._on_message)
-            except pex.ChannelClosedByBroker as exc:  # may not read it (see delayq.grants)
-                raise translate_channel_error(exc) from exc
         except BaseException:
-            close_quietly(connection)
+            self._feed.close()
             raise
-        self._connection, self._channel, self._consumer_tag = connection, channel, tag
+        self._open_now = True
 
-    def _on_message(
-        self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
-    ) -> None:
-        delivery = Delivery(
-            queue=self.queue,
-            body=body,
-            routing_key=method.routing_key or "",
-            message_id=props.message_id,
-            content_type=props.content_type,
-            headers=props.headers or {},
-            redelivered=bool(method.redelivered),
-        )
-        self._pending.append((_ChannelSettler(self, channel, method.delivery_tag), delivery))
+    def _arrived(self, settler: Settler, delivery: Delivery) -> None:
+        self._pending.append((settler, delivery))
         self._last_delivery = time.monotonic()
         if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
             self._widen = True
 
-    def _on_cancelled(self, _frame: Any) -> None:
-        self._cancelled = True
+    def _run_inline(self, settler: Settler, delivery: Delivery) -> None:
+        """An inline feed's delivery: the whole flow here, the handler included."""
+        self._prune_when_due()
+        job = self._begin(settler, delivery)
+        if job is not None:
+            job.run()
+            with bound_delivery(job.delivery):
+                self._finish(job)
+        if self._fatal is not None:
+            fatal, self._fatal = self._fatal, None
+            raise fatal
 
     def _widen_prefetch(self) -> None:
-        """Leave the cautious start: subscribe again with the full prefetch. A
-        consumer's prefetch cannot change once it consumes, and quorum queues refuse a
-        channel-wide one; the delivery in hand stays this channel's to ack."""
+        """Leave the cautious start: subscribe again with the full prefetch (the
+        delivery in hand stays this channel's to ack)."""
         self._widen = self._cautious = False
-        channel = self._channel
-        assert channel is not None and self._consumer_tag is not None
-        channel.basic_cancel(self._consumer_tag)
-        channel.basic_qos(prefetch_count=self._prefetch)
-        self._consumer_tag = channel.basic_consume(self.queue, self._on_message)
+        self._feed.resubscribe(self._prefetch)
 
     def request_stop(self) -> None:
         """Stop gracefully (safe from any thread or a signal handler): no new deliveries,
@@ -252,8 +178,13 @@ class Consumer(DeliveryFlow):
         Signal handlers can only be installed from the main thread. A handler that
         raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` that is
         not an ``Exception`` stops the consumer gracefully; ``run`` then raises it, and
-        that delivery goes back to the queue unacked.
+        that delivery goes back to the queue unacked. On an inline feed (a memory
+        broker) ``run`` only starts the consumer: the broker's ``advance`` runs it.
         """
+        if self.inline:
+            if not self._open_now:
+                self.start()
+            return
         previous: dict[int, Any] = {}
         if install_signal_handlers:
 
@@ -263,20 +194,17 @@ class Consumer(DeliveryFlow):
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
         try:
-            if self._channel is None:
+            if not self._open_now:
                 self.start()
             while True:
                 try:
                     self._serve()
                     break
-                except LOST as exc:
-                    if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code == 403:
-                        # May not consume: reconnecting cannot help (see delayq.grants).
-                        raise translate_channel_error(exc) from exc
+                except FeedLost as exc:
                     if self._stop.is_set():
                         break
                     log.warning(
-                        "lost the broker while consuming %s (%r); reconnecting", self.queue, exc
+                        "lost the broker while consuming %s (%s); reconnecting", self.queue, exc
                     )
                 self._reconnect()
         finally:
@@ -287,21 +215,18 @@ class Consumer(DeliveryFlow):
             raise self._fatal
 
     def _serve(self) -> None:
-        """The connection thread's loop: deliveries in, handlers started, outcomes settled."""
-        assert self._connection is not None
+        """The feed thread's loop: deliveries in, handlers started, outcomes settled."""
         tick_s = max(0.005, min(0.2, self._timeout_ms / 10_000))
         self._last_delivery = time.monotonic()
         stop_by: float | None = None
         while True:
-            self._connection.process_data_events(time_limit=tick_s)
+            self._feed.pump(tick_s)
             self._settle_finished()
             self._time_out_overruns()
-            if self._cancelled:
-                raise ConsumerCancelled(f"the broker cancelled the consumer of {self.queue}")
             if self._stop.is_set():
                 if stop_by is None:
                     stop_by = time.monotonic() + self._stop_grace_s
-                    self._unsubscribe()
+                    self._feed.unsubscribe()
                 if time.monotonic() >= stop_by:
                     self._pending.clear()  # back to the queue when the channel closes
                 if not self._pending and not self._threads.running:
@@ -312,39 +237,20 @@ class Consumer(DeliveryFlow):
             self._prune_when_due()
             self._check_stalled()
 
-    def _unsubscribe(self) -> None:
-        channel = self._channel
-        if channel is not None and channel.is_open and self._consumer_tag is not None:
-            try:
-                channel.basic_cancel(self._consumer_tag)
-            except (pex.AMQPError, OSError) as exc:
-                log.debug("cancel failed: %r", exc)
-        self._consumer_tag = None
-
     def _check_stalled(self) -> None:
+        """Ready messages, none delivered for a while: subscribe again (a consumer the
+        broker forgot without telling, see AsyncConsumer._watch_stalls)."""
         if self._pending or self._threads.running or self._stop.is_set():
             return
         if time.monotonic() - self._last_delivery < STALL_CHECK_S:
             return
         self._last_delivery = time.monotonic()
-        if self._stalled():
-            raise StalledConsumer(f"messages ready in {self.queue} but none delivered")
-
-    def _stalled(self) -> bool:
-        """Ready messages, none delivered for a while (see AsyncConsumer._watch_stalls)."""
-        assert self._connection is not None
-        probe = self._connection.channel()
-        try:
-            ok = probe.queue_declare(self.queue, passive=True)
-            return int(ok.method.message_count) > 0
-        finally:
-            close_quietly(probe)
+        if self._feed.ready() > 0:
+            raise FeedLost(f"messages ready in {self.queue} but none delivered")
 
     def _reconnect(self) -> None:
-        close_quietly(self._channel)
-        close_quietly(self._connection)
-        self._channel = self._connection = None
-        self._consumer_tag = None
+        self._feed.close()
+        self._open_now = False
         self._pending.clear()  # the broker gives them back
         delay = RECONNECT_MIN_S
         while not self._stop.is_set():
@@ -365,14 +271,9 @@ class Consumer(DeliveryFlow):
             return
 
     def close(self) -> None:
-        """Cancel consuming (unacked deliveries go back to the queue) and close."""
-        channel = self._channel
-        if channel is not None and channel.is_open:
-            self._unsubscribe()
-        close_quietly(channel)
-        close_quietly(self._connection)
-        self._channel = None
-        self._connection = None
+        """Stop consuming (unacked deliveries go back to the queue) and close."""
+        self._feed.close()
+        self._open_now = False
         self._pending.clear()
         self._publisher.close()
         for job in self._threads.forget_running():

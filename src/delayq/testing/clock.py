@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from delayq.errors import InvalidInput
 
-__all__ = ["DEFAULT_START_MS", "PruneSchedule", "VirtualClock"]
+__all__ = ["DEFAULT_START_MS", "VirtualClock"]
 
 DEFAULT_START_MS = 1_767_225_600_000
 """2026-01-01T00:00:00Z: a fixed start, so runs are reproducible."""
@@ -35,23 +35,3 @@ class VirtualClock:
         if at_ms < self._now_ms:
             raise InvalidInput(f"the virtual clock cannot go back ({at_ms} < {self._now_ms})")
         self._now_ms = at_ms
-
-
-class PruneSchedule:
-    """When a memory consumer forgets old idempotency keys: every ``every_ms`` of
-    virtual time, keys older than ``retention_ms`` (the real consumers' timer runs
-    on wall time, which does not move in a test)."""
-
-    __slots__ = ("_every_ms", "_next_ms", "_retention_ms")
-
-    def __init__(self, every_ms: int, retention_ms: int) -> None:
-        self._every_ms = every_ms
-        self._retention_ms = retention_ms
-        self._next_ms = 0
-
-    def due(self, now_ms: int) -> int | None:
-        """The cutoff (``older_than_ms``) when a prune is due at ``now_ms``, else ``None``."""
-        if now_ms < self._next_ms:
-            return None
-        self._next_ms = now_ms + self._every_ms
-        return now_ms - self._retention_ms

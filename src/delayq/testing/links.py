@@ -1,9 +1,11 @@
-"""Links to a :class:`~delayq.testing.MemoryBroker`, for ``memory://NAME`` URLs.
+"""Links and feeds to a :class:`~delayq.testing.MemoryBroker`, for ``memory://NAME`` URLs.
 
-``Publisher("memory://NAME", ...)`` and ``AsyncPublisher("memory://NAME", ...)``
-are the real publishers (message building, checks, observers) over these links,
-which :data:`delayq.links.LINKS` names for the ``memory`` scheme. Publishers
-given no clock build messages on the broker's virtual clock.
+``Publisher("memory://NAME", ...)``, ``Consumer("memory://NAME", ...)`` and their
+asyncio twins are the real classes (message building, the delivery flow,
+checks, observers) over these, which :mod:`delayq.links` names for the
+``memory`` scheme. Given no clock, they run on the broker's virtual clock. The
+feeds are *inline*: the broker delivers while it runs (``broker.advance``), in
+the caller's thread, and the consumer runs the handler right there.
 """
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from delayq.envelope import OutgoingMessage
-from delayq.errors import PublishError, TopologyMissing
-from delayq.links import LinkOptions, Settle
+from delayq.errors import InvalidInput, PublishError, TopologyMissing
+from delayq.links import AsyncOnDelivery, LinkOptions, OnDelivery, Settle
 from delayq.marker import Gate
 from delayq.provisioning import ApplyReport
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
+from delayq.testing.model import StoredMessage, delivery_of
 from delayq.topology import Topology
 
-__all__ = ["AsyncMemoryLink", "MemoryLink"]
+__all__ = [
+    "AsyncMemoryFeed",
+    "AsyncMemoryLink",
+    "BrokerHandle",
+    "BrokerSettler",
+    "MemoryFeed",
+    "MemoryLink",
+]
 
 
 class MemoryLink:
@@ -89,3 +99,144 @@ class AsyncMemoryLink:
 
     async def close(self) -> None:
         pass
+
+
+class BrokerSettler:
+    """Settles a delivery on the memory broker, while its feed is subscribed."""
+
+    __slots__ = ("_feed", "_tag")
+
+    def __init__(self, feed: MemoryFeed, tag: int) -> None:
+        self._feed, self._tag = feed, tag
+
+    @property
+    def current(self) -> bool:
+        return self._feed.subscribed
+
+    def ack(self) -> None:
+        self._feed.broker.ack(self._tag)
+
+    def requeue(self) -> None:
+        self._feed.broker.nack(self._tag, requeue=True)
+
+
+class MemoryFeed:
+    """An inline :class:`~delayq.links.Feed` from a memory broker (the broker's
+    ``Subscriber``): ``broker.advance`` hands it deliveries in the caller's thread."""
+
+    inline = True
+    is_async = False
+
+    def __init__(self, url: str) -> None:
+        self.broker: MemoryBroker = broker_for(url)
+        self.clock_ms: Callable[[], int] | None = self.broker.clock_ms
+        self.queue = ""
+        self.subscribed = False
+        self._on_delivery: OnDelivery | None = None
+
+    def __repr__(self) -> str:
+        return f"MemoryFeed({self.broker.url!r}, queue={self.queue!r})"
+
+    def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
+        self.broker.apply(topology)  # as a real consumer applies its topology
+        self.queue, self._on_delivery = queue, on_delivery
+        self.broker.subscribe(self)
+        self.subscribed = True
+
+    def deliver(self, tag: int, message: StoredMessage) -> None:
+        """Called by the broker as it runs."""
+        assert self._on_delivery is not None
+        self._on_delivery(BrokerSettler(self, tag), delivery_of(self.queue, message))
+
+    async def adeliver(self, tag: int, message: StoredMessage) -> None:
+        self.deliver(tag, message)
+
+    def resubscribe(self, prefetch: int) -> None:
+        pass  # one delivery at a time, whatever the prefetch
+
+    def pump(self, time_limit_s: float) -> None:
+        pass  # inline: the broker delivers while it runs
+
+    def unsubscribe(self) -> None:
+        if self.subscribed:
+            self.broker.unsubscribe(self)
+            self.subscribed = False
+
+    def ready(self) -> int:
+        return self.broker.depth(self.queue)
+
+    def sleep(self, seconds: float) -> None:
+        pass  # virtual time: nothing to wait for
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.unsubscribe()
+
+
+class BrokerHandle:
+    """A delivery's tag on the memory broker, settled there (a ``links.Settleable``)."""
+
+    __slots__ = ("_broker", "delivery_tag")
+
+    def __init__(self, broker: MemoryBroker, tag: int) -> None:
+        self._broker = broker
+        self.delivery_tag: int | None = tag
+
+    async def ack(self, multiple: bool = False) -> None:
+        assert self.delivery_tag is not None
+        self._broker.ack(self.delivery_tag, multiple=multiple)
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        assert self.delivery_tag is not None
+        self._broker.nack(self.delivery_tag, requeue=requeue)
+
+
+class AsyncMemoryFeed:
+    """An inline :class:`~delayq.links.AsyncFeed` from a memory broker:
+    ``await broker.advance_async(...)`` awaits each delivery's flow."""
+
+    inline = True
+    is_async = True
+
+    def __init__(self, url: str) -> None:
+        self.broker: MemoryBroker = broker_for(url)
+        self.clock_ms: Callable[[], int] | None = self.broker.clock_ms
+        self.queue = ""
+        self._on_delivery: AsyncOnDelivery | None = None
+
+    def __repr__(self) -> str:
+        return f"AsyncMemoryFeed({self.broker.url!r}, queue={self.queue!r})"
+
+    async def open(
+        self,
+        topology: Topology,
+        queue: str,
+        prefetch: int,
+        on_delivery: AsyncOnDelivery,
+        on_lost: Callable[[BaseException], None],
+    ) -> None:
+        self.broker.apply(topology)  # as a real consumer applies its topology
+        self.queue, self._on_delivery = queue, on_delivery
+        self.broker.subscribe(self)
+
+    def deliver(self, tag: int, message: StoredMessage) -> None:
+        raise InvalidInput("an async consumer is delivered to with adeliver()")
+
+    async def adeliver(self, tag: int, message: StoredMessage) -> None:
+        """Called by the broker as it runs."""
+        assert self._on_delivery is not None
+        await self._on_delivery(BrokerHandle(self.broker, tag), delivery_of(self.queue, message))
+
+    async def resubscribe(self, prefetch: int) -> None:
+        pass
+
+    async def unsubscribe(self) -> None:
+        self.broker.unsubscribe(self)
+
+    async def ready(self) -> int:
+        return self.broker.depth(self.queue)
+
+    async def close(self) -> None:
+        self.broker.unsubscribe(self)
