@@ -147,6 +147,12 @@ class Feed(Protocol):
     """Deliveries arrive in the caller's thread while the broker runs (no :meth:`pump`)."""
     clock_ms: Callable[[], int] | None
 
+    @property
+    def consuming(self) -> bool:
+        """Whether the broker may still deliver to it: ``False`` from the moment the
+        broker confirmed :meth:`unsubscribe` (or before :meth:`open`)."""
+        ...
+
     def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
         """Connect, make sure ``topology`` exists, and subscribe to ``queue``."""
         ...
@@ -185,6 +191,11 @@ class AsyncFeed(Protocol):
     inline: bool
     """The broker delivers while it runs (``await broker.advance_async``)."""
     clock_ms: Callable[[], int] | None
+
+    @property
+    def consuming(self) -> bool:
+        """Whether the broker may still deliver to it (see :attr:`Feed.consuming`)."""
+        ...
 
     async def open(
         self,

@@ -329,9 +329,9 @@ def test_a_graceful_stop_hands_back_no_prefetched_message_to_be_charged(
     assert until(lambda: _ready(rabbitmq_url, queue) <= 60 - 10, 20)
     stopping = threading.Thread(target=consumer.stop, kwargs={"timeout_s": 30})
     stopping.start()
-    # Both adapters forget their consumer tag once the broker confirmed the cancel (the
-    # queue's consumer count still shows a cancelled consumer holding deliveries).
-    assert until(lambda: consumer.consumer._consumer_tag is None, 20)
+    # Both feeds stop consuming once the broker confirmed the cancel (the queue's
+    # consumer count still shows a cancelled consumer holding deliveries).
+    assert until(lambda: not consumer.consumer.feed.consuming, 20)
     go.set()
     stopping.join(60)
     left = _raw(rabbitmq_url, queue)

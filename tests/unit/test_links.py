@@ -10,6 +10,7 @@ import pytest
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
+from delayq.delivery import Delivery
 from delayq.envelope import OutgoingMessage
 from delayq.errors import InvalidInput, PublishRejected, UnboundRoutingKey
 from delayq.links import (
@@ -18,6 +19,7 @@ from delayq.links import (
     AsyncLink,
     Link,
     LinkOptions,
+    OnDelivery,
     Settle,
     gate_for,
     open_async_link,
@@ -26,7 +28,7 @@ from delayq.links import (
 )
 from delayq.provisioning import ApplyReport
 from delayq.published import Published, PublishOutcome
-from delayq.sync import Publisher
+from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
 
 TOPOLOGY = Topology(
@@ -193,3 +195,79 @@ def test_a_users_clock_wins_over_the_links() -> None:
     assert receipt.published_at_ms == 5_000
     mine = Publisher(topology=TOPOLOGY, link=link, clock_ms=lambda: 9_000)
     assert mine.publish("x", "job.a", "1m").published_at_ms == 9_000
+
+
+class ListSettler:
+    def __init__(self, log: list[str], n: int) -> None:
+        self.log, self.n = log, n
+
+    @property
+    def current(self) -> bool:
+        return True
+
+    def ack(self) -> None:
+        self.log.append(f"ack {self.n}")
+
+    def requeue(self) -> None:
+        self.log.append(f"requeue {self.n}")
+
+
+class ListFeed:
+    """A user's inline feed: the test pushes deliveries, the consumer handles them."""
+
+    inline = True
+    consuming = True
+    clock_ms: Callable[[], int] | None = None
+
+    def __init__(self) -> None:
+        self.settled: list[str] = []
+        self._on_delivery: OnDelivery | None = None
+
+    def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
+        self._on_delivery = on_delivery
+
+    def push(self, n: int, body: bytes) -> None:
+        assert self._on_delivery is not None
+        delivery = Delivery(
+            queue="work",
+            body=body,
+            routing_key="job.a",
+            message_id=f"m{n}",
+            content_type="application/json",
+            headers={},
+        )
+        self._on_delivery(ListSettler(self.settled, n), delivery)
+
+    def resubscribe(self, prefetch: int) -> None: ...
+    def pump(self, time_limit_s: float) -> None: ...
+    def unsubscribe(self) -> None: ...
+    def ready(self) -> int:
+        return 0
+
+    def sleep(self, seconds: float) -> None: ...
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_a_users_feed_and_link_drive_a_consumer_with_no_broker() -> None:
+    feed, link = ListFeed(), RecordingLink()
+    seen: list[object] = []
+
+    def handler(body: dict[str, int]) -> None:
+        seen.append(body)
+        if body["n"] == 2:
+            raise RuntimeError("try later")
+
+    consumer = Consumer(URL, TOPOLOGY, "work", handler, feed=feed, link=link)
+    assert consumer.feed is feed and consumer.inline
+    consumer.run()  # an inline feed: run only opens it
+    feed.push(1, b'{"n": 1}')
+    feed.push(2, b'{"n": 2}')
+    feed.push(3, b"not json")
+    assert seen == [{"n": 1}, {"n": 2}]
+    assert feed.settled == ["ack 1", "ack 2", "ack 3"]  # each after its republish
+    retry, dead = link.sent
+    assert retry.routing_key == "work" and retry.headers["delayq-attempt"] == 2
+    assert dead.routing_key == "work.dlq"
+    stats = consumer.stats
+    assert (stats.handled, stats.retried, stats.dead_lettered) == (1, 1, 1)

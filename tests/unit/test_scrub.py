@@ -6,7 +6,7 @@ import logging
 import string
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from delayq import InvalidInput, Reject, Topology
@@ -94,6 +94,9 @@ FORMS = [
 
 @given(secret=SECRETS, form=st.sampled_from(FORMS))
 def test_a_random_secret_never_survives(secret: str, form: str) -> None:
+    # A secret spelt like the form's own words ("password", "authSource") is not leaked
+    # by leaving those words: only the secret's own place counts.
+    assume(secret not in form.format(s=" "))
     text = form.format(s=secret)
     assert secret not in scrub(text), scrub(text)
 

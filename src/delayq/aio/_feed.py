@@ -40,6 +40,7 @@ class AioPikaFeed:
         self._queue = ""
         self._tag: str | None = None
         self._subscribed = False
+        self._consuming = False  # until the broker confirmed a cancel
         self._on_delivery: AsyncOnDelivery | None = None
         self._on_lost: Callable[[BaseException], None] = lambda exc: None
 
@@ -62,6 +63,7 @@ class AioPikaFeed:
             self._subscribed = True
             try:
                 self._tag = await amqp_queue.consume(self._on_message, no_ack=False)
+                self._consuming = True
             except aex.ChannelAccessRefused as exc:  # may not read it (see delayq.grants)
                 raise translate_channel_error(exc) from exc
         except BaseException:
@@ -73,6 +75,10 @@ class AioPikaFeed:
         # The broker cancels a consumer when its queue goes away or restarts (a quorum
         # queue losing its leader): the channel stays open but nothing arrives any more.
         channel.channel.on_consumer_cancel_callbacks.add(self._cancelled)
+
+    @property
+    def consuming(self) -> bool:
+        return self._consuming
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         delivery = Delivery(
@@ -117,12 +123,14 @@ class AioPikaFeed:
         channel, tag = self._channel, self._tag
         self._tag = None
         if channel is None or tag is None:
+            self._consuming = False
             return
         try:
             amqp_queue = await channel.get_queue(self._queue, ensure=False)
-            await amqp_queue.cancel(tag)
+            await amqp_queue.cancel(tag)  # returns once the broker confirmed it
         except Exception as exc:
             log.debug("cancel failed: %r", exc)
+        self._consuming = False
 
     async def ready(self) -> int:
         channel = self._channel
@@ -138,5 +146,6 @@ class AioPikaFeed:
         connection, channel = self._connection, self._channel
         self._connection = self._channel = None  # what closes now is not lost
         self._tag = None
+        self._consuming = False
         await close_quietly(channel)
         await close_quietly(connection)

@@ -75,6 +75,8 @@ class AsyncConsumer(ConsumerBase):
     ``handler`` takes the decoded body (a ``model`` instance when ``model`` is
     given) and may be a coroutine function or a plain one (run in a thread; a
     plain function cannot be interrupted when it overruns ``handler_timeout``).
+    ``feed`` replaces where deliveries come from, ``link`` what retries and dead
+    letters are published through (see :mod:`delayq.links`).
     """
 
     _sync: ClassVar[bool] = False
@@ -112,7 +114,9 @@ class AsyncConsumer(ConsumerBase):
         self._stall_guard: asyncio.Task[None] | None = None
         self._last_delivery = 0.0
         self._pruner: asyncio.Task[None] | None = None
-        self._publisher = AsyncPublisher(self._url, self.topology, clock_ms=self._clock_ms)
+        self._publisher = AsyncPublisher(
+            self._url, self.topology, clock_ms=self._clock_ms, link=self._link
+        )
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
         self._finishing: set[asyncio.Task[None]] = set()

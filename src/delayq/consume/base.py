@@ -87,6 +87,7 @@ class ConsumerBase:
         rng: random.Random | None = None,
         scrubber: Callable[[str], str] | None = None,
         feed: Any = None,
+        link: Any = None,
     ) -> None:
         check_handler(handler, sync=self._sync)
         if transactional:
@@ -131,6 +132,8 @@ class ConsumerBase:
             lease_ms=settings.lease_ms,
             clock_ms=clock_ms,
         )
+        self._link = link
+        """What retries and dead letters are published through (``None``: the URL's)."""
         self._prunes = PruneSchedule(settings.prune_every_ms, settings.retention_ms)
         self.stats = ConsumerStats()
         self._observers = Observers(observers)

@@ -107,6 +107,10 @@ class PikaFeed:
         self._queue, self._on_delivery = queue, on_delivery
         self._connection, self.channel, self._tag = connection, channel, tag
 
+    @property
+    def consuming(self) -> bool:
+        return self._tag is not None
+
     def _on_message(
         self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
     ) -> None:

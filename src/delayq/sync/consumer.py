@@ -66,7 +66,8 @@ class Consumer(DeliveryFlow):
     is retried; its thread cannot be killed and is left to finish on its own while
     the consumer goes on with its slot (at most ``concurrency`` such threads
     beyond the working ones; then no handler starts until one of them ends).
-    ``feed`` replaces where deliveries come from (see :mod:`delayq.links`).
+    ``feed`` replaces where deliveries come from, ``link`` what retries and dead
+    letters are published through (see :mod:`delayq.links`).
     """
 
     _name: ClassVar[str] = "Consumer"
@@ -80,7 +81,9 @@ class Consumer(DeliveryFlow):
         self.concurrency = self._settings.concurrency or min(self._prefetch, DEFAULT_CONCURRENCY)
         """Handlers running at once, at most."""
         self._stop_grace_s = STOP_GRACE_S
-        self._publisher = Publisher(self._url, self.topology, clock_ms=self._clock_ms)
+        self._publisher = Publisher(
+            self._url, self.topology, clock_ms=self._clock_ms, link=self._link
+        )
         self._open_now = False
         self._cautious = False
         self._widen = False

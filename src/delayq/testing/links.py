@@ -111,7 +111,7 @@ class BrokerSettler:
 
     @property
     def current(self) -> bool:
-        return self._feed.subscribed
+        return self._feed.consuming
 
     def ack(self) -> None:
         self._feed.broker.ack(self._tag)
@@ -131,7 +131,7 @@ class MemoryFeed:
         self.broker: MemoryBroker = broker_for(url)
         self.clock_ms: Callable[[], int] | None = self.broker.clock_ms
         self.queue = ""
-        self.subscribed = False
+        self.consuming = False
         self._on_delivery: OnDelivery | None = None
 
     def __repr__(self) -> str:
@@ -141,7 +141,7 @@ class MemoryFeed:
         self.broker.apply(topology)  # as a real consumer applies its topology
         self.queue, self._on_delivery = queue, on_delivery
         self.broker.subscribe(self)
-        self.subscribed = True
+        self.consuming = True
 
     def deliver(self, tag: int, message: StoredMessage) -> None:
         """Called by the broker as it runs."""
@@ -158,9 +158,9 @@ class MemoryFeed:
         pass  # inline: the broker delivers while it runs
 
     def unsubscribe(self) -> None:
-        if self.subscribed:
+        if self.consuming:
             self.broker.unsubscribe(self)
-            self.subscribed = False
+            self.consuming = False
 
     def ready(self) -> int:
         return self.broker.depth(self.queue)
@@ -204,6 +204,7 @@ class AsyncMemoryFeed:
         self.broker: MemoryBroker = broker_for(url)
         self.clock_ms: Callable[[], int] | None = self.broker.clock_ms
         self.queue = ""
+        self.consuming = False
         self._on_delivery: AsyncOnDelivery | None = None
 
     def __repr__(self) -> str:
@@ -220,6 +221,7 @@ class AsyncMemoryFeed:
         self.broker.apply(topology)  # as a real consumer applies its topology
         self.queue, self._on_delivery = queue, on_delivery
         self.broker.subscribe(self)
+        self.consuming = True
 
     def deliver(self, tag: int, message: StoredMessage) -> None:
         raise InvalidInput("an async consumer is delivered to with adeliver()")
@@ -234,9 +236,10 @@ class AsyncMemoryFeed:
 
     async def unsubscribe(self) -> None:
         self.broker.unsubscribe(self)
+        self.consuming = False
 
     async def ready(self) -> int:
         return self.broker.depth(self.queue)
 
     async def close(self) -> None:
-        self.broker.unsubscribe(self)
+        await self.unsubscribe()
