@@ -373,3 +373,65 @@ def test_a_worker_whose_plain_handler_raises_system_exit_stops_and_exits_with_it
         thread.join(60)
     assert len(raised) == 1 and isinstance(raised[0], SystemExit) and raised[0].code == 5
     assert [p.message_id for _, p in _raw(rabbitmq_url, queue)] == ["exits"]
+
+
+def test_a_stop_requested_before_or_while_a_sync_consumer_starts_is_not_lost(
+    make_topology, rabbitmq_url
+):
+    """``request_stop()`` right after handing ``run`` to a thread (before it started, or
+    while it connects): ``run`` returns, instead of consuming forever."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    for _ in range(2):  # the same consumer, stopped twice: each request counts once
+        consumer = Consumer(rabbitmq_url, topo, queue, lambda body: None)
+        consumer.request_stop()  # before run() began
+        runner = threading.Thread(target=consumer.run, kwargs={"install_signal_handlers": False})
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive(), "run() did not see the stop requested before it"
+    # While run() is starting: the request lands during the connect.
+    consumer = Consumer(rabbitmq_url, topo, queue, lambda body: None)
+    runner = threading.Thread(target=consumer.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    consumer.request_stop()
+    runner.join(30)
+    assert not runner.is_alive()
+    # A consumer that served and stopped runs again: the old request is forgotten.
+    runner = threading.Thread(target=consumer.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    assert consumer.started.wait(30) and runner.is_alive()
+    consumer.request_stop()
+    runner.join(30)
+    assert not runner.is_alive()
+
+
+def test_a_stop_requested_before_or_while_an_async_consumer_starts_is_not_lost(
+    make_topology, rabbitmq_url
+):
+    """The asyncio twin: ``request_stop()`` after ``create_task(consumer.run())`` but
+    before the task ran (or while it connects), and from another thread."""
+    import asyncio
+
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+
+    async def scenario() -> None:
+        consumer = AsyncConsumer(rabbitmq_url, topo, queue, lambda body: None)
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        consumer.request_stop()  # the task has not started yet
+        await asyncio.wait_for(task, 30)
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        await asyncio.sleep(0)  # now it is connecting
+        consumer.request_stop()
+        await asyncio.wait_for(task, 30)
+        # From another thread, once it consumes: a fresh run, the old request forgotten.
+        task = asyncio.create_task(consumer.run(install_signal_handlers=False))
+        while not consumer.feed.consuming:
+            await asyncio.sleep(0.02)
+        assert not task.done()
+        await asyncio.to_thread(consumer.request_stop)
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())

@@ -124,6 +124,9 @@ class AsyncConsumer(ConsumerBase):
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._stop_wanted = False  # request_stop() before run() waits: kept until it does
+        self._stop_requested: asyncio.Event | None = None
+        self._run_loop: asyncio.AbstractEventLoop | None = None
 
     # Life cycle ---------------------------------------------------------------
 
@@ -245,10 +248,17 @@ class AsyncConsumer(ConsumerBase):
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
         """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully."""
-        await self.start()
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
-        self._stop_requested = stop_requested
+        self._stop_requested, self._run_loop = stop_requested, loop
+        if self._stop_wanted:  # asked before run() began
+            stop_requested.set()
+        try:
+            await self.start()
+        except BaseException:
+            self._stop_requested = self._run_loop = None
+            self._stop_wanted = False
+            raise
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_requested.set)
@@ -259,12 +269,28 @@ class AsyncConsumer(ConsumerBase):
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.stop()
+            self._stop_requested = self._run_loop = None
+            self._stop_wanted = False
 
     def request_stop(self) -> None:
-        """Ask :meth:`run` to stop gracefully."""
-        event = getattr(self, "_stop_requested", None)
-        if event is not None:
+        """Ask :meth:`run` to stop gracefully, from the loop or any thread. A request made
+        while :meth:`run` is starting, or before it began, is kept: ``run`` starts, then
+        stops at once."""
+        self._stop_wanted = True
+        event, loop = self._stop_requested, self._run_loop
+        if event is None or loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
             event.set()
+        else:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop closed meanwhile: nothing to stop
+                pass
 
     # Deliveries ---------------------------------------------------------------
 

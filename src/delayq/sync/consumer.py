@@ -120,8 +120,7 @@ class Consumer(DeliveryFlow):
         reached now; once running, a lost connection or channel is reopened (back-off
         up to ``RECONNECT_MAX_S``) until a stop is requested.
         """
-        self._stop.clear()
-        self._fatal = None
+        self._fatal = None  # a stop requested before start is kept (close() forgets it)
         self._open()
         self.started.set()
         log.info(
@@ -172,7 +171,9 @@ class Consumer(DeliveryFlow):
 
     def request_stop(self) -> None:
         """Stop gracefully (safe from any thread or a signal handler): no new deliveries,
-        running handlers finish, prefetched ones are handled for up to :data:`STOP_GRACE_S`."""
+        running handlers finish, prefetched ones are handled for up to :data:`STOP_GRACE_S`.
+        A request made while :meth:`run` is starting, or before it began, is kept: ``run``
+        starts, then stops at once."""
         self._stop.set()
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
@@ -288,3 +289,4 @@ class Consumer(DeliveryFlow):
         self._threads = self._new_threads()
         self._observers.flush()
         self.started.clear()
+        self._stop.clear()  # served: the next run starts afresh
