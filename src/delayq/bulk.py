@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from delayq.cascade import Kind, Strategy
 from delayq.durations import to_ms
-from delayq.envelope import EXACT_LABEL, MessageFactory, OutgoingMessage, epoch_ms, route_exact
+from delayq.envelope import MessageFactory, OutgoingMessage, epoch_ms
 from delayq.errors import InvalidBody, InvalidDelay, InvalidInput, InvalidMessageId
 from delayq.topology import Topology
 
@@ -170,15 +169,7 @@ class BulkPlanner:
         except InvalidInput as exc:
             tier = NO_TIER
             try:
-                delay_ms = self._delay_ms(row)
-                if delay_ms <= 0:
-                    tier = "immediate"
-                elif self.topology.strategy is Strategy.EXACT:
-                    route_exact(self.topology, delay_ms, Kind.ROUTE, "probe")  # too long?
-                    tier = EXACT_LABEL
-                else:
-                    chosen = self.topology.ladder.select_ms(delay_ms)
-                    tier = chosen.label if chosen is not None else "immediate"
+                tier = self._factory.router.wait(self._delay_ms(row)).shown
             except (InvalidInput, TypeError):
                 pass
             return Rejection(key, routing_key, given, tier, type(exc).__name__, str(exc))
@@ -209,7 +200,8 @@ class BulkPlanner:
 
 
 def tier_of(msg: OutgoingMessage) -> str:
-    """A sent message's tier label, ``"immediate"`` for no delay."""
+    """A sent message's tier label (``"exact"`` through the cascade), ``"immediate"``
+    for no delay."""
     return msg.receipt.tier or "immediate"
 
 

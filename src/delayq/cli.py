@@ -314,7 +314,7 @@ def _spark_commands(
     spark = commands.add_parser(
         "spark",
         parents=[middle],
-        help="Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])"
+        help="Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])",
     )
     jobs = spark.add_subparsers(dest="spark_command", required=True, metavar="JOB")
     master = Parser(add_help=False)
@@ -597,6 +597,7 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 def cmd_retry_plan(args: argparse.Namespace) -> int:
     from delayq.retry import check_policy, policy_overflow
+    from delayq.route import Router
 
     topology = _topology(args)
     policy = _policy(args)
@@ -605,25 +606,24 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
     # run time: show the plan up to it, then say so (consumers refuse such a policy).
     over = policy_overflow(policy, topology)
     fitting = None if over is None else over.retry - 1
-    if exact:
-        rows = policy.schedule_exact(
-            topology.exact_unit_ms, topology.exact_levels, retries=fitting
-        )
-    else:
-        rows = policy.schedule(topology.ladder, retries=fitting)
+    rows = policy.schedule(Router(topology), retries=fitting)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
     if exact:
         print(
             f"# exact strategy: unit {format_ms(topology.exact_unit_ms)}, "
-            f"{topology.exact_levels} levels (tier column: exact/<hops>)"
+            f"{topology.exact_levels} levels (hops: the level queues a retry waits in)"
         )
     else:
         print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
-    print(f"{'attempt':>7}  {'requested':>10}  {'tier':>9}  {'late by':>8}  {'cumulative':>10}")
+    hops = f"  {'hops':>4}" if exact else ""
+    print(
+        f"{'attempt':>7}  {'requested':>10}  {'tier':>9}{hops}  {'late by':>8}  {'cumulative':>10}"
+    )
     for row in rows:
+        hops = f"  {row.hops:>4}" if exact else ""
         print(
-            f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}  "
+            f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}{hops}  "
             f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
         )
     if over is not None:
@@ -804,9 +804,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"delivery records: {args.records}", flush=True)
     failed = False
     try:
-        worker.run(
-            url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers
-        )
+        worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers)
     except BaseException:
         failed = True
         raise

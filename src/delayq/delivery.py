@@ -21,12 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from delayq.cascade import Kind, Strategy
 from delayq.durations import to_ms
 from delayq.envelope import (
     CONTENT_BYTES,
     CONTENT_JSON,
-    EXACT_LABEL,
     H_ATTEMPT,
     H_ROUTING_KEY,
     HEADER_PREFIX,
@@ -35,13 +33,13 @@ from delayq.envelope import (
     envelope_headers,
     epoch_ms,
     headers_size,
-    route_exact,
 )
 from delayq.errors import DelayqError, DelayTooLong, InvalidHeaders, InvalidInput
 from delayq.key_scope import KeyScope, scoped_key
 from delayq.ladder import Tier
 from delayq.limits import ERROR_TYPE_MAX_BYTES, FRAME_MAX, PROPERTIES_RESERVED_BYTES
 from delayq.retry import RetryPolicy, check_policy, default_policy
+from delayq.route import Router, Wait
 from delayq.scrub import SCRUB_WINDOW_CHARS, Scrubber, scrubbing
 from delayq.topology import Topology
 
@@ -69,7 +67,6 @@ __all__ = [
     "Reject",
     "Retry",
     "Undecodable",
-    "Wait",
     "bounded",
     "check_concurrency",
     "decode_body",
@@ -197,22 +194,6 @@ def is_fresh(redelivered: object, headers: Mapping[str, Any] | None) -> bool:
     """A first delivery, not one the broker got back from a dead or stopped consumer
     (the ``redelivered`` flag, or a quorum queue's ``x-delivery-count``)."""
     return _delivery_count(redelivered, headers) == 0
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """How a republished message waits: strategy, label (``None``: immediate), ms, hops."""
-
-    strategy: Strategy
-    label: str | None
-    ms: int
-    hops: int
-
-    @classmethod
-    def of_tier(cls, tier: Tier | None) -> Wait:
-        if tier is None:
-            return cls(Strategy.TIERED, None, 0, 0)
-        return cls(Strategy.TIERED, tier.label, tier.ttl_ms, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +388,7 @@ class DeliveryPlanner:
                 f"{topology.namespace!r}); add it under `destinations`"
             ) from None
         self.topology = topology
+        self._router = Router(topology)
         self.queue = queue
         self.dlq = f"{queue}.dlq"
         if policy is None:
@@ -507,28 +489,7 @@ class DeliveryPlanner:
 
         Raises :class:`~delayq.errors.DelayTooLong` when the strategy cannot wait that long.
         """
-        if self.topology.strategy is Strategy.EXACT:
-            # Through the cascade, addressed by a `q.<queue>` key that only this
-            # queue's binding on the delivery exchange matches.
-            route = route_exact(self.topology, delay_ms, Kind.ADDRESS, self.queue)
-            exchange, routing_key = route.exchange, route.routing_key
-            if not exchange:  # immediate: this queue alone, as below
-                exchange = self.topology.direct_exchange
-            plan = route.plan
-            wait = Wait(
-                Strategy.EXACT,
-                None if plan is None else EXACT_LABEL,
-                0 if plan is None else plan.wait_ms,
-                0 if plan is None else plan.hops,
-            )
-        else:
-            tier = self.topology.ladder.select_ms(delay_ms)
-            # Addressed by this queue's name through a direct exchange that routes only
-            # the topology's queue names: to the retry tier, or for delay 0 straight back.
-            topo = self.topology
-            exchange = topo.direct_exchange if tier is None else topo.retry_direct_name(tier)
-            routing_key = self.queue
-            wait = Wait.of_tier(tier)
+        exchange, routing_key, wait = self._router.to_queue(delay_ms, self.queue)
         headers = _user_headers(delivery.headers)
         headers.update(
             envelope_headers(

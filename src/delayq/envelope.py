@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from delayq.cascade import MAX_KEY_BYTES, CascadePlan, Kind, Strategy, plan_cascade
+from delayq.cascade import Strategy
 from delayq.durations import to_ms
 from delayq.errors import (
     BodyTooLarge,
@@ -33,7 +33,6 @@ from delayq.errors import (
     InvalidRoutingKey,
     UnboundRoutingKey,
 )
-from delayq.ladder import Tier
 from delayq.limits import (
     DEFAULT_LIMITS,
     MAX_BODY_BYTES,
@@ -41,6 +40,7 @@ from delayq.limits import (
     MAX_HEADERS,
     MessageLimits,
 )
+from delayq.route import Router
 from delayq.topic import BindingKeys
 from delayq.topology import Topology
 
@@ -62,7 +62,6 @@ __all__ = [
     "IMMEDIATE",
     "MAX_HEADERS",
     "MAX_HEADERS_BYTES",
-    "ExactRoute",
     "Message",
     "MessageFactory",
     "OutgoingMessage",
@@ -72,8 +71,6 @@ __all__ = [
     "epoch_ms",
     "headers_size",
     "new_message_id",
-    "resolve_strategy",
-    "route_exact",
     "unbound_key",
     "validate_headers",
     "validate_routing_key",
@@ -344,25 +341,6 @@ def envelope_headers(
     }
 
 
-EXACT_LABEL = "exact"
-
-
-def resolve_strategy(topology: Topology, strategy: object) -> Strategy:
-    """A publish's strategy: ``None`` is the topology's default; ``exact`` needs its levels."""
-    if strategy is None:
-        return topology.strategy
-    try:
-        chosen = Strategy(strategy)
-    except ValueError:
-        raise InvalidInput(f"unknown strategy {strategy!r}; use 'tiered' or 'exact'") from None
-    if chosen is Strategy.EXACT and not topology.exact_enabled:
-        raise InvalidInput(
-            f"namespace {topology.namespace!r} has no exact levels: set `exact:` (unit, "
-            "levels) or `strategy: exact` in its topology and apply it"
-        )
-    return chosen
-
-
 def _near_keys(routing_key: str, keys: Sequence[str]) -> list[str]:
     """Up to 3 keys the binding keys take that look like ``routing_key`` (a typo)."""
     words = routing_key.split(".")
@@ -402,38 +380,6 @@ def unbound_key(topology: Topology, routing_key: str, keys: Sequence[str]) -> Un
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ExactRoute:
-    """Where a cascade message is published (``plan`` is ``None`` when immediate)."""
-
-    exchange: str
-    routing_key: str
-    plan: CascadePlan | None
-
-
-def route_exact(topology: Topology, delay_ms: int, kind: Kind, target: str) -> ExactRoute:
-    """The exchange and wire routing key of a delay through the cascade.
-
-    Immediate (0 ms) goes as in the tiered strategy: to ``<ns>.ready`` for a
-    route, through the default exchange for a queue address. Raises
-    :class:`~delayq.errors.DelayTooLong` above ``2**N - 1`` units and
-    :class:`~delayq.errors.InvalidRoutingKey` when the key would pass 255 bytes.
-    """
-    levels = topology.exact_levels
-    plan = plan_cascade(delay_ms, topology.exact_unit_ms, levels, kind, target)
-    if plan is None:
-        if kind is Kind.ADDRESS:
-            return ExactRoute("", target, None)
-        return ExactRoute(topology.ready_exchange, target, None)
-    if len(plan.routing_key.encode("utf-8")) > MAX_KEY_BYTES:
-        raise InvalidRoutingKey(
-            f"routing key {target[:40]!r}... is too long for the exact strategy: the "
-            f"cascade adds {len(plan.routing_key.encode()) - len(target.encode())} bytes "
-            f"and AMQP allows {MAX_KEY_BYTES}"
-        )
-    return ExactRoute(topology.level_name(plan.level), plan.routing_key, plan)
-
-
 class MessageFactory:
     """Turns a publish call into an :class:`OutgoingMessage`, or raises before any I/O."""
 
@@ -453,12 +399,7 @@ class MessageFactory:
         self.max_body_bytes = self.limits.max_body_bytes
         self._clock_ms = clock_ms
         self._new_id = new_id
-        # Per tier, computed once: (exchange, TTL ms, label) for the hot path.
-        self._route: dict[Tier | None, tuple[str, int, str | None]] = {
-            tier: (topology.tier_name(tier), tier.ttl_ms, tier.label)
-            for tier in topology.ladder.tiers
-        }
-        self._route[None] = (topology.ready_exchange, 0, None)
+        self.router = Router(topology)
         self._bound = BindingKeys(topology.binding_keys)
 
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
@@ -498,19 +439,9 @@ class MessageFactory:
         """Validate and build one message (delay: ``timedelta`` or ``"15m"``-style str;
         ``strategy``: ``"tiered"``, ``"exact"``, or ``None`` for the topology's default)."""
         delay_ms = to_ms(delay)
-        chosen = resolve_strategy(self.topology, strategy)
+        chosen = self.router.strategy(strategy)
         routing_key = validate_routing_key(routing_key)
-        if chosen is Strategy.EXACT:
-            route = route_exact(self.topology, delay_ms, Kind.ROUTE, routing_key)
-            exchange, wire_key = route.exchange, route.routing_key
-            if route.plan is None:
-                tier_ms, tier_label, hop_count = 0, None, 0
-            else:
-                tier_ms, tier_label, hop_count = route.plan.wait_ms, EXACT_LABEL, route.plan.hops
-        else:
-            tier = self.topology.ladder.select_ms(delay_ms)
-            exchange, tier_ms, tier_label = self._route[tier]
-            wire_key, hop_count = routing_key, 0 if tier is None else 1
+        exchange, wire_key, wait = self.router.to_destinations(delay_ms, routing_key, chosen)
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)
         user_headers = validate_headers(headers, self.limits)
         data, content_type = encode_body(body)
@@ -523,18 +454,18 @@ class MessageFactory:
             raise unbound_key(self.topology, routing_key, self._bound.keys)
         now_ms = self._clock_ms()
         user_headers.update(
-            envelope_headers(delay_ms, tier_label, tier_ms, now_ms, attempt, routing_key)
+            envelope_headers(delay_ms, wait.label, wait.ms, now_ms, attempt, routing_key)
         )
         receipt = Receipt(
             message_id=message_id,
             routing_key=routing_key,
             exchange=exchange,
-            tier=tier_label,
+            tier=wait.label,
             delay_ms=delay_ms,
-            tier_ms=tier_ms,
+            tier_ms=wait.ms,
             published_at_ms=now_ms,
             strategy=chosen,
-            hops=hop_count,
+            hops=wait.hops,
         )
         return OutgoingMessage(
             exchange=exchange,

@@ -1,7 +1,8 @@
 """The one exception tree of delayq.
 
 Every error delayq raises derives from :class:`DelayqError`. Errors from pika
-and aiormq are translated at one place per adapter and chained with
+and aiormq are translated at one place per adapter, its error map
+(:mod:`delayq.sync._errors`, :mod:`delayq.aio._errors`), and chained with
 ``raise ... from`` so the original stays in ``__cause__``::
 
     DelayqError

@@ -30,10 +30,11 @@ from pydantic import (
     model_validator,
 )
 
-from delayq.cascade import Kind, Strategy, plan_cascade
+from delayq.cascade import Strategy
 from delayq.durations import format_ms, to_ms
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.ladder import Ladder
+from delayq.route import Router, Wait, tier_wait
 
 if TYPE_CHECKING:
     from delayq.topology import Topology
@@ -48,7 +49,6 @@ __all__ = [
     "ScheduleRow",
     "check_policy",
     "default_policy",
-    "longest_retry_ms",
     "policy_overflow",
 ]
 
@@ -97,8 +97,11 @@ class ScheduleRow:
     requested_ms: int
     tier_ms: int
     tier: str
+    """The wait's label: a tier's, ``"exact"`` through the cascade, or ``"immediate"``."""
     cumulative_ms: int
     """Time from the first delivery to this attempt, handler time not counted."""
+    hops: int = 1
+    """Queues the retry waits in: 1 for a tier, ``popcount(units)`` through the cascade."""
 
     @property
     def requested(self) -> timedelta:
@@ -151,52 +154,38 @@ class RetryPolicy(BaseModel):
     def _jittered(self, delay_ms: int, rng: random.Random | None) -> int:
         return delay_ms
 
-    def schedule(self, ladder: Ladder, *, retries: int | None = None) -> list[ScheduleRow]:
-        """Every retry of this policy on ``ladder`` (or the first ``retries``), jitter
-        left out.
+    def schedule(self, route: Ladder | Router, *, retries: int | None = None) -> list[ScheduleRow]:
+        """Every retry of this policy (or the first ``retries``), jitter left out, on a
+        ladder or as a topology's :class:`~delayq.route.Router` routes retries (its
+        strategy: tiered, or the exact cascade).
 
         Raises :class:`~delayq.errors.DelayTooLong` naming the retry whose delay
         no tier can hold (see :func:`policy_overflow` to find it without raising).
         """
+        if isinstance(route, Router):
+            return self._schedule(route.wait, retries)
+        ladder = route
+        return self._schedule(lambda requested: tier_wait(ladder, requested), retries)
 
-        def wait(requested: int) -> tuple[int, str]:
-            tier = ladder.select_ms(requested)
-            return (0, "immediate") if tier is None else (tier.ttl_ms, tier.label)
-
-        return self._schedule(wait, retries)
-
-    def schedule_exact(
-        self, unit_ms: int, levels: int, *, retries: int | None = None
-    ) -> list[ScheduleRow]:
-        """Every retry of this policy through the exact strategy's cascade (``tier``
-        reads ``exact/<hops>``), jitter left out."""
-
-        def wait(requested: int) -> tuple[int, str]:
-            plan = plan_cascade(requested, unit_ms, levels, Kind.ADDRESS, "queue")
-            return (0, "immediate") if plan is None else (plan.wait_ms, f"exact/{plan.hops}")
-
-        return self._schedule(wait, retries)
-
-    def _schedule(
-        self, wait: Callable[[int], tuple[int, str]], retries: int | None
-    ) -> list[ScheduleRow]:
+    def _schedule(self, wait: Callable[[int], Wait], retries: int | None) -> list[ScheduleRow]:
         rows: list[ScheduleRow] = []
         cumulative = 0
         last = self.max_attempts if retries is None else min(self.max_attempts, retries + 1)
         for retry in range(1, last):
             requested = self.base_delay_ms(retry)
             try:
-                tier_ms, label = wait(requested)
+                waited = wait(requested)
             except DelayTooLong as exc:
                 raise DelayTooLong(f"retry {retry} (attempt {retry + 1}): {exc}") from exc
-            cumulative += tier_ms
+            cumulative += waited.ms
             rows.append(
                 ScheduleRow(
                     attempt=retry + 1,
                     requested_ms=requested,
-                    tier_ms=tier_ms,
-                    tier=label,
+                    tier_ms=waited.ms,
+                    tier=waited.shown,
                     cumulative_ms=cumulative,
+                    hops=waited.hops,
                 )
             )
         return rows
@@ -314,18 +303,10 @@ class Overflow:
         )
 
 
-def longest_retry_ms(topology: Topology) -> tuple[int, str]:
-    """The longest delay a retry can wait on ``topology``, and how to say it."""
-    if topology.strategy is Strategy.EXACT:
-        limit = (2**topology.exact_levels - 1) * topology.exact_unit_ms
-        return limit, f"the exact strategy's maximum {format_ms(limit)}"
-    return topology.ladder.max_ms, f"the largest tier {topology.ladder.tiers[-1].label}"
-
-
 def policy_overflow(policy: RetryPolicy, topology: Topology) -> Overflow | None:
     """The first retry whose delay (before jitter, which only shortens it) exceeds what
     ``topology`` can hold, or ``None`` when every retry fits."""
-    limit_ms, limit = longest_retry_ms(topology)
+    limit_ms, limit = Router(topology).longest()
     for retry in range(1, policy.max_attempts):
         requested = policy.base_delay_ms(retry)
         if requested > limit_ms:
@@ -361,7 +342,7 @@ def default_policy(topology: Topology) -> ExponentialBackoff:
     """The policy of a consumer given none: 30 s doubling to 1 h, 5 attempts, with
     every delay capped at the longest wait ``topology`` offers (so a short test
     ladder retries instead of dead-lettering every failure as delay-too-long)."""
-    limit_ms, _ = longest_retry_ms(topology)
+    limit_ms, _ = Router(topology).longest()
     initial, cap = min(30_000, limit_ms), min(3_600_000, limit_ms)
     durations: dict[str, Any] = {
         "initial": timedelta(milliseconds=initial),

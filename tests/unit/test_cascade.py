@@ -30,6 +30,7 @@ from delayq.delivery import Action, Delivery, DeliveryPlanner, Retry
 from delayq.envelope import H_ROUTING_KEY, H_TIER_MS, MessageFactory
 from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey, InvalidTopology
 from delayq.retry import FixedBackoff
+from delayq.route import Router
 from delayq.topology import Topology
 
 WORD = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
@@ -273,10 +274,14 @@ def test_export_and_stats_cover_the_levels():
 
 
 def test_a_policy_schedule_through_the_cascade_waits_whole_units_not_tiers():
-    rows = FixedBackoff(delay="1300ms", max_attempts=3).schedule_exact(250, 4)
-    assert [(r.requested_ms, r.tier_ms, r.tier, r.cumulative_ms) for r in rows] == [
-        (1300, 1500, "exact/2", 1500),  # 5.2 units -> 6 = 0b110
-        (1300, 1500, "exact/2", 3000),
+    router = Router(exact_topology())
+    rows = FixedBackoff(delay="1300ms", max_attempts=3).schedule(router)
+    assert [(r.requested_ms, r.tier_ms, r.tier, r.hops, r.cumulative_ms) for r in rows] == [
+        (1300, 1500, "exact", 2, 1500),  # 5.2 units -> 6 = 0b110
+        (1300, 1500, "exact", 2, 3000),
     ]
+    # The same label a published message's receipt and x-delayq-tier header carry.
+    sent = MessageFactory(exact_topology()).build(b"x", "job.a", "1300ms")
+    assert (sent.receipt.tier, sent.receipt.hops) == ("exact", 2)
     with pytest.raises(DelayTooLong, match="retry 1"):
-        FixedBackoff(delay="4s", max_attempts=2).schedule_exact(250, 4)
+        FixedBackoff(delay="4s", max_attempts=2).schedule(router)

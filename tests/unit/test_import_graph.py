@@ -114,3 +114,29 @@ def test_sync_and_aio_and_the_core_import_no_test_double() -> None:
         if name.startswith("delayq.testing") or name == "delayq.pytest_plugin":
             continue
         assert not {m for m in imported if m.startswith("delayq.testing")}, name
+
+
+def _client_exception_importers() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            hits = {n for n in names if n in ("pika.exceptions", "aiormq.exceptions")}
+            hits |= {n for n in names if n.startswith("aio_pika.exceptions")}
+            if hits:
+                found.setdefault(name, set()).update(hits)
+    return found
+
+
+def test_each_adapter_translates_client_errors_in_one_module() -> None:
+    """pika's exceptions are named only in ``sync/_errors.py``, aiormq's and aio-pika's
+    only in ``aio/_errors.py``: every other module asks those what an error means."""
+    assert _client_exception_importers() == {
+        "delayq.sync._errors": {"pika.exceptions"},
+        "delayq.aio._errors": {"aiormq.exceptions"},
+    }

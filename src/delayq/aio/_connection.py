@@ -1,4 +1,4 @@
-"""aio-pika connections for the async adapter, and the one place aiormq errors are translated."""
+"""aio-pika connections for the async adapter (their errors: :mod:`delayq.aio._errors`)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,13 @@ import random
 from typing import Any
 
 import aio_pika
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractConnection
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
-from delayq.errors import BrokerError, ConnectionFailed, DelayqError
+from delayq.aio._errors import connect_error
+from delayq.errors import ConnectionFailed
 from delayq.urls import connection_plan, parse_url, redact, tried_hosts
 
-__all__ = [
-    "CONNECTION_ERRORS",
-    "close_quietly",
-    "connect",
-    "is_blocked",
-    "translate_channel_error",
-]
-
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    aex.AMQPConnectionError,
-    aex.ChannelInvalidStateError,
-    ConnectionError,
-    OSError,
-    asyncio.TimeoutError,
-)
-"""Errors after which the connection is gone and a fresh one may succeed."""
+__all__ = ["close_quietly", "connect", "is_blocked"]
 
 
 async def connect(
@@ -62,46 +46,15 @@ async def connect(
                 timeout=timeout_s,
                 client_properties={"connection_name": name, "product": "delayq"},
             )
-        except (aex.ProbableAuthenticationError, aex.AuthenticationError) as exc:
-            raise ConnectionFailed(
-                f"broker at {redact(url)} refused the credentials (wrong user or password?)"
-            ) from exc
-        except aex.ChannelAccessRefused as exc:
-            raise ConnectionFailed(f"broker at {redact(url)} refused access to the vhost") from exc
-        except CONNECTION_ERRORS as exc:
-            failure = broker.tls_failure(exc)
-            if failure is not None:
-                raise ConnectionFailed(failure) from exc
-            last = exc
-        except ValueError as exc:
-            raise ConnectionFailed(
-                f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
-            ) from None
-        except Exception as exc:  # aiormq fails a handshake cut short with a bare Exception
-            last = exc
+        except Exception as exc:
+            failure = connect_error(exc, url, broker)
+            if failure is not None:  # a bad URL's error may show the URL: not chained
+                raise failure from (None if isinstance(exc, ValueError) else exc)
+            last = exc  # e.g. a bare Exception: aiormq's for a handshake cut short
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
-
-
-def _reply_text(exc: aex.AMQPChannelError) -> str:
-    for arg in exc.args:
-        text = getattr(arg, "reply_text", None)
-        if isinstance(text, str):
-            return text
-    return " ".join(str(a) for a in exc.args)
-
-
-def translate_channel_error(exc: aex.AMQPChannelError) -> DelayqError:
-    """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
-    text = _reply_text(exc)
-    found: DelayqError | None = (
-        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
-    )
-    if found is not None:
-        return found
-    return BrokerError(f"the broker closed the channel: {text}")
 
 
 async def close_quietly(thing: Any) -> None:

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from delayq.aio._connection import close_quietly, connect, translate_channel_error
+from delayq.aio._connection import close_quietly, connect
+from delayq.aio._errors import CHANNEL_CLOSED, channel_error
 from delayq.aio.ensure import ensure_topology
 from delayq.delivery import Delivery
 from delayq.links import AsyncOnDelivery, FeedLost
@@ -64,8 +64,8 @@ class AioPikaFeed:
             try:
                 self._tag = await amqp_queue.consume(self._on_message, no_ack=False)
                 self._consuming = True
-            except aex.ChannelAccessRefused as exc:  # may not read it (see delayq.grants)
-                raise translate_channel_error(exc) from exc
+            except CHANNEL_CLOSED as exc:  # e.g. may not read it (see delayq.grants)
+                raise channel_error(exc) from exc
         except BaseException:
             self._connection = self._channel = None
             await close_quietly(connection)

@@ -18,16 +18,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 import aio_pika
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 from delayq import outcomes
-from delayq.aio._connection import (
+from delayq.aio._connection import close_quietly, connect, is_blocked
+from delayq.aio._errors import (
+    CHANNEL_CLOSED,
     CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    is_blocked,
-    translate_channel_error,
+    NOT_TAKEN,
+    channel_error,
+    is_missing,
+    publish_refusal,
 )
 from delayq.aio.provision import apply_topology
 from delayq.envelope import OutgoingMessage
@@ -82,6 +83,7 @@ CHANNEL_REFUSED: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RuntimeE
 
 class _BlockedBatch(Exception):
     """A batch's watchdog found the broker blocking publishers past the bound."""
+
 
 class AioPikaLink:
     """An :class:`~delayq.links.AsyncLink` to RabbitMQ through aio-pika."""
@@ -158,10 +160,10 @@ class AioPikaLink:
         probe = await connection.channel(publisher_confirms=False)
         try:
             await probe.get_exchange(self._gate.marker, ensure=True)
-        except aex.ChannelNotFoundEntity as exc:
-            raise self._gate.refusal() from exc
-        except aex.AMQPChannelError as exc:
-            raise translate_channel_error(exc) from exc
+        except CHANNEL_CLOSED as exc:
+            if is_missing(exc):
+                raise self._gate.refusal() from exc
+            raise channel_error(exc) from exc
         finally:
             await close_quietly(probe)
 
@@ -191,8 +193,8 @@ class AioPikaLink:
             probe = await self._connection.channel(publisher_confirms=False)
             for name in sorted(names):
                 await probe.get_exchange(name, ensure=True)
-        except aex.AMQPChannelError as exc:
-            raise translate_channel_error(exc) from exc
+        except CHANNEL_CLOSED as exc:
+            raise channel_error(exc) from exc
         except DelayqError:
             raise
         except Exception as exc:  # CONNECTION_ERRORS, or aiormq's bare Exception on a close
@@ -222,15 +224,10 @@ class AioPikaLink:
                 handed_over = True
                 await exchange.publish(message, msg.routing_key, mandatory=True, timeout=timeout_s)
                 return
-            except aex.PublishError as exc:  # a Basic.Return, with on_return_raises
-                raise outcomes.unroutable(msg) from exc
-            except aex.DeliveryError as exc:  # a Basic.Nack
-                raise outcomes.rejected(msg) from exc
-            except aex.AMQPChannelError as exc:
-                error = translate_channel_error(exc)
-                if isinstance(error, (TopologyMissing, AccessRefused)):
-                    raise error from exc
-                raise outcomes.rejected(msg, str(error)) from exc
+            except (CHANNEL_CLOSED, *NOT_TAKEN) as exc:
+                refusal = publish_refusal(exc, msg)
+                assert refusal is not None
+                raise refusal from exc
             except ConnectionFailed as exc:
                 if not handed_over:
                     raise  # never sent: the connect retries are spent, say so plainly
@@ -303,9 +300,7 @@ class AioPikaLink:
             for task in senders:
                 task.cancel()
             await asyncio.gather(guard, *senders, return_exceptions=True)
-        errors = [
-            e for t in senders if t.done() and not t.cancelled() and (e := t.exception())
-        ]
+        errors = [e for t in senders if t.done() and not t.cancelled() and (e := t.exception())]
         if errors:
             raise next((e for e in errors if isinstance(e, AccessRefused)), errors[0])
 

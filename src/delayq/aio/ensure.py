@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import logging
 
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractConnection
 
-from delayq.aio._connection import translate_channel_error
+from delayq.aio._errors import CHANNEL_CLOSED, channel_error
 from delayq.aio.provision import _Channels, _declare, apply_topology
 from delayq.declarations import BindingDecl, build_declarations
 from delayq.errors import AccessRefused
@@ -30,8 +29,8 @@ async def check_topology(topology: Topology, connection: AbstractConnection) -> 
                 continue
             try:
                 await _declare(await channels.get(), decl, passive=True)
-            except aex.AMQPChannelError as exc:
-                raise translate_channel_error(exc) from exc
+            except CHANNEL_CLOSED as exc:
+                raise channel_error(exc) from exc
             checked += 1
     finally:
         await channels.close()

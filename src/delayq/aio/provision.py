@@ -5,15 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import aio_pika
-import aiormq.exceptions as aex
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from delayq.aio._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.aio._connection import close_quietly, connect
+from delayq.aio._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
 from delayq.declarations import (
     BindingDecl,
     ExchangeDecl,
@@ -70,8 +65,8 @@ async def _bind(channels: _Channels, decl: BindingDecl) -> ApplyResult:
         else:
             queue = await channel.get_queue(decl.destination, ensure=False)
             await queue.bind(decl.source, decl.routing_key)
-    except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED
+        raise channel_error(exc) from exc
     return ApplyResult(decl, ApplyStatus.BOUND)
 
 
@@ -79,10 +74,10 @@ async def _check(channels: _Channels, decl: ExchangeDecl | QueueDecl) -> ApplyRe
     """Phase 1: ``None`` when missing, else present or in conflict (nothing created)."""
     try:
         await _declare(await channels.get(), decl, passive=True)
-    except aex.ChannelNotFoundEntity:
-        return None
-    except aex.AMQPChannelError as exc:
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:
+        if is_missing(exc):
+            return None
+        raise channel_error(exc) from exc
     return await _create(channels, decl, ApplyStatus.PRESENT)
 
 
@@ -91,8 +86,8 @@ async def _create(
 ) -> ApplyResult:
     try:
         await _declare(await channels.get(), decl, passive=False)
-    except aex.AMQPChannelError as exc:
-        error = translate_channel_error(exc)
+    except CHANNEL_CLOSED as exc:
+        error = channel_error(exc)
         if isinstance(error, TopologyConflict):
             return ApplyResult(decl, ApplyStatus.CONFLICT, error)
         raise error from exc
@@ -103,9 +98,7 @@ async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
     """Check every entity, then create what is missing only if nothing conflicts
     (the two phases of :mod:`delayq.provisioning`)."""
     decls = build_declarations(topology)
-    found = [
-        None if isinstance(d, BindingDecl) else await _check(channels, d) for d in decls
-    ]
+    found = [None if isinstance(d, BindingDecl) else await _check(channels, d) for d in decls]
     stopped = any(r is not None and r.conflict is not None for r in found)
     report = ApplyReport()
     for decl, result in zip(decls, found, strict=True):
@@ -121,8 +114,8 @@ async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
     if found[-1] is not None and spoils_marker(topology, report.results):
         try:
             await (await channels.get()).exchange_delete(decls[-1].name)
-        except aex.AMQPChannelError as exc:  # e.g. ACCESS_REFUSED
-            raise translate_channel_error(exc) from exc
+        except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED
+            raise channel_error(exc) from exc
         report.marker_removed = True
     return report
 

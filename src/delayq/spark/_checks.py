@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 
-import pika.exceptions as pex
-
 from delayq import errors
 from delayq.errors import BrokerError, DelayqError, TopologyMissing
-from delayq.sync._connection import close_quietly, connect, translate_channel_error
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, channel_error, is_missing
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import redact
@@ -37,13 +36,13 @@ def preflight(url: str, topology: Topology) -> None:
         for name in exchanges:
             try:
                 channel.exchange_declare(name, passive=True)
-            except pex.ChannelClosedByBroker as exc:
-                if exc.reply_code == 404:
+            except CHANNEL_CLOSED as exc:
+                if is_missing(exc):
                     raise TopologyMissing(
                         f"exchange {name!r} does not exist on {redact(url)}: apply the "
                         f"topology (delayq topology apply) before scheduling; nothing was sent"
                     ) from exc
-                raise translate_channel_error(exc) from exc
+                raise channel_error(exc) from exc
     finally:
         close_quietly(connection)
 

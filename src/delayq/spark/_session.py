@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["local_session", "require_pyspark"]
 
+
 def require_pyspark() -> None:
     """Raise :class:`~delayq.errors.MissingExtra` (an ImportError) naming the
     ``delayq[spark]`` extra when PySpark or matplotlib is missing."""

@@ -1,4 +1,4 @@
-"""pika connections for the sync adapter, and the one place pika errors are translated."""
+"""pika connections for the sync adapter (what their errors mean: :mod:`delayq.sync._errors`)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,12 @@ import time
 from typing import Any
 
 import pika
-import pika.exceptions as pex
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
-from delayq.errors import BrokerError, ConnectionFailed, DelayqError
+from delayq.errors import ConnectionFailed
+from delayq.sync._errors import CONNECTION_ERRORS, connect_error
 from delayq.urls import BrokerURL, connection_plan, hosts_in_turn, parse_url, redact, tried_hosts
 
-__all__ = [
-    "CONNECTION_ERRORS",
-    "connect",
-    "host_parameters",
-    "parameters",
-    "translate_channel_error",
-]
-
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    pex.AMQPConnectionError,
-    pex.ConnectionClosed,
-    pex.StreamLostError,
-    pex.ConnectionWrongStateError,
-    ConnectionError,
-    OSError,
-)
-"""Errors after which the connection is gone and a fresh one may succeed."""
+__all__ = ["close_quietly", "connect", "host_parameters", "parameters"]
 
 BLOCKED_CONNECTION_TIMEOUT_S = 30
 """How long a publish waits while the broker blocks publishers (memory or disk alarm)."""
@@ -102,35 +85,15 @@ def connect(
         broker = parse_url(one)
         try:
             return pika.BlockingConnection(_parameters(broker, one, name, blocked_timeout_s))
-        except pex.ProbableAuthenticationError as exc:
-            raise ConnectionFailed(
-                f"broker at {redact(url)} refused the credentials (wrong user or password?)"
-            ) from exc
-        except pex.ProbableAccessDeniedError as exc:
-            raise ConnectionFailed(
-                f"broker at {redact(url)} refused access to the vhost (does it exist, and may "
-                "this user use it?)"
-            ) from exc
         except CONNECTION_ERRORS as exc:
-            failure = broker.tls_failure(exc)
+            failure = connect_error(exc, url, broker)
             if failure is not None:
-                raise ConnectionFailed(failure) from exc
+                raise failure from exc
             last = exc
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
-
-
-def translate_channel_error(exc: pex.ChannelClosedByBroker) -> DelayqError:
-    """A delayq error for a channel the broker closed (404 missing, 406 conflict, ...)."""
-    text: str = exc.reply_text or ""
-    found: DelayqError | None = (
-        missing_from_reply(text) or conflict_from_reply(text) or refused_from_reply(text)
-    )
-    if found is not None:
-        return found
-    return BrokerError(f"the broker closed the channel: ({exc.reply_code}) {text}")
 
 
 def close_quietly(thing: Any) -> None:

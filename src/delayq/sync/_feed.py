@@ -14,38 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 import pika
-import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.delivery import Delivery
-from delayq.errors import DelayqError
 from delayq.links import FeedLost, OnDelivery
-from delayq.sync._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, CLIENT_ERRORS, LOST, channel_error, feed_lost
 from delayq.sync.ensure import ensure_topology
 from delayq.topology import Topology
 
 __all__ = ["PikaFeed"]
 
 log = logging.getLogger("delayq.consumer")
-
-LOST: tuple[type[BaseException], ...] = (
-    *CONNECTION_ERRORS,
-    pex.ChannelClosed,  # e.g. closed by the broker past its consumer_timeout
-    pex.ChannelWrongStateError,
-)
-"""pika's errors after which the consumer reopens its connection and channel."""
-
-
-def _lost(exc: BaseException) -> DelayqError | FeedLost:
-    """What a pika error raised by an open feed becomes."""
-    if isinstance(exc, pex.ChannelClosedByBroker) and exc.reply_code == 403:
-        return translate_channel_error(exc)  # may not consume: reconnecting cannot help
-    return FeedLost(repr(exc))
 
 
 class _ChannelSettler:
@@ -64,13 +44,13 @@ class _ChannelSettler:
         try:
             self._channel.basic_ack(self._tag)  # by tag, never multiple
         except LOST as exc:
-            raise _lost(exc) from exc
+            raise feed_lost(exc) from exc
 
     def requeue(self) -> None:
         try:
             self._channel.basic_nack(self._tag, requeue=True)
         except LOST as exc:
-            raise _lost(exc) from exc
+            raise feed_lost(exc) from exc
 
 
 class PikaFeed:
@@ -98,8 +78,8 @@ class PikaFeed:
             channel.basic_qos(prefetch_count=prefetch)
             try:
                 tag = channel.basic_consume(queue, self._on_message)
-            except pex.ChannelClosedByBroker as exc:  # may not read it (see delayq.grants)
-                raise translate_channel_error(exc) from exc
+            except CHANNEL_CLOSED as exc:  # may not read it (see delayq.grants)
+                raise channel_error(exc) from exc
         except BaseException:
             close_quietly(connection)
             raise
@@ -139,14 +119,14 @@ class PikaFeed:
             channel.basic_qos(prefetch_count=prefetch)
             self._tag = channel.basic_consume(self._queue, self._on_message)
         except LOST as exc:
-            raise _lost(exc) from exc
+            raise feed_lost(exc) from exc
 
     def pump(self, time_limit_s: float) -> None:
         assert self._connection is not None
         try:
             self._connection.process_data_events(time_limit=time_limit_s)
         except LOST as exc:
-            raise _lost(exc) from exc
+            raise feed_lost(exc) from exc
         if self._cancelled:
             # Its queue went away, or a quorum queue lost its leader: nothing arrives
             # any more on this channel although it stays open.
@@ -157,7 +137,7 @@ class PikaFeed:
         if channel is not None and channel.is_open and self._tag is not None:
             try:
                 channel.basic_cancel(self._tag)
-            except (pex.AMQPError, OSError) as exc:
+            except CLIENT_ERRORS as exc:
                 log.debug("cancel failed: %r", exc)
         self._tag = None
 
@@ -171,14 +151,14 @@ class PikaFeed:
             finally:
                 close_quietly(probe)
         except LOST as exc:
-            raise _lost(exc) from exc
+            raise feed_lost(exc) from exc
 
     def sleep(self, seconds: float) -> None:
         if self._connection is not None:
             try:
                 self._connection.sleep(seconds)  # keeps heartbeats flowing
             except LOST as exc:
-                raise _lost(exc) from exc
+                raise feed_lost(exc) from exc
 
     def wake(self) -> None:
         connection = self._connection

@@ -15,20 +15,21 @@ import time
 from collections.abc import Callable, Iterable
 
 import pika
-import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq import outcomes
 from delayq.envelope import OutgoingMessage
-from delayq.errors import AccessRefused, ConnectionFailed, DelayqError, TopologyMissing
+from delayq.errors import ConnectionFailed, DelayqError, PublishBlocked
 from delayq.links import LinkOptions, Settle
 from delayq.marker import Gate
 from delayq.provisioning import ApplyReport
-from delayq.sync._connection import (
-    close_quietly,
-    connect,
-    host_parameters,
-    translate_channel_error,
+from delayq.sync._connection import close_quietly, connect, host_parameters
+from delayq.sync._errors import (
+    CHANNEL_CLOSED,
+    CHANNEL_GONE,
+    channel_error,
+    is_missing,
+    publish_refusal,
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
 from delayq.sync.provision import apply_topology
@@ -94,10 +95,10 @@ class PikaLink:
         """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`)."""
         try:
             channel.exchange_declare(self._gate.marker, passive=True)
-        except pex.ChannelClosedByBroker as exc:
-            if exc.reply_code == 404:
+        except CHANNEL_CLOSED as exc:
+            if is_missing(exc):
                 raise self._gate.refusal() from exc
-            raise translate_channel_error(exc) from exc
+            raise channel_error(exc) from exc
 
     def _drop_connection(self) -> None:
         close_quietly(self._connection)
@@ -124,30 +125,25 @@ class PikaLink:
                     msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
                 )
                 return
-            except pex.UnroutableError as exc:
-                raise outcomes.unroutable(msg) from exc
-            except pex.NackError as exc:
-                raise outcomes.rejected(msg) from exc
-            except pex.ConnectionBlockedTimeout as exc:  # retrying cannot help while blocked
-                self._drop_connection()
-                raise outcomes.blocked(msg, self._blocked_timeout_s, redact(self._url)) from exc
-            except pex.ChannelClosedByBroker as exc:
-                self._channel = None
-                error = translate_channel_error(exc)
-                if isinstance(error, (TopologyMissing, AccessRefused)):
-                    raise error from exc
-                raise outcomes.rejected(msg, str(error)) from exc
             except ConnectionFailed as exc:
                 if not handed_over:
                     raise  # never sent: the connect retries are spent, say so plainly
                 last = exc
                 break
-            except (pex.ChannelClosed, pex.ChannelWrongStateError) as exc:
-                last = exc  # the channel went away under us: a new one may succeed
-                self._channel = None
             except DelayqError:
                 raise
             except Exception as exc:
+                refusal = publish_refusal(exc, msg, self._blocked_timeout_s, redact(self._url))
+                if isinstance(refusal, PublishBlocked):  # retrying cannot help while blocked
+                    self._drop_connection()
+                elif isinstance(exc, CHANNEL_CLOSED):
+                    self._channel = None
+                if refusal is not None:
+                    raise refusal from exc
+                if isinstance(exc, CHANNEL_GONE):
+                    last = exc  # the channel went away under us: a new one may succeed
+                    self._channel = None
+                    continue
                 # CONNECTION_ERRORS, and anything else pika raises mid-publish (a
                 # channel or connection in a state it did not expect): the
                 # connection's state is unknown, a fresh one may succeed.
@@ -178,9 +174,7 @@ class PikaLink:
             gate=self._gate,
         )
 
-    def send_stream(
-        self, messages: Iterable[OutgoingMessage], settle: Settle, window: int
-    ) -> None:
+    def send_stream(self, messages: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
         broker = parse_url(self._url)
         send_pipelined(
             host_parameters(

@@ -15,11 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pika
-import pika.exceptions as pex
 from pika.spec import Basic
 
 from delayq import outcomes
-from delayq.conflicts import missing_from_reply, refused_from_reply
 from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     AccessRefused,
@@ -31,6 +29,7 @@ from delayq.errors import (
 )
 from delayq.links import Settle
 from delayq.marker import Gate
+from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
 
 __all__ = ["publish_pipelined", "send_pipelined"]
 
@@ -38,8 +37,6 @@ log = logging.getLogger("delayq.publisher")
 
 CONFIRM_IDLE_TIMEOUT_S = 60.0
 """A round with messages unconfirmed and no confirm for this long is abandoned."""
-
-
 
 
 class _Source:
@@ -153,7 +150,7 @@ class _Round:
         self._watchdog()
 
     def _on_open_error(self, _conn: Any, error: BaseException | str) -> None:
-        self.lost = error if isinstance(error, BaseException) else pex.AMQPConnectionError(error)
+        self.lost = connection_lost(error)
         assert self.connection is not None
         self.connection.ioloop.stop()
 
@@ -183,18 +180,14 @@ class _Round:
         self.channel.exchange_declare(self.gate.marker, passive=True, callback=passed)
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
-        if isinstance(reason, pex.ChannelClosedByBroker):
-            text = reason.reply_text or ""
-            if self.gating and self.gate is not None and reason.reply_code == 404:
+        error = closed_by_broker(reason)
+        if error is not None:
+            if self.gating and self.gate is not None and is_missing(reason):
                 self.fatal = self.gate.refusal()
+            elif isinstance(error, (TopologyMissing, AccessRefused)):
+                self.fatal = error
             else:
-                self.fatal = (
-                    missing_from_reply(text)
-                    or refused_from_reply(text)
-                    or PublishRejected(
-                        f"the broker closed the channel: ({reason.reply_code}) {reason.reply_text}"
-                    )
-                )
+                self.fatal = PublishRejected(str(error))
         self._finish()
 
     def _check_exchange(self, item: tuple[int, OutgoingMessage]) -> None:

@@ -8,18 +8,12 @@ can lag a little behind.
 
 from __future__ import annotations
 
-import pika.exceptions as pex
-
 from delayq.depths import Depth
 from delayq.errors import ConnectionFailed, DelayqError, ManagementUnavailable
 from delayq.management import ManagementAPI
 from delayq.sync._broker import ManagementChoice, Reach, reach_management, url_vhost
-from delayq.sync._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
 from delayq.sync.provision import Channels
 from delayq.urls import redact, resolve_url
 
@@ -67,9 +61,9 @@ def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Depth | None]:
     for name in queues:
         try:
             ok = channels.channel.queue_declare(name, passive=True).method
-        except pex.ChannelClosedByBroker as exc:
-            if exc.reply_code != 404:
-                raise translate_channel_error(exc) from exc
+        except CHANNEL_CLOSED as exc:
+            if not is_missing(exc):
+                raise channel_error(exc) from exc
             depths[name] = None
             continue
         depths[name] = Depth(

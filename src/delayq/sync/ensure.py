@@ -13,11 +13,10 @@ from __future__ import annotations
 import logging
 
 import pika
-import pika.exceptions as pex
 
 from delayq.declarations import BindingDecl, build_declarations
 from delayq.errors import AccessRefused
-from delayq.sync._connection import translate_channel_error
+from delayq.sync._errors import CHANNEL_CLOSED, channel_error
 from delayq.sync.provision import Channels, apply_topology, declare_entity
 from delayq.topology import Topology
 
@@ -37,8 +36,8 @@ def check_topology(topology: Topology, connection: pika.BlockingConnection) -> i
                 continue
             try:
                 declare_entity(channels.channel, decl, passive=True)
-            except pex.ChannelClosedByBroker as exc:
-                raise translate_channel_error(exc) from exc
+            except CHANNEL_CLOSED as exc:
+                raise channel_error(exc) from exc
             checked += 1
     finally:
         channels.close()

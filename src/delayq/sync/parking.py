@@ -13,19 +13,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import pika
-import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.delivery import Delivery
 from delayq.envelope import epoch_ms
 from delayq.errors import ConnectionFailed, InvalidInput, TopologyMissing
 from delayq.parked import H_REPLAYED_AT, ParkedMessage, replay_message
-from delayq.sync._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error
 from delayq.sync.publisher import Publisher
 from delayq.topology import Topology
 from delayq.urls import resolve_url
@@ -51,7 +46,7 @@ def _open(url: str | None, queue: str) -> tuple[pika.BlockingConnection, Blockin
     channel = connection.channel()
     try:
         count = channel.queue_declare(queue, passive=True).method.message_count
-    except pex.ChannelClosedByBroker as exc:
+    except CHANNEL_CLOSED as exc:
         close_quietly(connection)
         raise TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost") from exc
     return connection, channel, int(count)
@@ -92,8 +87,8 @@ def browse(
                 break
             found.append(_parked(queue, method, props, body, dead_letters_of))
         channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
-    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise channel_error(exc) from exc
     finally:
         close_quietly(connection)
     return found
@@ -154,8 +149,8 @@ def replay(
         # Confirmed copies are enqueued: any that came back is behind what we took.
         returned = _returned(channel, queue, stamps)
         channel.basic_nack(0, multiple=True, requeue=True)
-    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise channel_error(exc) from exc
     except CONNECTION_ERRORS as exc:
         raise ConnectionFailed(
             f"the connection to the broker was lost while replaying from {queue}: "
@@ -191,7 +186,7 @@ def purge(url: str | None, queue: str) -> int:
     connection, channel, _ = _open(url, queue)
     try:
         return int(channel.queue_purge(queue).method.message_count)
-    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED: may not read it
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
+        raise channel_error(exc) from exc
     finally:
         close_quietly(connection)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 
 import pika
-import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.sync._connection import close_quietly, translate_channel_error
+from delayq.sync._connection import close_quietly
+from delayq.sync._errors import CHANNEL_CLOSED, NOT_TAKEN, channel_error
 from delayq.verification import Check, ProbePlan, check_probe
 
 __all__ = ["run_probe"]
@@ -67,8 +67,8 @@ def _clean_up(connection: pika.BlockingConnection, plan: ProbePlan) -> str | Non
         channel = connection.channel()
         try:
             channel.queue_delete(name)  # deleting a missing queue is a no-op
-        except pex.ChannelClosedByBroker as exc:
-            return f"could not delete {name}: {translate_channel_error(exc)}"
+        except CHANNEL_CLOSED as exc:
+            return f"could not delete {name}: {channel_error(exc)}"
         finally:
             close_quietly(channel)
     return None
@@ -81,9 +81,9 @@ def run_probe(connection: pika.BlockingConnection, plan: ProbePlan) -> Check:
     error: str | None = None
     try:
         arrived_ms = _send_and_wait(channel, plan)
-    except pex.ChannelClosedByBroker as exc:
-        error = str(translate_channel_error(exc))
-    except (pex.UnroutableError, pex.NackError) as exc:
+    except CHANNEL_CLOSED as exc:
+        error = str(channel_error(exc))
+    except NOT_TAKEN as exc:
         error = f"the probe message was not accepted ({type(exc).__name__})"
     finally:
         close_quietly(channel)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pika
-import pika.exceptions as pex
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.declarations import (
@@ -16,12 +15,8 @@ from delayq.declarations import (
 from delayq.errors import ConnectionFailed, TopologyConflict
 from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
-from delayq.sync._connection import (
-    CONNECTION_ERRORS,
-    close_quietly,
-    connect,
-    translate_channel_error,
-)
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
 from delayq.topology import Topology
 from delayq.urls import redact, resolve_url
 
@@ -75,16 +70,16 @@ def declare_checked(
     try:
         declare_entity(channels.channel, decl, passive=True)
         existed = True
-    except pex.ChannelClosedByBroker as exc:
-        if exc.reply_code != 404:
-            raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:
+        if not is_missing(exc):
+            raise channel_error(exc) from exc
         existed = False
     if not existed and not create:
         return None
     try:
         declare_entity(channels.channel, decl, passive=False)
-    except pex.ChannelClosedByBroker as exc:
-        error = translate_channel_error(exc)
+    except CHANNEL_CLOSED as exc:
+        error = channel_error(exc)
         if isinstance(error, TopologyConflict):
             return ApplyResult(decl, ApplyStatus.CONFLICT, error)
         raise error from exc
@@ -98,8 +93,8 @@ def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
                 channels.channel.exchange_bind(decl.destination, decl.source, decl.routing_key)
             else:
                 channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
-        except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED
-            raise translate_channel_error(exc) from exc
+        except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED
+            raise channel_error(exc) from exc
         return ApplyResult(decl, ApplyStatus.BOUND)
     result = declare_checked(channels, decl)
     assert result is not None  # created when missing
@@ -158,8 +153,8 @@ def apply_topology(
     channels = Channels(conn)
     try:
         report = _apply(channels, topology)
-    except pex.ChannelClosedByBroker as exc:  # e.g. ACCESS_REFUSED deleting the marker
-        raise translate_channel_error(exc) from exc
+    except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED deleting the marker
+        raise channel_error(exc) from exc
     except CONNECTION_ERRORS as exc:
         raise ConnectionFailed(
             f"lost the connection to {redact(resolved)} while applying the topology"

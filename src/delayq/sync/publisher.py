@@ -27,6 +27,7 @@ from delayq.urls import redact, resolve_url
 
 __all__ = ["Publisher"]
 
+
 class Publisher:
     """Publishes delayed messages through pika, one confirmed publish at a time.
 

@@ -25,7 +25,8 @@ from delayq.sync._broker import (
     server_property,
     url_vhost,
 )
-from delayq.sync._connection import CONNECTION_ERRORS, close_quietly, connect
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CONNECTION_ERRORS
 from delayq.sync.probe import run_probe
 from delayq.sync.provision import Channels, declare_checked
 from delayq.topology import Topology
