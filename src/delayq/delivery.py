@@ -192,8 +192,13 @@ def _delivery_count(redelivered: object, headers: Mapping[str, Any] | None) -> i
 
 def is_fresh(redelivered: object, headers: Mapping[str, Any] | None) -> bool:
     """A first delivery, not one the broker got back from a dead or stopped consumer
-    (the ``redelivered`` flag, or a quorum queue's ``x-delivery-count``)."""
-    return _delivery_count(redelivered, headers) == 0
+    (the ``redelivered`` flag, or a quorum queue's ``x-delivery-count``), nor a deferred
+    copy of one (:data:`H_RETURNS`: republished while another consumer's claim on it
+    lasted, it arrives as a new message but may be the one that crashes consumers)."""
+    if _delivery_count(redelivered, headers) != 0:
+        return False
+    carried = (headers or {}).get(H_RETURNS, 0)
+    return not (isinstance(carried, int) and not isinstance(carried, bool) and carried > 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,6 +164,17 @@ def test_fresh_deliveries_are_told_from_redeliveries() -> None:
     assert is_fresh(False, {"x-delivery-count": 0})
 
 
+def test_a_deferred_copy_of_a_returned_message_is_not_fresh() -> None:
+    """A claim left by a crashed consumer defers the message: its copy is republished as
+    a new message carrying the returns. It must not end a cautious start, or the poison
+    message runs beside prefetched neighbours and takes them down with it."""
+    planner = DeliveryPlanner(TOPOLOGY, "work", clock_ms=lambda: 1_000)
+    deferred = planner.deferred(_delivery({"x-delivery-count": 1}))
+    assert deferred.message is not None
+    assert not is_fresh(False, deferred.message.headers)
+    assert is_fresh(False, {H_RETURNS: 0})
+
+
 def test_a_deferral_carries_the_crash_count_and_stops_past_the_limit() -> None:
     planner = DeliveryPlanner(TOPOLOGY, "work", clock_ms=lambda: 1_000)
     fresh = planner.deferred(_delivery({}))
