@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from delayq.declarations import build_declarations
 from delayq.definitions import export_definitions, render_definitions
 from delayq.delivery import Reject, Retry
-from delayq.durations import format_ms, to_ms
 from delayq.envelope import Message, Receipt
 from delayq.errors import (
     AccessRefused,
@@ -169,10 +168,8 @@ __all__ = [
     "build_declarations",
     "copy_unscoped_keys",
     "export_definitions",
-    "format_ms",
     "load_topology",
     "render_definitions",
-    "to_ms",
 ]
 
 _LAZY = {

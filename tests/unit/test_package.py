@@ -196,3 +196,12 @@ def test_a_delayq_error_pickles_by_its_package_name() -> None:
 
     error = pickle.loads(pickle.dumps(delayq.InvalidDelay("bad")))
     assert type(error) is delayq.InvalidDelay and str(error) == "bad"
+
+
+def test_internal_millisecond_helpers_are_not_top_level() -> None:
+    """Durations are typed at the API (``"15m"``, ``timedelta``); the ms helpers live in
+    ``delayq.durations`` for whoever needs them."""
+    assert not hasattr(delayq, "to_ms") and not hasattr(delayq, "format_ms")
+    from delayq.durations import format_ms, to_ms
+
+    assert format_ms(to_ms("90s")) == "1m30s"
