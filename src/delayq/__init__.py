@@ -10,12 +10,15 @@ adapters ``Publisher`` (pika) and ``AsyncPublisher`` (aio-pika) load on first us
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from delayq.declarations import build_declarations
 from delayq.definitions import export_definitions, render_definitions
 from delayq.delivery import Reject, Retry
-from delayq.durations import format_ms, to_ms
 from delayq.envelope import Message, Receipt
 from delayq.errors import (
     AccessRefused,
@@ -165,10 +168,8 @@ __all__ = [
     "build_declarations",
     "copy_unscoped_keys",
     "export_definitions",
-    "format_ms",
     "load_topology",
     "render_definitions",
-    "to_ms",
 ]
 
 _LAZY = {
@@ -182,6 +183,25 @@ _LAZY = {
 }
 
 
+def _named_by_the_package(value: Any) -> None:
+    """httpx's habit: a class the package exports is shown as ``delayq.Publisher`` in
+    reprs and tracebacks, wherever it is defined. Only plain classes and errors:
+    dataclasses, enums and pydantic models keep their module, which their type hints
+    are resolved in."""
+    if (
+        isinstance(value, type)
+        and value.__module__.startswith("delayq.")
+        and not dataclasses.is_dataclass(value)
+        and not issubclass(value, (enum.Enum, BaseModel))
+    ):
+        value.__module__ = "delayq"
+
+
+for _name in __all__:
+    if _name in globals():
+        _named_by_the_package(globals()[_name])
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -189,5 +209,6 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     value = getattr(importlib.import_module(module), name)
+    _named_by_the_package(value)
     globals()[name] = value
     return value

@@ -269,7 +269,7 @@ def past_parsing() -> Iterator[None]:
 
     with (
         mock.patch("delayq.sync.verify.verify_topology", reached),
-        mock.patch("delayq.cli._spark_session", reached),
+        mock.patch("delayq.cli.spark._spark_session", reached),
     ):
         yield
 

@@ -303,4 +303,7 @@ def test_a_task_s_delayq_error_is_raised_again_as_itself() -> None:
     error = task_error(RuntimeError(text))
     assert isinstance(error, PublishUnconfirmed)
     assert "'m1' was not confirmed" in str(error) and "raised in a Spark task" in str(error)
+    # Tracebacks name exported errors by the package (delayq.PublishUnconfirmed).
+    shown = text.replace("delayq.errors.PublishUnconfirmed", "delayq.PublishUnconfirmed")
+    assert isinstance(task_error(RuntimeError(shown)), PublishUnconfirmed)
     assert task_error(RuntimeError("java.lang.OutOfMemoryError")) is None

@@ -47,7 +47,8 @@ def preflight(url: str, topology: Topology) -> None:
         close_quietly(connection)
 
 
-_RAISED = re.compile(r"^delayq\.errors\.(\w+): (.*)$", re.MULTILINE)
+_RAISED = re.compile(r"^delayq\.(?:errors\.)?(\w+): (.*)$", re.MULTILINE)
+"""A delayq error in a traceback (shown as ``delayq.X``, see ``delayq.__init__``)."""
 
 
 def task_error(exc: BaseException) -> DelayqError | None:

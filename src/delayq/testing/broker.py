@@ -30,16 +30,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from delayq import outcomes
 from delayq.declarations import (
     BindingDecl,
     Declaration,
-    ExchangeDecl,
-    QueueDecl,
     build_declarations,
 )
 from delayq.delivery import Delivery
@@ -52,7 +50,6 @@ from delayq.errors import (
     PublishBatchError,
     PublishError,
     PublishRejected,
-    TopologyConflict,
     TopologyMissing,
     Unroutable,
 )
@@ -60,8 +57,8 @@ from delayq.marker import Gate
 from delayq.parked import H_REPLAYED_AT, replay_message
 from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
-from delayq.testing.model import Exchange, Queue, StoredMessage
-from delayq.testing.topic import topic_matches
+from delayq.testing.entities import Dropped, Entities
+from delayq.testing.model import Queue, StoredMessage
 from delayq.topology import Topology
 from delayq.urls import MEMORY_SCHEME, memory_broker_name
 
@@ -76,8 +73,6 @@ __all__ = ["Dropped", "MemoryBroker", "NoProgress", "Subscriber", "broker_for", 
 
 MAX_STEPS = 1_000_000
 """Deliveries and expiries in one call before the broker gives up (a handler loop)."""
-
-_EXCHANGE_TYPES = ("direct", "fanout", "topic")
 
 
 class NoProgress(DelayqError):
@@ -95,16 +90,6 @@ class Subscriber(Protocol):
     async def adeliver(self, tag: int, message: StoredMessage) -> None: ...
 
 
-@dataclass(frozen=True)
-class Dropped:
-    """A message the broker discarded: dead-lettered into nothing, or pushed off a full queue."""
-
-    message: StoredMessage
-    queue: str
-    reason: str
-    at_ms: int
-
-
 @dataclass
 class _Unacked:
     subscriber: Subscriber
@@ -117,12 +102,6 @@ class _Fault:
     exchange: str | None
     kind: str
     left: int
-
-
-@dataclass
-class _Route:
-    queues: list[Queue] = field(default_factory=list)
-    rejected: list[Queue] = field(default_factory=list)
 
 
 _BROKERS: dict[str, MemoryBroker] = {}
@@ -169,15 +148,15 @@ class MemoryBroker:
         self.name = name
         self.clock = VirtualClock(start_ms)
         self._started_ms = start_ms
-        self._exchanges: dict[str, Exchange] = {}
-        self._queues: dict[str, Queue] = {}
+        self._world = Entities(name, self.clock)
+        self._exchanges = self._world.exchanges
+        self._queues = self._world.queues
         self._subscribers: list[Subscriber] = []
         self._unacked: dict[int, _Unacked] = {}
         self._tags = itertools.count(1)
-        self._seq = itertools.count(1)
         self._driving = False
         self._faults: list[_Fault] = []
-        self.dropped: list[Dropped] = []
+        self.dropped: list[Dropped] = self._world.dropped
         """Messages the broker discarded (see :class:`Dropped`)."""
         _BROKERS[name] = self
 
@@ -228,7 +207,7 @@ class MemoryBroker:
         """Declare ``topology`` from the same declarations the real provisioning applies,
         in the same two phases: nothing is declared while an entity conflicts."""
         decls = build_declarations(topology)
-        found = [self._check(decl) for decl in decls]
+        found = [self._world.check(decl) for decl in decls]
         conflicted = any(r is not None and r.conflict is not None for r in found)
         report = ApplyReport()
         for decl, result in zip(decls, found, strict=True):
@@ -243,81 +222,22 @@ class MemoryBroker:
             report.raise_for_conflicts()
         return report
 
+    def declare(self, decl: Declaration) -> ApplyResult:
+        """Declare one exchange, queue or binding (idempotent, like RabbitMQ)."""
+        return self._world.declare(decl)
+
+    def bind(self, binding: BindingDecl) -> None:
+        self._world.bind(binding)
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue and the bindings to it (its messages are gone)."""
+        self._world.delete_queue(name)
+
     def check_applied(self, gate: Gate) -> None:
         """What a real publisher checks on each connection: its topology's apply marker
         (raises :class:`~delayq.errors.TopologyNotApplied` when it is missing)."""
         if gate.marker not in self._exchanges:
             raise gate.refusal()
-
-    def _check(self, decl: Declaration) -> ApplyResult | None:
-        """An existing exchange or queue compared with ``decl``; ``None`` when missing."""
-        if isinstance(decl, ExchangeDecl) and decl.name in self._exchanges:
-            return self.declare(decl)
-        if isinstance(decl, QueueDecl) and decl.name in self._queues:
-            return self.declare(decl)
-        return None
-
-    def declare(self, decl: Declaration) -> ApplyResult:
-        """Declare one exchange, queue or binding (idempotent, like RabbitMQ)."""
-        if isinstance(decl, ExchangeDecl):
-            if decl.type not in _EXCHANGE_TYPES:
-                raise InvalidInput(f"the memory broker has no {decl.type!r} exchanges")
-            current = self._exchanges.get(decl.name)
-            if current is None:
-                self._exchanges[decl.name] = Exchange(decl.name, decl.type, dict(decl.arguments))
-                return ApplyResult(decl, ApplyStatus.CREATED)
-            conflict = _conflict(
-                "exchange",
-                decl.name,
-                {"type": current.type, **current.arguments},
-                {"type": decl.type, **decl.arguments},
-            )
-            return _checked(decl, conflict)
-        if isinstance(decl, QueueDecl):
-            existing = self._queues.get(decl.name)
-            if existing is None:
-                self._queues[decl.name] = Queue(decl.name, dict(decl.arguments), decl.role)
-                return ApplyResult(decl, ApplyStatus.CREATED)
-            return _checked(decl, _conflict("queue", decl.name, existing.arguments, decl.arguments))
-        self.bind(decl)
-        return ApplyResult(decl, ApplyStatus.BOUND)
-
-    def bind(self, binding: BindingDecl) -> None:
-        source = self._exchange(binding.source)
-        if binding.destination_type == "exchange":
-            self._exchange(binding.destination)
-        else:
-            self._queue(binding.destination)
-        if binding not in source.bindings:
-            source.bindings.append(binding)
-
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue and the bindings to it (its messages are gone)."""
-        self._queue(name)
-        del self._queues[name]
-        for exchange in self._exchanges.values():
-            exchange.bindings = [
-                b
-                for b in exchange.bindings
-                if not (b.destination_type == "queue" and b.destination == name)
-            ]
-
-    def _exchange(self, name: str) -> Exchange:
-        try:
-            return self._exchanges[name]
-        except KeyError:
-            raise TopologyMissing(
-                f"exchange {name!r} does not exist: the delayq topology is not applied on "
-                "this memory broker. Call broker.apply(topology) (or apply_topology()) first."
-            ) from None
-
-    def _queue(self, name: str) -> Queue:
-        try:
-            return self._queues[name]
-        except KeyError:
-            raise TopologyMissing(
-                f"queue {name!r} does not exist on memory broker {self.name!r}"
-            ) from None
 
     # Inspection ---------------------------------------------------------------------
 
@@ -329,10 +249,10 @@ class MemoryBroker:
 
     def messages(self, queue: str) -> list[StoredMessage]:
         """The messages waiting in ``queue``, head first (they stay there)."""
-        return list(self._queue(queue).messages)
+        return list(self._world.queue(queue).messages)
 
     def depth(self, queue: str) -> int:
-        return len(self._queue(queue).messages)
+        return len(self._world.queue(queue).messages)
 
     def dlq(self, queue: str) -> list[StoredMessage]:
         """What delayq dead-lettered from ``queue`` (its ``<queue>.dlq``), oldest first."""
@@ -350,7 +270,7 @@ class MemoryBroker:
 
     def purge(self, queue: str) -> list[StoredMessage]:
         """Remove and return everything waiting in ``queue``."""
-        q = self._queue(queue)
+        q = self._world.queue(queue)
         taken = list(q.messages)
         q.messages.clear()
         return taken
@@ -376,7 +296,7 @@ class MemoryBroker:
         ids: Collection[str] | None,
         target: Callable[[StoredMessage], tuple[str, str]],
     ) -> list[str]:
-        parked = self._queue(queue)
+        parked = self._world.queue(queue)
         replayed: list[str] = []
         for message in list(parked.messages):
             if ids is not None and message.message_id not in ids:
@@ -448,8 +368,8 @@ class MemoryBroker:
             seq=0,
             expiration_ms=expiration_ms,
         )
-        route = self._route(exchange, routing_key)
-        self._enqueue(message, route)
+        route = self._world.route(exchange, routing_key)
+        self._world.enqueue(message, route)
         if route.rejected:
             names = ", ".join(q.name for q in route.rejected)
             raise PublishRejected(
@@ -512,87 +432,13 @@ class MemoryBroker:
         except PublishRejected as exc:
             raise outcomes.rejected(msg, str(exc)) from exc
 
-    def _route(self, exchange: str, routing_key: str) -> _Route:
-        if exchange == "":  # the default exchange: straight to the queue of that name
-            queue = self._queues.get(routing_key)
-            return _Route([queue] if queue is not None else [])
-        found: dict[str, Queue] = {}
-        self._route_into(self._exchange(exchange), routing_key, found, set())
-        return _Route(list(found.values()))
-
-    def _route_into(
-        self, exchange: Exchange, key: str, found: dict[str, Queue], seen: set[str]
-    ) -> None:
-        if exchange.name in seen:
-            return
-        seen.add(exchange.name)
-        matched = [b for b in exchange.bindings if _matches(exchange.type, b.routing_key, key)]
-        if not matched:
-            # Only what this exchange's own bindings miss goes to its alternate.
-            alternate = self._exchanges.get(exchange.alternate or "")
-            if alternate is not None:
-                self._route_into(alternate, key, found, seen)
-            return
-        for binding in matched:
-            if binding.destination_type == "exchange":
-                target = self._exchanges.get(binding.destination)
-                if target is not None:
-                    self._route_into(target, key, found, seen)
-            else:
-                queue = self._queues.get(binding.destination)
-                if queue is not None:
-                    found.setdefault(queue.name, queue)
-
-    def _enqueue(self, message: StoredMessage, route: _Route) -> None:
-        now = self.clock.now_ms()
-        taken: list[Queue] = []
-        for queue in route.queues:
-            limit = queue.max_length
-            if limit is not None and len(queue.messages) >= limit:
-                if queue.overflow in ("reject-publish", "reject-publish-dlx"):
-                    route.rejected.append(queue)
-                    continue
-                head = queue.messages.popleft()  # drop-head: the oldest goes
-                self._dead_letter(queue, head, "maxlen")
-            queue.messages.append(message.copy_for(next(self._seq), now))
-            taken.append(queue)
-        route.queues = taken
-
     # Dead-lettering -------------------------------------------------------------------
-
-    def _dead_letter(self, queue: Queue, message: StoredMessage, reason: str) -> None:
-        exchange = queue.dead_letter_exchange
-        now = self.clock.now_ms()
-        if exchange is None:
-            self.dropped.append(Dropped(message, queue.name, reason, now))
-            return
-        key = queue.dead_letter_routing_key or message.routing_key
-        headers = _with_death(message, queue.name, reason, now)
-        if message.expiration_ms is not None:  # RabbitMQ moves it into the x-death entry
-            headers["x-death"][0]["original-expiration"] = str(message.expiration_ms)
-        dead = StoredMessage(
-            body=message.body,
-            exchange=exchange,
-            routing_key=key,
-            content_type=message.content_type,
-            message_id=message.message_id,
-            timestamp_s=message.timestamp_s,
-            headers=headers,
-            seq=0,
-        )
-        if exchange and exchange not in self._exchanges:
-            self.dropped.append(Dropped(dead, queue.name, f"{reason}: no exchange {exchange}", now))
-            return
-        route = self._route(exchange, key)
-        self._enqueue(dead, route)
-        if not route.queues:
-            self.dropped.append(Dropped(dead, queue.name, f"{reason}: unroutable", now))
 
     # Consumers ----------------------------------------------------------------------
 
     def subscribe(self, subscriber: Subscriber) -> None:
         """Attach a consumer: it receives ``subscriber.queue``'s messages when the broker runs."""
-        self._queue(subscriber.queue)
+        self._world.queue(subscriber.queue)
         if subscriber not in self._subscribers:
             self._subscribers.append(subscriber)
 
@@ -619,11 +465,11 @@ class MemoryBroker:
             raise InvalidInput(f"unknown delivery tag {tag} (settled twice?)")
         queue, message = entry.queue, entry.message
         if not requeue:
-            self._dead_letter(queue, message, "rejected")
+            self._world.dead_letter(queue, message, "rejected")
             return
         limit = queue.delivery_limit
         if limit is not None and message.deliveries > limit:
-            self._dead_letter(queue, message, "delivery_limit")
+            self._world.dead_letter(queue, message, "delivery_limit")
             return
         queue.messages.appendleft(message)  # back at the head, as RabbitMQ requeues
 
@@ -744,7 +590,7 @@ class MemoryBroker:
                 return
             due_ms, _, queue = due
             self.clock.move_to(max(due_ms, self.clock.now_ms()))
-            self._dead_letter(queue, queue.messages.popleft(), "expired")
+            self._world.dead_letter(queue, queue.messages.popleft(), "expired")
         raise NoProgress(
             f"the memory broker ran {MAX_STEPS} steps without getting quiet: does a handler "
             "retry forever with no delay, or do messages dead-letter in a cycle?"
@@ -848,62 +694,6 @@ def _delivery(message: StoredMessage) -> Delivery:
         content_type=message.content_type,
         headers=message.headers,
     )
-
-
-def _matches(exchange_type: str, binding_key: str, routing_key: str) -> bool:
-    if exchange_type == "fanout":
-        return True
-    if exchange_type == "topic":
-        return topic_matches(binding_key, routing_key)
-    return binding_key == routing_key
-
-
-def _with_death(message: StoredMessage, queue: str, reason: str, now: int) -> dict[str, Any]:
-    """The headers after dead-lettering, with RabbitMQ's ``x-death`` bookkeeping: one
-    entry per (queue, reason), newest first, its count going up on each repeat."""
-    headers = dict(message.headers)
-    deaths = [dict(d) for d in headers.get("x-death", []) if isinstance(d, Mapping)]
-    entry = next((d for d in deaths if d.get("queue") == queue and d.get("reason") == reason), None)
-    if entry is None:
-        entry = {"queue": queue, "reason": reason, "count": 0}
-    else:
-        deaths.remove(entry)
-    entry.update(
-        count=int(entry.get("count", 0)) + 1,
-        exchange=message.exchange,
-        **{"routing-keys": [message.routing_key]},
-        time=datetime.fromtimestamp(now // 1000, tz=timezone.utc),  # as pika decodes it
-    )
-    headers["x-death"] = [entry, *deaths]
-    headers.setdefault("x-first-death-queue", queue)
-    headers.setdefault("x-first-death-reason", reason)
-    headers.setdefault("x-first-death-exchange", message.exchange)
-    headers["x-last-death-queue"] = queue
-    headers["x-last-death-reason"] = reason
-    headers["x-last-death-exchange"] = message.exchange
-    return headers
-
-
-def _conflict(
-    kind: str, name: str, current: Mapping[str, Any], wanted: Mapping[str, Any]
-) -> TopologyConflict | None:
-    for key in sorted(set(current) | set(wanted)):
-        if current.get(key) != wanted.get(key):
-            have, want = current.get(key), wanted.get(key)
-            return TopologyConflict(
-                kind,
-                name,
-                key,
-                None if have is None else str(have),
-                None if want is None else str(want),
-            )
-    return None
-
-
-def _checked(decl: Declaration, conflict: TopologyConflict | None) -> ApplyResult:
-    if conflict is None:
-        return ApplyResult(decl, ApplyStatus.PRESENT)
-    return ApplyResult(decl, ApplyStatus.CONFLICT, conflict)
 
 
 def send_batch(broker: MemoryBroker, built: list[OutgoingMessage]) -> None:

@@ -1,0 +1,48 @@
+"""What every ``delayq`` command shares: exit codes, the topology file, the management API."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from delayq.errors import InvalidTopology
+from delayq.topology import Topology, load_topology
+
+if TYPE_CHECKING:
+    from delayq.sync._broker import ManagementChoice
+
+__all__ = [
+    "EXIT_BROKER",
+    "EXIT_INPUT",
+    "EXIT_OK",
+    "EXIT_PIPE",
+    "load_cli_topology",
+    "management_choice",
+]
+
+EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
+
+
+def load_cli_topology(args: argparse.Namespace) -> Topology:
+    topology = load_topology(args.file)
+    # load_topology reads an empty file as every default (namespace 'delayq'): on the
+    # command line that is a truncated or wrong file far more often than a choice.
+    if topology == Topology() and not yaml.safe_load(Path(args.file).read_text("utf-8")):
+        raise InvalidTopology(
+            f"topology file {str(args.file)!r} is empty; write at least a namespace and "
+            "destinations (see topology/delayq.yaml in the delayq repository)"
+        )
+    return topology
+
+
+def management_choice(args: argparse.Namespace, url: str) -> ManagementChoice | None:
+    from delayq.management import ManagementAPI, management_url_for
+    from delayq.sync._broker import ManagementChoice
+
+    if args.no_management:
+        return None
+    chosen, explicit = management_url_for(url, args.management_url)
+    return ManagementChoice(ManagementAPI(chosen), explicit)

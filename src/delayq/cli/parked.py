@@ -1,0 +1,134 @@
+"""``delayq dlq | unrouted``: list, show, replay and purge parked messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    load_cli_topology,
+)
+from delayq.envelope import epoch_ms
+from delayq.errors import InvalidInput
+from delayq.topology import Topology
+from delayq.urls import resolve_url
+from delayq.wording import counted
+
+if TYPE_CHECKING:
+    pass
+
+
+def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
+    """Topology, the parking queue, and what it is called in messages."""
+    topology = load_cli_topology(args)
+    if args.command == "dlq":
+        try:
+            topology.destination(args.queue)
+        except KeyError:
+            raise InvalidInput(
+                f"{args.queue!r} is not a destination queue of {args.file}; "
+                f"destinations: {', '.join(d.queue for d in topology.destinations) or 'none'}"
+            ) from None
+        return topology, f"{args.queue}.dlq", f"the DLQ of {args.queue}"
+    return topology, topology.unrouted, topology.unrouted
+
+
+def _print_parked(args: argparse.Namespace, queue: str, label: str) -> int:
+    """``list`` and ``show`` (see delayq.parked_view)."""
+    from delayq import parked_view as view
+    from delayq.sync import parking
+
+    limit = args.limit if args.parked_command == "list" else 10_000
+    source = args.queue if args.command == "dlq" else None
+    found = parking.browse(resolve_url(args.url), queue, limit=limit, dead_letters_of=source)
+    # Everything in <ns>.unrouted is there because no destination bound its routing key.
+    reason = None if args.command == "dlq" else "no binding"
+    now = epoch_ms()
+    if args.parked_command == "show":
+        match = [p for p in found if p.message_id == args.message_id]
+        if not match:
+            print(
+                f"delayq: error: no message {args.message_id!r} in {label} "
+                f"({counted(len(found), 'message')} parked)",
+                file=sys.stderr,
+            )
+            return EXIT_BROKER
+        extra = [*os.environ.get("DELAYQ_MASK_HEADERS", "").split(","), *args.mask_header]
+        detail = view.message_detail(
+            match[0],
+            now,
+            reason=reason,
+            patterns=view.sensitive_patterns(extra),
+            reveal=args.reveal,
+        )
+        sys.stdout.write(json.dumps(detail) + "\n" if args.json else view.render_detail(detail))
+        return EXIT_OK
+    rows = [view.message_summary(p, now, reason) for p in found]
+    if args.json:
+        print(json.dumps({"queue": queue, "messages": rows, "limit": limit}))
+    elif not rows:
+        print(f"{label} is empty")
+    else:
+        sys.stdout.write(view.render_list(rows, limit))
+    return EXIT_OK
+
+
+def cmd_parked(args: argparse.Namespace) -> int:
+    from delayq.sync import parking
+
+    topology, queue, label = _parking(args)
+    url = resolve_url(args.url)
+    action = args.parked_command
+    if action == "purge":
+        if not args.yes:
+            raise InvalidInput(f"purge deletes every message of {queue}: add --yes to confirm")
+        print(f"purged {counted(parking.purge(url, queue), 'message')} from {queue}")
+        return EXIT_OK
+    if action in ("list", "show"):
+        return _print_parked(args, queue, label)
+
+    if args.command == "dlq":
+
+        def target(parked: Any) -> tuple[str, str]:
+            return "", args.queue  # the default exchange: this queue alone
+    else:
+
+        def target(parked: Any) -> tuple[str, str]:
+            return topology.ready_exchange, parked.delivery.origin_routing_key
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rreplayed {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    report = parking.replay(
+        url,
+        queue,
+        topology,
+        target=target,
+        ids=None if args.all else args.ids,
+        rate_per_s=args.rate,
+        progress=progress,
+    )
+    if report.replayed:
+        print(file=sys.stderr)
+    if report.seen == 0:
+        print(f"{label} is empty: nothing to replay")
+    else:
+        print(
+            f"replayed {len(report.replayed)} of {counted(report.seen, 'parked message')} "
+            f"from {queue}"
+        )
+    if report.returned:
+        print(
+            f"delayq: {len(report.returned)} came straight back to {label}, their routing "
+            f"keys still matching no binding (e.g. {', '.join(report.returned[:5])}): bind "
+            "them (topology destinations, then `delayq topology apply`) and replay again",
+            file=sys.stderr,
+        )
+    if report.missing:
+        print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
+    return EXIT_BROKER if report.missing or report.returned else EXIT_OK

@@ -1,0 +1,242 @@
+"""``delayq publish | retry-plan | stats | worker | demo``: the commands that run things."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_INPUT,
+    EXIT_OK,
+    load_cli_topology,
+    management_choice,
+)
+from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
+from delayq.durations import format_ms
+from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.retry import (
+    ROCKETMQ_SCHEDULE,
+    ExponentialBackoff,
+    FixedBackoff,
+    RetryPolicy,
+    ScheduleBackoff,
+)
+from delayq.topology import Strategy
+from delayq.urls import redact, resolve_url
+from delayq.wording import counted
+
+if TYPE_CHECKING:
+    pass
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from delayq.sync.depths import queue_depths
+
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    rows = stats_rows(topology)
+    depths, source = queue_depths(stats_queues(rows), url, management=management_choice(args, url))
+    render = stats_json if args.json else render_stats
+    sys.stdout.write(render(rows, depths, source))
+    missing = sorted(name for name, depth in depths.items() if depth is None)
+    if missing:
+        print(
+            f"delayq: {counted(len(missing), 'queue')} "
+            f"{'does' if len(missing) == 1 else 'do'} not exist ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): run `delayq topology apply`",
+            file=sys.stderr,
+        )
+        return EXIT_BROKER
+    return EXIT_OK
+
+
+def _body(args: argparse.Namespace) -> Any:
+    if args.body_file is not None:
+        try:
+            return args.body_file.read_bytes()
+        except OSError as exc:
+            raise InvalidBody(f"cannot read --body-file {str(args.body_file)!r}: {exc}") from exc
+    if args.body is None:
+        return None
+    try:
+        return json.loads(args.body)
+    except json.JSONDecodeError as exc:
+        raise InvalidBody(
+            f"--body is not valid JSON ({exc.msg}); quote text as a JSON string, "
+            "for example --body '\"hello\"', or use --body-file"
+        ) from exc
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from delayq.sync.publisher import Publisher
+
+    topology = load_cli_topology(args)
+    body = _body(args)
+    with Publisher(args.url, topology) as publisher:
+        receipt = publisher.publish(body, args.routing_key, args.delay, message_id=args.message_id)
+    fields = {
+        "message_id": receipt.message_id,
+        "routing_key": receipt.routing_key,
+        "exchange": receipt.exchange,
+        "tier": receipt.tier or "immediate",
+        "delay": str(receipt.delay),
+        "lateness": str(receipt.lateness),
+        "published_at": receipt.published_at.isoformat(),
+        "due_at": receipt.due_at.isoformat(),
+    }
+    if args.json:
+        print(json.dumps(fields))
+    else:
+        for key, value in fields.items():
+            print(f"{key:<13} {value}")
+    return EXIT_OK
+
+
+def _policy(args: argparse.Namespace) -> RetryPolicy:
+    try:
+        if args.policy == "fixed":
+            return FixedBackoff(delay=args.delay, max_attempts=args.max_attempts)
+        if args.policy == "schedule" or args.rocketmq or args.delays:
+            delays = ROCKETMQ_SCHEDULE if args.rocketmq else (args.delays or "").split()
+            return ScheduleBackoff.of(delays)
+        return ExponentialBackoff(
+            initial=args.initial,
+            multiplier=args.multiplier,
+            max_delay=args.max_delay,
+            jitter=args.jitter,
+            max_attempts=args.max_attempts,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"invalid retry policy: {problems}") from exc
+
+
+def cmd_retry_plan(args: argparse.Namespace) -> int:
+    from delayq.retry import check_policy, policy_overflow
+    from delayq.route import Router
+
+    topology = load_cli_topology(args)
+    policy = _policy(args)
+    exact = topology.strategy is Strategy.EXACT
+    # A retry longer than the ladder (or cascade) is dead-lettered as delay-too-long at
+    # run time: show the plan up to it, then say so (consumers refuse such a policy).
+    over = policy_overflow(policy, topology)
+    fitting = None if over is None else over.retry - 1
+    rows = policy.schedule(Router(topology), retries=fitting)
+    settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
+    print(f"# policy: {settings}")
+    if exact:
+        print(
+            f"# exact strategy: unit {format_ms(topology.exact_unit_ms)}, "
+            f"{topology.exact_levels} levels (hops: the level queues a retry waits in)"
+        )
+    else:
+        print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
+    hops = f"  {'hops':>4}" if exact else ""
+    print(
+        f"{'attempt':>7}  {'requested':>10}  {'tier':>9}{hops}  {'late by':>8}  {'cumulative':>10}"
+    )
+    for row in rows:
+        hops = f"  {row.hops:>4}" if exact else ""
+        print(
+            f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}{hops}  "
+            f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
+        )
+    if over is not None:
+        print(f"{over.retry + 1:>7}  {format_ms(over.requested_ms):>10}  {'too long':>9}")
+        print(f"# then the dead-letter queue (delay-too-long), after {over.retry} attempts")
+    else:
+        print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
+    smallest = topology.ladder.tiers[0]
+    short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
+    if short and not exact:
+        print(
+            f"# note: {counted(short, 'retry asks', 'retries ask')} for less than the smallest "
+            f"tier ({smallest.label}) and wait{'s' if short == 1 else ''} for that tier instead"
+        )
+    if over is not None:
+        try:
+            check_policy(policy, topology)
+        except InvalidInput as exc:
+            print(f"delayq: warning: {exc}; a Consumer or Worker refuses it", file=sys.stderr)
+        return EXIT_INPUT
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+
+    from delayq.logcontext import configure_logging
+    from delayq.observe import DeliveryObserver
+    from delayq.worker import load_worker
+
+    configure_logging(args.log_level, args.log_format)
+    if args.log_level != "debug":
+        # delayq turns every client error into one message of its own; the clients' own
+        # records (several lines and a traceback per failed connection) only repeat it.
+        for client in ("pika", "aiormq", "aio_pika"):
+            logging.getLogger(client).setLevel(logging.CRITICAL)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
+    worker = load_worker(args.spec)
+    url = resolve_url(args.url)
+    observers: list[DeliveryObserver] = []
+    server = None
+    if args.metrics_port is not None:
+        from delayq.metrics import PrometheusObserver, serve_metrics
+
+        metrics = PrometheusObserver()
+        try:
+            server = serve_metrics(metrics.registry, args.metrics_port, args.metrics_addr)
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}"
+            ) from exc
+        observers.append(metrics)
+    print(
+        f"delayq worker: {counted(len(worker.registrations), 'handler')} "
+        f"({', '.join(r.queue for r in worker.registrations)}) on {redact(url)}",
+        flush=True,
+    )
+    if server is not None:
+        print(f"delayq worker: metrics on {server.url}", flush=True)
+    recorder = None
+    if args.records is not None:
+        from delayq.records import DeliveryRecorder
+
+        recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
+        observers.append(recorder)
+        print(f"delivery records: {args.records}", flush=True)
+    failed = False
+    try:
+        worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers)
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if server is not None:
+            server.close()
+        if recorder is not None:
+            try:
+                recorder.close()  # RecordsLost when records could not be written
+            except DelayqError as lost:
+                if not failed:
+                    raise
+                # The worker's own failure is what ends the run; the lost records
+                # are said too, not hidden behind it, nor hiding it.
+                print(f"delayq: error: {lost}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from delayq.demo import run_demo
+
+    return run_demo(
+        url=args.url, messages=args.messages, local_node=args.local_node, keep=args.keep
+    )

@@ -1,0 +1,131 @@
+"""``delayq spark schedule | report``: the Spark jobs (extra ``delayq[spark]``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    load_cli_topology,
+)
+from delayq.durations import format_ms, to_ms
+from delayq.errors import InvalidInput
+from delayq.urls import redact, resolve_url
+
+if TYPE_CHECKING:
+    pass
+
+
+def _spark_session(args: argparse.Namespace) -> Any:
+    from delayq.spark import local_session
+
+    session = local_session(args.master, app_name=f"delayq spark {args.spark_command}")
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def cmd_spark_schedule(args: argparse.Namespace) -> int:
+    from delayq.bulk import RejectionLimit
+    from delayq.errors import RowsRejected
+    from delayq.spark import schedule
+
+    max_rejected = None if args.allow_rejected else args.max_rejected
+    RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
+        raise InvalidInput(f"no input at {args.input}: no such file or directory")
+    session = _spark_session(args)
+    fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
+        Path(args.input).suffix, "jsonl"
+    )
+    reader = session.read
+    if fmt == "csv":
+        reader = reader.option("header", "true")
+    try:
+        df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
+    except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInput(f"cannot read {args.input} as {fmt}: {first}") from exc
+    body_col = None if args.body_col == "none" else args.body_col
+    print(
+        f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
+        file=sys.stderr,
+    )
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rpublishing: {done}/{total} tasks done", end="", file=sys.stderr, flush=True)
+
+    failure: RowsRejected | None = None
+    try:
+        summary = schedule(
+            df,
+            url=url,
+            topology=topology,
+            key_col=args.key_col,
+            routing_key_col=args.routing_key_col,
+            delay_col=args.delay_col,
+            due_col=args.due_col,
+            body_col=body_col,
+            body_json=args.body_json,
+            errors_path=args.errors,
+            errors_format=args.errors_format,
+            partitions=args.partitions,
+            window=args.window,
+            progress=progress,
+            max_rejected=max_rejected,
+        )
+    except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+        failure, summary = exc, exc.summary
+    print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))
+    else:
+        sys.stdout.write(summary.render())
+        for rejection in summary.rejections[:50]:
+            print(f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}")
+        if len(summary.rejections) > 50:
+            print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    if failure is not None:
+        print(f"delayq: error: {failure}", file=sys.stderr)
+        return EXIT_BROKER
+    return EXIT_OK
+
+
+def cmd_spark_report(args: argparse.Namespace) -> int:
+    from delayq.ladder import Ladder
+    from delayq.spark import report
+
+    ladder = Ladder.parse(args.ladder.split()) if args.ladder else None
+    bucket_ms = to_ms(args.bucket, what="--bucket") if args.bucket else None
+    session = _spark_session(args)
+    summary = report(
+        args.records,
+        args.out,
+        spark=session,
+        ladder=ladder,
+        max_tiers=args.max_tiers,
+        bucket_ms=bucket_ms,
+    )
+    print(
+        f"{summary.records:,} records ({summary.skipped:,} skipped); wrote "
+        f"{', '.join(str(args.out / f) for f in summary.files)}"
+    )
+    if summary.skipped:
+        print(
+            f"delayq: warning: {summary.skipped:,} lines of {args.records} were skipped "
+            "(malformed, or another record version): the report leaves them out",
+            file=sys.stderr,
+        )
+    for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
+        if fit is not None:
+            print(
+                f"{label:>12} ladder: {' '.join(format_ms(t) for t in fit.tiers_ms)} "
+                f"(mean relative overshoot {fit.mean_relative_overshoot:.1%})"
+            )
+    return EXIT_OK

@@ -1,0 +1,139 @@
+"""``delayq topology plan | apply | export | verify | grant``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    load_cli_topology,
+    management_choice,
+)
+from delayq.declarations import build_declarations, describe
+from delayq.definitions import render_definitions
+from delayq.durations import to_ms
+from delayq.errors import InvalidInput
+from delayq.grants import grants_for
+from delayq.provisioning import ApplyStatus
+from delayq.urls import redact, resolve_url
+from delayq.verification import passed, render_checks
+from delayq.wording import counted
+
+if TYPE_CHECKING:
+    pass
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    topology = load_cli_topology(args)
+    decls = build_declarations(topology)
+    print(
+        f"# namespace {topology.namespace!r}, vhost {topology.vhost!r}, "
+        f"{topology.queue_type.value} queues, ladder "
+        f"{' '.join(t.label for t in topology.ladder.tiers)}"
+    )
+    if topology.queue_type.value == "classic":
+        print("# WARNING: classic queues dead-letter at-most-once; use quorum in production")
+    for decl in decls:
+        print(describe(decl))
+    print(f"# {counted(len(decls), 'declaration')}")
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from delayq.sync.provision import apply_topology
+
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    if not args.quiet:
+        print(f"applying {args.file} (namespace {topology.namespace!r}) to {redact(url)}")
+    report = apply_topology(topology, url, raise_on_conflict=False)
+    marks = {"created": "+", "present": "=", "bound": "~", "conflict": "!", "skipped": "-"}
+    for result in report.results:
+        if args.quiet and result.conflict is None:
+            continue
+        status = result.status.value
+        print(f"{marks[status]} {status:<8} {describe(result.declaration)}")
+        if result.conflict is not None:
+            print(f"    {result.conflict}")
+    print(report.summary())
+    if not report.ok:
+        count = report.count(ApplyStatus.CONFLICT)
+        print(
+            f"delayq: {count} conflicting {'entity was' if count == 1 else 'entities were'} "
+            "left unchanged and nothing else was declared; resolve "
+            f"{'it' if count == 1 else 'them'} and apply again",
+            file=sys.stderr,
+        )
+        if report.marker_removed:
+            print(
+                f"delayq: publishers now refuse namespace {topology.namespace!r} "
+                "(its apply marker was removed) until an apply succeeds",
+                file=sys.stderr,
+            )
+        return EXIT_BROKER
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    text = render_definitions(load_cli_topology(args))
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from delayq.sync.verify import verify_topology
+
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    bound_ms = to_ms(args.probe_timeout, what="--probe-timeout")
+    management = management_choice(args, url)
+    print(f"verifying {args.file} (namespace {topology.namespace!r}) on {redact(url)}")
+    checks = verify_topology(
+        topology, url, management=management, probe=not args.no_probe, probe_bound_ms=bound_ms
+    )
+    sys.stdout.write(render_checks(checks))
+    return EXIT_OK if passed(checks) else EXIT_BROKER
+
+
+def cmd_grant(args: argparse.Namespace) -> int:
+    from delayq.permissions import apply_grant, rabbitmqctl_command
+
+    topology = load_cli_topology(args)
+    if not (args.producer_user or args.consumer_user or args.admin_user):
+        raise InvalidInput("give --producer-user, --consumer-user, --admin-user, or several")
+    grants = grants_for(
+        topology,
+        producer=args.producer_user,
+        consumer=args.consumer_user,
+        admin=args.admin_user,
+        vhost=args.vhost,
+    )
+    rabbitmqctl = shlex.split(args.rabbitmqctl)
+    print(f"# least-privilege permissions for namespace {topology.namespace!r}")
+    for grant in grants:
+        print(f"# {grant.role.value} {grant.user!r} on vhost {grant.vhost!r}")
+        for reason in grant.reasons:
+            print(f"#   {reason}")
+        print(rabbitmqctl_command(grant, rabbitmqctl))
+    if not args.apply:
+        return EXIT_OK
+    api = None
+    if args.via == "management":
+        choice = management_choice(args, resolve_url(args.url))
+        if choice is None:
+            raise InvalidInput("--via management cannot be used with --no-management")
+        api = choice.api
+    for grant in grants:
+        apply_grant(grant, args.via, management=api, rabbitmqctl=rabbitmqctl)
+        where = api.url if api is not None else "rabbitmqctl"
+        print(f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}")
+    return EXIT_OK
