@@ -400,6 +400,7 @@ class MessageFactory:
         self._clock_ms = clock_ms
         self._new_id = new_id
         self.router = Router(topology)
+        self._strategy = topology.strategy
         self._bound = BindingKeys(topology.binding_keys)
 
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
@@ -439,7 +440,7 @@ class MessageFactory:
         """Validate and build one message (delay: ``timedelta`` or ``"15m"``-style str;
         ``strategy``: ``"tiered"``, ``"exact"``, or ``None`` for the topology's default)."""
         delay_ms = to_ms(delay)
-        chosen = self.router.strategy(strategy)
+        chosen = self._strategy if strategy is None else self.router.strategy(strategy)
         routing_key = validate_routing_key(routing_key)
         exchange, wire_key, wait = self.router.to_destinations(delay_ms, routing_key, chosen)
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)

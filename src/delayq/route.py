@@ -68,6 +68,10 @@ class Route(NamedTuple):
     wait: Wait
 
 
+_new_route = tuple.__new__
+"""Builds a :class:`Route` without NamedTuple's Python-level ``__new__``."""
+
+
 def tier_wait(ladder: Ladder, delay_ms: int) -> Wait:
     """The tiered wait of ``delay_ms`` on ``ladder``."""
     return Wait.of_tier(ladder.select_ms(delay_ms))
@@ -91,6 +95,8 @@ class Router:
             tier: (topology.tier_name(tier), Wait.of_tier(tier)) for tier in topology.ladder.tiers
         }
         self._tiers[None] = (topology.ready_exchange, IMMEDIATE)
+        self._exact_default = topology.strategy is Strategy.EXACT
+        self._select_tier = topology.ladder.select_ms
 
     def strategy(self, requested: object = None) -> Strategy:
         """A publish's strategy: ``None`` is the topology's default; ``exact`` needs
@@ -129,10 +135,10 @@ class Router:
     ) -> Route:
         """A message for the queues bound to ``routing_key``: into the smallest tier at
         or above the delay (or the cascade), to ``<ns>.ready`` when immediate."""
-        if (strategy or self.topology.strategy) is Strategy.EXACT:
+        if strategy is Strategy.EXACT or (strategy is None and self._exact_default):
             return self._exact(delay_ms, Kind.ROUTE, routing_key)
-        exchange, wait = self._tiers[self.topology.ladder.select_ms(delay_ms)]
-        return Route(exchange, routing_key, wait)
+        exchange, wait = self._tiers[self._select_tier(delay_ms)]
+        return _new_route(Route, (exchange, routing_key, wait))  # the publish hot path
 
     def to_queue(self, delay_ms: int, queue: str) -> Route:
         """A retry for ``queue`` alone, by the topology's default strategy: addressed by
