@@ -41,11 +41,11 @@ from delayq import (
     Settled,
     Topology,
     Worker,
-    to_ms,
 )
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.bulk import BulkPlanner, Rejection, Row
 from delayq.cli import main
+from delayq.durations import to_ms
 from delayq.errors import InvalidDelay
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
