@@ -17,7 +17,7 @@ from typing import Any
 
 import pika
 
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.urls import redact
 
 __all__ = [

@@ -11,10 +11,10 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
    ``store=InMemoryStore()``;
 3. the same with ``store=SQLiteStore(<fresh file>)`` (in ``--sqlite-dir``,
    else the system's temporary folder);
-4. the same with ``store=RedisStore(...)`` from ``delayq.idempotency_redis``,
+4. the same with ``store=RedisStore(...)`` from ``delayq.stores.redis``,
    when that module can be imported and a Redis URL is at hand (``--redis-url``,
    else ``REDIS_URL``, else a server started with
-   ``delayq.localservers.LocalRedis`` when that module exists); otherwise the
+   ``delayq.local.servers.LocalRedis`` when that module exists); otherwise the
    mode is skipped with a note.
 
 Targets (median msg/s over median raw msg/s): 0.90 with the in-memory store,
@@ -58,7 +58,7 @@ Run it::
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
-:class:`delayq.localnode.LocalNode` (stopped and removed at the end). Progress
+:class:`delayq.local.node.LocalNode` (stopped and removed at the end). Progress
 goes to stderr, the results table to stdout. The exit code is 0 whether or not
 the targets are met; a ratio that misses its target is marked ``BELOW TARGET``.
 The namespace's queues and exchanges are deleted at the end, also on errors.
@@ -103,8 +103,8 @@ from benchlib import (
 from delayq import Ladder, Message, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio.consumer import AsyncConsumer
-from delayq.envelope import epoch_ms
-from delayq.idempotency import IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.message.envelope import epoch_ms
+from delayq.stores.idempotency import IdempotencyStore, InMemoryStore, SQLiteStore
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 
@@ -159,7 +159,7 @@ class Context:
     body: bytes
     redis_url: str | None
     redis_class: Any
-    """``delayq.idempotency_redis.RedisStore``, or ``None`` when Redis is skipped."""
+    """``delayq.stores.redis.RedisStore``, or ``None`` when Redis is skipped."""
 
     @classmethod
     def create(
@@ -559,12 +559,12 @@ def benchmark(
 def redis_store_class() -> tuple[Any, str]:
     """``RedisStore``, or ``None`` and why not."""
     try:
-        module = importlib.import_module("delayq.idempotency_redis")
+        module = importlib.import_module("delayq.stores.redis")
         return module.RedisStore, ""
     except ImportError as exc:
-        return None, f"delayq.idempotency_redis.RedisStore cannot be imported ({exc})"
+        return None, f"delayq.stores.redis.RedisStore cannot be imported ({exc})"
     except AttributeError:
-        return None, "delayq.idempotency_redis has no RedisStore"
+        return None, "delayq.stores.redis has no RedisStore"
 
 
 @contextlib.contextmanager
@@ -579,9 +579,9 @@ def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, st
         yield url, cls, "--redis-url" if args.redis_url else "REDIS_URL"
         return
     try:
-        local_redis = importlib.import_module("delayq.localservers").LocalRedis
+        local_redis = importlib.import_module("delayq.local.servers").LocalRedis
     except (ImportError, AttributeError) as exc:
-        yield None, None, f"no --redis-url or REDIS_URL, and no delayq.localservers ({exc})"
+        yield None, None, f"no --redis-url or REDIS_URL, and no delayq.local.servers ({exc})"
         return
     log("no --redis-url or REDIS_URL: starting a local Redis server ...")
     try:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from delayq import Topology
-from delayq.retry import ROCKETMQ_SCHEDULE, ScheduleBackoff
+from delayq.consume.retry import ROCKETMQ_SCHEDULE, ScheduleBackoff
 from delayq.testing import MemoryBroker
 
 

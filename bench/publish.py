@@ -18,7 +18,7 @@ tier exchange of a throwaway namespace (``bench<hex>``, ladder ``["1h"]``,
 quorum queues as delayq declares them) with a 1 h delay, so nothing is
 consumed while the benchmark runs. The raw modes send the same bytes as delayq
 does: the same body, the same headers dict (taken from a message built by
-``delayq.envelope.MessageFactory``), a fresh ``message_id`` per message, and
+``delayq.message.envelope.MessageFactory``), a fresh ``message_id`` per message, and
 the ``content_type`` and ``timestamp`` properties delayq sets too. Building
 that message (validation, headers, ids) is part of delayq's figure; it is what
 the framework costs.
@@ -46,7 +46,7 @@ Run it::
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
-:class:`delayq.localnode.LocalNode` (stopped and removed at the end). Progress
+:class:`delayq.local.node.LocalNode` (stopped and removed at the end). Progress
 goes to stderr, the results table to stdout. The exit code is 0 whether or not
 the targets are met; a ratio that misses its target is marked ``BELOW TARGET``.
 The namespace's queues and exchanges are deleted at the end, also on errors.
@@ -86,9 +86,9 @@ from benchlib import (
 
 from delayq import Ladder, Message, Topology, build_declarations
 from delayq.aio import AsyncPublisher
-from delayq.declarations import ExchangeDecl, QueueDecl
-from delayq.envelope import MessageFactory
+from delayq.message.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
+from delayq.topology.declarations import ExchangeDecl, QueueDecl
 from delayq.urls import redact
 
 ROUTING_KEY = "bench.publish"

@@ -47,7 +47,7 @@ Run it::
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
-:class:`delayq.localnode.LocalNode` (stopped and removed at the end). Progress
+:class:`delayq.local.node.LocalNode` (stopped and removed at the end). Progress
 goes to stderr, the results to stdout. The exit code is 1 when a confirmed
 message was lost or one arrived early, else 0: correctness decides it, not
 speed. Consumer processes are stopped and the namespaces' queues and exchanges
@@ -104,11 +104,11 @@ from soak_report import (
 
 from delayq import Message, Receipt, Topology, build_declarations
 from delayq.aio import AsyncPublisher, apply_topology
-from delayq.declarations import ExchangeDecl, QueueDecl
 from delayq.durations import format_ms, to_ms
 from delayq.errors import DelayqError, InvalidDelay, PublishBatchError
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import delete_topology
+from delayq.topology.declarations import ExchangeDecl, QueueDecl
 from delayq.urls import redact
 
 CONSUMER_SCRIPT = Path(__file__).resolve().with_name("soak_consumer.py")

@@ -31,8 +31,8 @@ from pathlib import Path
 from soak_report import RECORD, SEQ
 
 from delayq.aio import AsyncConsumer
-from delayq.envelope import epoch_ms
-from delayq.topology import Topology
+from delayq.message.envelope import epoch_ms
+from delayq.topology.model import Topology
 
 FLUSH_EVERY_S = 0.5
 BUFFER_BYTES = 64 * 1024

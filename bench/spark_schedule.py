@@ -24,7 +24,7 @@ Run it::
     python bench/spark_schedule.py --url amqp://guest:guest@localhost:5672/ --rounds 3
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
-installed RabbitMQ server (:class:`delayq.localnode.LocalNode`). Progress goes to
+installed RabbitMQ server (:class:`delayq.local.node.LocalNode`). Progress goes to
 stderr, the table to stdout; the exit code is 0 whether or not the target is met.
 """
 
@@ -46,7 +46,7 @@ from benchlib import broker, log, purge, queue_depth
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
-from delayq.bulk import key_message_id
+from delayq.message.bulk import key_message_id
 from delayq.sync import apply_topology, delete_topology
 
 TARGET = 0.8

@@ -16,10 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from delayq.declarations import build_declarations
-from delayq.definitions import export_definitions, render_definitions
-from delayq.delivery import Reject, Retry
-from delayq.envelope import Message, Receipt
+from delayq.consume.delivery import Reject, Retry
+from delayq.consume.retry import (
+    ROCKETMQ_SCHEDULE,
+    ExponentialBackoff,
+    FixedBackoff,
+    RetryPolicy,
+    ScheduleBackoff,
+    ScheduleRow,
+)
 from delayq.errors import (
     AccessRefused,
     BodyTooLarge,
@@ -54,23 +59,17 @@ from delayq.errors import (
     UnboundRoutingKey,
     Unroutable,
 )
-from delayq.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
-from delayq.key_scope import KeyScope, copy_unscoped_keys
-from delayq.ladder import DEFAULT_LADDER, Ladder, Tier
-from delayq.limits import MessageLimits
-from delayq.observe import DeliveryObserver, Settled
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
-from delayq.published import Published, PublishObserver, PublishOutcome
-from delayq.retry import (
-    ROCKETMQ_SCHEDULE,
-    ExponentialBackoff,
-    FixedBackoff,
-    RetryPolicy,
-    ScheduleBackoff,
-    ScheduleRow,
-)
-from delayq.stats import ConsumerStats
-from delayq.topology import (
+from delayq.message.envelope import Message, Receipt
+from delayq.message.limits import MessageLimits
+from delayq.observe.deliveries import DeliveryObserver, Settled
+from delayq.observe.publishes import Published, PublishObserver, PublishOutcome
+from delayq.observe.stats import ConsumerStats
+from delayq.stores.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.stores.key_scope import KeyScope, copy_unscoped_keys
+from delayq.topology.declarations import build_declarations
+from delayq.topology.definitions import export_definitions, render_definitions
+from delayq.topology.ladder import DEFAULT_LADDER, Ladder, Tier
+from delayq.topology.model import (
     Destination,
     ExactSettings,
     QueueType,
@@ -78,13 +77,14 @@ from delayq.topology import (
     Topology,
     load_topology,
 )
+from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus
 from delayq.worker import Worker
 
 if TYPE_CHECKING:
     from delayq.aio.consumer import AsyncConsumer
     from delayq.aio.publisher import AsyncPublisher
-    from delayq.idempotency_postgres import PostgresStore
-    from delayq.idempotency_redis import RedisStore
+    from delayq.stores.postgres import PostgresStore
+    from delayq.stores.redis import RedisStore
     from delayq.sync.consumer import Consumer
     from delayq.sync.provision import apply_topology
     from delayq.sync.publisher import Publisher
@@ -173,8 +173,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "RedisStore": "delayq.idempotency_redis",
-    "PostgresStore": "delayq.idempotency_postgres",
+    "RedisStore": "delayq.stores.redis",
+    "PostgresStore": "delayq.stores.postgres",
     "Consumer": "delayq.sync.consumer",
     "AsyncConsumer": "delayq.aio.consumer",
     "Publisher": "delayq.sync.publisher",

@@ -13,13 +13,13 @@ import time
 import uuid
 from contextlib import ExitStack
 
-from delayq.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, Message
 from delayq.errors import ConnectionFailed, InvalidInput
-from delayq.localnode import LocalNode, server_installed
+from delayq.local.node import LocalNode, server_installed
+from delayq.message.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, Message
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync.provision import apply_topology, delete_topology
 from delayq.sync.publisher import Publisher
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["run_demo"]

@@ -30,17 +30,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from delayq.declarations import apply_marker
 from delayq.errors import InvalidInput
-from delayq.marker import Gate
-from delayq.topology import Topology
+from delayq.topology.declarations import apply_marker
+from delayq.topology.marker import Gate
+from delayq.topology.model import Topology
 from delayq.urls import redact
 
 if TYPE_CHECKING:
-    from delayq.delivery import Delivery
-    from delayq.envelope import OutgoingMessage
+    from delayq.consume.delivery import Delivery
     from delayq.errors import PublishError
-    from delayq.provisioning import ApplyReport
+    from delayq.message.envelope import OutgoingMessage
+    from delayq.topology.report import ApplyReport
 
 __all__ = [
     "ASYNC_FEEDS",

@@ -5,12 +5,12 @@
 1. ``RABBITMQ_URL`` in the environment;
 2. a testcontainers RabbitMQ, when a Docker engine answers;
 3. a local node started from the installed ``rabbitmq-server`` (see
-   :mod:`delayq.localnode`), stopped at the end of the session.
+   :mod:`delayq.local.node`), stopped at the end of the session.
 
 ``local_rabbitmq_node`` and ``local_rabbitmq_management_node`` are local nodes
 the session controls (users, restarts, rabbitmqctl), the second with the
 management plugin enabled. ``local_rabbitmq_cluster`` starts three local nodes
-joined into one cluster (:mod:`delayq.localcluster`) for one test, and stops
+joined into one cluster (:mod:`delayq.local.cluster`) for one test, and stops
 them after it.
 
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
@@ -22,7 +22,7 @@ assertion that shows it, or ``--showlocals``, does not print the password.
 ``redis_url`` and ``postgres_dsn`` (for the Redis and PostgreSQL idempotency stores)
 follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, else a
 throwaway server started from the installed ``redis-server`` / ``postgresql``
-package (see :mod:`delayq.localservers`) and stopped at the end of the session.
+package (see :mod:`delayq.local.servers`) and stopped at the end of the session.
 
 ``memory_broker`` needs no broker at all: a fresh :class:`delayq.testing.MemoryBroker`
 (virtual clock, RabbitMQ's routing/TTL/dead-letter semantics) for each test; give its
@@ -40,9 +40,9 @@ from typing import Any
 
 import pytest
 
-from delayq.localcluster import LocalCluster
-from delayq.localnode import LocalNode, LocalNodeError, server_installed
-from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
+from delayq.local.cluster import LocalCluster
+from delayq.local.node import LocalNode, LocalNodeError, server_installed
+from delayq.local.servers import LocalPostgres, LocalRedis, LocalServerError
 from delayq.testing import MemoryBroker
 from delayq.urls import redact
 

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.consume.retry import RetryPolicy, check_policy
 from delayq.durations import to_ms
 from delayq.errors import DelayqError, InvalidInput
-from delayq.key_scope import KeyScope
-from delayq.observe import DeliveryObserver
-from delayq.retry import RetryPolicy, check_policy
-from delayq.topology import Topology
+from delayq.observe.deliveries import DeliveryObserver
+from delayq.stores.key_scope import KeyScope
+from delayq.topology.model import Topology
 from delayq.urls import resolved_memory_name
 
 __all__ = ["Registration", "Worker", "load_worker"]
@@ -43,7 +43,7 @@ class Registration:
 
     @property
     def is_async(self) -> bool:
-        from delayq.handlers import is_coroutine_handler
+        from delayq.consume.handlers import is_coroutine_handler
 
         return is_coroutine_handler(self.handler)  # an async __call__ counts too
 

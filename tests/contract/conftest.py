@@ -24,7 +24,7 @@ import pytest
 
 from delayq import Receipt, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
-from delayq.envelope import epoch_ms
+from delayq.message.envelope import epoch_ms
 from delayq.sync import Consumer, Publisher, apply_topology, delete_topology
 from delayq.testing import MemoryBroker
 

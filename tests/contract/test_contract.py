@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
-from delayq.envelope import H_ATTEMPT, H_ROUTING_KEY
-from delayq.idempotency import InMemoryStore
-from delayq.retry import FixedBackoff
-from delayq.topic import BindingKeys
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
+from delayq.consume.retry import FixedBackoff
+from delayq.message.envelope import H_ATTEMPT, H_ROUTING_KEY
+from delayq.stores.idempotency import InMemoryStore
+from delayq.topology.topic import BindingKeys
 
 from .conftest import Bench
 
@@ -210,7 +210,7 @@ TOPIC_ROUTES = {
 
 
 def test_topic_bindings_route_as_rabbitmq_does(bench: Bench) -> None:
-    # The publishers' own check (delayq.topic) agrees with the broker about every key...
+    # The publishers' own check (delayq.topology.topic) agrees with the broker about every key...
     bound = BindingKeys(TOPIC_BINDINGS.values())
     assert {key for key in TOPIC_ROUTES if bound.match(key)} == {
         key for key, names in TOPIC_ROUTES.items() if names

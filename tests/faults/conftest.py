@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from delayq.localnode import LocalNode, LocalNodeError, server_installed
+from delayq.local.node import LocalNode, LocalNodeError, server_installed
 from delayq.pytest_plugin import _in_ci
 from tests.faults.report import RESULTS, Result, write_report
 

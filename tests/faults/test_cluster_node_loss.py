@@ -44,9 +44,9 @@ import pytest
 
 from delayq import Message, PublishBatchError, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
-from delayq.idempotency import SQLiteStore
-from delayq.localcluster import LocalCluster
-from delayq.localnode import LocalNode, LocalNodeError
+from delayq.local.cluster import LocalCluster
+from delayq.local.node import LocalNode, LocalNodeError
+from delayq.stores.idempotency import SQLiteStore
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.slow]
 

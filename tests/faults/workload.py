@@ -19,7 +19,7 @@ import pika
 import pika.exceptions as pex
 
 from delayq import Destination, Ladder, Message, SQLiteStore, Topology
-from delayq.declarations import QueueDecl, build_declarations
+from delayq.topology.declarations import QueueDecl, build_declarations
 
 
 def make_topology(ladder: Iterable[str], **kwargs: Any) -> Topology:

@@ -23,10 +23,10 @@ import yaml
 from delayq import Message, Receipt, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio import apply_topology as apply_async
-from delayq.localnode import LocalNode
-from delayq.provisioning import ApplyReport
+from delayq.local.node import LocalNode
 from delayq.sync import Publisher, delete_topology
 from delayq.sync import apply_topology as apply_sync
+from delayq.topology.report import ApplyReport
 from tests.topologies import throwaway_topologies
 
 

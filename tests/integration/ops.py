@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 
 
 def delayq(

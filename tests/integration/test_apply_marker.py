@@ -4,7 +4,7 @@ Issue 12, item 2: a tier queue already existed with ``x-overflow: drop-head`` an
 dead-letter exchange; ``apply`` exited 1 but created the other entities, and
 ``delayq publish -d 5s`` then exited 0 with a broker confirm: the message was gone
 5 s later. Now ``apply`` checks every entity before declaring any, and a publisher
-checks the apply marker a completed apply leaves (see ``delayq.marker``).
+checks the apply marker a completed apply leaves (see ``delayq.topology.marker``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from delayq import (
     TopologyNotApplied,
     build_declarations,
 )
-from delayq.declarations import BindingDecl
+from delayq.topology.declarations import BindingDecl
 
 DROP_HEAD = {"x-queue-type": "quorum", "x-overflow": "drop-head", "x-message-ttl": 5000}
 """The issue's tier queue: drops instead of rejecting, and dead-letters nowhere."""

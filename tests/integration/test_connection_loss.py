@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from delayq import ConnectionFailed, Message, PublishUnconfirmed
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 
 
 def _close_connections_repeatedly(node: LocalNode, times: int, every_s: float) -> threading.Thread:

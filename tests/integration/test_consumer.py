@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from delayq import FixedBackoff, Message, ScheduleBackoff, Topology
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
-from delayq.envelope import H_ATTEMPT, MessageFactory
-from delayq.idempotency import SQLiteStore
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
+from delayq.message.envelope import H_ATTEMPT, MessageFactory
+from delayq.stores.idempotency import SQLiteStore
 from delayq.sync import Publisher, apply_topology, delete_topology
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from delayq import Message
-from delayq.envelope import (
+from delayq.message.envelope import (
     H_ATTEMPT,
     H_DELAY_MS,
     H_DUE_AT,

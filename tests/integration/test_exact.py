@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from delayq import FixedBackoff, Message, Topology
-from delayq.cascade import Kind, Strategy, decode_key
-from delayq.delivery import H_DEAD_LETTER_REASON
-from delayq.envelope import H_ROUTING_KEY
-from delayq.localnode import RABBITMQ_BIN, LocalNode
+from delayq.consume.delivery import H_DEAD_LETTER_REASON
+from delayq.local.node import RABBITMQ_BIN, LocalNode
+from delayq.message.envelope import H_ROUTING_KEY
 from delayq.sync import Publisher, apply_topology, delete_topology
-from delayq.topology import load_topology
+from delayq.topology.cascade import Kind, Strategy, decode_key
+from delayq.topology.model import load_topology
 from tests.integration.ops import delayq, rows
 from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
 

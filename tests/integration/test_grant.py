@@ -28,7 +28,7 @@ import pytest
 
 from delayq import AccessRefused, FixedBackoff, Message, Reject, Retry, Topology, TopologyMissing
 from delayq.aio import AsyncConsumer
-from delayq.localnode import RABBITMQ_BIN, LocalNode
+from delayq.local.node import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.amqp import depth

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from delayq.errors import StoreError
-from delayq.idempotency import ClaimStatus, IdempotencyStore
-from delayq.localnode import free_port
+from delayq.local.node import free_port
 from delayq.pytest_plugin import _in_ci
+from delayq.stores.idempotency import ClaimStatus, IdempotencyStore
 from tests.unit import test_idempotency as unit_suite
 
 CLAIMED, DONE, BUSY = ClaimStatus.CLAIMED, ClaimStatus.DONE, ClaimStatus.BUSY
@@ -73,7 +73,7 @@ def redis_client(redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def redis_store(redis_url: str, redis_client: Any) -> Iterator[Callable[..., Any]]:
     """Make RedisStores under fresh prefixes; their keys are deleted afterwards."""
-    module = _client_module("delayq.idempotency_redis", "redis")
+    module = _client_module("delayq.stores.redis", "redis")
     _glob_escape = module._glob_escape
     made: list[Any] = []
 
@@ -92,7 +92,7 @@ def redis_store(redis_url: str, redis_client: Any) -> Iterator[Callable[..., Any
 @pytest.fixture
 def postgres_store(postgres_dsn: str) -> Iterator[Callable[..., Any]]:
     """Make PostgresStores on fresh tables; the tables are dropped afterwards."""
-    module = _client_module("delayq.idempotency_postgres", "postgres")
+    module = _client_module("delayq.stores.postgres", "postgres")
     made: list[Any] = []
 
     def make(**kwargs: Any) -> Any:
@@ -138,7 +138,7 @@ def tx_store(postgres_store: Callable[..., Any], postgres_dsn: str) -> Iterator[
 
 
 def test_redis_is_not_a_transactional_store(redis_store):
-    from delayq.idempotency import supports_transactions
+    from delayq.stores.idempotency import supports_transactions
 
     assert not supports_transactions(redis_store())
 
@@ -148,11 +148,11 @@ def test_redis_is_not_a_transactional_store(redis_store):
 
 def _claim_all(kind: str, where: str, name: str, keys: list[str], start: Any, out: Any) -> None:
     if kind == "redis":
-        from delayq.idempotency_redis import RedisStore
+        from delayq.stores.redis import RedisStore
 
         store: IdempotencyStore = RedisStore(where, prefix=name)
     else:
-        from delayq.idempotency_postgres import PostgresStore
+        from delayq.stores.postgres import PostgresStore
 
         store = PostgresStore(where, table=name)
     results = []
@@ -251,7 +251,7 @@ def test_redis_prefix_with_glob_characters_is_matched_literally(redis_store):
 
 
 def test_redis_store_over_a_given_client_leaves_it_open(redis_url, redis_client):
-    from delayq.idempotency_redis import RedisStore
+    from delayq.stores.redis import RedisStore
 
     prefix = f"delayq:test:{uuid.uuid4().hex[:12]}:"
     store = RedisStore(redis_client, prefix=prefix)
@@ -264,7 +264,7 @@ def test_redis_store_over_a_given_client_leaves_it_open(redis_url, redis_client)
 
 def test_redis_password_is_never_shown(redis_client):
     redis = _client_module("redis", "redis")
-    from delayq.idempotency_redis import RedisStore
+    from delayq.stores.redis import RedisStore
 
     user = f"delayq-test-{uuid.uuid4().hex[:8]}"
     try:
@@ -373,7 +373,7 @@ def test_postgres_closed_store_refuses_work(postgres_store):
 )
 def test_postgres_password_is_never_shown_in_errors(template):
     psycopg = _client_module("psycopg", "postgres")
-    from delayq.idempotency_postgres import PostgresStore, redact_dsn
+    from delayq.stores.postgres import PostgresStore, redact_dsn
 
     dsn = template.format(port=free_port())  # nothing listens there
     with pytest.raises(psycopg.Error) as caught:
@@ -398,7 +398,7 @@ def test_postgres_password_is_never_shown_in_errors(template):
     ],
 )
 def test_redact_dsn(dsn, expected):
-    module = _client_module("delayq.idempotency_postgres", "postgres")
+    module = _client_module("delayq.stores.postgres", "postgres")
     assert module.redact_dsn(dsn) == expected
 
 
@@ -435,7 +435,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_local_redis_starts_and_stops_only_its_own_process():
-    from delayq.localservers import LocalRedis
+    from delayq.local.servers import LocalRedis
 
     server = LocalRedis().start()
     pid = server.pid
@@ -448,7 +448,7 @@ def test_local_redis_starts_and_stops_only_its_own_process():
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_local_postgres_runs_as_the_postgres_user_and_stops_with_its_children():
     psycopg = _client_module("psycopg", "postgres")
-    from delayq.localservers import LocalPostgres, LocalServerError
+    from delayq.local.servers import LocalPostgres, LocalServerError
 
     try:
         server = LocalPostgres().start()
@@ -483,7 +483,7 @@ def test_local_postgres_runs_as_the_postgres_user_and_stops_with_its_children():
 
 
 def test_missing_servers_say_what_to_install(monkeypatch, tmp_path):
-    from delayq.localservers import LocalPostgres, LocalRedis, LocalServerError
+    from delayq.local.servers import LocalPostgres, LocalRedis, LocalServerError
 
     monkeypatch.setenv("DELAYQ_REDIS_SERVER", str(tmp_path / "no-redis-here"))
     monkeypatch.setenv("DELAYQ_POSTGRES_BIN", str(tmp_path / "no-postgres-here"))
@@ -537,7 +537,7 @@ def test_no_servers_outside_ci_skips_and_says_what_to_install(tmp_path):
 @pytest.mark.parametrize(("module", "extra"), [("redis", "redis"), ("postgres", "postgres")])
 def test_store_modules_say_which_extra_to_install(module, extra):
     blocked = "redis" if module == "redis" else "psycopg"
-    code = f"import sys; sys.modules[{blocked!r}] = None; import delayq.idempotency_{module}"
+    code = f"import sys; sys.modules[{blocked!r}] = None; import delayq.stores.{module}"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode != 0
     assert "ImportError" in run.stderr

@@ -11,9 +11,9 @@ import pika.exceptions as pex
 import pytest
 
 from delayq import FixedBackoff, HeadersTooLarge
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TRACE
-from delayq.envelope import H_ATTEMPT, headers_size
-from delayq.limits import DELAYQ_RESERVED_BYTES, FRAME_MAX
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TRACE
+from delayq.message.envelope import H_ATTEMPT, headers_size
+from delayq.message.limits import DELAYQ_RESERVED_BYTES, FRAME_MAX
 from delayq.sync import apply_topology
 from tests.waiting import wait_for
 

@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delayq import FixedBackoff, Message, Topology, TopologyMissing
 from delayq.aio import AsyncPublisher
-from delayq.idempotency import InMemoryStore
-from delayq.logcontext import DeliveryLogFilter, JsonLogFormatter
-from delayq.metrics import PrometheusObserver, serve_metrics
+from delayq.observe.logs import DeliveryLogFilter, JsonLogFormatter
+from delayq.observe.metrics import PrometheusObserver, serve_metrics
+from delayq.stores.idempotency import InMemoryStore
 from delayq.sync import Publisher, apply_topology
 
 from .test_consumer import until

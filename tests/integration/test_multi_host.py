@@ -7,7 +7,7 @@ import random
 from urllib.parse import urlsplit
 
 from delayq import Message
-from delayq.localnode import free_port
+from delayq.local.node import free_port
 from delayq.urls import host_label, host_urls
 
 

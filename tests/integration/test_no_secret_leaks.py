@@ -31,7 +31,7 @@ import pytest
 
 from delayq import DelayqError, Message, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
 from delayq.tls import wrapped_errors
 

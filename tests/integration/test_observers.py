@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from delayq import FixedBackoff, Message, Settled
-from delayq.delivery import Action, Reject
-from delayq.idempotency import InMemoryStore
+from delayq.consume.delivery import Action, Reject
+from delayq.stores.idempotency import InMemoryStore
 from delayq.sync import apply_topology
 
 from .test_consumer import publish, until

@@ -23,7 +23,7 @@ from typing import Any
 import pika
 
 from delayq import Message, Topology
-from delayq.delivery import H_DEAD_LETTER_REASON
+from delayq.consume.delivery import H_DEAD_LETTER_REASON
 from delayq.sync import Publisher, apply_topology
 from tests.integration.poison_target import POISON_EXIT
 

@@ -22,7 +22,7 @@ import pytest
 
 from delayq import Message, PublishBatchError, PublishError, Receipt, Topology
 from delayq.aio import AsyncPublisher
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import Publisher, apply_topology
 
 

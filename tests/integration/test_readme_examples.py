@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from delayq import load_topology
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
 from tests import readme_examples as rx
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from delayq import Message
-from delayq.delivery import Reject
-from delayq.records import DeliveryRecorder
+from delayq.consume.delivery import Reject
+from delayq.observe.records import DeliveryRecorder
 from delayq.sync import apply_topology
 
 from .test_consumer import publish, until

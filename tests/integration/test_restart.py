@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from delayq import Message
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 
 
 def test_parked_messages_survive_a_broker_restart(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from delayq.envelope import OutgoingMessage
 from delayq.errors import PublishError, TopologyMissing
+from delayq.message.envelope import OutgoingMessage
 from delayq.sync import Publisher, apply_topology
 
 from .conftest import Collector

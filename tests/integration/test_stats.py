@@ -9,7 +9,7 @@ from typing import Any
 import pika
 
 from delayq import Publisher, Topology
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
 from tests.integration.ops import delayq
 

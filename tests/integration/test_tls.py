@@ -1,6 +1,6 @@
 """TLS against a real node with a TLS listener that requires client certificates.
 
-Certificates are made by the ``openssl`` command (delayq.localtls); the node is a
+Certificates are made by the ``openssl`` command (delayq.local.tls); the node is a
 LocalNode with ``ssl_options.verify = verify_peer`` and
 ``fail_if_no_peer_cert = true``. Every case runs through both adapters.
 """
@@ -22,8 +22,8 @@ from urllib.parse import urlencode
 import pytest
 
 from delayq import ConnectionFailed, Message, Topology
-from delayq.localnode import LocalNode, LocalNodeError, NodeTLS, server_installed
-from delayq.localtls import Pki, make_pki
+from delayq.local.node import LocalNode, LocalNodeError, NodeTLS, server_installed
+from delayq.local.tls import Pki, make_pki
 
 PASSWORD = f"tls-{uuid.uuid4().hex}"
 USER = "tls-user"

@@ -20,8 +20,8 @@ from delayq import (
     build_declarations,
     render_definitions,
 )
-from delayq.envelope import H_DELAY_MS, H_ROUTING_KEY, H_TIER
-from delayq.localnode import LocalNode
+from delayq.local.node import LocalNode
+from delayq.message.envelope import H_DELAY_MS, H_ROUTING_KEY, H_TIER
 
 
 def test_applying_twice_changes_nothing(driver, make_topology):
@@ -279,7 +279,7 @@ def test_a_retry_tier_returns_a_message_to_one_queue_even_past_catch_all_binding
     """The retry path the consumers use: `<ns>.retry.<tier>` with the queue's name as
     routing key comes back to that queue alone, though another queue binds '#'."""
     from delayq import FixedBackoff
-    from delayq.delivery import Delivery, DeliveryPlanner
+    from delayq.consume.delivery import Delivery, DeliveryPlanner
     from delayq.sync import Publisher, apply_topology
 
     topo = make_topology(["1s"])

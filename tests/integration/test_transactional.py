@@ -16,7 +16,7 @@ import pytest
 
 from delayq import FixedBackoff, Message
 from delayq.errors import InvalidInput
-from delayq.idempotency import ClaimStatus, SQLiteStore
+from delayq.stores.idempotency import ClaimStatus, SQLiteStore
 from tests.integration.test_consumer import publish, until
 
 

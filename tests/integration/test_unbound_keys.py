@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from delayq import InvalidInput, Message, Topology, UnboundRoutingKey, Unroutable
-from delayq.declarations import QueueDecl
+from delayq.topology.declarations import QueueDecl
 
 
 def depths(url: str, topology: Topology) -> dict[str, int]:

@@ -11,7 +11,7 @@ import pika.exceptions as pex
 import pytest
 
 from delayq import Topology
-from delayq.localnode import LocalNode, free_port
+from delayq.local.node import LocalNode, free_port
 from delayq.sync import apply_topology
 from tests.integration.ops import delayq, queue_names, rows
 
@@ -219,9 +219,9 @@ def test_a_policy_that_drops_dead_letters_fails_the_probe_and_it_cleans_up(
 
 
 def test_the_python_api(local_rabbitmq_management_node: LocalNode, node_topology):
-    from delayq.management import ManagementAPI
+    from delayq.ops.management import ManagementAPI
+    from delayq.ops.verify import Status, passed
     from delayq.sync import queue_depths, verify_topology
-    from delayq.verification import Status, passed
 
     node = local_rabbitmq_management_node
     topology, _ = _applied(node, node_topology)

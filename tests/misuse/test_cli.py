@@ -19,7 +19,7 @@ import yaml
 
 from delayq import Topology
 from delayq.cli import main
-from delayq.envelope import MessageFactory
+from delayq.message.envelope import MessageFactory
 from delayq.sync import Publisher, apply_topology
 from tests.amqp import depth
 

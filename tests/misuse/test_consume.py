@@ -18,7 +18,7 @@ import pytest
 from delayq import FixedBackoff, Message, SQLiteStore, Topology, Worker
 from delayq.aio import AsyncConsumer
 from delayq.cli import main as cli_main
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_TYPE
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_TYPE
 from delayq.errors import InvalidInput
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import SyncConsumerHandle

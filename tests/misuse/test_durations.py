@@ -43,10 +43,10 @@ from delayq import (
     Worker,
 )
 from delayq.aio import AsyncConsumer, AsyncPublisher
-from delayq.bulk import BulkPlanner, Rejection, Row
 from delayq.cli import main
 from delayq.durations import to_ms
 from delayq.errors import InvalidDelay
+from delayq.message.bulk import BulkPlanner, Rejection, Row
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
 from tests.waiting import wait_for

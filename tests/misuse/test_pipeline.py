@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from delayq import ConnectionFailed, InvalidInput, Message, Topology
-from delayq.bulk import RejectionLimit
-from delayq.localnode import LocalNode
-from delayq.parked import H_REPLAYED_AT
+from delayq.local.node import LocalNode
+from delayq.message.bulk import RejectionLimit
+from delayq.ops.parked import H_REPLAYED_AT
 from delayq.sync import Publisher, apply_topology, parking
 from tests.amqp import depth
 from tests.waiting import wait_for
@@ -327,7 +327,7 @@ def test_the_demo_refuses_fewer_messages_than_it_needs_instead_of_sending_others
 def test_stats_of_a_queue_the_management_api_has_not_sampled_yet_are_not_zero() -> None:
     """A queue declared since the API's last statistics sample has no counts there yet:
     before, `delayq stats` showed 0 messages for it (here for a whole minute)."""
-    from delayq.management import ManagementAPI
+    from delayq.ops.management import ManagementAPI
     from delayq.sync.depths import queue_depths
 
     with LocalNode(management=True, config={"collect_statistics_interval": "60000"}) as node:

@@ -30,8 +30,8 @@ from delayq import (
 )
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.cli import main
-from delayq.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE
-from delayq.localnode import RABBITMQ_BIN, LocalNode
+from delayq.consume.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE
+from delayq.local.node import RABBITMQ_BIN, LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.ops import delayq
 from tests.integration.test_grant import Granted

@@ -18,7 +18,7 @@ import pytest
 
 from delayq import InMemoryStore, InvalidInput, SQLiteStore, StoreError, Topology, Worker
 from delayq.aio import AsyncConsumer
-from delayq.key_scope import KeyScope, scoped_key
+from delayq.stores.key_scope import KeyScope, scoped_key
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import AsyncConsumerHandle, SyncConsumerHandle
 from tests.integration.test_key_scope import (
@@ -330,7 +330,7 @@ def test_a_store_path_that_is_not_a_file_is_refused(path):
 def test_store_options_with_a_unit_in_their_name_take_an_int():
     with pytest.raises(InvalidInput, match="busy_timeout_ms is whole milliseconds"):
         SQLiteStore("x.db", busy_timeout_ms="10s")  # type: ignore[arg-type]
-    from delayq.idempotency_redis import RedisStore
+    from delayq.stores.redis import RedisStore
 
     for wrong in ("7d", 0, True, 1.5):
         with pytest.raises(InvalidInput, match="retention_ms is a positive number"):

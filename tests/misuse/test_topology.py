@@ -27,12 +27,12 @@ from delayq import (
 )
 from delayq.aio import apply_topology as apply_async
 from delayq.cli import EXIT_INPUT, main
-from delayq.grants import producer_grant
-from delayq.localnode import LocalNode
-from delayq.management import ManagementAPI
+from delayq.local.node import LocalNode
+from delayq.ops.grant import producer_grant
+from delayq.ops.management import ManagementAPI
+from delayq.ops.verify import Status
 from delayq.sync import apply_topology as apply_sync
 from delayq.sync import delete_topology, verify_topology
-from delayq.verification import Status
 from tests.integration.test_apply_marker import DROP_HEAD, channel, depth, existing
 
 DEAD_URL = "amqp://guest:guest@127.0.0.1:1/"  # refuses connections: nothing is contacted

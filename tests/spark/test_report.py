@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from delayq.ladder_fit import brute_force_ladder, ladder_overshoot
 from delayq.spark import report
+from delayq.topology.fit import brute_force_ladder, ladder_overshoot
 
 T0 = 1_700_000_000_000
 

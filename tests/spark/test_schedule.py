@@ -21,9 +21,9 @@ from delayq import (
     TopologyMissing,
 )
 from delayq.aio import AsyncConsumer
-from delayq.bulk import key_message_id
-from delayq.idempotency import InMemoryStore
+from delayq.message.bulk import key_message_id
 from delayq.spark import schedule
+from delayq.stores.idempotency import InMemoryStore
 from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for as wait_until

@@ -23,9 +23,9 @@ from delayq import (
     load_topology,
 )
 from delayq.cli import EXIT_BROKER, EXIT_OK, main
-from delayq.declarations import ExchangeDecl, QueueDecl, apply_marker
-from delayq.definitions import export_definitions
 from delayq.testing import MemoryBroker
+from delayq.topology.declarations import ExchangeDecl, QueueDecl, apply_marker
+from delayq.topology.definitions import export_definitions
 
 WORK = {"queue": "shop.work", "bindings": ["job.#"]}
 SHOP = Topology(namespace="shop", ladder=["1s", "5s"], destinations=[WORK])

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 from delayq import Topology
-from delayq.bulk import (
+from delayq.errors import PublishRejected
+from delayq.message.bulk import (
     NO_TIER,
     BulkPlanner,
     Rejection,
@@ -16,8 +17,7 @@ from delayq.bulk import (
     key_message_id,
     plain_body,
 )
-from delayq.envelope import OutgoingMessage, Receipt
-from delayq.errors import PublishRejected
+from delayq.message.envelope import OutgoingMessage, Receipt
 
 NOW = 1_700_000_000_000
 JOBS = [{"queue": "bulk.jobs", "bindings": ["job.*"]}]

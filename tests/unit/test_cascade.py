@@ -10,7 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq.cascade import (
+from delayq.consume.delivery import Action, Delivery, DeliveryPlanner, Retry
+from delayq.consume.retry import FixedBackoff
+from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey, InvalidTopology
+from delayq.message.envelope import H_ROUTING_KEY, H_TIER_MS, MessageFactory
+from delayq.topology.cascade import (
     MAX_LEVELS,
     Kind,
     Strategy,
@@ -25,13 +29,9 @@ from delayq.cascade import (
     plan_cascade,
     units_for,
 )
-from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
-from delayq.delivery import Action, Delivery, DeliveryPlanner, Retry
-from delayq.envelope import H_ROUTING_KEY, H_TIER_MS, MessageFactory
-from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey, InvalidTopology
-from delayq.retry import FixedBackoff
-from delayq.route import Router
-from delayq.topology import Topology
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.model import Topology
+from delayq.topology.route import Router
 
 WORD = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=8)
 TARGETS = st.lists(WORD, min_size=1, max_size=6).map(".".join)
@@ -257,8 +257,8 @@ def test_retries_go_through_the_cascade_addressed_to_the_failing_queue_and_stay_
 
 
 def test_export_and_stats_cover_the_levels():
-    from delayq.definitions import export_definitions
-    from delayq.depths import stats_rows
+    from delayq.ops.depths import stats_rows
+    from delayq.topology.definitions import export_definitions
 
     topo = exact_topology()
     doc = export_definitions(topo)

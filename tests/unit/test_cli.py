@@ -80,7 +80,7 @@ def test_a_worker_failure_and_lost_records_are_both_said(tmp_path, monkeypatch, 
     """The worker's own failure is not hidden behind the records' (nor the reverse)."""
     from delayq import Worker
     from delayq.errors import ConnectionFailed, RecordsLost
-    from delayq.records import DeliveryRecorder
+    from delayq.observe.records import DeliveryRecorder
 
     worker = Worker(load_topology(TOPOLOGY))
     worker.handler("orders.reminders")(lambda body: None)

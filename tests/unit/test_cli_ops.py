@@ -13,8 +13,8 @@ import pytest
 from delayq import load_topology
 from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
 from delayq.errors import BrokerError, InvalidInput
-from delayq.grants import admin_grant, consumer_grant, producer_grant
-from delayq.permissions import apply_grant
+from delayq.ops.grant import admin_grant, consumer_grant, producer_grant
+from delayq.ops.permissions import apply_grant
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topology" / "delayq.yaml"

@@ -17,7 +17,7 @@ import pytest
 
 from delayq import __version__
 from delayq.cli import EXIT_BROKER, build_parser, main
-from delayq.topology import DEFAULT_TOPOLOGY_FILE
+from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
 from delayq.wording import counted
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from delayq import Topology, Worker
-from delayq.delivery import (
+from delayq.consume.delivery import (
     H_DEAD_LETTER_REASON,
     H_RETURNS,
     Action,
@@ -20,8 +20,8 @@ from delayq.delivery import (
     DeliveryPlanner,
     is_fresh,
 )
+from delayq.consume.handlers import check_handler, plain_result
 from delayq.errors import InvalidInput
-from delayq.handlers import check_handler, plain_result
 from delayq.sync._threads import HandlerThreads, Job
 
 TOPOLOGY = Topology(
@@ -218,7 +218,7 @@ def test_a_plain_handler_returning_a_coroutine_is_dead_lettered_not_acked(
 ) -> None:
     from delayq import FixedBackoff
     from delayq.aio import AsyncConsumer
-    from delayq.delivery import H_ERROR_TYPE
+    from delayq.consume.delivery import H_ERROR_TYPE
     from delayq.sync import Consumer, Publisher
 
     async def send(body: Any) -> None: ...

@@ -6,10 +6,10 @@ import pickle
 
 import pytest
 
-from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
-from delayq.declarations import ExchangeDecl, QueueDecl
 from delayq.errors import AccessRefused, BrokerError, TopologyConflict, TopologyMissing
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus
+from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
+from delayq.topology.declarations import ExchangeDecl, QueueDecl
+from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus
 
 TTL_CHANGED = (
     "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q1' in vhost '/': "

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq.declarations import (
+from delayq.topology.declarations import (
     BindingDecl,
     Declaration,
     ExchangeDecl,
@@ -18,9 +18,9 @@ from delayq.declarations import (
     build_declarations,
     describe,
 )
-from delayq.definitions import export_definitions, render_definitions
-from delayq.ladder import MAX_TIER_MS, Ladder
-from delayq.topology import Topology
+from delayq.topology.definitions import export_definitions, render_definitions
+from delayq.topology.ladder import MAX_TIER_MS, Ladder
+from delayq.topology.model import Topology
 
 
 def make(queue_type: str = "quorum", ladder: list[str] | None = None, **extra: Any) -> Topology:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from delayq import ExponentialBackoff, FixedBackoff, Topology
-from delayq.delivery import (
+from delayq.consume.delivery import (
     H_DEAD_LETTER_REASON,
     H_ERROR_MESSAGE,
     H_ERROR_TRACE,
@@ -26,7 +26,7 @@ from delayq.delivery import (
     bounded,
     decode_body,
 )
-from delayq.envelope import H_ATTEMPT, H_DELAY_MS, H_ROUTING_KEY, H_TIER
+from delayq.message.envelope import H_ATTEMPT, H_DELAY_MS, H_ROUTING_KEY, H_TIER
 
 TOPO = Topology.from_mapping(
     {
@@ -89,7 +89,7 @@ def test_exhausted_attempts_go_to_the_dlq_with_the_reason():
     decision = planner().failure(delivery(attempt=3), ValueError("still"))
     assert decision.action is Action.DEAD_LETTER
     msg = decision.message
-    # Through the namespace's direct exchange, never the default one (see delayq.grants).
+    # Through the namespace's direct exchange, never the default one (see delayq.ops.grant).
     assert msg is not None and (msg.exchange, msg.routing_key) == ("ns.direct", "work.dlq")
     assert msg.headers[H_DEAD_LETTER_REASON] == "exhausted"
     assert msg.headers[H_ATTEMPT] == 3 and msg.headers[H_ERROR_MESSAGE] == "still"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from delayq import Topology
-from delayq.depths import Depth, render_stats, stats_json, stats_queues, stats_rows
+from delayq.ops.depths import Depth, render_stats, stats_json, stats_queues, stats_rows
 
 TOPO = Topology(
     namespace="shop", ladder=["1s", "5s"], destinations=[{"queue": "emails", "bindings": ["e.*"]}]

@@ -22,10 +22,13 @@ MODULES = sorted(
 
 
 def test_the_modules_and_their_examples_were_found() -> None:
-    assert {"delayq.cascade", "delayq.durations", "delayq.sync.publisher", "delayq.spark"} <= set(
-        MODULES
-    )
-    cascade = importlib.import_module("delayq.cascade")
+    assert {
+        "delayq.topology.cascade",
+        "delayq.durations",
+        "delayq.sync.publisher",
+        "delayq.spark",
+    } <= set(MODULES)
+    cascade = importlib.import_module("delayq.topology.cascade")
     assert sum(len(t.examples) for t in doctest.DocTestFinder().find(cascade)) >= 3
 
 

@@ -11,16 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from delayq.envelope import (
-    CONTENT_BYTES,
-    CONTENT_JSON,
-    CONTENT_TEXT,
-    ENVELOPE_VERSION,
-    Message,
-    MessageFactory,
-    Receipt,
-    encode_body,
-)
 from delayq.errors import (
     BodyTooLarge,
     DelayTooLong,
@@ -31,7 +21,17 @@ from delayq.errors import (
     InvalidMessageId,
     InvalidRoutingKey,
 )
-from delayq.topology import Topology
+from delayq.message.envelope import (
+    CONTENT_BYTES,
+    CONTENT_JSON,
+    CONTENT_TEXT,
+    ENVELOPE_VERSION,
+    Message,
+    MessageFactory,
+    Receipt,
+    encode_body,
+)
+from delayq.topology.model import Topology
 
 NOW_MS = 1_700_000_000_123
 # The default ladder, 30s .. 24h; every key is bound (the routing check: test_routing.py).

@@ -11,8 +11,8 @@ from pamqp.commands import Basic
 
 from delayq import errors
 from delayq.aio import _errors as aio_errors
-from delayq.envelope import OutgoingMessage, Receipt
 from delayq.links import FeedLost
+from delayq.message.envelope import OutgoingMessage, Receipt
 from delayq.sync import _errors as sync_errors
 from delayq.urls import parse_url
 

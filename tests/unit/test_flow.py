@@ -15,6 +15,12 @@ import pytest
 from pydantic import BaseModel
 
 from delayq import ExponentialBackoff, Reject, Topology
+from delayq.consume.delivery import (
+    H_DEAD_LETTER_REASON,
+    Action,
+    Delivery,
+    DeliveryPlanner,
+)
 from delayq.consume.flow import (
     Ack,
     Answer,
@@ -29,15 +35,9 @@ from delayq.consume.flow import (
     advance,
     delivery_flow,
 )
-from delayq.delivery import (
-    H_DEAD_LETTER_REASON,
-    Action,
-    Delivery,
-    DeliveryPlanner,
-)
 from delayq.errors import HandlerTimeout, PublishError, StoreError
-from delayq.idempotency import Claim, ClaimStatus, Complete, Release
-from delayq.key_scope import KeyScope
+from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release
+from delayq.stores.key_scope import KeyScope
 
 TOPOLOGY = Topology(
     namespace="fl",

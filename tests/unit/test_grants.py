@@ -19,10 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayq import Reject, Retry, Topology
-from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
-from delayq.delivery import Delivery, DeliveryPlanner
-from delayq.envelope import MessageFactory
-from delayq.grants import (
+from delayq.consume.delivery import Delivery, DeliveryPlanner
+from delayq.message.envelope import MessageFactory
+from delayq.ops.grant import (
     NOTHING,
     Grant,
     Role,
@@ -31,6 +30,7 @@ from delayq.grants import (
     grants_for,
     producer_grant,
 )
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 
 TOPO = Topology(
     namespace="shop",

@@ -94,7 +94,7 @@ time.sleep(60)
 def test_a_server_that_exits_before_listening_is_started_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import delayq.localnode as localnode
+    import delayq.local.node as localnode
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -116,7 +116,7 @@ def test_a_server_that_exits_before_listening_is_started_again(
 def test_a_server_that_keeps_exiting_fails_with_its_last_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import delayq.localnode as localnode
+    import delayq.local.node as localnode
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

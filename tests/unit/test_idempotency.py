@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayq.errors import ClaimLost, InvalidInput, StoreError
-from delayq.idempotency import (
+from delayq.stores.idempotency import (
     Claim,
     ClaimStatus,
     Complete,
@@ -26,7 +26,7 @@ from delayq.idempotency import (
     check_transactional,
     run_ops,
 )
-from delayq.key_scope import KeyScope, copy_unscoped_keys, is_queue_scoped, scoped_key
+from delayq.stores.key_scope import KeyScope, copy_unscoped_keys, is_queue_scoped, scoped_key
 
 LEASE = 1_000
 

@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidTopology
-from delayq.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
+from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 
 tier_values = st.lists(
     st.integers(min_value=1, max_value=MAX_TIER_MS), min_size=1, max_size=12, unique=True

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from delayq.errors import InvalidInput
-from delayq.ladder_fit import brute_force_ladder, ladder_overshoot, recommend_ladder
+from delayq.topology.fit import brute_force_ladder, ladder_overshoot, recommend_ladder
 
 
 @pytest.mark.parametrize("seed", range(60))

@@ -17,10 +17,16 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from delayq import FixedBackoff, HeadersTooLarge, InvalidInput, InvalidTopology, Topology
-from delayq.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE, Action, Delivery, DeliveryPlanner
-from delayq.envelope import MessageFactory, OutgoingMessage, headers_size, validate_headers
+from delayq.consume.delivery import (
+    H_ERROR_MESSAGE,
+    H_ERROR_TRACE,
+    Action,
+    Delivery,
+    DeliveryPlanner,
+)
 from delayq.errors import BodyTooLarge
-from delayq.limits import (
+from delayq.message.envelope import MessageFactory, OutgoingMessage, headers_size, validate_headers
+from delayq.message.limits import (
     DEFAULT_LIMITS,
     DELAYQ_RESERVED_BYTES,
     FRAME_MAX,
@@ -29,7 +35,7 @@ from delayq.limits import (
     MAX_HEADERS,
     MessageLimits,
 )
-from delayq.topology import load_topology
+from delayq.topology.model import load_topology
 
 # --- the model -----------------------------------------------------------------------------------
 

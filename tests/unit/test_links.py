@@ -10,8 +10,7 @@ import pytest
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
-from delayq.delivery import Delivery
-from delayq.envelope import OutgoingMessage
+from delayq.consume.delivery import Delivery
 from delayq.errors import InvalidInput, PublishRejected, UnboundRoutingKey
 from delayq.links import (
     ASYNC_LINKS,
@@ -26,10 +25,11 @@ from delayq.links import (
     open_link,
     serves_amqp,
 )
-from delayq.provisioning import ApplyReport
-from delayq.published import Published, PublishOutcome
+from delayq.message.envelope import OutgoingMessage
+from delayq.observe.publishes import Published, PublishOutcome
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
+from delayq.topology.report import ApplyReport
 
 TOPOLOGY = Topology(
     namespace="ln",

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-import delayq.localnode as localnode
-from delayq.localcluster import LocalCluster
-from delayq.localnode import LocalNode, LocalNodeError, NodeTLS
-from delayq.localservers import LocalPostgres, LocalRedis
-from delayq.localtls import make_pki
+import delayq.local.node as localnode
+from delayq.local.cluster import LocalCluster
+from delayq.local.node import LocalNode, LocalNodeError, NodeTLS
+from delayq.local.servers import LocalPostgres, LocalRedis
+from delayq.local.tls import make_pki
 
 
 @pytest.fixture

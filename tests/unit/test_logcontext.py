@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from delayq.delivery import Delivery
-from delayq.envelope import envelope_headers
+from delayq.consume.delivery import Delivery
 from delayq.errors import InvalidInput
-from delayq.logcontext import (
+from delayq.message.envelope import envelope_headers
+from delayq.observe.logs import (
     DeliveryLogFilter,
     JsonLogFormatter,
     TextLogFormatter,

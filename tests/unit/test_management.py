@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delayq.errors import InvalidURL
-from delayq.management import ManagementAPI, management_url_for
+from delayq.ops.management import ManagementAPI, management_url_for
 
 
 def test_derived_from_the_amqp_url(monkeypatch: pytest.MonkeyPatch) -> None:

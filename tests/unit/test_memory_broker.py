@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from delayq import Topology
-from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.errors import (
     InvalidInput,
     PublishRejected,
@@ -13,9 +12,10 @@ from delayq.errors import (
     TopologyMissing,
     Unroutable,
 )
-from delayq.provisioning import ApplyStatus
 from delayq.sync import apply_topology
 from delayq.testing import MemoryBroker, broker_for, topic_matches
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.report import ApplyStatus
 
 
 @pytest.mark.parametrize(

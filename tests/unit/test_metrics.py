@@ -12,8 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from delayq import FixedBackoff, Reject, Topology
-from delayq.delivery import Delivery, DeliveryPlanner
-from delayq.envelope import MessageFactory, OutgoingMessage, envelope_headers
+from delayq.consume.delivery import Delivery, DeliveryPlanner
 from delayq.errors import (
     ConnectionFailed,
     MissingExtra,
@@ -22,9 +21,10 @@ from delayq.errors import (
     PublishUnconfirmed,
     Unroutable,
 )
-from delayq.metrics import METRICS, PrometheusObserver, serve_metrics
-from delayq.observe import Settled
-from delayq.published import PublishObservers, PublishOutcome, published_events
+from delayq.message.envelope import MessageFactory, OutgoingMessage, envelope_headers
+from delayq.observe.deliveries import Settled
+from delayq.observe.metrics import METRICS, PrometheusObserver, serve_metrics
+from delayq.observe.publishes import PublishObservers, PublishOutcome, published_events
 
 QUEUE = "m.work"
 
@@ -186,9 +186,9 @@ def test_without_prometheus_client_the_module_imports_and_the_observer_says_whic
 ) -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"
-        "import delayq.metrics\n"
+        "import delayq.observe.metrics\n"
         "try:\n"
-        "    delayq.metrics.PrometheusObserver()\n"
+        "    delayq.observe.metrics.PrometheusObserver()\n"
         "except delayq.MissingExtra as exc:\n"
         "    print(exc)\n"
     )

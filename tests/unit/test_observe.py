@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
-from delayq.delivery import Action, Decision, Delivery
-from delayq.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, H_TIER_MS
+from delayq.consume.delivery import Action, Decision, Delivery
 from delayq.errors import InvalidInput
-from delayq.observe import Observers, Settled
+from delayq.message.envelope import H_DELAY_MS, H_PUBLISHED_AT, H_TIER, H_TIER_MS
+from delayq.observe.deliveries import Observers, Settled
 
 
 def delivery(**headers: object) -> Delivery:

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pytest
 from pika.compat import long
 
-from delayq.delivery import Delivery
-from delayq.parked import ParkedMessage
-from delayq.parked_view import (
+from delayq.consume.delivery import Delivery
+from delayq.ops.parked import ParkedMessage
+from delayq.ops.parked_view import (
     MASK,
     is_sensitive,
     message_detail,

@@ -10,11 +10,11 @@ from typing import IO
 
 import pytest
 
-from delayq.delivery import Action, Decision, Delivery
-from delayq.envelope import H_DELAY_MS, H_DUE_AT, H_PUBLISHED_AT, H_TIER, H_TIER_MS
+from delayq.consume.delivery import Action, Decision, Delivery
 from delayq.errors import InvalidInput, RecordsLost
-from delayq.observe import Observers, Settled
-from delayq.records import RECORD_FIELDS, RECORD_VERSION, DeliveryRecorder, record_of
+from delayq.message.envelope import H_DELAY_MS, H_DUE_AT, H_PUBLISHED_AT, H_TIER, H_TIER_MS
+from delayq.observe.deliveries import Observers, Settled
+from delayq.observe.records import RECORD_FIELDS, RECORD_VERSION, DeliveryRecorder, record_of
 
 
 def event(n: int = 0, **overrides: object) -> Settled:
@@ -103,7 +103,7 @@ def test_a_full_disk_loses_records_loudly_deliveries_go_on_and_close_raises(
         return open("/dev/full", "a") if len(opened) == 1 else path.open("a")
 
     recorder._open = open_next  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="delayq.records"):
+    with caplog.at_level(logging.WARNING, logger="delayq.observe.records"):
         for n in range(10):
             recorder.settled(event(n))
         assert recorder.flush() is False  # not "everything is on disk"

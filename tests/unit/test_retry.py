@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from delayq import DEFAULT_LADDER, DelayTooLong, Ladder
 from delayq.cli import main
-from delayq.retry import (
+from delayq.consume.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
     FixedBackoff,

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq.bulk import BulkPlanner, Rejection, Row
-from delayq.cascade import Kind, Strategy, decode_key
-from delayq.delivery import Action, Delivery, DeliveryPlanner
-from delayq.envelope import MessageFactory
+from delayq.consume.delivery import Action, Delivery, DeliveryPlanner
+from delayq.consume.retry import FixedBackoff
 from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey
-from delayq.retry import FixedBackoff
-from delayq.route import EXACT_LABEL, IMMEDIATE, Router, Wait
-from delayq.topology import Topology
+from delayq.message.bulk import BulkPlanner, Rejection, Row
+from delayq.message.envelope import MessageFactory
+from delayq.topology.cascade import Kind, Strategy, decode_key
+from delayq.topology.model import Topology
+from delayq.topology.route import EXACT_LABEL, IMMEDIATE, Router, Wait
 
 DESTINATIONS = [{"queue": "shop.work", "bindings": ["job.#"]}]
 

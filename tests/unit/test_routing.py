@@ -17,10 +17,10 @@ from delayq import (
     UnboundRoutingKey,
     Unroutable,
 )
-from delayq.bulk import BulkPlanner, Row
-from delayq.envelope import MessageFactory
+from delayq.message.bulk import BulkPlanner, Row
+from delayq.message.envelope import MessageFactory
 from delayq.testing import MemoryBroker
-from delayq.topic import BindingKeys, topic_matches
+from delayq.topology.topic import BindingKeys, topic_matches
 
 SHOP = Topology(
     namespace="shop",

@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from delayq import InvalidInput, Reject, Topology
-from delayq.delivery import (
+from delayq.consume.delivery import (
     H_DEAD_LETTER_REASON,
     H_ERROR_MESSAGE,
     H_ERROR_TRACE,
@@ -18,7 +18,7 @@ from delayq.delivery import (
     Delivery,
     DeliveryPlanner,
 )
-from delayq.retry import FixedBackoff
+from delayq.consume.retry import FixedBackoff
 from delayq.scrub import MASK, scrub, scrubbing
 
 SCRUBBED = [
@@ -223,7 +223,7 @@ def test_an_exception_whose_str_fails_is_still_dead_lettered() -> None:
 
 
 def test_an_undecodable_body_error_is_scrubbed_too() -> None:
-    from delayq.delivery import Undecodable
+    from delayq.consume.delivery import Undecodable
 
     decision = planner().undecodable(delivery(), Undecodable(f"bad token={SECRET}"))
     assert decision.message is not None
@@ -231,7 +231,7 @@ def test_an_undecodable_body_error_is_scrubbed_too() -> None:
 
 
 def test_a_store_error_quoting_its_dsn_is_scrubbed() -> None:
-    from delayq.idempotency import store_error
+    from delayq.stores.idempotency import store_error
 
     error = store_error("PostgresStore(...)", ValueError(f"bad dsn postgresql://a:{SECRET}@h/x"))
     assert SECRET not in str(error) and "postgresql://a:***@h/x" in str(error)

@@ -20,7 +20,8 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_delayq_imports_without_pyspark() -> None:
     done = run(
-        "import delayq, delayq.cli, delayq.bulk, delayq.records, delayq.ladder_fit; print('ok')"
+        "import delayq, delayq.cli, delayq.message.bulk, delayq.observe.records, "
+        "delayq.topology.fit; print('ok')"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

@@ -11,7 +11,7 @@ import pytest
 
 from delayq.aio._store import StoreBatcher
 from delayq.errors import StoreError
-from delayq.idempotency import ClaimStatus, InMemoryStore, SQLiteStore, StoreOp
+from delayq.stores.idempotency import ClaimStatus, InMemoryStore, SQLiteStore, StoreOp
 from tests.waiting import wait_for_async
 
 LEASE = 60_000

@@ -1,6 +1,6 @@
 """TLS options in the broker URL, the SSLContext built from them, and what failures say.
 
-No broker here: certificates come from the ``openssl`` command (delayq.localtls);
+No broker here: certificates come from the ``openssl`` command (delayq.local.tls);
 the real handshakes are in tests/integration/test_tls.py.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from delayq import InvalidURL
-from delayq.localtls import Pki, make_pki
+from delayq.local.tls import Pki, make_pki
 from delayq.tls import TLSOptions, describe_tls_failure, describe_tls_reset
 from delayq.urls import parse_url, redact, validate_url
 

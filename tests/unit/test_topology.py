@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from delayq.errors import InvalidTopology
-from delayq.ladder import DEFAULT_LADDER, Ladder
-from delayq.topology import Destination, QueueType, Topology, load_topology
+from delayq.topology.ladder import DEFAULT_LADDER, Ladder
+from delayq.topology.model import Destination, QueueType, Topology, load_topology
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_TOPOLOGY = REPO_ROOT / "topology" / "delayq.yaml"

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from delayq.errors import ConnectionFailed, InvalidURL
-from delayq.localnode import free_port
+from delayq.local.node import free_port
 from delayq.urls import (
     connection_plan,
     host_label,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from delayq import Topology
-from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.errors import InvalidInput, TopologyConflict
-from delayq.verification import (
+from delayq.ops.verify import (
     PROBE_EXPIRES_MS,
     Check,
     Observed,
@@ -23,6 +22,7 @@ from delayq.verification import (
     plan_probe,
     render_checks,
 )
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 
 TOPO = Topology(
     namespace="shop",

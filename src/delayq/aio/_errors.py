@@ -22,10 +22,10 @@ import asyncio
 
 import aiormq.exceptions as aex
 
-from delayq import outcomes
-from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
-from delayq.envelope import OutgoingMessage
 from delayq.errors import AccessRefused, BrokerError, ConnectionFailed, DelayqError, TopologyMissing
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
+from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.urls import BrokerURL, redact
 
 __all__ = [

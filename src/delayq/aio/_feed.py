@@ -18,9 +18,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
 from delayq.aio.ensure import ensure_topology
-from delayq.delivery import Delivery
+from delayq.consume.delivery import Delivery
 from delayq.links import AsyncOnDelivery, FeedLost
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 
 __all__ = ["AioPikaFeed"]
 
@@ -64,7 +64,7 @@ class AioPikaFeed:
             try:
                 self._tag = await amqp_queue.consume(self._on_message, no_ack=False)
                 self._consuming = True
-            except CHANNEL_CLOSED as exc:  # e.g. may not read it (see delayq.grants)
+            except CHANNEL_CLOSED as exc:  # e.g. may not read it (see delayq.ops.grant)
                 raise channel_error(exc) from exc
         except BaseException:
             self._connection = self._channel = None

@@ -4,7 +4,7 @@ One connection and one confirming channel shared by concurrent sends, re-opened
 after a loss; a batch keeps up to ``window`` confirms outstanding on it, guarded
 by a watchdog. A send is retried on a fresh connection up to
 ``publish_attempts`` times once its fate is unknown; the namespace's apply
-marker is checked once per connection (see :mod:`delayq.marker`). Registered in
+marker is checked once per connection (see :mod:`delayq.topology.marker`). Registered in
 :data:`delayq.links.ASYNC_LINKS`.
 """
 
@@ -20,7 +20,6 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from delayq import outcomes
 from delayq.aio._connection import close_quietly, connect, is_blocked
 from delayq.aio._errors import (
     CHANNEL_CLOSED,
@@ -31,7 +30,6 @@ from delayq.aio._errors import (
     publish_refusal,
 )
 from delayq.aio.provision import apply_topology
-from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
@@ -42,9 +40,11 @@ from delayq.errors import (
     TopologyMissing,
 )
 from delayq.links import LinkOptions
-from delayq.marker import Gate
-from delayq.provisioning import ApplyReport
-from delayq.topology import Topology
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
+from delayq.topology.marker import Gate
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport
 from delayq.urls import redact
 
 __all__ = ["AioPikaLink", "aio_message"]
@@ -155,7 +155,7 @@ class AioPikaLink:
             return self._channel
 
     async def _check_applied(self, connection: AbstractConnection) -> None:
-        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`);
+        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.topology.marker`);
         once per connection, on a channel of its own that a refusal may close."""
         probe = await connection.channel(publisher_confirms=False)
         try:

@@ -1,4 +1,6 @@
-"""The asyncio consumer (aio-pika): performs what :class:`~delayq.delivery.DeliveryPlanner` decides.
+"""The asyncio consumer (aio-pika): performs what the delivery planner decides.
+
+See :class:`~delayq.consume.delivery.DeliveryPlanner`.
 
 Each delivery ends in exactly one of: done, duplicate skipped, retried later
 (republished to a retry tier addressed to this queue alone, confirmed, then
@@ -22,6 +24,13 @@ from delayq.aio._acks import AckCoalescer
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
+from delayq.consume.delivery import (
+    RECONNECT_MAX_S,
+    RECONNECT_MIN_S,
+    STALL_CHECK_S,
+    Delivery,
+    is_fresh,
+)
 from delayq.consume.flow import (
     Ack,
     GiveUp,
@@ -31,19 +40,18 @@ from delayq.consume.flow import (
     RunHandler,
     delivery_flow,
 )
-from delayq.delivery import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S, Delivery, is_fresh
+from delayq.consume.handlers import is_coroutine_handler, plain
 from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
-from delayq.handlers import is_coroutine_handler, plain
-from delayq.idempotency import (
+from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
+from delayq.observe.deliveries import monotonic_ms
+from delayq.observe.logs import bound_delivery
+from delayq.stores.idempotency import (
     Claim,
     IdempotencyStore,
     StoreOp,
     TransactionalStore,
     call_in_transaction,
 )
-from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
-from delayq.logcontext import bound_delivery
-from delayq.observe import monotonic_ms
 
 __all__ = ["AsyncConsumer"]
 
@@ -325,7 +333,7 @@ class AsyncConsumer(ConsumerBase):
             self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
         try:
             # The task's logging binding stays with it; threads for plain handlers get a
-            # copy of it (see delayq.logcontext).
+            # copy of it (see delayq.observe.logs).
             with bound_delivery(delivery):
                 if self._slots is None:
                     await self._handle(message, delivery, self._clock_ms())

@@ -9,9 +9,9 @@ from aio_pika.abc import AbstractConnection
 
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
 from delayq.aio.provision import _Channels, _declare, apply_topology
-from delayq.declarations import BindingDecl, build_declarations
 from delayq.errors import AccessRefused
-from delayq.topology import Topology
+from delayq.topology.declarations import BindingDecl, build_declarations
+from delayq.topology.model import Topology
 
 __all__ = ["check_topology", "ensure_topology"]
 

@@ -9,16 +9,16 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
-from delayq.declarations import (
+from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.links import LinkOptions, gate_for, open_async_link, serves_amqp
+from delayq.topology.declarations import (
     BindingDecl,
     ExchangeDecl,
     QueueDecl,
     build_declarations,
 )
-from delayq.errors import ConnectionFailed, TopologyConflict
-from delayq.links import LinkOptions, gate_for, open_async_link, serves_amqp
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
-from delayq.topology import Topology
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.urls import redact, resolve_url
 
 __all__ = ["apply_topology"]
@@ -96,7 +96,7 @@ async def _create(
 
 async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
     """Check every entity, then create what is missing only if nothing conflicts
-    (the two phases of :mod:`delayq.provisioning`)."""
+    (the two phases of :mod:`delayq.topology.report`)."""
     decls = build_declarations(topology)
     found = [None if isinstance(d, BindingDecl) else await _check(channels, d) for d in decls]
     stopped = any(r is not None and r.conflict is not None for r in found)
@@ -131,7 +131,7 @@ async def apply_topology(
 
     The async twin of :func:`delayq.sync.apply_topology`, with the same report
     and the same conflict handling (nothing is declared while an entity
-    conflicts, see :mod:`delayq.provisioning`); delayq's own channels are used on a
+    conflicts, see :mod:`delayq.topology.report`); delayq's own channels are used on a
     ``connection`` you pass, so none of yours is closed by a refused declaration.
     """
     resolved = resolve_url(url)

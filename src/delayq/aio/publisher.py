@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from delayq.envelope import (
+from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
+from delayq.message.envelope import (
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -18,9 +19,8 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
-from delayq.published import PublishObserver, PublishObservers
-from delayq.topology import Strategy, Topology
+from delayq.observe.publishes import PublishObserver, PublishObservers
+from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["AsyncPublisher"]
@@ -36,9 +36,9 @@ class AsyncPublisher:
     ``publish_many`` keeps up to ``window`` messages unconfirmed.
 
     Bodies and headers are checked against ``topology.limits`` before anything
-    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    is sent (see :mod:`delayq.message.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
-    ``observers`` see each message's outcome (see :mod:`delayq.published`).
+    ``observers`` see each message's outcome (see :mod:`delayq.observe.publishes`).
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
     """

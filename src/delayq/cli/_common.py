@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from delayq.errors import InvalidTopology
-from delayq.topology import Topology, load_topology
+from delayq.topology.model import Topology, load_topology
 
 if TYPE_CHECKING:
     from delayq.sync._broker import ManagementChoice
@@ -39,7 +39,7 @@ def load_cli_topology(args: argparse.Namespace) -> Topology:
 
 
 def management_choice(args: argparse.Namespace, url: str) -> ManagementChoice | None:
-    from delayq.management import ManagementAPI, management_url_for
+    from delayq.ops.management import ManagementAPI, management_url_for
     from delayq.sync._broker import ManagementChoice
 
     if args.no_management:

@@ -14,7 +14,7 @@ from delayq.cli.options import (
     positive_float,
     positive_int,
 )
-from delayq.permissions import VIAS
+from delayq.ops.permissions import VIAS
 
 if TYPE_CHECKING:
     pass

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from delayq.topology import DEFAULT_TOPOLOGY_FILE
+from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
 from delayq.urls import redact
 
 __all__ = [

@@ -13,9 +13,9 @@ from delayq.cli._common import (
     EXIT_OK,
     load_cli_topology,
 )
-from delayq.envelope import epoch_ms
 from delayq.errors import InvalidInput
-from delayq.topology import Topology
+from delayq.message.envelope import epoch_ms
+from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 from delayq.wording import counted
 
@@ -39,8 +39,8 @@ def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
 
 
 def _print_parked(args: argparse.Namespace, queue: str, label: str) -> int:
-    """``list`` and ``show`` (see delayq.parked_view)."""
-    from delayq import parked_view as view
+    """``list`` and ``show`` (see delayq.ops.parked_view)."""
+    from delayq.ops import parked_view as view
     from delayq.sync import parking
 
     limit = args.limit if args.parked_command == "list" else 10_000

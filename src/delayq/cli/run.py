@@ -18,17 +18,17 @@ from delayq.cli._common import (
     load_cli_topology,
     management_choice,
 )
-from delayq.depths import render_stats, stats_json, stats_queues, stats_rows
-from delayq.durations import format_ms
-from delayq.errors import DelayqError, InvalidBody, InvalidInput
-from delayq.retry import (
+from delayq.consume.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
     FixedBackoff,
     RetryPolicy,
     ScheduleBackoff,
 )
-from delayq.topology import Strategy
+from delayq.durations import format_ms
+from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.ops.depths import render_stats, stats_json, stats_queues, stats_rows
+from delayq.topology.model import Strategy
 from delayq.urls import redact, resolve_url
 from delayq.wording import counted
 
@@ -119,8 +119,8 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 
 def cmd_retry_plan(args: argparse.Namespace) -> int:
-    from delayq.retry import check_policy, policy_overflow
-    from delayq.route import Router
+    from delayq.consume.retry import check_policy, policy_overflow
+    from delayq.topology.route import Router
 
     topology = load_cli_topology(args)
     policy = _policy(args)
@@ -172,8 +172,8 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
 
-    from delayq.logcontext import configure_logging
-    from delayq.observe import DeliveryObserver
+    from delayq.observe.deliveries import DeliveryObserver
+    from delayq.observe.logs import configure_logging
     from delayq.worker import load_worker
 
     configure_logging(args.log_level, args.log_format)
@@ -189,7 +189,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     observers: list[DeliveryObserver] = []
     server = None
     if args.metrics_port is not None:
-        from delayq.metrics import PrometheusObserver, serve_metrics
+        from delayq.observe.metrics import PrometheusObserver, serve_metrics
 
         metrics = PrometheusObserver()
         try:
@@ -208,7 +208,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"delayq worker: metrics on {server.url}", flush=True)
     recorder = None
     if args.records is not None:
-        from delayq.records import DeliveryRecorder
+        from delayq.observe.records import DeliveryRecorder
 
         recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
         observers.append(recorder)

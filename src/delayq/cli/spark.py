@@ -30,8 +30,8 @@ def _spark_session(args: argparse.Namespace) -> Any:
 
 
 def cmd_spark_schedule(args: argparse.Namespace) -> int:
-    from delayq.bulk import RejectionLimit
     from delayq.errors import RowsRejected
+    from delayq.message.bulk import RejectionLimit
     from delayq.spark import schedule
 
     max_rejected = None if args.allow_rejected else args.max_rejected
@@ -98,8 +98,8 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_report(args: argparse.Namespace) -> int:
-    from delayq.ladder import Ladder
     from delayq.spark import report
+    from delayq.topology.ladder import Ladder
 
     ladder = Ladder.parse(args.ladder.split()) if args.ladder else None
     bucket_ms = to_ms(args.bucket, what="--bucket") if args.bucket else None

@@ -13,14 +13,14 @@ from delayq.cli._common import (
     load_cli_topology,
     management_choice,
 )
-from delayq.declarations import build_declarations, describe
-from delayq.definitions import render_definitions
 from delayq.durations import to_ms
 from delayq.errors import InvalidInput
-from delayq.grants import grants_for
-from delayq.provisioning import ApplyStatus
+from delayq.ops.grant import grants_for
+from delayq.ops.verify import passed, render_checks
+from delayq.topology.declarations import build_declarations, describe
+from delayq.topology.definitions import render_definitions
+from delayq.topology.report import ApplyStatus
 from delayq.urls import redact, resolve_url
-from delayq.verification import passed, render_checks
 from delayq.wording import counted
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_grant(args: argparse.Namespace) -> int:
-    from delayq.permissions import apply_grant, rabbitmqctl_command
+    from delayq.ops.permissions import apply_grant, rabbitmqctl_command
 
     topology = load_cli_topology(args)
     if not (args.producer_user or args.consumer_user or args.admin_user):

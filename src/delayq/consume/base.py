@@ -18,16 +18,16 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from delayq.consume.delivery import ConsumeSettings, Delivery, DeliveryPlanner
 from delayq.consume.flow import Ack, FlowContext
-from delayq.delivery import ConsumeSettings, Delivery, DeliveryPlanner
-from delayq.envelope import epoch_ms
-from delayq.handlers import check_handler
-from delayq.idempotency import IdempotencyStore, check_transactional
-from delayq.key_scope import KeyScope
-from delayq.observe import DeliveryObserver, Observers
-from delayq.retry import RetryPolicy
-from delayq.stats import ConsumerStats
-from delayq.topology import Topology
+from delayq.consume.handlers import check_handler
+from delayq.consume.retry import RetryPolicy
+from delayq.message.envelope import epoch_ms
+from delayq.observe.deliveries import DeliveryObserver, Observers
+from delayq.observe.stats import ConsumerStats
+from delayq.stores.idempotency import IdempotencyStore, check_transactional
+from delayq.stores.key_scope import KeyScope
+from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["ConsumerBase", "PruneSchedule"]

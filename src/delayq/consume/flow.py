@@ -12,10 +12,10 @@ Steps and their answers:
 ======================================  =============================================
 step yielded                            answer sent back
 ======================================  =============================================
-:class:`~delayq.idempotency.Claim`      a :class:`~delayq.idempotency.ClaimStatus`,
+:class:`~delayq.stores.idempotency.Claim`      a :class:`~delayq.stores.idempotency.ClaimStatus`,
                                         or the :class:`~delayq.errors.StoreError`
-:class:`~delayq.idempotency.Complete`   ``None`` or the ``StoreError``
-:class:`~delayq.idempotency.Release`    ``None`` or the ``StoreError``
+:class:`~delayq.stores.idempotency.Complete`   ``None`` or the ``StoreError``
+:class:`~delayq.stores.idempotency.Release`    ``None`` or the ``StoreError``
 :class:`RunHandler`                     :class:`HandlerEnded` (what it raised, if anything)
 :class:`Publish`                        ``None`` once confirmed, or the ``DelayqError``
 ======================================  =============================================
@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from delayq.delivery import (
+from delayq.consume.delivery import (
     Decision,
     Delivery,
     DeliveryPlanner,
@@ -45,10 +45,10 @@ from delayq.delivery import (
     decode_body,
     idempotency_key,
 )
-from delayq.envelope import OutgoingMessage
 from delayq.errors import DelayqError, StoreError
-from delayq.idempotency import Claim, ClaimStatus, Complete, Release
-from delayq.key_scope import KeyScope
+from delayq.message.envelope import OutgoingMessage
+from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release
+from delayq.stores.key_scope import KeyScope
 
 __all__ = [
     "Ack",

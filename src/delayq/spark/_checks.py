@@ -15,7 +15,7 @@ from delayq.errors import BrokerError, DelayqError, TopologyMissing
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, channel_error, is_missing
 from delayq.sync.publisher import Publisher
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 from delayq.urls import redact
 
 __all__ = ["preflight", "task_error"]

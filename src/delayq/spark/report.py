@@ -1,6 +1,6 @@
 """``delayq spark report``: what the delays did in production, from delivery records.
 
-Reads the JSON-lines records of :mod:`delayq.records` (version 1; lines of other
+Reads the JSON-lines records of :mod:`delayq.observe.records` (version 1; lines of other
 versions and malformed lines are skipped and counted) and computes, per tier
 and overall:
 
@@ -16,7 +16,7 @@ and overall:
 
 It writes ``summary.json``, ``report.md`` and PNG plots (lateness histogram per
 tier, requested-delay distribution against the ladder, throughput), and
-recommends a ladder (:func:`delayq.ladder_fit.recommend_ladder`) shown beside
+recommends a ladder (:func:`delayq.topology.fit.recommend_ladder`) shown beside
 the current one.
 """
 
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from delayq.durations import format_ms
 from delayq.errors import InvalidInput
-from delayq.ladder import Ladder
-from delayq.ladder_fit import LadderFit, ladder_overshoot, recommend_ladder
-from delayq.records import RECORD_VERSION
+from delayq.observe.records import RECORD_VERSION
+from delayq.topology.fit import LadderFit, ladder_overshoot, recommend_ladder
+from delayq.topology.ladder import Ladder
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -1,6 +1,6 @@
 """Bulk scheduling from a DataFrame: every partition publishes through one connection.
 
-Each Spark task plans its rows with :class:`~delayq.bulk.BulkPlanner` (pure) and
+Each Spark task plans its rows with :class:`~delayq.message.bulk.BulkPlanner` (pure) and
 streams the messages through :meth:`delayq.sync.Publisher.send_many` with
 pipelined confirms. Message ids are derived from the key column, so a retried
 task, a recomputed partition or a re-run job sends only duplicates, which
@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
-from delayq.envelope import OutgoingMessage
 from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
+from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
+from delayq.message.envelope import OutgoingMessage
 from delayq.spark._checks import preflight, task_error
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pika
 
 from delayq.errors import DelayqError
-from delayq.management import ManagementAPI
+from delayq.ops.management import ManagementAPI
 
 __all__ = ["ManagementChoice", "Reach", "reach_management", "server_property", "url_vhost"]
 

@@ -20,6 +20,7 @@ from queue import Empty
 from typing import Any, ClassVar, Protocol, cast
 
 from delayq.consume.base import ConsumerBase
+from delayq.consume.delivery import Delivery
 from delayq.consume.flow import (
     Ack,
     Answer,
@@ -33,17 +34,16 @@ from delayq.consume.flow import (
     advance,
     delivery_flow,
 )
-from delayq.delivery import Delivery
+from delayq.consume.handlers import plain
 from delayq.errors import DelayqError, HandlerTimeout, StoreError
-from delayq.handlers import plain
-from delayq.idempotency import (
+from delayq.observe.logs import bound_delivery
+from delayq.stores.idempotency import (
     IdempotencyStore,
     TransactionalStore,
     answer_op,
     call_in_transaction,
     store_error,
 )
-from delayq.logcontext import bound_delivery
 from delayq.sync._threads import HandlerThreads, Job
 from delayq.sync.publisher import Publisher
 
@@ -119,7 +119,7 @@ class DeliveryFlow(ConsumerBase):
             if step is None:
                 return None
             # The job's context is copied here: the handler's thread logs with this
-            # delivery's fields (see delayq.logcontext).
+            # delivery's fields (see delayq.observe.logs).
             return Job(settler, delivery, received_ms, flow, self._handler_call(step))
 
     def _handler_call(self, step: RunHandler) -> Callable[[], None]:

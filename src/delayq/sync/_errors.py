@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import pika.exceptions as pex
 
-from delayq import outcomes
-from delayq.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
-from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     AccessRefused,
     BrokerError,
@@ -31,6 +28,9 @@ from delayq.errors import (
     TopologyMissing,
 )
 from delayq.links import FeedLost
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
+from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 from delayq.urls import BrokerURL, redact
 
 __all__ = [

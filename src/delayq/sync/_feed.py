@@ -16,12 +16,12 @@ from typing import Any
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.delivery import Delivery
+from delayq.consume.delivery import Delivery
 from delayq.links import FeedLost, OnDelivery
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CLIENT_ERRORS, LOST, channel_error, feed_lost
 from delayq.sync.ensure import ensure_topology
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 
 __all__ = ["PikaFeed"]
 
@@ -78,7 +78,7 @@ class PikaFeed:
             channel.basic_qos(prefetch_count=prefetch)
             try:
                 tag = channel.basic_consume(queue, self._on_message)
-            except CHANNEL_CLOSED as exc:  # may not read it (see delayq.grants)
+            except CHANNEL_CLOSED as exc:  # may not read it (see delayq.ops.grant)
                 raise channel_error(exc) from exc
         except BaseException:
             close_quietly(connection)

@@ -5,7 +5,7 @@ send and re-opened after a loss; a fresh connection per batch or stream, with
 pipelined confirms (:mod:`delayq.sync._pipeline`). Each send is retried on a
 fresh connection up to ``publish_attempts`` times once it was handed to a
 socket and its fate is unknown; the namespace's apply marker is checked once per
-connection (see :mod:`delayq.marker`). Registered in :data:`delayq.links.LINKS`.
+connection (see :mod:`delayq.topology.marker`). Registered in :data:`delayq.links.LINKS`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from collections.abc import Callable, Iterable
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq import outcomes
-from delayq.envelope import OutgoingMessage
 from delayq.errors import ConnectionFailed, DelayqError, PublishBlocked
 from delayq.links import LinkOptions, Settle
-from delayq.marker import Gate
-from delayq.provisioning import ApplyReport
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
 from delayq.sync._connection import close_quietly, connect, host_parameters
 from delayq.sync._errors import (
     CHANNEL_CLOSED,
@@ -33,7 +31,9 @@ from delayq.sync._errors import (
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
 from delayq.sync.provision import apply_topology
-from delayq.topology import Topology
+from delayq.topology.marker import Gate
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport
 from delayq.urls import parse_url, redact
 
 __all__ = ["PikaLink", "pika_properties"]
@@ -92,7 +92,10 @@ class PikaLink:
         return self._channel
 
     def _check_applied(self, channel: BlockingChannel) -> None:
-        """Refuse a namespace whose last apply did not complete (see :mod:`delayq.marker`)."""
+        """Refuse a namespace whose last apply did not complete.
+
+        See :mod:`delayq.topology.marker`.
+        """
         try:
             channel.exchange_declare(self._gate.marker, passive=True)
         except CHANNEL_CLOSED as exc:

@@ -17,8 +17,6 @@ from typing import Any
 import pika
 from pika.spec import Basic
 
-from delayq import outcomes
-from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
@@ -28,8 +26,10 @@ from delayq.errors import (
     TopologyMissing,
 )
 from delayq.links import Settle
-from delayq.marker import Gate
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
+from delayq.topology.marker import Gate
 
 __all__ = ["publish_pipelined", "send_pipelined"]
 

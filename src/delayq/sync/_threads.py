@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.delivery import Delivery
+from delayq.consume.delivery import Delivery
 
 __all__ = ["HandlerThreads", "Job"]
 

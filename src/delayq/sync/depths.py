@@ -8,9 +8,9 @@ can lag a little behind.
 
 from __future__ import annotations
 
-from delayq.depths import Depth
 from delayq.errors import ConnectionFailed, DelayqError, ManagementUnavailable
-from delayq.management import ManagementAPI
+from delayq.ops.depths import Depth
+from delayq.ops.management import ManagementAPI
 from delayq.sync._broker import ManagementChoice, Reach, reach_management, url_vhost
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing

@@ -1,5 +1,5 @@
 """What a consumer does with the topology at start: apply it, or, when its user may not
-configure (the least-privilege consumer grant, see :mod:`delayq.grants`), check that
+configure (the least-privilege consumer grant, see :mod:`delayq.ops.grant`), check that
 it exists.
 
 The check is passive (needs no permission): every exchange and queue of the
@@ -14,11 +14,11 @@ import logging
 
 import pika
 
-from delayq.declarations import BindingDecl, build_declarations
 from delayq.errors import AccessRefused
 from delayq.sync._errors import CHANNEL_CLOSED, channel_error
 from delayq.sync.provision import Channels, apply_topology, declare_entity
-from delayq.topology import Topology
+from delayq.topology.declarations import BindingDecl, build_declarations
+from delayq.topology.model import Topology
 
 __all__ = ["check_topology", "ensure_topology"]
 

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.delivery import Delivery
-from delayq.envelope import epoch_ms
+from delayq.consume.delivery import Delivery
 from delayq.errors import ConnectionFailed, InvalidInput, TopologyMissing
-from delayq.parked import H_REPLAYED_AT, ParkedMessage, replay_message
+from delayq.message.envelope import epoch_ms
+from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, replay_message
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error
 from delayq.sync.publisher import Publisher
-from delayq.topology import Topology
+from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
 __all__ = ["ReplayReport", "browse", "purge", "replay"]

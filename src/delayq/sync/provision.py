@@ -5,19 +5,19 @@ from __future__ import annotations
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.declarations import (
+from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
+from delayq.topology.declarations import (
     BindingDecl,
     Declaration,
     ExchangeDecl,
     QueueDecl,
     build_declarations,
 )
-from delayq.errors import ConnectionFailed, TopologyConflict
-from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
-from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
-from delayq.topology import Topology
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.urls import redact, resolve_url
 
 __all__ = ["apply_topology", "delete_topology"]
@@ -103,7 +103,7 @@ def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
 
 def _apply(channels: Channels, topology: Topology) -> ApplyReport:
     """Check every entity, then create what is missing only if nothing conflicts
-    (the two phases of :mod:`delayq.provisioning`)."""
+    (the two phases of :mod:`delayq.topology.report`)."""
     decls = build_declarations(topology)
     found = [
         None if isinstance(d, BindingDecl) else declare_checked(channels, d, create=False)
@@ -139,7 +139,7 @@ def apply_topology(
     nothing is declared (the others are reported ``skipped``), and the apply
     marker of a former apply is removed when the conflict is on the namespace's
     own entities, so publishers refuse the namespace until an apply succeeds
-    (see :mod:`delayq.provisioning`). With ``raise_on_conflict`` (the default)
+    (see :mod:`delayq.topology.report`). With ``raise_on_conflict`` (the default)
     the first conflict is raised as :class:`~delayq.errors.TopologyConflict`.
     Pass ``connection`` to reuse one: delayq opens and closes its own channels on
     it, so the caller's channels are never closed by a refused declaration.

@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from delayq.envelope import (
+from delayq.errors import PublishError
+from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
+from delayq.message.envelope import (
     Message,
     MessageFactory,
     OutgoingMessage,
@@ -18,11 +20,9 @@ from delayq.envelope import (
     epoch_ms,
     new_message_id,
 )
-from delayq.errors import PublishError
-from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
-from delayq.published import PublishObserver, PublishObservers
+from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
-from delayq.topology import Strategy, Topology
+from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["Publisher"]
@@ -38,9 +38,9 @@ class Publisher:
     Not thread-safe: use one publisher per thread.
 
     Bodies and headers are checked against ``topology.limits`` before anything
-    is sent (see :mod:`delayq.limits`); ``max_body_bytes`` overrides the body
+    is sent (see :mod:`delayq.message.limits`); ``max_body_bytes`` overrides the body
     limit. ``url`` may be ``amqps://`` with TLS options (see :mod:`delayq.tls`).
-    ``observers`` see each message's outcome (see :mod:`delayq.published`).
+    ``observers`` see each message's outcome (see :mod:`delayq.observe.publishes`).
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
     """
@@ -168,7 +168,7 @@ class Publisher:
 
         ``messages`` is pulled lazily, at most ``window`` unconfirmed at a time,
         so a generator of millions needs little memory; build them with
-        ``publisher.factory`` (or :class:`~delayq.bulk.BulkPlanner`), which
+        ``publisher.factory`` (or :class:`~delayq.message.bulk.BulkPlanner`), which
         validates each before it reaches the stream. ``settle(index, message,
         error)`` is called once per message: ``error`` is ``None`` when the
         broker confirmed it, else the :class:`~delayq.errors.PublishError`

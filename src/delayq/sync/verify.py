@@ -1,6 +1,6 @@
 """``delayq topology verify`` with pika (and the management API when it answers).
 
-It gathers what the broker shows and lets :mod:`delayq.verification` judge it:
+It gathers what the broker shows and lets :mod:`delayq.ops.verify` judge it:
 
 - the version, from the connection's server properties;
 - every exchange and queue: from the management API (type, durability, every
@@ -15,23 +15,9 @@ from __future__ import annotations
 
 import secrets
 
-from delayq.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.errors import ConnectionFailed, DelayqError
-from delayq.management import ManagementAPI
-from delayq.sync._broker import (
-    ManagementChoice,
-    Reach,
-    reach_management,
-    server_property,
-    url_vhost,
-)
-from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CONNECTION_ERRORS
-from delayq.sync.probe import run_probe
-from delayq.sync.provision import Channels, declare_checked
-from delayq.topology import Topology
-from delayq.urls import redact, resolve_url
-from delayq.verification import (
+from delayq.ops.management import ManagementAPI
+from delayq.ops.verify import (
     Check,
     Observed,
     Status,
@@ -43,6 +29,20 @@ from delayq.verification import (
     compare_redeclared,
     plan_probe,
 )
+from delayq.sync._broker import (
+    ManagementChoice,
+    Reach,
+    reach_management,
+    server_property,
+    url_vhost,
+)
+from delayq.sync._connection import close_quietly, connect
+from delayq.sync._errors import CONNECTION_ERRORS
+from delayq.sync.probe import run_probe
+from delayq.sync.provision import Channels, declare_checked
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.model import Topology
+from delayq.urls import redact, resolve_url
 
 __all__ = ["verify_topology"]
 

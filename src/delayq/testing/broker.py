@@ -34,15 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from delayq import outcomes
-from delayq.declarations import (
-    BindingDecl,
-    Declaration,
-    build_declarations,
-)
-from delayq.delivery import Delivery
+from delayq.consume.delivery import Delivery
 from delayq.durations import to_ms
-from delayq.envelope import OutgoingMessage
 from delayq.errors import (
     ConnectionFailed,
     DelayqError,
@@ -53,13 +46,20 @@ from delayq.errors import (
     TopologyMissing,
     Unroutable,
 )
-from delayq.marker import Gate
-from delayq.parked import H_REPLAYED_AT, replay_message
-from delayq.provisioning import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
+from delayq.ops.parked import H_REPLAYED_AT, replay_message
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
 from delayq.testing.entities import Dropped, Entities
 from delayq.testing.model import Queue, StoredMessage
-from delayq.topology import Topology
+from delayq.topology.declarations import (
+    BindingDecl,
+    Declaration,
+    build_declarations,
+)
+from delayq.topology.marker import Gate
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.urls import MEMORY_SCHEME, memory_broker_name
 
 if TYPE_CHECKING:

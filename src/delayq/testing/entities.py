@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from delayq.declarations import BindingDecl, Declaration, ExchangeDecl, QueueDecl
 from delayq.errors import InvalidInput, TopologyConflict, TopologyMissing
-from delayq.provisioning import ApplyResult, ApplyStatus
 from delayq.testing.clock import VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
 from delayq.testing.topic import topic_matches
+from delayq.topology.declarations import BindingDecl, Declaration, ExchangeDecl, QueueDecl
+from delayq.topology.report import ApplyResult, ApplyStatus
 
 __all__ = ["Dropped", "Entities", "Route"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from delayq.envelope import OutgoingMessage
 from delayq.errors import InvalidInput, PublishError, TopologyMissing
 from delayq.links import AsyncOnDelivery, LinkOptions, OnDelivery, Settle
-from delayq.marker import Gate
-from delayq.provisioning import ApplyReport
+from delayq.message.envelope import OutgoingMessage
 from delayq.testing.broker import MemoryBroker, broker_for, send_batch
 from delayq.testing.model import StoredMessage, delivery_of
-from delayq.topology import Topology
+from delayq.topology.marker import Gate
+from delayq.topology.model import Topology
+from delayq.topology.report import ApplyReport
 
 __all__ = [
     "AsyncMemoryFeed",

@@ -1,6 +1,6 @@
 """The AMQP entities the memory broker keeps: exchanges, queues, bindings, messages.
 
-Built from the same :mod:`delayq.declarations` the real provisioning applies, so
+Built from the same :mod:`delayq.topology.declarations` the real provisioning applies, so
 the memory topology cannot drift from the real one. Only what delayq relies on
 is modelled, with RabbitMQ's semantics (see :mod:`delayq.testing.broker`).
 """
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.declarations import ArgumentValue, BindingDecl
-from delayq.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Delivery
-from delayq.envelope import H_ATTEMPT
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Delivery
+from delayq.message.envelope import H_ATTEMPT
+from delayq.topology.declarations import ArgumentValue, BindingDecl
 
 __all__ = ["Exchange", "Queue", "StoredMessage", "delivery_of"]
 

@@ -1,0 +1,317 @@
+"""A throwaway RabbitMQ node from the installed server, for tests and the demo.
+
+Runs Debian's ``rabbitmq-server`` without systemd and without switching user:
+the scripts in ``/usr/lib/rabbitmq/bin`` are called directly with ``HOME``,
+node name, ports and data folders pointed at a scratch directory.
+
+>>> with LocalNode() as node:            # doctest: +SKIP
+...     print(node.url)                  # amqp://guest:guest@127.0.0.1:<port>/
+
+``LocalNode(management=True)`` also enables the ``rabbitmq_management`` plugin
+on a free port of its own (``node.management_url``); without it the node runs
+no plugin at all, which is how a broker without the HTTP API looks.
+With ``tls=NodeTLS(...)`` the node also listens for TLS (``amqps://``) on a
+second free port, :attr:`LocalNode.tls_url` (certificates: :mod:`delayq.local.tls`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+__all__ = [
+    "RABBITMQ_BIN",
+    "LocalNode",
+    "LocalNodeError",
+    "NodeTLS",
+    "ServerExited",
+    "free_port",
+    "server_installed",
+]
+
+RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+
+
+class LocalNodeError(RuntimeError):
+    """The local node could not be started or controlled."""
+
+
+class ServerExited(LocalNodeError):
+    """The server process ended before the node listened."""
+
+
+def server_installed() -> bool:
+    return (RABBITMQ_BIN / "rabbitmq-server").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTLS:
+    """A TLS listener for a :class:`LocalNode` (RabbitMQ's ``ssl_options``)."""
+
+    cacertfile: Path
+    """CA certificates the node trusts for client certificates."""
+    certfile: Path
+    keyfile: Path
+    verify_peer: bool = False
+    """Ask clients for a certificate and verify it against ``cacertfile``."""
+    fail_if_no_peer_cert: bool = False
+    """Refuse clients that send no certificate (needs ``verify_peer``)."""
+
+    def config(self, port: int) -> dict[str, str]:
+        """The ``rabbitmq.conf`` lines of this listener on ``port``."""
+        return {
+            "listeners.ssl.default": str(port),
+            "ssl_options.cacertfile": str(self.cacertfile),
+            "ssl_options.certfile": str(self.certfile),
+            "ssl_options.keyfile": str(self.keyfile),
+            "ssl_options.verify": "verify_peer" if self.verify_peer else "verify_none",
+            "ssl_options.fail_if_no_peer_cert": str(self.fail_if_no_peer_cert).lower(),
+        }
+
+
+class LocalNode:
+    """One RabbitMQ node on free ports with its own data folder; stop() removes nothing
+    until :meth:`cleanup`, so a restart keeps the parked messages."""
+
+    def __init__(
+        self,
+        base_dir: str | Path | None = None,
+        *,
+        port: int | None = None,
+        config: Mapping[str, str] | None = None,
+        management: bool = False,
+        tls: NodeTLS | None = None,
+        cookie: str | None = None,
+        advanced_config: str | None = None,
+    ) -> None:
+        if not server_installed():
+            raise LocalNodeError(
+                f"RabbitMQ is not installed ({RABBITMQ_BIN}/rabbitmq-server is missing): "
+                "apt-get install rabbitmq-server"
+            )
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="delayq-node-"))
+        self.port = port or free_port()
+        self.dist_port = free_port()
+        self.name = f"delayq-{self.port}@localhost"
+        self.management_port = free_port() if management else None
+        plugin_config = (
+            {"management.tcp.port": str(self.management_port), "management.tcp.ip": "127.0.0.1"}
+            if self.management_port is not None
+            else {}
+        )
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
+        self.config = {
+            "listeners.tcp.default": str(self.port),
+            "loopback_users": "none",
+            "log.console": "false",
+            **plugin_config,
+            **(tls.config(self.tls_port) if tls is not None and self.tls_port else {}),
+            **(config or {}),
+        }
+        self.cookie = cookie
+        """The Erlang cookie; nodes of one cluster share it (None: the node makes its own)."""
+        self.advanced_config = advanced_config
+        """Erlang terms for ``advanced.config`` (settings rabbitmq.conf cannot express)."""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalNode({self.name!r}, port={self.port})"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def management_url(self) -> str | None:
+        """The HTTP API's URL when the node runs the management plugin, else ``None``."""
+        if self.management_port is None:
+            return None
+        return f"http://guest:guest@127.0.0.1:{self.management_port}/"
+
+    @property
+    def tls_url(self) -> str:
+        """The ``amqps://`` URL of the TLS listener, without TLS options (add them)."""
+        if self.tls_port is None:
+            raise LocalNodeError("this node was started without tls=NodeTLS(...)")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
+
+    def env(self) -> dict[str, str]:
+        base = self.base_dir
+        return {
+            **os.environ,
+            "HOME": str(base),
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+        }
+
+    def _write_files(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"{key} = {value}" for key, value in self.config.items()]
+        (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
+        plugins = "rabbitmq_management" if self.management_port is not None else ""
+        (self.base_dir / "enabled_plugins").write_text(f"[{plugins}].\n")
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        advanced = self.base_dir / "advanced.config"
+        if self.advanced_config is not None:
+            advanced.write_text(self.advanced_config)
+        elif not advanced.exists():
+            advanced.write_text("[].\n")
+        if self.cookie is not None:  # HOME is base_dir: the node and rabbitmqctl read it there
+            cookie = self.base_dir / ".erlang.cookie"
+            if cookie.exists():
+                cookie.chmod(0o600)
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)  # Erlang refuses a cookie file others can read
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout_s: float = 90.0, attempts: int = 3) -> LocalNode:
+        """Start the node and wait until it accepts AMQP connections.
+
+        A server that exits before it listens is started again, up to
+        ``attempts`` times: on a loaded machine a restart now and then found its
+        old instance's name not yet released (the server then exits at once).
+        """
+        if self.running:
+            return self
+        self._write_files()
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(1, attempts + 1):
+            self._spawn()
+            try:
+                self._await_port(self.port, deadline)
+                break
+            except ServerExited:
+                if attempt == attempts or time.monotonic() + 2 > deadline:
+                    raise
+                time.sleep(2.0 * attempt)
+        if self.tls_port is not None:
+            self._await_port(self.tls_port, deadline)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        if self.management_port is not None:
+            self._await_port(self.management_port, deadline)
+        return self
+
+    def _spawn(self) -> None:
+        with open(self.base_dir / "server.out", "ab") as log:
+            self._process = subprocess.Popen(
+                [str(RABBITMQ_BIN / "rabbitmq-server")],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def _server_out_tail(self, lines: int = 8) -> str:
+        try:
+            text = (self.base_dir / "server.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def _await_port(self, port: int, deadline: float) -> None:
+        """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
+        while not _port_open(port):
+            process = self._process
+            if process is not None and process.poll() is not None:
+                self._process = None
+                raise ServerExited(
+                    f"rabbitmq-server exited with {process.returncode}; see "
+                    f"{self.base_dir / 'server.out'} and {self.base_dir / 'log'}; "
+                    f"its last lines:\n{self._server_out_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LocalNodeError(f"node {self.name} did not open port {port} in time")
+            time.sleep(0.2)
+
+    def ctl(
+        self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"
+    ) -> str:
+        """Run ``rabbitmqctl`` (or ``tool``, e.g. ``rabbitmq-queues``) against this node and
+        return its output."""
+        result = subprocess.run(
+            [str(RABBITMQ_BIN / tool), "-n", self.name, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise LocalNodeError(
+                f"{tool} {' '.join(args)} failed ({result.returncode}): "
+                f"{result.stderr.strip() or result.stdout.strip()}"
+            )
+        return result.stdout
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the node gracefully (data kept), killing it if it does not stop in time."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            self._process = None
+            return
+        try:
+            self.ctl("stop", timeout_s=timeout_s, check=False)
+            process.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        """Stop the node and delete its data folder if delayq created it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalNode:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()

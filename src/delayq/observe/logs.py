@@ -1,0 +1,165 @@
+"""Which delivery a log line is about: message id, queue, routing key and attempt on every
+line logged while a consumer handles a delivery (its handler's lines included).
+
+Both consumers bind the delivery to a context variable around its handling;
+:class:`DeliveryLogFilter` copies it onto each log record, and the formatters
+here print it: :class:`JsonLogFormatter` one JSON object per line,
+:class:`TextLogFormatter` the usual text with ``message_id=... queue=...``
+appended. ``delayq worker --log-format text|json`` sets this up; elsewhere:
+
+>>> configure_logging("info", "json")          # doctest: +SKIP
+
+or, on a handler of your own:
+
+>>> handler.addFilter(DeliveryLogFilter())     # doctest: +SKIP
+>>> handler.setFormatter(JsonLogFormatter())   # doctest: +SKIP
+
+Handlers that run in a thread (sync handlers) see the same context: the
+consumers copy it into the thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from delayq.consume.delivery import Delivery
+from delayq.errors import InvalidInput
+
+__all__ = [
+    "FIELDS",
+    "DeliveryLogContext",
+    "DeliveryLogFilter",
+    "JsonLogFormatter",
+    "LogFormat",
+    "TextLogFormatter",
+    "bound_delivery",
+    "configure_logging",
+    "current_delivery",
+]
+
+LogFormat = Literal["text", "json"]
+
+FIELDS = ("message_id", "queue", "routing_key", "attempt")
+"""The record attributes :class:`DeliveryLogFilter` sets (``None`` outside a delivery)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryLogContext:
+    message_id: str | None
+    queue: str
+    routing_key: str
+    """The routing key the message was first published with."""
+    attempt: int
+
+    @classmethod
+    def of(cls, delivery: Delivery) -> DeliveryLogContext:
+        return cls(
+            delivery.message_id, delivery.queue, delivery.origin_routing_key, delivery.attempt
+        )
+
+
+_current: contextvars.ContextVar[DeliveryLogContext | None] = contextvars.ContextVar(
+    "delayq_delivery", default=None
+)
+
+
+def current_delivery() -> DeliveryLogContext | None:
+    """The delivery being handled here, if any."""
+    return _current.get()
+
+
+@contextmanager
+def bound_delivery(delivery: Delivery) -> Iterator[DeliveryLogContext]:
+    """Log lines within the block (and in threads started with a copy of this context)
+    carry ``delivery``'s fields."""
+    context = DeliveryLogContext.of(delivery)
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)
+
+
+class DeliveryLogFilter(logging.Filter):
+    """Sets ``message_id``, ``queue``, ``routing_key`` and ``attempt`` on every record
+    (``None`` outside a delivery); drops nothing. Put it on a handler: a filter on a
+    logger does not see its children's records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = _current.get()
+        for name in FIELDS:
+            # A record that already has the field (an extra=..., or a second filter) keeps it.
+            if getattr(record, name, None) is None:
+                setattr(record, name, None if context is None else getattr(context, name))
+        return True
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {
+        name: value for name in FIELDS if (value := getattr(record, name, None)) is not None
+    }
+
+
+class TextLogFormatter(logging.Formatter):
+    """``2026-01-01 12:00:00,000 INFO name: message message_id=... queue=... ...``."""
+
+    def __init__(self, fmt: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
+        super().__init__(fmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = _fields(record)
+        if not fields:
+            return text
+        suffix = " ".join(f"{name}={value}" for name, value in fields.items())
+        # After the message's first line, so a traceback stays below it.
+        head, newline, rest = text.partition("\n")
+        return f"{head} {suffix}{newline}{rest}"
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, the delivery's fields when set, and ``exc`` with the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(
+    level: str | int = "info", log_format: LogFormat = "text"
+) -> logging.Handler:
+    """One stderr handler on the root logger with the delivery fields, in ``log_format``;
+    replaces the root's handlers. Returns the handler."""
+    if log_format not in ("text", "json"):
+        raise InvalidInput(f"log format must be 'text' or 'json', not {log_format!r}")
+    handler = logging.StreamHandler()
+    handler.addFilter(DeliveryLogFilter())
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else TextLogFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler

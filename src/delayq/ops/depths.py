@@ -1,0 +1,122 @@
+"""What ``delayq stats`` shows: the queues of a topology and how many messages each holds.
+
+Pure: the adapter (:mod:`delayq.sync.depths`) fills in a :class:`Depth` per
+queue, from the management API or from AMQP passive declares, which count
+only ready messages (not those delivered and unacknowledged).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from delayq.topology.model import Topology
+
+__all__ = ["Depth", "StatsRow", "render_stats", "stats_json", "stats_queues", "stats_rows"]
+
+
+@dataclass(frozen=True)
+class StatsRow:
+    """One queue of the table, with its DLQ for a destination."""
+
+    queue: str
+    role: str
+    """``tier``, ``retry``, ``level``, ``destination`` or ``unrouted``."""
+    dlq: str | None = None
+
+
+@dataclass(frozen=True)
+class Depth:
+    ready: int
+    unacked: int | None
+    """``None`` when counted over AMQP, which cannot see unacknowledged messages."""
+    consumers: int
+    forwarding: int | None = None
+    """Dead letters the queue still holds because their target has not accepted them yet
+    (a quorum queue with at-least-once dead-lettering; management API only): a count
+    that stays above 0 means dead-lettering is stuck (see the README's cluster section)."""
+
+    @property
+    def total(self) -> int:
+        """Ready plus unacknowledged (ready only when ``unacked`` is unknown)."""
+        return self.ready + (self.unacked or 0)
+
+
+def stats_rows(topology: Topology) -> list[StatsRow]:
+    """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
+    DLQs), then ``<ns>.unrouted``."""
+    rows = [StatsRow(topology.tier_name(t), "tier") for t in topology.ladder.tiers]
+    rows += [StatsRow(topology.retry_direct_name(t), "retry") for t in topology.ladder.tiers]
+    rows += [StatsRow(topology.retry_name(t), "retry") for t in topology.ladder.tiers]  # older
+    if topology.exact_enabled:
+        rows += [StatsRow(topology.level_name(k), "level") for k in range(topology.exact_levels)]
+    rows += [StatsRow(d.queue, "destination", d.dlq) for d in topology.destinations]
+    rows.append(StatsRow(topology.unrouted, "unrouted"))
+    return rows
+
+
+def stats_queues(rows: Sequence[StatsRow]) -> list[str]:
+    """Every queue the rows need counted, DLQs included."""
+    names = [row.queue for row in rows]
+    names += [row.dlq for row in rows if row.dlq is not None]
+    return names
+
+
+def _cell(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
+    """The table: one line per row; ``missing`` where a queue does not exist."""
+    width = max(len("queue"), *(len(r.queue) for r in rows))
+    lines = [
+        f"# source: {source}",
+        f"{'queue':<{width}}  {'role':<11} {'depth':>9} {'ready':>9} {'unacked':>9} "
+        f"{'consumers':>9} {'dlq depth':>9}",
+    ]
+    for row in rows:
+        depth = depths.get(row.queue)
+        if row.dlq is None:
+            dlq = "-"
+        else:
+            dlq_depth = depths.get(row.dlq)
+            dlq = "missing" if dlq_depth is None else _cell(dlq_depth.total)
+        if depth is None:
+            cells = f"{'missing':>9} {'':>9} {'':>9} {'':>9}"
+        else:
+            cells = (
+                f"{_cell(depth.total):>9} {_cell(depth.ready):>9} {_cell(depth.unacked):>9} "
+                f"{_cell(depth.consumers):>9}"
+            )
+        lines.append(f"{row.queue:<{width}}  {row.role:<11} {cells} {dlq:>9}")
+    for row in rows:
+        depth = depths.get(row.queue)
+        if depth is not None and depth.forwarding:
+            lines.append(
+                f"# {row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
+                "if this lasts more than a few seconds, dead-lettering is stuck "
+                "(README: 'dead letters that stop moving')"
+            )
+    if any(d is not None and d.unacked is None for d in depths.values()):
+        lines.append(
+            "# AMQP counts ready messages only (unacked: ?); quorum queues' counts can lag a little"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def stats_json(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
+    """The same as JSON, for scripts and monitoring."""
+    queues = []
+    for row in rows:
+        depth = depths.get(row.queue)
+        entry: dict[str, object] = {"queue": row.queue, "role": row.role}
+        entry["exists"] = depth is not None
+        if depth is not None:
+            entry.update(asdict(depth), depth=depth.total)
+        if row.dlq is not None:
+            dlq_depth = depths.get(row.dlq)
+            entry["dlq"] = row.dlq
+            entry["dlq_depth"] = None if dlq_depth is None else dlq_depth.total
+        queues.append(entry)
+    return json.dumps({"source": source, "queues": queues}, indent=2) + "\n"

@@ -1,0 +1,262 @@
+"""Least-privilege RabbitMQ permissions for the three roles of one namespace.
+
+RabbitMQ grants each user, per vhost, three regular expressions matched against
+exchange and queue names (the default exchange is called ``amq.default``):
+
+- ``configure``: declare and delete (``exchange.declare``, ``queue.declare``,
+  ``queue.delete``);
+- ``write``: publish to an exchange, bind *to* a queue, be named as a
+  dead-letter or alternate exchange in a declaration;
+- ``read``: consume or get from a queue, bind *from* an exchange, declare a
+  queue that dead-letters or an exchange that has an alternate exchange.
+
+Passive declares need no permission. What each role does, read from the code:
+
+- a **producer** (``Publisher``, ``AsyncPublisher``) publishes to the tier
+  exchanges ``<ns>.tier.<label>`` and, for delay 0, to ``<ns>.ready``; it checks
+  that exchanges exist with passive declares and never declares anything;
+- a **consumer** (``Consumer``, ``AsyncConsumer``, ``delayq worker``) consumes its
+  destination queues and republishes retries to ``<ns>.retry.<label>.direct``,
+  immediate retries and dead letters to ``<ns>.direct``: direct exchanges bound
+  by queue name to this topology's queues and DLQs alone. It declares nothing:
+  refused the configure permission, it checks with passive declares that the
+  topology exists instead of applying it. It needs no write on the default
+  exchange, nor on a retry tier's fanout ``<ns>.retry.<label>`` (whose queue
+  dead-letters through the default exchange by routing key): either would let
+  it put a message in any queue of the vhost, another namespace's included;
+- an **admin** (``delayq topology apply``) declares every exchange, queue and
+  binding of the namespace and of the topology's destination queues and DLQs.
+  Declaring the retry and destination queues, which dead-letter through the
+  default exchange, needs write on ``amq.default``: the admin is an operator's
+  user, not an application's.
+
+>>> from delayq.topology.model import Topology
+>>> grant = producer_grant(Topology(namespace="shop"), "app")
+>>> grant.permissions.write
+'^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+)$'
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from delayq.errors import InvalidInput
+from delayq.topology.model import Strategy, Topology
+
+__all__ = [
+    "NOTHING",
+    "Grant",
+    "Permissions",
+    "Role",
+    "admin_grant",
+    "consumer_grant",
+    "grants_for",
+    "producer_grant",
+]
+
+NOTHING = "^$"
+"""The regex that matches no exchange or queue (RabbitMQ reads ``""`` the same way)."""
+
+_LABEL = "[0-9hms]+"
+"""A tier label (``30s``, ``1h30m``, ``500ms``): a ladder change needs no new grant."""
+
+
+class Role(str, enum.Enum):
+    PRODUCER = "producer"
+    """Publishes delayed and immediate messages."""
+    CONSUMER = "consumer"
+    """Consumes destination queues, retries and dead-letters; declares nothing."""
+    ADMIN = "admin"
+    """Applies the topology (``delayq topology apply``)."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One user's regexes on one vhost, as ``rabbitmqctl set_permissions`` takes them."""
+
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one user of one role may do, and why."""
+
+    role: Role
+    user: str
+    vhost: str
+    permissions: Permissions
+    reasons: tuple[str, ...]
+    """One line per permission: what needs it."""
+
+    def rabbitmqctl_args(self) -> list[str]:
+        """Arguments of ``rabbitmqctl`` that set these permissions."""
+        p = self.permissions
+        return ["set_permissions", "-p", self.vhost, self.user, p.configure, p.write, p.read]
+
+    def management_body(self) -> dict[str, str]:
+        """The body of ``PUT /api/permissions/<vhost>/<user>``."""
+        p = self.permissions
+        return {"configure": p.configure, "write": p.write, "read": p.read}
+
+
+def _escape(name: str) -> str:
+    # Names are letters, digits, '.', '_' and '-' (the topology model checks):
+    # only '.' means something in a regex.
+    return name.replace(".", r"\.")
+
+
+def _pattern(alternatives: list[str]) -> str:
+    if not alternatives:
+        return NOTHING
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+def _names(topology: Topology) -> dict[str, str]:
+    ns = _escape(topology.namespace)
+    return {
+        "ready": f"{ns}\\.ready",
+        "unrouted": f"{ns}\\.unrouted",
+        "direct": f"{ns}\\.direct",
+        "tier": f"{ns}\\.tier\\.{_LABEL}",
+        "retry": f"{ns}\\.retry\\.{_LABEL}",
+        "retry_direct": f"{ns}\\.retry\\.{_LABEL}\\.direct",
+        "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
+        "levels": f"{ns}\\.level\\.[0-9]+",
+        "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
+        "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.topology.marker: applies declare it
+    }
+
+
+def _cascade(topology: Topology, names: dict[str, str]) -> list[str]:
+    """The exact strategy's levels and delivery exchange, when the topology has them."""
+    return [names["cascade"]] if topology.exact_enabled else []
+
+
+def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Publish to the tier exchanges and the ready exchange; nothing else."""
+    n = _names(topology)
+    return Grant(
+        role=Role.PRODUCER,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=NOTHING,
+            write=_pattern([n["ready"], n["tier"], *_cascade(topology, n)]),
+            read=NOTHING,
+        ),
+        reasons=(
+            "configure: nothing (a producer only checks exchanges with passive declares)",
+            f"write: publish to the tier exchanges {topology.namespace}.tier.<label> and, "
+            f"for delay 0, to {topology.ready_exchange}"
+            + (
+                f", and to the cascade levels {topology.namespace}.level.<k>"
+                if topology.exact_enabled
+                else ""
+            ),
+            "read: nothing (a producer never consumes or gets)",
+        ),
+    )
+
+
+def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Consume the destination queues, republish retries and dead letters; declare nothing."""
+    n = _names(topology)
+    queues = [_escape(d.queue) for d in topology.destinations]
+    # Retries follow the topology's strategy: a retry tier, or a cascade level.
+    exact = topology.strategy is Strategy.EXACT
+    retries = [n["levels"]] if exact else [n["retry_direct"]]
+    return Grant(
+        role=Role.CONSUMER,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=NOTHING,
+            write=_pattern([n["direct"], *retries]),
+            read=_pattern(queues),
+        ),
+        reasons=(
+            "configure: nothing (consumers check the topology with passive declares; the "
+            "admin applies it): no declare, and no delete of tiers, retries or ready",
+            "write: republish retries to "
+            + (
+                f"the cascade levels {topology.namespace}.level.<k>"
+                if exact
+                else f"{topology.namespace}.retry.<label>.direct"
+            )
+            + f", immediate retries and dead letters to {topology.direct_exchange}: direct "
+            "exchanges that route this topology's queue names only. Not the default exchange "
+            "nor the retry tiers' fanouts, through which any queue of the vhost is reached",
+            "read: consume the destination queues",
+        ),
+    )
+
+
+def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Apply the topology: declare and bind every entity of the namespace."""
+    n = _names(topology)
+    queues = [_escape(d.queue) for d in topology.destinations]
+    dlqs = [_escape(d.dlq) for d in topology.destinations]
+    cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
+    direct = [n["direct"], n["retry_direct"]]
+    entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, n["marker"]]
+    entities += [*queues, *dlqs]
+    write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
+    write += [*queues, *dlqs]
+    read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues]
+    return Grant(
+        role=Role.ADMIN,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=_pattern(entities), write=_pattern(write), read=_pattern(read)
+        ),
+        reasons=(
+            "configure: declare every exchange and queue of the namespace (the apply "
+            "marker included) and the destination queues with their DLQs",
+            "write: bind the tier, retry, unrouted, destination and DLQ queues; name the "
+            f"ready, {topology.direct_exchange} and default (amq.default) exchanges as "
+            "dead-letter exchanges of new queues and the unrouted exchange as the alternate "
+            "exchange",
+            "read: bind from the ready, direct, tier, retry and unrouted exchanges; declare "
+            "the queues that dead-letter and the ready exchange with its alternate exchange",
+        ),
+    )
+
+
+def grants_for(
+    topology: Topology,
+    *,
+    producer: str | None,
+    consumer: str | None,
+    admin: str | None = None,
+    vhost: str | None = None,
+) -> list[Grant]:
+    """The grants for whichever users are given: producer, consumer, then admin.
+
+    One user per role: RabbitMQ keeps one set of permissions per user and vhost, so
+    a second role's would silently replace the first's.
+    """
+    given = [
+        (role, user)
+        for role, user in (("producer", producer), ("consumer", consumer), ("admin", admin))
+        if user is not None
+    ]
+    for index, (role, user) in enumerate(given):
+        for other_role, other in given[index + 1 :]:
+            if user == other:
+                raise InvalidInput(
+                    f"user {user!r} is given two roles ({role} and {other_role}): RabbitMQ "
+                    "keeps one set of permissions per user and vhost, so the second would "
+                    "replace the first; use one user per role"
+                )
+    grants = []
+    if producer is not None:
+        grants.append(producer_grant(topology, producer, vhost))
+    if consumer is not None:
+        grants.append(consumer_grant(topology, consumer, vhost))
+    if admin is not None:
+        grants.append(admin_grant(topology, admin, vhost))
+    return grants

@@ -1,0 +1,141 @@
+"""Parked messages (a DLQ or ``<ns>.unrouted``): summaries and replays, as pure code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from delayq.consume.delivery import (
+    H_DEAD_LETTER_REASON,
+    H_ERROR_MESSAGE,
+    H_ERROR_TYPE,
+    H_FAILED_AT,
+    Delivery,
+    republished,
+)
+from delayq.message.envelope import (
+    H_PUBLISHED_AT,
+    HEADER_PREFIX,
+    OutgoingMessage,
+    envelope_headers,
+)
+
+__all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
+
+H_REPLAYED_AT = "delayq-replayed-at"
+
+DEATH_REASONS = {
+    "delivery_limit": "delivery limit",
+    "expired": "expired",
+    "maxlen": "max length",
+    "rejected": "rejected",
+}
+"""RabbitMQ's dead-letter reasons (``x-death``), as ``dlq list`` words them."""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """One ``x-death`` entry: the broker dead-lettered the message ``count`` times from
+    ``queue`` for ``reason`` (``delivery_limit``, ``expired``, ``maxlen``, ``rejected``)."""
+
+    reason: str
+    queue: str
+    count: int
+
+    @property
+    def label(self) -> str:
+        return f"{DEATH_REASONS.get(self.reason, self.reason)} ({self.queue})"
+
+
+def deaths(headers: Any) -> list[Death]:
+    """The ``x-death`` entries, most recent first (as RabbitMQ orders them)."""
+    entries = headers.get("x-death") if hasattr(headers, "get") else None
+    if not isinstance(entries, list):
+        return []
+    found = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            count = entry.get("count")
+            found.append(
+                Death(
+                    _text(entry.get("reason")),
+                    _text(entry.get("queue")),
+                    int(count) if isinstance(count, int) else 1,
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    """One parked message as ``delayq dlq list`` shows it."""
+
+    delivery: Delivery
+    timestamp_s: int | None = None
+    dead_letters_of: str | None = None
+    """The queue that dead-letters into this one (a DLQ's destination): its ``x-death``
+    entry tells why the broker parked a message delayq did not dead-letter itself."""
+
+    @property
+    def death(self) -> Death | None:
+        """Why the broker dead-lettered the message here, if it did (``None``: delayq did,
+        or the queue does not take dead letters, like ``<ns>.unrouted``)."""
+        if self.dead_letters_of is None or H_DEAD_LETTER_REASON in self.delivery.headers:
+            return None
+        # Only the destination's entry: the message's earlier deaths (a tier's TTL
+        # expiry, which is how every delayed message reaches its destination) are not
+        # why it is parked, and x-first-death-* names exactly that first tier expiry.
+        mine = [d for d in deaths(self.delivery.headers) if d.queue == self.dead_letters_of]
+        return mine[0] if mine else None
+
+    @property
+    def message_id(self) -> str:
+        return self.delivery.message_id or "(none)"
+
+    @property
+    def attempts(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def reason(self) -> str:
+        own = _text(self.delivery.headers.get(H_DEAD_LETTER_REASON))
+        death = self.death
+        return own or (death.label if death is not None else "-")
+
+    @property
+    def error(self) -> str:
+        kind = _text(self.delivery.headers.get(H_ERROR_TYPE)).rsplit(".", 1)[-1]
+        message = _text(self.delivery.headers.get(H_ERROR_MESSAGE))
+        return f"{kind}: {message}" if kind else message or "-"
+
+    def parked_at_ms(self) -> int | None:
+        for key in (H_FAILED_AT, H_PUBLISHED_AT):
+            value = self.delivery.headers.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None if self.timestamp_s is None else self.timestamp_s * 1000
+
+    def age_ms(self, now_ms: int) -> int | None:
+        at = self.parked_at_ms()
+        return None if at is None else max(0, now_ms - at)
+
+
+def replay_message(
+    parked: Delivery, *, exchange: str, routing_key: str, now_ms: int
+) -> OutgoingMessage:
+    """The parked message, sent again: same id and body, attempt counter reset to 1,
+    failure headers dropped (``delayq-replayed-at`` says when)."""
+    headers: dict[str, Any] = {
+        k: v
+        for k, v in parked.headers.items()
+        if not k.lower().startswith(HEADER_PREFIX) and not k.lower().startswith("x-")
+    }
+    headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
+    headers[H_REPLAYED_AT] = now_ms
+    return republished(parked, exchange, routing_key, headers, now_ms)

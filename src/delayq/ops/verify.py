@@ -1,0 +1,382 @@
+"""Pure comparison of a live broker with the topology: what ``delayq topology verify`` decides.
+
+The adapter (:mod:`delayq.sync.verify`) gathers what the broker shows, from the
+management API when it is reachable or over AMQP otherwise, and hands it to
+these functions, each of which returns one :class:`Check`. Nothing here talks
+to a broker.
+
+>>> check_version("3.9.29").status
+<Status.FAIL: 'FAIL'>
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from delayq.durations import format_ms
+from delayq.errors import InvalidInput, TopologyConflict
+from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, rung_arguments
+from delayq.topology.model import QueueType, Topology
+
+__all__ = [
+    "MIN_VERSION",
+    "PROBE_EXPIRES_MS",
+    "REQUIRED_FEATURE_FLAGS",
+    "Check",
+    "Observed",
+    "ProbePlan",
+    "Status",
+    "check_feature_flags",
+    "check_probe",
+    "check_version",
+    "check_vhost",
+    "compare_bindings",
+    "compare_entity",
+    "compare_redeclared",
+    "passed",
+    "plan_probe",
+    "render_checks",
+]
+
+MIN_VERSION = (3, 10)
+"""Quorum queues with message TTL and at-least-once dead-lettering need RabbitMQ 3.10."""
+
+REQUIRED_FEATURE_FLAGS = ("quorum_queue", "stream_queue")
+"""Flags at-least-once dead-lettering needs: quorum queues, and on 3.10+ ``stream_queue``
+(at-least-once dead-lettering is refused while it is disabled)."""
+
+SHOWN = 4
+"""Bindings named in one check's detail; the rest are counted."""
+
+PROBE_EXPIRES_MS = 60_000
+"""The probe queue's ``x-expires``: a verify killed midway leaves nothing behind for long."""
+
+
+class Status(str, enum.Enum):
+    OK = "OK"
+    """The broker is as the topology wants."""
+    FAIL = "FAIL"
+    """It is not; the detail says what differs and what to do."""
+    SKIPPED = "SKIPPED"
+    """It could not be checked from here; the detail says why."""
+
+
+@dataclass(frozen=True)
+class Check:
+    subject: str
+    status: Status
+    detail: str
+
+
+def passed(checks: Iterable[Check]) -> bool:
+    """True when no check failed (skipped ones do not fail a verify)."""
+    return all(check.status is not Status.FAIL for check in checks)
+
+
+# Broker-wide checks -------------------------------------------------------------
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.groups() if part is not None)
+
+
+def check_version(version: str | None) -> Check:
+    """The broker's version (from the connection's server properties) is new enough."""
+    parsed = _version_tuple(version)
+    if parsed is None:
+        return Check("broker version", Status.SKIPPED, f"unknown version {version!r}")
+    wanted = ".".join(map(str, MIN_VERSION))
+    if parsed[:2] < MIN_VERSION:
+        return Check(
+            "broker version",
+            Status.FAIL,
+            f"RabbitMQ {version}: delayq needs {wanted} or newer (quorum-queue TTLs and "
+            "at-least-once dead-lettering)",
+        )
+    return Check("broker version", Status.OK, f"RabbitMQ {version} (>= {wanted})")
+
+
+def check_feature_flags(
+    topology: Topology, flags: Mapping[str, str] | None, version: str | None, unknown_why: str
+) -> Check:
+    """The feature flags at-least-once dead-lettering needs are enabled.
+
+    ``flags`` maps names to states (``None`` when they cannot be listed, which
+    ``unknown_why`` explains: AMQP cannot read them).
+    """
+    subject = "feature flags"
+    if topology.queue_type is QueueType.CLASSIC:
+        return Check(
+            subject, Status.SKIPPED, "classic queues: no at-least-once dead-lettering to enable"
+        )
+    if flags is None:
+        return Check(
+            subject,
+            Status.SKIPPED,
+            f"{unknown_why}; AMQP cannot list feature flags (the dead-lettering probe "
+            "shows whether dead-lettering fires)",
+        )
+    parsed = _version_tuple(version) or (0,)
+    problems = []
+    for name in REQUIRED_FEATURE_FLAGS:
+        state = flags.get(name)
+        if state is None and parsed[0] >= 4:
+            continue  # graduated: always on, no longer listed
+        if state != "enabled":
+            problems.append(f"{name} is {state or 'unknown to this broker'}")
+    if problems:
+        return Check(
+            subject,
+            Status.FAIL,
+            "; ".join(problems) + ": enable with `rabbitmqctl enable_feature_flag <name>` "
+            "(at-least-once dead-lettering needs them)",
+        )
+    return Check(subject, Status.OK, ", ".join(f"{n} enabled" for n in REQUIRED_FEATURE_FLAGS))
+
+
+def check_vhost(topology: Topology, vhost: str) -> Check:
+    """The URL's vhost is the topology's."""
+    if vhost == topology.vhost:
+        return Check("vhost", Status.OK, f"{vhost!r}")
+    return Check(
+        "vhost",
+        Status.FAIL,
+        f"the URL's vhost is {vhost!r}, the topology's {topology.vhost!r}: put the "
+        "topology's vhost in the URL, or change the topology",
+    )
+
+
+# Entities -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """An exchange or a queue as the management API shows it."""
+
+    type: str | None
+    """The exchange type, or the queue type (``quorum``, ``classic``)."""
+    durable: bool
+    arguments: Mapping[str, object]
+
+
+def _subject(decl: ExchangeDecl | QueueDecl) -> str:
+    return f"{decl.kind} {decl.name}"
+
+
+def _same(a: object, b: object) -> bool:
+    # RabbitMQ holds 1000 and 1000.0 inequivalent; Python's == does not.
+    return type(a) is type(b) and a == b
+
+
+def _argument_differences(wanted: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
+    problems = []
+    for key in sorted(set(wanted) | set(current)):
+        if key not in current:
+            problems.append(f"{key} is not set, the topology wants {wanted[key]!r}")
+        elif key not in wanted:
+            problems.append(f"{key}={current[key]!r} is set, the topology does not set it")
+        elif not _same(wanted[key], current[key]):
+            problems.append(f"{key} is {current[key]!r}, the topology wants {wanted[key]!r}")
+    return problems
+
+
+def compare_entity(decl: ExchangeDecl | QueueDecl, observed: Observed | None) -> Check:
+    """Compare one exchange or queue with what the management API shows."""
+    subject = _subject(decl)
+    if observed is None:
+        return Check(subject, Status.FAIL, "missing: run `delayq topology apply`")
+    problems = []
+    if isinstance(decl, ExchangeDecl):
+        wanted_type: str | None = decl.type
+    else:
+        wanted_type = str(decl.arguments.get("x-queue-type", "classic"))
+    if observed.type != wanted_type:
+        problems.append(f"type is {observed.type!r}, the topology wants {wanted_type!r}")
+    if observed.durable != decl.durable:
+        problems.append(f"durable is {observed.durable}, the topology wants {decl.durable}")
+    problems += _argument_differences(decl.arguments, observed.arguments)
+    if problems:
+        return Check(
+            subject,
+            Status.FAIL,
+            "; ".join(problems) + f". RabbitMQ cannot change this in place: delete the "
+            f"{decl.kind} (after draining it) and apply again, or change the topology",
+        )
+    count = len(decl.arguments)
+    arguments = {0: "no arguments", 1: "1 argument"}.get(count, f"{count} arguments")
+    durable = "durable" if decl.durable else "transient"
+    return Check(subject, Status.OK, f"{wanted_type}, {durable}, {arguments} as declared")
+
+
+def compare_redeclared(
+    decl: ExchangeDecl | QueueDecl, existed: bool, conflict: TopologyConflict | None
+) -> Check:
+    """Judge one entity over AMQP: a passive declare, then a re-declare with its arguments."""
+    subject = _subject(decl)
+    if not existed:
+        return Check(subject, Status.FAIL, "missing: run `delayq topology apply`")
+    if conflict is not None:
+        return Check(subject, Status.FAIL, str(conflict))
+    return Check(
+        subject,
+        Status.OK,
+        f"exists; re-declare with its {'type and ' if decl.kind == 'exchange' else ''}"
+        "arguments accepted",
+    )
+
+
+def compare_bindings(
+    expected: Sequence[BindingDecl],
+    observed: Mapping[str, Collection[tuple[str, str]]],
+    owned: Collection[str],
+    keyless: Collection[str] = (),
+) -> Check:
+    """Every binding the topology wants exists; delayq's own exchanges have no others.
+
+    ``observed`` maps a source exchange to its (queue, routing key) bindings.
+    ``owned`` are the exchanges only delayq binds from (tiers, retries,
+    unrouted): another queue bound there would receive copies of every message.
+    The ready exchange is not owned: other applications' queues bind there.
+    ``keyless`` exchanges (fanout) ignore routing keys, so their keys are not compared.
+    """
+
+    def key(source: str, routing_key: str) -> str:
+        return "" if source in keyless else routing_key
+
+    wanted = {(b.source, b.destination, key(b.source, b.routing_key)) for b in expected}
+    present = {
+        (src, dest, key(src, routing_key))
+        for src, pairs in observed.items()
+        for dest, routing_key in pairs
+    }
+    missing = sorted(wanted - present)
+    unexpected = sorted(b for b in present - wanted if b[0] in owned)
+    if not missing and not unexpected:
+        return Check("bindings", Status.OK, f"{len(wanted)} bindings present, no stray ones")
+
+    def show(items: list[tuple[str, str, str]]) -> str:
+        shown = ", ".join(f"{s} -> {d} [{k or '(any)'}]" for s, d, k in items[:SHOWN])
+        return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+    problems = []
+    if missing:
+        problems.append(
+            f"{len(missing)} of {len(wanted)} missing: {show(missing)} "
+            "(run `delayq topology apply`)"
+        )
+    if unexpected:
+        problems.append(
+            f"unexpected on delayq's own exchanges: {show(unexpected)} (these queues get a "
+            "copy of every message: unbind them)"
+        )
+    return Check("bindings", Status.FAIL, "; ".join(problems))
+
+
+# The dead-lettering probe -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A throwaway queue wired like a tier, and the inbox its message must reach.
+
+    The probe message is published to ``queue`` through the default exchange
+    (routing key: the queue's name), expires after ``ttl_ms``, is dead-lettered
+    into the ready exchange with that routing key, and must reach ``inbox``
+    (bound to the ready exchange with it) within ``bound_ms``.
+    """
+
+    queue: QueueDecl
+    inbox: str
+    exchange: str
+    routing_key: str
+    message_id: str
+    ttl_ms: int
+    bound_ms: int
+
+
+def plan_probe(
+    topology: Topology, token: str, *, ttl_ms: int = 200, bound_ms: int = 10_000
+) -> ProbePlan:
+    """The probe for ``topology``; ``token`` (hex) makes its names unique."""
+    if not re.fullmatch(r"[0-9a-f]{4,32}", token):
+        raise InvalidInput(f"probe token must be 4 to 32 lowercase hex digits, not {token!r}")
+    if ttl_ms < 1 or bound_ms < 1:
+        raise InvalidInput("the probe's TTL and bound must be at least 1 ms")
+    name = f"{topology.namespace}.verify.{token}"
+    arguments = {
+        **rung_arguments(topology.queue_type, ttl_ms, topology.ready_exchange),
+        "x-expires": PROBE_EXPIRES_MS,
+    }
+    return ProbePlan(
+        queue=QueueDecl(name, arguments, role="probe"),
+        inbox=f"{name}.in",
+        exchange=topology.ready_exchange,
+        routing_key=name,
+        message_id=f"delayq-verify-{token}",
+        ttl_ms=ttl_ms,
+        bound_ms=bound_ms,
+    )
+
+
+def check_probe(
+    plan: ProbePlan,
+    arrived_after_ms: int | None,
+    error: str | None = None,
+    leftover: str | None = None,
+) -> Check:
+    """Judge the probe: the message arrived in the inbox in time, or why not.
+
+    ``error`` says why the probe could not run; ``leftover`` why a probe queue
+    could not be deleted afterwards (which fails the check too).
+    """
+    if leftover is not None:
+        inner = check_probe(plan, arrived_after_ms, error)
+        return Check(
+            inner.subject,
+            Status.FAIL,
+            f"{inner.detail}; {leftover} (it expires by itself after "
+            f"{format_ms(PROBE_EXPIRES_MS)} unused)",
+        )
+    subject = "dead-lettering probe"
+    kind = str(plan.queue.arguments.get("x-queue-type", "classic"))
+    strategy = plan.queue.arguments.get("x-dead-letter-strategy", "at-most-once")
+    wiring = f"{kind} queue {plan.queue.name} (TTL {format_ms(plan.ttl_ms)}, {strategy})"
+    if error is not None:
+        return Check(subject, Status.FAIL, f"could not run the probe: {error}")
+    if arrived_after_ms is None or arrived_after_ms > plan.bound_ms:
+        return Check(
+            subject,
+            Status.FAIL,
+            f"a message expired from {wiring} did not reach {plan.inbox} through "
+            f"{plan.exchange} within {format_ms(plan.bound_ms)}: dead-lettering does not "
+            "fire on this broker as delayq needs (check the broker log, feature flags "
+            "and policies on the namespace's queues)",
+        )
+    return Check(
+        subject,
+        Status.OK,
+        f"expired from {wiring}, arrived through {plan.exchange} after "
+        f"{arrived_after_ms / 1000:.2f} s",
+    )
+
+
+# Output -------------------------------------------------------------------------------
+
+
+def render_checks(checks: Sequence[Check]) -> str:
+    """The table ``delayq topology verify`` prints, with a summary line."""
+    width = max([len("check"), *(len(c.subject) for c in checks)])
+    lines = [f"{'status':<8} {'check':<{width}}  detail"]
+    lines += [f"{c.status.value:<8} {c.subject:<{width}}  {c.detail}" for c in checks]
+    counts = {s: sum(1 for c in checks if c.status is s) for s in Status}
+    lines.append(
+        f"# {len(checks)} checks: {counts[Status.OK]} OK, {counts[Status.FAIL]} FAIL, "
+        f"{counts[Status.SKIPPED]} SKIPPED"
+    )
+    return "\n".join(lines) + "\n"

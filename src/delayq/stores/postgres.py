@@ -1,0 +1,269 @@
+"""An idempotency store in PostgreSQL: shared by consumers on many hosts.
+
+One table (created if missing) holds a row per key, the same shape as the SQLite
+store's: ``done_at`` is NULL while the key is claimed and the epoch ms of completion
+afterwards; ``lease_until`` is when a claim expires. A claim is one
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`` statement: PostgreSQL
+locks the conflicting row and re-checks the condition on its newest version, so two
+consumers (any processes, any hosts) never both win a key.
+
+>>> store = PostgresStore("postgresql://app@db/app")        # doctest: +SKIP
+>>> store.claim("order-42", lease_ms=60_000, now_ms=now)    # doctest: +SKIP
+<ClaimStatus.CLAIMED: 'claimed'>
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "delayq.stores.postgres needs psycopg 3: pip install 'delayq[postgres]'"
+    ) from exc
+
+from delayq.errors import ClaimLost
+from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
+from delayq.urls import redact
+
+__all__ = ["PostgresStore", "redact_dsn"]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_PASSWORD_PARAM = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` (a ``postgresql://`` URL or a ``key=value`` string) with any password
+    (and ``sslpassword``) replaced by ``***``."""
+    if "://" in dsn:
+        dsn = redact(dsn)
+    return _PASSWORD_PARAM.sub(lambda m: m.group(1) + "***", dsn)
+
+
+def _secrets(dsn: str) -> list[str]:
+    found = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(dsn)]
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:
+        password = None
+    if isinstance(password, str):
+        found.append(password)
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def _scrub(message: str, dsn: str) -> str:
+    for secret in _secrets(dsn):
+        message = message.replace(secret, "***")
+    return message
+
+
+def _table_name(table: str) -> sql.Identifier:
+    parts = table.split(".")
+    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        raise ValueError(
+            f"table must be a plain SQL identifier or schema.identifier "
+            f"(letters, digits, _), not {table!r}"
+        )
+    return sql.Identifier(*parts)
+
+
+def _claim_status(cursor: psycopg.Cursor[Any]) -> ClaimStatus:
+    row = cursor.fetchone()
+    assert row is not None
+    won, done = row
+    if won:
+        return ClaimStatus.CLAIMED
+    return ClaimStatus.DONE if done else ClaimStatus.BUSY
+
+
+class PostgresStore:
+    """An :class:`~delayq.stores.idempotency.IdempotencyStore` in a PostgreSQL table.
+
+    ``dsn`` is anything libpq takes (``postgresql://user:pass@host:5432/db`` or
+    ``host=... dbname=...``); ``table`` may be schema-qualified. The store keeps one
+    autocommit connection, used by one thread at a time; after the connection breaks,
+    the failed call raises and the next one reconnects.
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "delayq_idempotency",
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._dsn = dsn
+        self.table = table
+        self._connect_timeout_s = connect_timeout_s
+        ident = _table_name(table)
+        self._lock = threading.Lock()
+        self._sql_create = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {t} ("
+            " key TEXT PRIMARY KEY,"
+            " done_at BIGINT NULL,"
+            " lease_until BIGINT NOT NULL)"
+        ).format(t=ident)
+        # The claim and, from the statement's snapshot, whether a key it could not
+        # claim is done (else busy; a row completed by a racing consumer reads busy).
+        self._sql_claim = sql.SQL(
+            "WITH won AS ("
+            " INSERT INTO {t} AS cur (key, done_at, lease_until)"
+            " VALUES (%(key)s, NULL, %(until)s)"
+            " ON CONFLICT (key) DO UPDATE SET done_at = NULL, lease_until = EXCLUDED.lease_until"
+            " WHERE cur.done_at IS NULL AND cur.lease_until <= %(now)s"
+            " RETURNING 1)"
+            " SELECT EXISTS (SELECT 1 FROM won),"
+            " EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND done_at IS NOT NULL)"
+        ).format(t=ident)
+        self._sql_complete = sql.SQL(
+            "INSERT INTO {t} (key, done_at, lease_until) VALUES (%s, %s, %s)"
+            " ON CONFLICT (key) DO UPDATE SET done_at = EXCLUDED.done_at"
+        ).format(t=ident)
+        self._sql_release = sql.SQL("DELETE FROM {t} WHERE key = %s AND done_at IS NULL").format(
+            t=ident
+        )
+        self._sql_finish = sql.SQL(
+            "UPDATE {t} SET done_at = %s WHERE key = %s AND done_at IS NULL AND lease_until = %s"
+        ).format(t=ident)
+        self._sql_done_page = sql.SQL(
+            "SELECT key, done_at FROM {t} WHERE done_at IS NOT NULL AND key > %s"
+            " ORDER BY key LIMIT 500"
+        ).format(t=ident)
+        self._sql_prune = sql.SQL(
+            "DELETE FROM {t} WHERE (done_at IS NOT NULL AND done_at < %s)"
+            " OR (done_at IS NULL AND lease_until < %s)"
+        ).format(t=ident)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._idle: list[psycopg.Connection[Any]] = []
+        """Connections for handlers' transactions, kept for the next one."""
+        self._closed = False
+        with self._lock:
+            conn = self._connection()
+            # Several processes may start at once: serialise the CREATE TABLE IF NOT
+            # EXISTS (it is not safe against itself) on an advisory lock.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"delayq:{table}",))
+                conn.execute(self._sql_create)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact_dsn(self._dsn)!r}, table={self.table!r})"
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise closed_error(self)
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            conn.close()
+        self._conn = conn = self._connect()
+        return conn
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise psycopg.InterfaceError(f"{self!r} is closed")
+        try:
+            return psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(1, round(self._connect_timeout_s)),
+            )
+        except psycopg.Error as exc:
+            message = _scrub(str(exc).strip(), self._dsn)
+            raise type(exc)(
+                f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {message}"
+            ) from None
+
+    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
+        with self._lock:
+            cursor = self._execute(self._connection(), Claim(key, lease_ms, now_ms))
+            return _claim_status(cursor)
+
+    def complete(self, key: str, *, now_ms: int) -> None:
+        with self._lock:
+            self._execute(self._connection(), Complete(key, now_ms))
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._execute(self._connection(), Release(key))
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        """``ops`` in one pipeline (one round trip), each statement its own transaction."""
+        with self._lock:
+            conn = self._connection()
+            with conn.pipeline():
+                cursors = [self._execute(conn, op) for op in ops]
+            return [
+                _claim_status(cursor) if isinstance(op, Claim) else None
+                for op, cursor in zip(ops, cursors, strict=True)
+            ]
+
+    def _execute(self, conn: psycopg.Connection[Any], op: StoreOp) -> psycopg.Cursor[Any]:
+        if isinstance(op, Claim):
+            params = {"key": op.key, "until": op.lease_until_ms, "now": int(op.now_ms)}
+            return conn.execute(self._sql_claim, params)
+        if isinstance(op, Complete):
+            return conn.execute(self._sql_complete, (op.key, int(op.now_ms), int(op.now_ms)))
+        return conn.execute(self._sql_release, (op.key,))
+
+    @contextmanager
+    def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
+        """A transaction on a connection of its own (kept for the next one); see
+        :class:`~delayq.stores.idempotency.TransactionalStore`. The final ``UPDATE`` locks the
+        key's row, so a consumer claiming it after an expiry waits for this commit."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed or conn.broken:
+            conn = self._connect()
+        try:
+            with conn.transaction():
+                yield conn
+                finished = conn.execute(self._sql_finish, (now_ms, key, lease_until_ms))
+                if finished.rowcount != 1:
+                    raise ClaimLost(
+                        f"the claim on key {key!r} was lost before the handler's transaction "
+                        "could commit; its writes were rolled back"
+                    )
+        finally:
+            with self._lock:
+                if self._closed or conn.closed or conn.broken:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
+
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key and when, a page at a time (by key order)."""
+        after = ""
+        while True:
+            with self._lock:
+                page = self._connection().execute(self._sql_done_page, (after,)).fetchall()
+            if not page:
+                return
+            for key, done_at in page:
+                yield str(key), int(done_at)
+            after = page[-1][0]
+
+    def prune(self, *, older_than_ms: int) -> int:
+        with self._lock:
+            cursor = self._connection().execute(
+                self._sql_prune, (int(older_than_ms), int(older_than_ms))
+            )
+            return cursor.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for conn in [self._conn, *self._idle]:
+                if conn is not None:
+                    conn.close()
+            self._conn = None
+            self._idle.clear()

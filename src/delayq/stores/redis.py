@@ -1,0 +1,244 @@
+"""An idempotency store in Redis: shared by consumers on many hosts.
+
+Each key is a Redis hash ``<prefix><key>`` with one of two shapes:
+
+* a claim: ``{lease_until: <epoch ms>}`` with a Redis TTL of the lease, so a crashed
+  consumer's claim disappears by itself;
+* a completed key: ``{done_at: <epoch ms>}`` with no TTL (kept until :meth:`prune`),
+  or with a TTL of ``retention_ms`` when one is given (Redis forgets it by itself).
+
+Every operation is one Lua script, so a claim is atomic: a completed key answers
+DONE (never claimable again until it is pruned or its retention ends), a live lease
+answers BUSY, and an expired lease (past ``lease_until`` by the caller's clock, or
+removed by its TTL) is claimed afresh.
+
+>>> store = RedisStore("redis://localhost:6379/0")          # doctest: +SKIP
+>>> store.claim("order-42", lease_ms=60_000, now_ms=now)    # doctest: +SKIP
+<ClaimStatus.CLAIMED: 'claimed'>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+try:
+    import redis
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "delayq.stores.redis needs the redis package: pip install 'delayq[redis]'"
+    ) from exc
+
+from delayq.errors import InvalidInput
+from delayq.stores.idempotency import Claim, ClaimStatus, Complete, StoreOp, closed_error
+from delayq.urls import redact
+
+__all__ = ["RedisStore"]
+
+# Results of the claim script.
+_CLAIMED, _DONE, _BUSY = 0, 1, 2
+_STATUS = {_CLAIMED: ClaimStatus.CLAIMED, _DONE: ClaimStatus.DONE, _BUSY: ClaimStatus.BUSY}
+
+# KEYS[1] = key; ARGV = now_ms, lease_until, ttl_ms. Times are passed as strings made by
+# Python and stored as given (Lua's number formatting would round large integers).
+_CLAIM = """
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until')
+if state[1] then return 1 end
+if state[2] and tonumber(state[2]) > tonumber(ARGV[1]) then return 2 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 0
+"""
+
+# KEYS[1] = key; ARGV = done_at, retention_ms (0: keep until pruned).
+_COMPLETE = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'done_at', ARGV[1])
+if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+# KEYS[1] = key. A completed key stays.
+_RELEASE = """
+if redis.call('HEXISTS', KEYS[1], 'done_at') == 1 then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+# KEYS[1] = key; ARGV[1] = older_than_ms. Keys of another type are left alone.
+_PRUNE = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until')
+local cutoff = tonumber(ARGV[1])
+if state[1] then
+  if tonumber(state[1]) < cutoff then return redis.call('DEL', KEYS[1]) end
+  return 0
+end
+if state[2] and tonumber(state[2]) < cutoff then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_PRUNE_BATCH = 500
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+class RedisStore:
+    """An :class:`~delayq.stores.idempotency.IdempotencyStore` in Redis.
+
+    ``url_or_client`` is a ``redis://`` / ``rediss://`` / ``unix://`` URL or a
+    ``redis.Redis`` client (its connection pool is shared; :meth:`close` then leaves
+    it open). Keys live under ``prefix``. With ``retention_ms``, completed keys get a
+    Redis TTL and vanish by themselves, so :meth:`prune` usually finds nothing left
+    to delete and returns 0; without it they stay until :meth:`prune` (a ``SCAN`` of
+    ``prefix*`` that deletes keys completed before the cut-off and expired claims).
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        url_or_client: str | redis.Redis,
+        *,
+        prefix: str = "delayq:idem:",
+        retention_ms: int | None = None,
+    ) -> None:
+        if retention_ms is not None and (
+            isinstance(retention_ms, bool) or not isinstance(retention_ms, int) or retention_ms <= 0
+        ):
+            raise InvalidInput(
+                f"retention_ms is a positive number of milliseconds (an int, e.g. "
+                f"7 * 86_400_000 for a week), not {retention_ms!r}"
+            )
+        if not isinstance(prefix, str):
+            raise InvalidInput(f"prefix must be a str, not {prefix!r}")
+        self.prefix = prefix
+        self._closed = False
+        self.retention_ms = retention_ms
+        if isinstance(url_or_client, str):
+            self._where = redact(url_or_client)
+            try:
+                self._client = redis.Redis.from_url(url_or_client)
+            except ValueError as exc:
+                raise ValueError(f"bad Redis URL {self._where}: {exc}") from None
+            self._own_client = True
+        else:
+            kwargs: dict[str, Any] = url_or_client.connection_pool.connection_kwargs
+            self._where = (
+                f"unix://{kwargs['path']}"
+                if "path" in kwargs
+                else f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+                f"/{kwargs.get('db', 0)}"
+            )
+            self._client = url_or_client
+            self._own_client = False
+        try:
+            self._client.ping()
+        except redis.RedisError as exc:
+            if self._own_client:
+                self._client.close()
+            raise type(exc)(f"cannot use Redis at {self._where}: {exc}") from exc
+        self._claim = self._client.register_script(_CLAIM)
+        self._complete = self._client.register_script(_COMPLETE)
+        self._release = self._client.register_script(_RELEASE)
+        self._prune = self._client.register_script(_PRUNE)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
+
+    def _key(self, key: str) -> str:
+        # Every call names its keys through here: the one place to refuse a closed store
+        # (redis-py would reconnect by itself and the store would silently live on).
+        if self._closed:
+            raise closed_error(self)
+        return self.prefix + key
+
+    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
+        result = self._claim(keys=[self._key(key)], args=self._claim_args(lease_ms, now_ms))
+        return _STATUS[int(result)]
+
+    @staticmethod
+    def _claim_args(lease_ms: int, now_ms: int) -> list[int]:
+        return [int(now_ms), int(now_ms) + int(lease_ms), max(1, int(lease_ms))]
+
+    def complete(self, key: str, *, now_ms: int) -> None:
+        self._complete(keys=[self._key(key)], args=self._complete_args(now_ms))
+
+    def _complete_args(self, now_ms: int) -> list[int]:
+        return [int(now_ms), self.retention_ms or 0]
+
+    def release(self, key: str) -> None:
+        self._release(keys=[self._key(key)])
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        """``ops`` in one pipeline (one round trip); each is still its own atomic script."""
+        pipe = self._client.pipeline(transaction=False)
+        for op in ops:
+            name = [self._key(op.key)]
+            if isinstance(op, Claim):
+                self._claim(keys=name, args=self._claim_args(op.lease_ms, op.now_ms), client=pipe)
+            elif isinstance(op, Complete):
+                self._complete(keys=name, args=self._complete_args(op.now_ms), client=pipe)
+            else:
+                self._release(keys=name, client=pipe)
+        replies = pipe.execute()
+        return [
+            _STATUS[int(reply)] if isinstance(op, Claim) else None
+            for op, reply in zip(ops, replies, strict=True)
+        ]
+
+    def done_keys(self) -> Iterator[tuple[str, int]]:
+        """Every completed key (prefix removed) and when, a ``SCAN`` page at a time."""
+        batch: list[bytes | str] = []
+        for name in self._scan():
+            batch.append(name)
+            if len(batch) >= _PRUNE_BATCH:
+                yield from self._done_page(batch)
+                batch = []
+        if batch:
+            yield from self._done_page(batch)
+
+    def _done_page(self, names: list[bytes | str]) -> Iterator[tuple[str, int]]:
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(name, "done_at")
+        # A key of another type under the prefix (not ours) answers an error: skipped.
+        for name, done_at in zip(names, pipe.execute(raise_on_error=False), strict=True):
+            if done_at is None or isinstance(done_at, Exception):
+                continue
+            text = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+            yield text[len(self.prefix) :], int(done_at)
+
+    def _scan(self) -> Iterator[bytes | str]:
+        if self._closed:
+            raise closed_error(self)
+        yield from self._client.scan_iter(match=_glob_escape(self.prefix) + "*", count=_PRUNE_BATCH)
+
+    def prune(self, *, older_than_ms: int) -> int:
+        """Delete keys completed before ``older_than_ms`` and claims whose lease ended
+        before it. Keys that Redis expired by their TTL are not counted."""
+        removed = 0
+        batch: list[bytes | str] = []
+        for name in self._scan():
+            batch.append(name)
+            if len(batch) >= _PRUNE_BATCH:
+                removed += self._prune_batch(batch, older_than_ms)
+                batch = []
+        if batch:
+            removed += self._prune_batch(batch, older_than_ms)
+        return removed
+
+    def _prune_batch(self, names: list[bytes | str], older_than_ms: int) -> int:
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            self._prune(keys=[name], args=[int(older_than_ms)], client=pipe)
+        return sum(int(n) for n in pipe.execute())
+
+    def close(self) -> None:
+        """Close the client this store made; the store refuses any further call."""
+        self._closed = True
+        if self._own_client:
+            self._client.close()

@@ -1,0 +1,264 @@
+"""Pure builder: a topology becomes an ordered list of declarations.
+
+Order matters: exchanges, then queues, then bindings, and ``<ns>.ready``
+before any tier queue that dead-letters into it (at-least-once dead-lettering
+into a missing exchange holds messages and retries only every few minutes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from delayq.topology import marker
+from delayq.topology.cascade import Kind, delivery_binding_key, level_binding_keys
+from delayq.topology.model import QueueType, Topology
+
+__all__ = [
+    "ArgumentValue",
+    "BindingDecl",
+    "Declaration",
+    "ExchangeDecl",
+    "QueueDecl",
+    "apply_marker",
+    "build_declarations",
+    "describe",
+    "is_destination_entity",
+    "rung_arguments",
+]
+
+ArgumentValue = str | int
+"""x-arguments are strings or ints: pika cannot encode floats, and RabbitMQ treats
+``1000.0`` as inequivalent to ``1000``."""
+
+
+@dataclass(frozen=True)
+class ExchangeDecl:
+    name: str
+    type: str
+    arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
+    durable: bool = True
+    role: str = ""
+    """``marker`` for the apply marker (see :mod:`delayq.topology.marker`), else empty."""
+
+    @property
+    def kind(self) -> str:
+        return "exchange"
+
+
+@dataclass(frozen=True)
+class QueueDecl:
+    name: str
+    arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
+    durable: bool = True
+    role: str = ""
+    """Why the queue exists (``tier``, ``retry``, ``level``, ``destination``, ``dlq``,
+    ``unrouted``)."""
+
+    @property
+    def kind(self) -> str:
+        return "queue"
+
+
+@dataclass(frozen=True)
+class BindingDecl:
+    source: str
+    destination: str
+    routing_key: str = ""
+    destination_type: str = "queue"
+    """``queue``, or ``exchange`` for an exchange-to-exchange binding (cascade levels)."""
+
+    @property
+    def kind(self) -> str:
+        return "binding"
+
+    @property
+    def name(self) -> str:
+        arrow = "=>" if self.destination_type == "exchange" else "->"
+        return f"{self.source} {arrow} {self.destination} [{self.routing_key or '(any)'}]"
+
+
+Declaration = ExchangeDecl | QueueDecl | BindingDecl
+
+
+def _safe_dead_lettering(queue_type: QueueType) -> dict[str, ArgumentValue]:
+    if queue_type is QueueType.CLASSIC:
+        # Classic queues refuse x-dead-letter-strategy (406): at-most-once only.
+        return {"x-queue-type": "classic"}
+    # at-least-once silently falls back to at-most-once without reject-publish.
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
+def rung_arguments(
+    queue_type: QueueType, ttl_ms: int, dead_letter_exchange: str
+) -> dict[str, ArgumentValue]:
+    """The arguments of a fixed-TTL queue that dead-letters into ``dead_letter_exchange``.
+
+    No ``x-dead-letter-routing-key`` (the routing key survives) and no ``x-expires``.
+    """
+    return {
+        **_safe_dead_lettering(queue_type),
+        "x-message-ttl": ttl_ms,
+        "x-dead-letter-exchange": dead_letter_exchange,
+    }
+
+
+def build_declarations(topology: Topology) -> tuple[Declaration, ...]:
+    """Everything ``apply`` declares, in dependency order; the apply marker last."""
+    decls = _entities(topology)
+    return (*decls, _marker(topology, decls))
+
+
+def apply_marker(topology: Topology) -> ExchangeDecl:
+    """The exchange a completed apply of ``topology`` leaves (see :mod:`delayq.topology.marker`)."""
+    return _marker(topology, _entities(topology))
+
+
+def is_destination_entity(topology: Topology, decl: Declaration) -> bool:
+    """Whether ``decl`` is a destination queue, its DLQ, a binding to one of them, or a
+    retry tier's binding for one (keyed by the destination's name)."""
+    names = {name for dest in topology.destinations for name in (dest.queue, dest.dlq)}
+    if isinstance(decl, BindingDecl):
+        return decl.destination_type == "queue" and (
+            decl.destination in names or decl.routing_key in names
+        )
+    return isinstance(decl, QueueDecl) and decl.name in names
+
+
+def _marker(topology: Topology, decls: tuple[Declaration, ...]) -> ExchangeDecl:
+    own = [d for d in decls if not is_destination_entity(topology, d)]
+    name = marker.marker_name(topology.namespace, marker.digest(own))
+    return ExchangeDecl(name, "fanout", role=marker.MARKER_ROLE)
+
+
+def _entities(topology: Topology) -> tuple[Declaration, ...]:
+    qtype = topology.queue_type
+    plain_queue: dict[str, ArgumentValue] = {"x-queue-type": qtype.value}
+    ready, unrouted = topology.ready_exchange, topology.unrouted
+
+    exchanges: list[Declaration] = [
+        ExchangeDecl(unrouted, "fanout"),
+        ExchangeDecl(ready, "topic", {"alternate-exchange": unrouted}),
+        ExchangeDecl(topology.direct_exchange, "direct"),
+    ]
+    queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
+    bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
+
+    # Two rungs per tier, each a fanout exchange into a fixed-TTL queue.
+    # Delays dead-letter into the ready exchange; no x-dead-letter-routing-key,
+    # so the destination's routing key survives. Retries, addressed by routing
+    # key to the failing queue alone, dead-letter through the default exchange,
+    # which routes by queue name: no other binding (not even '#') sees them.
+    # No x-expires: an idle tier must never be deleted with messages in it.
+    for role, name_of, dead_letter_exchange in (
+        ("tier", topology.tier_name, ready),
+        ("retry", topology.retry_name, ""),
+    ):
+        for tier in topology.ladder.tiers:
+            name = name_of(tier)
+            exchanges.append(ExchangeDecl(name, "fanout"))
+            arguments = rung_arguments(qtype, tier.ttl_ms, dead_letter_exchange)
+            if topology.tier_max_length is not None:
+                arguments["x-max-length"] = topology.tier_max_length
+            queues.append(QueueDecl(name, arguments, role=role))
+            bindings.append(BindingDecl(name, name))
+
+    # The retry tiers consumers use: a direct exchange bound by each destination's name
+    # into a fixed-TTL queue that dead-letters through <ns>.direct. A routing key, or a
+    # CC header's (dead-lettering keeps them), reaches this topology's queues alone: not
+    # so through the fanout retry tiers above, whose queues dead-letter through the
+    # default exchange to any queue of the vhost. Those stay declared for consumers of
+    # earlier versions (a rolling upgrade); the consumer grant has no right on them.
+    for tier in topology.ladder.tiers:
+        name = topology.retry_direct_name(tier)
+        exchanges.append(ExchangeDecl(name, "direct"))
+        arguments = rung_arguments(qtype, tier.ttl_ms, topology.direct_exchange)
+        if topology.tier_max_length is not None:
+            arguments["x-max-length"] = topology.tier_max_length
+        queues.append(QueueDecl(name, arguments, role="retry"))
+
+    if topology.exact_enabled:
+        _cascade(topology, exchanges, queues, bindings)
+
+    for dest in topology.destinations:
+        queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
+        work_args: dict[str, ArgumentValue] = {
+            **_safe_dead_lettering(qtype),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dest.dlq,
+        }
+        if qtype is QueueType.QUORUM:
+            work_args["x-delivery-limit"] = dest.delivery_limit
+        queues.append(QueueDecl(dest.queue, work_args, role="destination"))
+        bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+        # What consumers address to one queue by name (a retry, a dead letter) goes
+        # through direct exchanges that know this topology's queues alone: consumers
+        # need no right on the default exchange nor on the fanout retry tiers, which
+        # would let them reach any queue of the vhost (see delayq.ops.grant).
+        bindings.append(BindingDecl(topology.direct_exchange, dest.queue, dest.queue))
+        bindings.append(BindingDecl(topology.direct_exchange, dest.dlq, dest.dlq))
+        bindings.extend(
+            BindingDecl(name, name, dest.queue)
+            for name in map(topology.retry_direct_name, topology.ladder.tiers)
+        )
+        if topology.exact_enabled:
+            levels, delivery = topology.exact_levels, topology.delivery_exchange
+            bindings.extend(
+                BindingDecl(delivery, dest.queue, delivery_binding_key(levels, Kind.ROUTE, key))
+                for key in dest.bindings
+            )
+            # Retries addressed to this queue alone: no binding key of a destination
+            # matches a `q.` target, since theirs all sit behind `r.`.
+            address = delivery_binding_key(levels, Kind.ADDRESS, dest.queue)
+            bindings.append(BindingDecl(delivery, dest.queue, address))
+
+    return (*exchanges, *queues, *bindings)
+
+
+def _cascade(
+    topology: Topology,
+    exchanges: list[Declaration],
+    queues: list[Declaration],
+    bindings: list[Declaration],
+) -> None:
+    """The exact strategy's levels (see :mod:`delayq.topology.cascade`).
+
+    Level k: a topic exchange whose keys with bit k set go to its queue (TTL 2**k
+    units, dead-lettering to level k-1) and the others straight on to level k-1's
+    exchange; level 0 hands over to the delivery exchange, where destinations bind
+    behind the bits. Every hop goes one level down: no dead-letter cycle.
+    """
+    qtype, levels = topology.queue_type, topology.exact_levels
+    delivery = topology.delivery_exchange
+    exchanges.append(ExchangeDecl(delivery, "topic", {"alternate-exchange": topology.unrouted}))
+    for level in range(levels):
+        name = topology.level_name(level)
+        below = delivery if level == 0 else topology.level_name(level - 1)
+        exchanges.append(ExchangeDecl(name, "topic"))
+        arguments = rung_arguments(qtype, topology.exact_unit_ms * 2**level, below)
+        if topology.tier_max_length is not None:
+            arguments["x-max-length"] = topology.tier_max_length
+        queues.append(QueueDecl(name, arguments, role="level"))
+        set_key, clear_key = level_binding_keys(level, levels)
+        bindings.append(BindingDecl(name, name, set_key))
+        bindings.append(BindingDecl(name, below, clear_key, destination_type="exchange"))
+
+
+def describe(decl: Declaration) -> str:
+    """One line for ``delayq topology plan``."""
+    if isinstance(decl, ExchangeDecl):
+        args = _format_args(decl.arguments)
+        role = f" [{decl.role}]" if decl.role else ""
+        return f"exchange {decl.name}{role} ({decl.type}{', ' + args if args else ''})"
+    if isinstance(decl, QueueDecl):
+        return f"queue    {decl.name} [{decl.role}] ({_format_args(decl.arguments)})"
+    arrow = "=>" if decl.destination_type == "exchange" else "->"
+    return f"binding  {decl.source} {arrow} {decl.destination} key={decl.routing_key or '(any)'}"
+
+
+def _format_args(arguments: Mapping[str, ArgumentValue]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())

@@ -1,0 +1,404 @@
+"""The topology as data: a frozen pydantic model, loaded from YAML.
+
+>>> topo = Topology(namespace="shop", ladder=["1s", "5s"],
+...                 destinations=[{"queue": "emails", "bindings": ["email.*"]}])
+>>> topo.tier_name(topo.ladder.tiers[0])
+'shop.tier.1s'
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, cast
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from delayq.durations import format_ms, to_ms
+from delayq.errors import InvalidDelay, InvalidTopology
+from delayq.message.limits import DEFAULT_LIMITS, MessageLimits
+from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "DEFAULT_TOPOLOGY_FILE",
+    "Destination",
+    "ExactSettings",
+    "QueueType",
+    "Strategy",
+    "Topology",
+    "load_topology",
+]
+
+DEFAULT_TOPOLOGY_FILE = Path("topology/delayq.yaml")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_BINDING = re.compile(r"(?:[A-Za-z0-9_\-]+|\*|#)(?:\.(?:[A-Za-z0-9_\-]+|\*|#))*")
+
+
+class QueueType(str, enum.Enum):
+    """The kind of queue delayq declares."""
+
+    QUORUM = "quorum"
+    """Replicated, at-least-once dead-lettering: the only safe choice in production."""
+    CLASSIC = "classic"
+    """Development only: classic dead-lettering is at-most-once and can lose messages."""
+
+
+def _parse_ladder(value: object) -> Ladder:
+    if isinstance(value, Ladder):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError('ladder must be a list of durations, for example ["30s", "1m", "5m"]')
+    return Ladder.parse(value)
+
+
+LadderField = Annotated[
+    Ladder,
+    BeforeValidator(_parse_ladder),
+    PlainSerializer(lambda ladder: [t.label for t in ladder.tiers], return_type=list),
+]
+
+
+def _check_name(value: str, what: str) -> str:
+    if value == "amq" or value.startswith("amq."):
+        raise ValueError(f"{what} {value!r} uses the prefix 'amq.', which RabbitMQ reserves")
+    if len(value.encode()) > 200 or not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} must start with a letter or digit and use only letters, "
+            "digits, '.', '_' and '-' (at most 200 bytes)"
+        )
+    return value
+
+
+def _check_binding_keys(value: tuple[str, ...]) -> tuple[str, ...]:
+    for key in value:
+        if len(key.encode()) > 255 or not _BINDING.fullmatch(key):
+            raise ValueError(
+                f"binding key {key!r} must be dot-separated words of letters, digits, "
+                "'_' or '-', or the wildcards '*' and '#' (at most 255 bytes)"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("binding keys must be unique")
+    return value
+
+
+def _problem_list(exc: ValidationError, outer: tuple[str | int, ...] = ()) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = (*outer, *err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, InvalidTopology) and isinstance(cause.__cause__, ValidationError):
+            # A nested model refused its part (its __init__ raised): name its fields in full.
+            problems.extend(_problem_list(cause.__cause__, loc))
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{'.'.join(str(p) for p in loc)}: {msg}" if loc else msg)
+    return problems
+
+
+def _problems(source: str, exc: ValidationError) -> str:
+    """One line naming every field pydantic refused, and why."""
+    return f"{source}: {'; '.join(_problem_list(exc))}"
+
+
+class _Model(BaseModel):
+    """Refuses bad input with :class:`~delayq.errors.InvalidTopology`, never pydantic's
+    own ``ValidationError``: ``except DelayqError`` (or ``ValueError``) catches a bad
+    ``Topology(...)``, as it catches every other delayq error."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidTopology(_problems(type(self).__name__, exc)) from exc
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidTopology(_problems(cls.__name__, exc)) from exc
+
+
+class Destination(_Model):
+    """An application queue bound to the ready exchange."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue: str
+    bindings: tuple[str, ...] = Field(min_length=1)
+    delivery_limit: int = Field(default=20, ge=1, le=1000)
+    """Broker backstop: deliveries before a quorum queue dead-letters a message that
+    keeps crashing its consumer (``x-delivery-limit``)."""
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        _check_name(value, "queue name")
+        if value.endswith(".dlq"):
+            raise ValueError(f"queue name {value!r} must not end in '.dlq' (reserved for DLQs)")
+        return value
+
+    @field_validator("bindings")
+    @classmethod
+    def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_binding_keys(value)
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.queue}.dlq"
+
+
+def _parse_unit(value: object) -> int:
+    # No int shortcut: `unit: 250` has no unit (a dumped topology holds "250ms").
+    try:
+        return to_ms(value, what="exact.unit")
+    except InvalidDelay as exc:
+        raise ValueError(str(exc)) from None
+
+
+class ExactSettings(_Model):
+    """The exact strategy's cascade: ``levels`` levels, level ``k`` waiting ``2**k`` units."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    unit_ms: Annotated[
+        int,
+        BeforeValidator(_parse_unit),
+        PlainSerializer(format_ms, return_type=str),
+        Field(ge=1, alias="unit"),
+    ] = 1000
+    """The precision: delays are rounded up to whole units (``unit: 250ms``)."""
+    levels: int | None = Field(default=None, ge=1, le=MAX_LEVELS)
+    """``None``: enough for the ladder's largest tier."""
+
+
+class Topology(_Model):
+    """Namespace, ladder, queue type, destination queues, and message size limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    namespace: str = "delayq"
+    vhost: str = "/"
+    queue_type: QueueType = QueueType.QUORUM
+    ladder: LadderField = DEFAULT_LADDER
+    destinations: tuple[Destination, ...] = ()
+    tier_max_length: int | None = Field(default=None, ge=1)
+    """A cap on each tier queue's depth (``x-max-length``). With ``reject-publish``
+    (quorum queues) a publish into a full tier is nacked: the publisher raises
+    ``PublishRejected`` and nothing is half-published. ``None``: no cap."""
+    limits: MessageLimits = DEFAULT_LIMITS
+    """Body and header sizes checked before every publish (see :mod:`delayq.message.limits`)."""
+    strategy: Strategy = Strategy.TIERED
+    """The default strategy of publishes and of consumers' retries."""
+    exact: ExactSettings | None = None
+    """The exact strategy's cascade; declared when set or when ``strategy`` is exact."""
+    external_bindings: tuple[str, ...] = ()
+    """Binding keys of queues bound to ``<ns>.ready`` outside this topology. A publish
+    whose routing key matches neither a destination's bindings nor these raises
+    :class:`~delayq.errors.UnboundRoutingKey` before anything is sent (it could only
+    be parked in ``<ns>.unrouted`` when due); ``["#"]`` accepts every key."""
+
+    @field_validator("external_bindings")
+    @classmethod
+    def _external_bindings(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_binding_keys(value)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return _check_name(value, "namespace")
+
+    @model_validator(mode="after")
+    def _unique_queues(self) -> Topology:
+        seen: set[str] = set()
+        reserved = {
+            self.ready_exchange,
+            self.unrouted,
+            self.delivery_exchange,
+            self.direct_exchange,
+        }
+        for dest in self.destinations:
+            if dest.queue in seen:
+                raise ValueError(f"destination queue {dest.queue!r} is listed twice")
+            if dest.queue in reserved or dest.queue.startswith(
+                (
+                    f"{self.namespace}.tier.",
+                    f"{self.namespace}.retry.",
+                    f"{self.namespace}.level.",
+                )
+            ):
+                raise ValueError(f"destination queue {dest.queue!r} uses a name delayq reserves")
+            seen.add(dest.queue)
+        if self.exact_enabled:
+            self._check_cascade()
+        return self
+
+    def _check_cascade(self) -> None:
+        levels, unit_ms = self.exact_levels, self.exact_unit_ms
+        if unit_ms * 2 ** (levels - 1) > MAX_TIER_MS:
+            raise ValueError(
+                f"exact: level {levels - 1} would wait {format_ms(unit_ms * 2 ** (levels - 1))}, "
+                f"longer than the maximum TTL {format_ms(MAX_TIER_MS)}; use fewer levels"
+            )
+        room = 255 - key_overhead(levels)
+        for dest in self.destinations:
+            if len(dest.queue.encode()) > room:
+                raise ValueError(
+                    f"exact: queue name {dest.queue!r} is longer than the {room} bytes a "
+                    f"cascade key of {levels} levels leaves (255 - {key_overhead(levels)})"
+                )
+
+    # Entity names -------------------------------------------------------------
+
+    @property
+    def ready_exchange(self) -> str:
+        """Where due and immediate messages are routed; destination queues bind here."""
+        return f"{self.namespace}.ready"
+
+    @property
+    def unrouted(self) -> str:
+        """Exchange and queue that park due messages no binding wanted."""
+        return f"{self.namespace}.unrouted"
+
+    @property
+    def direct_exchange(self) -> str:
+        """A direct exchange where each destination queue and each DLQ is bound by its own
+        name: consumers send immediate retries and dead letters through it, so they need
+        no write permission on the default exchange (which reaches every queue of the
+        vhost, other namespaces' included)."""
+        return f"{self.namespace}.direct"
+
+    def tier_name(self, tier: Tier) -> str:
+        """Name of a tier's exchange and queue, which carries its TTL."""
+        return f"{self.namespace}.tier.{tier.label}"
+
+    def retry_name(self, tier: Tier) -> str:
+        """Name of a fanout retry tier's exchange and queue (dead-letters through the
+        default exchange): what consumers before delayq's least-privilege grant used;
+        still declared for them. Consumers now use :meth:`retry_direct_name`."""
+        return f"{self.namespace}.retry.{tier.label}"
+
+    def retry_direct_name(self, tier: Tier) -> str:
+        """Name of a retry tier's direct exchange and queue: the exchange routes only the
+        topology's destination queue names (each binds by its name), and the queue
+        dead-letters through :attr:`direct_exchange`, back to the failing queue alone.
+        Neither can reach another namespace's queue (see :mod:`delayq.ops.grant`)."""
+        return f"{self.retry_name(tier)}.direct"
+
+    @property
+    def exact_enabled(self) -> bool:
+        """Whether the exact strategy's levels are part of the topology."""
+        return self.exact is not None or self.strategy is Strategy.EXACT
+
+    @property
+    def exact_unit_ms(self) -> int:
+        return 1000 if self.exact is None else self.exact.unit_ms
+
+    @property
+    def exact_levels(self) -> int:
+        """N: explicit, or enough levels for the ladder's largest tier (at most 28)."""
+        if self.exact is not None and self.exact.levels is not None:
+            return self.exact.levels
+        return default_levels(self.ladder.max_ms, self.exact_unit_ms)
+
+    @property
+    def delivery_exchange(self) -> str:
+        """Where level 0 dead-letters: ``<ns>.ready`` semantics for cascade keys."""
+        return f"{self.namespace}.delivery"
+
+    def level_name(self, level: int) -> str:
+        """Name of a cascade level's exchange and queue (TTL ``2**level`` units)."""
+        return f"{self.namespace}.level.{level}"
+
+    def with_namespace(self, namespace: str) -> Topology:
+        """A copy under another namespace (tests and demos use unique ones)."""
+        return Topology.model_validate({**self.model_dump(), "namespace": namespace})
+
+    @property
+    def binding_keys(self) -> tuple[str, ...]:
+        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``."""
+        keys = [key for dest in self.destinations for key in dest.bindings]
+        return tuple(dict.fromkeys([*keys, *self.external_bindings]))
+
+    def destination(self, queue: str) -> Destination:
+        for dest in self.destinations:
+            if dest.queue == queue:
+                return dest
+        raise KeyError(queue)
+
+    # Loading ------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "topology") -> Topology:
+        """Validate a mapping, raising :class:`~delayq.errors.InvalidTopology`."""
+        try:
+            return cast(Topology, cls.__pydantic_validator__.validate_python(dict(data)))
+        except ValidationError as exc:
+            raise InvalidTopology(_problems(source, exc)) from exc
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys and drops the first without a word: a
+    second ``destinations:`` would silently replace the first list. Refuse it."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Hashable, int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` then an override of a merged key is fine
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader refuses it below, with its own words
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice (lines {seen[key]} and {line}); YAML would "
+                    "keep only the last one",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_topology(path: str | Path = DEFAULT_TOPOLOGY_FILE) -> Topology:
+    """Load and validate a topology YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise InvalidTopology(
+            f"topology file {str(path)!r} does not exist; pass --file or create it "
+            "(see topology/delayq.yaml in the delayq repository)"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidTopology(f"topology file {str(path)!r} is not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise InvalidTopology(f"cannot read topology file {str(path)!r}: {exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as exc:
+        raise InvalidTopology(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InvalidTopology(f"{path}: the top level must be a mapping, not {type(data).__name__}")
+    return Topology.from_mapping(data, source=str(path))
