@@ -104,7 +104,9 @@ from delayq import Ladder, Message, Topology
 from delayq.aio import AsyncPublisher
 from delayq.aio.consumer import AsyncConsumer
 from delayq.message.envelope import epoch_ms
-from delayq.stores.idempotency import IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.stores.base import IdempotencyStore
+from delayq.stores.memory import InMemoryStore
+from delayq.stores.sqlite import SQLiteStore
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 

@@ -18,7 +18,7 @@ tier exchange of a throwaway namespace (``bench<hex>``, ladder ``["1h"]``,
 quorum queues as delayq declares them) with a 1 h delay, so nothing is
 consumed while the benchmark runs. The raw modes send the same bytes as delayq
 does: the same body, the same headers dict (taken from a message built by
-``delayq.message.envelope.MessageFactory``), a fresh ``message_id`` per message, and
+``delayq.message.factory.MessageFactory``), a fresh ``message_id`` per message, and
 the ``content_type`` and ``timestamp`` properties delayq sets too. Building
 that message (validation, headers, ids) is part of delayq's figure; it is what
 the framework costs.
@@ -86,7 +86,7 @@ from benchlib import (
 
 from delayq import Ladder, Message, Topology, build_declarations
 from delayq.aio import AsyncPublisher
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.sync import Publisher, apply_topology
 from delayq.topology.declarations import ExchangeDecl, QueueDecl
 from delayq.urls import redact

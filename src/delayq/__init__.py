@@ -64,8 +64,10 @@ from delayq.message.limits import MessageLimits
 from delayq.observe.deliveries import DeliveryObserver, Settled
 from delayq.observe.publishes import Published, PublishObserver, PublishOutcome
 from delayq.observe.stats import ConsumerStats
-from delayq.stores.idempotency import ClaimStatus, IdempotencyStore, InMemoryStore, SQLiteStore
+from delayq.stores.base import ClaimStatus, IdempotencyStore
 from delayq.stores.key_scope import KeyScope, copy_unscoped_keys
+from delayq.stores.memory import InMemoryStore
+from delayq.stores.sqlite import SQLiteStore
 from delayq.topology.declarations import build_declarations
 from delayq.topology.definitions import export_definitions, render_definitions
 from delayq.topology.ladder import DEFAULT_LADDER, Ladder, Tier

@@ -5,7 +5,7 @@ password, a request's ``Authorization`` header, an API key. Both consumers put
 the error's message and traceback in the DLQ and retry headers, in the
 delivery's ``reason`` (worker logs, delivery records, observers); every one of
 those passes through :func:`scrub` first (see
-:class:`~delayq.consume.delivery.DeliveryPlanner`). What it replaces with ``***``:
+:class:`~delayq.consume.planner.DeliveryPlanner`). What it replaces with ``***``:
 
 - the password of a URL: ``scheme://user:secret@host`` becomes
   ``scheme://user:***@host`` (any scheme; the user name stays, as in

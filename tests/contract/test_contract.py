@@ -15,7 +15,7 @@ from typing import Any
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
 from delayq.consume.retry import FixedBackoff
 from delayq.message.envelope import H_ATTEMPT, H_ROUTING_KEY
-from delayq.stores.idempotency import InMemoryStore
+from delayq.stores.memory import InMemoryStore
 from delayq.topology.topic import BindingKeys
 
 from .conftest import Bench

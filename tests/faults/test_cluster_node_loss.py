@@ -46,7 +46,7 @@ from delayq import Message, PublishBatchError, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.local.cluster import LocalCluster
 from delayq.local.node import LocalNode, LocalNodeError
-from delayq.stores.idempotency import SQLiteStore
+from delayq.stores.sqlite import SQLiteStore
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.slow]
 
@@ -177,8 +177,11 @@ def test_losing_the_node_that_leads_the_tiers_loses_and_doubles_nothing(
     reliability(
         "node loss in a 3-node cluster: the node leading every queue stopped with messages "
         "parked, consumer and publisher on it; then restarted, tiers given new leaders",
-        messages=figures["messages"], faults=1, lost=figures["lost"],
-        doubles=figures["double_effects"], recover_s=figures["consumer_back_after_s"],
+        messages=figures["messages"],
+        faults=1,
+        lost=figures["lost"],
+        doubles=figures["double_effects"],
+        recover_s=figures["consumer_back_after_s"],
         duration_s=round(time.monotonic() - started),
         notes=f"{figures['parked_at_fault']} parked at the stop; "
         f"{figures['stalled_dead_letters']} dead letters stalled until a new leader",

@@ -21,7 +21,7 @@ import yaml
 
 from delayq import Topology
 from delayq.cli import main
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.sync import Publisher, apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.sync import Publisher, apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for

@@ -12,8 +12,9 @@ import pytest
 
 from delayq import FixedBackoff, Message, ScheduleBackoff, Topology
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TYPE, Reject
-from delayq.message.envelope import H_ATTEMPT, MessageFactory
-from delayq.stores.idempotency import SQLiteStore
+from delayq.message.envelope import H_ATTEMPT
+from delayq.message.factory import MessageFactory
+from delayq.stores.sqlite import SQLiteStore
 from delayq.sync import Publisher, apply_topology, delete_topology
 
 

@@ -28,7 +28,7 @@ import pytest
 from delayq.errors import StoreError
 from delayq.local.node import free_port
 from delayq.pytest_plugin import _in_ci
-from delayq.stores.idempotency import ClaimStatus, IdempotencyStore
+from delayq.stores.base import ClaimStatus, IdempotencyStore
 from tests.unit import test_idempotency as unit_suite
 
 CLAIMED, DONE, BUSY = ClaimStatus.CLAIMED, ClaimStatus.DONE, ClaimStatus.BUSY
@@ -38,8 +38,7 @@ CLAIMED, DONE, BUSY = ClaimStatus.CLAIMED, ClaimStatus.DONE, ClaimStatus.BUSY
 BEHAVIOUR = {
     name: case
     for name, case in vars(unit_suite).items()
-    if name.startswith("test_")
-    and {"store", "tx_store"} & set(inspect.signature(case).parameters)
+    if name.startswith("test_") and {"store", "tx_store"} & set(inspect.signature(case).parameters)
 }
 globals().update(BEHAVIOUR)
 
@@ -138,7 +137,7 @@ def tx_store(postgres_store: Callable[..., Any], postgres_dsn: str) -> Iterator[
 
 
 def test_redis_is_not_a_transactional_store(redis_store):
-    from delayq.stores.idempotency import supports_transactions
+    from delayq.stores.base import supports_transactions
 
     assert not supports_transactions(redis_store())
 

@@ -31,7 +31,7 @@ from delayq import (
     copy_unscoped_keys,
 )
 from delayq.aio import AsyncConsumer
-from delayq.stores.idempotency import IdempotencyStore
+from delayq.stores.base import IdempotencyStore
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import AsyncConsumerHandle, ConsumerHandle, SyncConsumerHandle
 from tests.integration.test_idempotency_servers import (  # noqa: F401 (fixtures)

@@ -12,8 +12,9 @@ import pytest
 
 from delayq import FixedBackoff, HeadersTooLarge
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERROR_TRACE
-from delayq.message.envelope import H_ATTEMPT, headers_size
+from delayq.message.envelope import H_ATTEMPT
 from delayq.message.limits import DELAYQ_RESERVED_BYTES, FRAME_MAX
+from delayq.message.validate import headers_size
 from delayq.sync import apply_topology
 from tests.waiting import wait_for
 

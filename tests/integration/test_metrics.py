@@ -21,7 +21,7 @@ from delayq import FixedBackoff, Message, Topology, TopologyMissing
 from delayq.aio import AsyncPublisher
 from delayq.observe.logs import DeliveryLogFilter, JsonLogFormatter
 from delayq.observe.metrics import PrometheusObserver, serve_metrics
-from delayq.stores.idempotency import InMemoryStore
+from delayq.stores.memory import InMemoryStore
 from delayq.sync import Publisher, apply_topology
 
 from .test_consumer import until

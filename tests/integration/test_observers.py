@@ -8,7 +8,7 @@ from typing import Any
 
 from delayq import FixedBackoff, Message, Settled
 from delayq.consume.delivery import Action, Reject
-from delayq.stores.idempotency import InMemoryStore
+from delayq.stores.memory import InMemoryStore
 from delayq.sync import apply_topology
 
 from .test_consumer import publish, until

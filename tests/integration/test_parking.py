@@ -114,7 +114,7 @@ def test_replay_goes_to_the_failing_queue_alone(make_topology, rabbitmq_url, tmp
     path = write(topo, tmp_path)
     apply_topology(topo, rabbitmq_url)
     with Publisher(rabbitmq_url, topo) as pub:  # park one by hand in work's DLQ
-        from delayq.message.envelope import MessageFactory
+        from delayq.message.factory import MessageFactory
 
         parked = MessageFactory(topo).build({"x": 1}, "job.r", "0s", message_id="r-1")
         object.__setattr__(parked, "exchange", "")

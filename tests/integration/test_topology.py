@@ -279,7 +279,8 @@ def test_a_retry_tier_returns_a_message_to_one_queue_even_past_catch_all_binding
     """The retry path the consumers use: `<ns>.retry.<tier>` with the queue's name as
     routing key comes back to that queue alone, though another queue binds '#'."""
     from delayq import FixedBackoff
-    from delayq.consume.delivery import Delivery, DeliveryPlanner
+    from delayq.consume.delivery import Delivery
+    from delayq.consume.planner import DeliveryPlanner
     from delayq.sync import Publisher, apply_topology
 
     topo = make_topology(["1s"])

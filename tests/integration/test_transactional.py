@@ -16,7 +16,8 @@ import pytest
 
 from delayq import FixedBackoff, Message
 from delayq.errors import InvalidInput
-from delayq.stores.idempotency import ClaimStatus, SQLiteStore
+from delayq.stores.base import ClaimStatus
+from delayq.stores.sqlite import SQLiteStore
 from tests.integration.test_consumer import publish, until
 
 
@@ -42,8 +43,9 @@ def effect_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Effect
                 rows = db.execute("SELECT n, COUNT(*) FROM effects GROUP BY n").fetchall()
             return {int(n): int(c) for n, c in rows}
 
-        yield EffectDB(store, lambda tx, n: tx.execute("INSERT INTO effects VALUES (?)", (n,)),
-                       counts)
+        yield EffectDB(
+            store, lambda tx, n: tx.execute("INSERT INTO effects VALUES (?)", (n,)), counts
+        )
         store.close()
         return
     import psycopg
@@ -62,8 +64,9 @@ def effect_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Effect
             rows = conn.execute(f"SELECT n, COUNT(*) FROM {table} GROUP BY n").fetchall()
         return {int(n): int(c) for n, c in rows}
 
-    yield EffectDB(store, lambda tx, n: tx.execute(f"INSERT INTO {table} VALUES (%s)", (n,)),
-                   pg_counts)
+    yield EffectDB(
+        store, lambda tx, n: tx.execute(f"INSERT INTO {table} VALUES (%s)", (n,)), pg_counts
+    )
     store.close()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -85,7 +88,11 @@ def test_duplicates_and_a_failed_first_attempt_leave_each_effect_once(
             raise RuntimeError("fails after writing: the write must roll back")
 
     consumer = start_consumer(
-        topo, queue, handler, store=effect_db.store, transactional=True,
+        topo,
+        queue,
+        handler,
+        store=effect_db.store,
+        transactional=True,
         policy=FixedBackoff(delay="1s", max_attempts=3),
     )
     batch = [Message({"n": n}, "job.t", "0s", message_id=f"m{n}") for n in range(5)]
@@ -112,8 +119,13 @@ def test_a_transactional_handler_past_its_timeout_never_commits_twice(
             time.sleep(2.0)
 
     consumer = start_consumer(
-        topo, queue, handler, store=effect_db.store, transactional=True,
-        handler_timeout="500ms", policy=FixedBackoff(delay="1s", max_attempts=5),
+        topo,
+        queue,
+        handler,
+        store=effect_db.store,
+        transactional=True,
+        handler_timeout="500ms",
+        policy=FixedBackoff(delay="1s", max_attempts=5),
     )
     publish(rabbitmq_url, topo, Message({"n": 7}, "job.t", "0s", message_id="slow"))
     assert until(lambda: consumer.stats.retried >= 1, 10)
@@ -154,5 +166,10 @@ def test_transactional_needs_a_transactional_store(make_topology, rabbitmq_url, 
 
     topo = make_topology(["1s"])
     with pytest.raises(InvalidInput, match="SQLiteStore or PostgresStore"):
-        start_consumer(topo, f"{topo.namespace}.work", lambda b, tx: None,
-                       store=InMemoryStore(), transactional=True)
+        start_consumer(
+            topo,
+            f"{topo.namespace}.work",
+            lambda b, tx: None,
+            store=InMemoryStore(),
+            transactional=True,
+        )

@@ -19,7 +19,7 @@ import yaml
 
 from delayq import Topology
 from delayq.cli import main
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.sync import Publisher, apply_topology
 from tests.amqp import depth
 
@@ -329,9 +329,7 @@ def test_two_brokers_named_for_one_purge_purge_neither(applied, rabbitmq_url, de
     nothing_lost(rabbitmq_url, topo, queue)
 
 
-def test_stats_with_a_management_url_that_does_not_answer_is_refused(
-    applied, rabbitmq_url, delayq
-):
+def test_stats_with_a_management_url_that_does_not_answer_is_refused(applied, rabbitmq_url, delayq):
     """An explicit --management-url that does not answer was replaced by AMQP counts
     (ready only) under the same table: the figures asked for are refused, not swapped."""
     _, path, _ = applied

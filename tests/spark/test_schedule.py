@@ -23,7 +23,7 @@ from delayq import (
 from delayq.aio import AsyncConsumer
 from delayq.message.bulk import key_message_id
 from delayq.spark import schedule
-from delayq.stores.idempotency import InMemoryStore
+from delayq.stores.memory import InMemoryStore
 from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for as wait_until
@@ -216,9 +216,7 @@ def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
 
 def read_errors(path: Path) -> list[dict[str, Any]]:
     return [
-        json.loads(line)
-        for part in path.glob("part-*")
-        for line in part.read_text().splitlines()
+        json.loads(line) for part in path.glob("part-*") for line in part.read_text().splitlines()
     ]
 
 
@@ -233,8 +231,14 @@ def test_rejected_rows_fail_the_job_once_the_rest_is_published_and_stale_errors_
     df = spark.createDataFrame(rows, "key string, routing_key string, delay string")
 
     with pytest.raises(RowsRejected) as caught:  # default: not one rejected row allowed
-        schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay",
-                 body_col=None, errors_path=str(errors))
+        schedule(
+            df,
+            url=rabbitmq_url,
+            topology=topology,
+            delay_col="delay",
+            body_col=None,
+            errors_path=str(errors),
+        )
     message = str(caught.value)
     assert "2 of 3 rows were rejected (1 DelayTooLong, 1 InvalidDelay)" in message
     assert f"they are in {errors}" in message and "The other 1 were published" in message
@@ -245,13 +249,25 @@ def test_rejected_rows_fail_the_job_once_the_rest_is_published_and_stale_errors_
     every = spark.createDataFrame(rows[1:], "key string, routing_key string, delay string")
     with pytest.raises(RowsRejected, match="2 of 2 rows were rejected"):  # every row
         schedule(every, url=rabbitmq_url, topology=topology, delay_col="delay", body_col=None)
-    accepted = schedule(every, url=rabbitmq_url, topology=topology, delay_col="delay",
-                        body_col=None, max_rejected="100%")
+    accepted = schedule(
+        every,
+        url=rabbitmq_url,
+        topology=topology,
+        delay_col="delay",
+        body_col=None,
+        max_rejected="100%",
+    )
     assert accepted.total_rejected == 2 and len(accepted.rejections) == 2
 
     # A clean run with the same errors path: the last run's rejections do not linger there
-    clean = schedule(df.where("key = 'ok'"), url=rabbitmq_url, topology=topology,
-                     delay_col="delay", body_col=None, errors_path=str(errors))
+    clean = schedule(
+        df.where("key = 'ok'"),
+        url=rabbitmq_url,
+        topology=topology,
+        delay_col="delay",
+        body_col=None,
+        errors_path=str(errors),
+    )
     assert clean.total_rejected == 0 and read_errors(errors) == []
 
 
@@ -263,12 +279,18 @@ def test_two_rows_with_one_key_are_refused_before_anything_is_sent(
     # Two reminders for one customer keyed by the customer: one message id, so an
     # idempotent consumer would handle the first and skip the second as a duplicate.
     df = spark.createDataFrame(
-        [("cust-1", "job.a", "1s", "first"), ("cust-1", "job.a", "2s", "second"),
-         ("cust-2", "job.a", "1s", "other")],
+        [
+            ("cust-1", "job.a", "1s", "first"),
+            ("cust-1", "job.a", "2s", "second"),
+            ("cust-2", "job.a", "1s", "other"),
+        ],
         "key string, routing_key string, delay string, body string",
     )
-    with pytest.raises(InvalidInput, match=r"1 keys of column 'key' are on more than one row"
-                       r" \(e\.g\. 'cust-1' \(2 rows\)\).*Nothing was sent"):
+    with pytest.raises(
+        InvalidInput,
+        match=r"1 keys of column 'key' are on more than one row"
+        r" \(e\.g\. 'cust-1' \(2 rows\)\).*Nothing was sent",
+    ):
         schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
     assert [depth(rabbitmq_url, f"{topology.namespace}.tier.{t}") for t in ("1s", "2s")] == [0, 0]
 
@@ -283,11 +305,15 @@ def test_a_wrong_url_or_an_unapplied_topology_is_a_delayq_error_before_any_task(
     applied = make_topology()
     apply_topology(applied, rabbitmq_url)
     with pytest.raises(ConnectionFailed):
-        schedule(df, url="amqp://guest:guest@127.0.0.1:1/", topology=applied,
-                 delay_col="delay", body_col=None)
+        schedule(
+            df,
+            url="amqp://guest:guest@127.0.0.1:1/",
+            topology=applied,
+            delay_col="delay",
+            body_col=None,
+        )
     with pytest.raises(TopologyMissing, match="delayq topology apply"):
-        schedule(df, url=rabbitmq_url, topology=make_topology(), delay_col="delay",
-                 body_col=None)
+        schedule(df, url=rabbitmq_url, topology=make_topology(), delay_col="delay", body_col=None)
 
 
 def test_a_task_s_delayq_error_is_raised_again_as_itself() -> None:

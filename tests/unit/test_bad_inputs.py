@@ -29,12 +29,8 @@ from delayq import (
     Topology,
     load_topology,
 )
-from delayq.message.envelope import (
-    DEFAULT_MAX_BODY_BYTES,
-    MAX_HEADERS,
-    MAX_HEADERS_BYTES,
-    MessageFactory,
-)
+from delayq.message.envelope import DEFAULT_MAX_BODY_BYTES, MAX_HEADERS, MAX_HEADERS_BYTES
+from delayq.message.factory import MessageFactory
 from delayq.urls import validate_url
 
 TOPOLOGY = Topology()  # the default ladder: 30s .. 24h

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq.consume.delivery import Action, Delivery, DeliveryPlanner, Retry
+from delayq.consume.delivery import Action, Delivery, Retry
+from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import FixedBackoff
 from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey, InvalidTopology
-from delayq.message.envelope import H_ROUTING_KEY, H_TIER_MS, MessageFactory
+from delayq.message.envelope import H_ROUTING_KEY, H_TIER_MS
+from delayq.message.factory import MessageFactory
 from delayq.topology.cascade import (
     MAX_LEVELS,
     Kind,

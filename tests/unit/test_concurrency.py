@@ -11,16 +11,10 @@ from typing import Any
 import pytest
 
 from delayq import Topology, Worker
-from delayq.consume.delivery import (
-    H_DEAD_LETTER_REASON,
-    H_RETURNS,
-    Action,
-    ConsumeSettings,
-    Delivery,
-    DeliveryPlanner,
-    is_fresh,
-)
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_RETURNS, Action, Delivery, is_fresh
 from delayq.consume.handlers import check_handler, plain_result
+from delayq.consume.planner import DeliveryPlanner
+from delayq.consume.settings import ConsumeSettings
 from delayq.errors import InvalidInput
 from delayq.sync._threads import HandlerThreads, Job
 
@@ -65,8 +59,14 @@ def test_worker_passes_concurrency_to_plain_and_coroutine_handlers() -> None:
 
 
 def _job(call: Any, n: int = 0) -> Job:
-    delivery = Delivery(queue="work", body=b"", routing_key="job.x", message_id=f"m{n}",
-                        content_type=None, headers={})
+    delivery = Delivery(
+        queue="work",
+        body=b"",
+        routing_key="job.x",
+        message_id=f"m{n}",
+        content_type=None,
+        headers={},
+    )
     return Job(None, delivery, 0, None, call)
 
 
@@ -152,8 +152,15 @@ def test_a_wrapped_coroutine_fails_instead_of_succeeding() -> None:
 
 
 def _delivery(headers: dict[str, Any], redelivered: bool = False) -> Delivery:
-    return Delivery(queue="work", body=b"{}", routing_key="job.x", message_id="p",
-                    content_type="application/json", headers=headers, redelivered=redelivered)
+    return Delivery(
+        queue="work",
+        body=b"{}",
+        routing_key="job.x",
+        message_id="p",
+        content_type="application/json",
+        headers=headers,
+        redelivered=redelivered,
+    )
 
 
 def test_fresh_deliveries_are_told_from_redeliveries() -> None:
@@ -208,8 +215,14 @@ def test_an_async_call_object_is_a_coroutine_handler_for_the_worker(tmp_path: An
     worker.handler("work")(_AsyncCall())
     assert worker.registrations[0].is_async  # so it goes to an AsyncConsumer, awaited
     with pytest.raises(InvalidInput, match="transactional handler is a plain function"):
-        AsyncConsumer("amqp://guest:guest@127.0.0.1:1/", TOPOLOGY, "work", _AsyncCall(),
-                      store=SQLiteStore(tmp_path / "k.db"), transactional=True)
+        AsyncConsumer(
+            "amqp://guest:guest@127.0.0.1:1/",
+            TOPOLOGY,
+            "work",
+            _AsyncCall(),
+            store=SQLiteStore(tmp_path / "k.db"),
+            transactional=True,
+        )
 
 
 @pytest.mark.parametrize("adapter", ["sync", "async"])

@@ -14,18 +14,16 @@ from delayq.consume.delivery import (
     H_ERROR_TRACE,
     H_ERROR_TYPE,
     H_FIRST_FAILURE_AT,
-    MAX_ERROR_MESSAGE_BYTES,
-    MAX_ERROR_TRACE_BYTES,
     Action,
-    ConsumeSettings,
     Delivery,
-    DeliveryPlanner,
     Reject,
     Retry,
     Undecodable,
     bounded,
     decode_body,
 )
+from delayq.consume.planner import MAX_ERROR_MESSAGE_BYTES, MAX_ERROR_TRACE_BYTES, DeliveryPlanner
+from delayq.consume.settings import ConsumeSettings
 from delayq.message.envelope import H_ATTEMPT, H_DELAY_MS, H_ROUTING_KEY, H_TIER
 
 TOPO = Topology.from_mapping(

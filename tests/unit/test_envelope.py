@@ -27,10 +27,10 @@ from delayq.message.envelope import (
     CONTENT_TEXT,
     ENVELOPE_VERSION,
     Message,
-    MessageFactory,
     Receipt,
     encode_body,
 )
+from delayq.message.factory import MessageFactory
 from delayq.topology.model import Topology
 
 NOW_MS = 1_700_000_000_123

@@ -15,12 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from delayq import ExponentialBackoff, Reject, Topology
-from delayq.consume.delivery import (
-    H_DEAD_LETTER_REASON,
-    Action,
-    Delivery,
-    DeliveryPlanner,
-)
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, Action, Delivery
 from delayq.consume.flow import (
     Ack,
     Answer,
@@ -35,8 +30,9 @@ from delayq.consume.flow import (
     advance,
     delivery_flow,
 )
+from delayq.consume.planner import DeliveryPlanner
 from delayq.errors import HandlerTimeout, PublishError, StoreError
-from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release
+from delayq.stores.base import Claim, ClaimStatus, Complete, Release
 from delayq.stores.key_scope import KeyScope
 
 TOPOLOGY = Topology(

@@ -19,8 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayq import Reject, Retry, Topology
-from delayq.consume.delivery import Delivery, DeliveryPlanner
-from delayq.message.envelope import MessageFactory
+from delayq.consume.delivery import Delivery
+from delayq.consume.planner import DeliveryPlanner
+from delayq.message.factory import MessageFactory
 from delayq.ops.grant import (
     NOTHING,
     Grant,

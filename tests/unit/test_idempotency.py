@@ -14,19 +14,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayq.errors import ClaimLost, InvalidInput, StoreError
-from delayq.stores.idempotency import (
+from delayq.stores.base import (
     Claim,
     ClaimStatus,
     Complete,
     IdempotencyStore,
-    InMemoryStore,
     Release,
-    SQLiteStore,
     TransactionalStore,
     check_transactional,
     run_ops,
 )
 from delayq.stores.key_scope import KeyScope, copy_unscoped_keys, is_queue_scoped, scoped_key
+from delayq.stores.memory import InMemoryStore
+from delayq.stores.sqlite import SQLiteStore
 
 LEASE = 1_000
 

@@ -17,15 +17,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from delayq import FixedBackoff, HeadersTooLarge, InvalidInput, InvalidTopology, Topology
-from delayq.consume.delivery import (
-    H_ERROR_MESSAGE,
-    H_ERROR_TRACE,
-    Action,
-    Delivery,
-    DeliveryPlanner,
-)
+from delayq.consume.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE, Action, Delivery
+from delayq.consume.planner import DeliveryPlanner
 from delayq.errors import BodyTooLarge
-from delayq.message.envelope import MessageFactory, OutgoingMessage, headers_size, validate_headers
+from delayq.message.envelope import OutgoingMessage
+from delayq.message.factory import MessageFactory
 from delayq.message.limits import (
     DEFAULT_LIMITS,
     DELAYQ_RESERVED_BYTES,
@@ -35,6 +31,7 @@ from delayq.message.limits import (
     MAX_HEADERS,
     MessageLimits,
 )
+from delayq.message.validate import headers_size, validate_headers
 from delayq.topology.model import load_topology
 
 # --- the model -----------------------------------------------------------------------------------
@@ -144,8 +141,10 @@ scalars = (
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(min_size=1, max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(min_size=1, max_size=10), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 names = st.text(max_size=19).map(lambda s: "h" + s)  # never a reserved prefix

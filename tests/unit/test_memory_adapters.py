@@ -15,7 +15,7 @@ from delayq.consume.delivery import H_ERROR_TYPE, Retry
 from delayq.consume.retry import ROCKETMQ_SCHEDULE, FixedBackoff, ScheduleBackoff
 from delayq.errors import InvalidInput, TopologyMissing, Unroutable
 from delayq.message.envelope import H_ATTEMPT, Message
-from delayq.stores.idempotency import InMemoryStore
+from delayq.stores.memory import InMemoryStore
 from delayq.sync import Consumer, Publisher
 from delayq.testing import MemoryBroker
 from delayq.testing.links import AsyncMemoryFeed, AsyncMemoryLink, MemoryFeed, MemoryLink

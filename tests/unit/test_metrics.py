@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from delayq import FixedBackoff, Reject, Topology
-from delayq.consume.delivery import Delivery, DeliveryPlanner
+from delayq.consume.delivery import Delivery
+from delayq.consume.planner import DeliveryPlanner
 from delayq.errors import (
     ConnectionFailed,
     MissingExtra,
@@ -21,7 +22,8 @@ from delayq.errors import (
     PublishUnconfirmed,
     Unroutable,
 )
-from delayq.message.envelope import MessageFactory, OutgoingMessage, envelope_headers
+from delayq.message.envelope import OutgoingMessage, envelope_headers
+from delayq.message.factory import MessageFactory
 from delayq.observe.deliveries import Settled
 from delayq.observe.metrics import METRICS, PrometheusObserver, serve_metrics
 from delayq.observe.publishes import PublishObservers, PublishOutcome, published_events

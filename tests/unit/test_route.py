@@ -7,11 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq.consume.delivery import Action, Delivery, DeliveryPlanner
+from delayq.consume.delivery import Action, Delivery
+from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import FixedBackoff
 from delayq.errors import DelayTooLong, InvalidInput, InvalidRoutingKey
 from delayq.message.bulk import BulkPlanner, Rejection, Row
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.topology.cascade import Kind, Strategy, decode_key
 from delayq.topology.model import Topology
 from delayq.topology.route import EXACT_LABEL, IMMEDIATE, Router, Wait

@@ -18,7 +18,7 @@ from delayq import (
     Unroutable,
 )
 from delayq.message.bulk import BulkPlanner, Row
-from delayq.message.envelope import MessageFactory
+from delayq.message.factory import MessageFactory
 from delayq.testing import MemoryBroker
 from delayq.topology.topic import BindingKeys, topic_matches
 

@@ -16,8 +16,8 @@ from delayq.consume.delivery import (
     H_ERROR_TRACE,
     Action,
     Delivery,
-    DeliveryPlanner,
 )
+from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import FixedBackoff
 from delayq.scrub import MASK, scrub, scrubbing
 
@@ -152,7 +152,10 @@ def raised(error: BaseException) -> BaseException:
 
 def planner(**kwargs: object) -> DeliveryPlanner:
     return DeliveryPlanner(
-        TOPO, "work", policy=FixedBackoff(delay="1s", max_attempts=2), **kwargs  # type: ignore[arg-type]
+        TOPO,
+        "work",
+        policy=FixedBackoff(delay="1s", max_attempts=2),
+        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -231,7 +234,7 @@ def test_an_undecodable_body_error_is_scrubbed_too() -> None:
 
 
 def test_a_store_error_quoting_its_dsn_is_scrubbed() -> None:
-    from delayq.stores.idempotency import store_error
+    from delayq.stores.base import store_error
 
     error = store_error("PostgresStore(...)", ValueError(f"bad dsn postgresql://a:{SECRET}@h/x"))
     assert SECRET not in str(error) and "postgresql://a:***@h/x" in str(error)

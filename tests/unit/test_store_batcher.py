@@ -11,7 +11,9 @@ import pytest
 
 from delayq.aio._store import StoreBatcher
 from delayq.errors import StoreError
-from delayq.stores.idempotency import ClaimStatus, InMemoryStore, SQLiteStore, StoreOp
+from delayq.stores.base import ClaimStatus, StoreOp
+from delayq.stores.memory import InMemoryStore
+from delayq.stores.sqlite import SQLiteStore
 from tests.waiting import wait_for_async
 
 LEASE = 60_000

@@ -4,7 +4,7 @@ Every delivery claims its key before the handler and completes it after. With a
 store that does I/O, one thread hop and one round trip (or one SQLite commit)
 per call would cost more than the rest of the consumer together; so the
 operations requested during one turn of the event loop are sent together, from
-one dedicated thread, in one :meth:`~delayq.stores.idempotency.BatchingStore.run_batch`
+one dedicated thread, in one :meth:`~delayq.stores.base.BatchingStore.run_batch`
 (one transaction, one pipeline). While a batch runs, the next one gathers: a
 group commit. Each caller still awaits its own result, so nothing is acked
 before its key is recorded.
@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from delayq.errors import StoreError
-from delayq.stores.idempotency import (
+from delayq.stores.base import (
     Claim,
     ClaimStatus,
     Complete,

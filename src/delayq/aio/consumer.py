@@ -1,6 +1,6 @@
 """The asyncio consumer (aio-pika): performs what the delivery planner decides.
 
-See :class:`~delayq.consume.delivery.DeliveryPlanner`.
+See :class:`~delayq.consume.planner.DeliveryPlanner`.
 
 Each delivery ends in exactly one of: done, duplicate skipped, retried later
 (republished to a retry tier addressed to this queue alone, confirmed, then
@@ -24,13 +24,7 @@ from delayq.aio._acks import AckCoalescer
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
-from delayq.consume.delivery import (
-    RECONNECT_MAX_S,
-    RECONNECT_MIN_S,
-    STALL_CHECK_S,
-    Delivery,
-    is_fresh,
-)
+from delayq.consume.delivery import Delivery, is_fresh
 from delayq.consume.flow import (
     Ack,
     GiveUp,
@@ -41,11 +35,12 @@ from delayq.consume.flow import (
     delivery_flow,
 )
 from delayq.consume.handlers import is_coroutine_handler, plain
+from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
 from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
 from delayq.observe.logs import bound_delivery
-from delayq.stores.idempotency import (
+from delayq.stores.base import (
     Claim,
     IdempotencyStore,
     StoreOp,

@@ -11,14 +11,8 @@ from types import TracebackType
 from typing import Any
 
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
-from delayq.message.envelope import (
-    Message,
-    MessageFactory,
-    OutgoingMessage,
-    Receipt,
-    epoch_ms,
-    new_message_id,
-)
+from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
+from delayq.message.factory import MessageFactory
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url

@@ -18,14 +18,16 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from delayq.consume.delivery import ConsumeSettings, Delivery, DeliveryPlanner
+from delayq.consume.delivery import Delivery
 from delayq.consume.flow import Ack, FlowContext
 from delayq.consume.handlers import check_handler
+from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import RetryPolicy
+from delayq.consume.settings import ConsumeSettings
 from delayq.message.envelope import epoch_ms
 from delayq.observe.deliveries import DeliveryObserver, Observers
 from delayq.observe.stats import ConsumerStats
-from delayq.stores.idempotency import IdempotencyStore, check_transactional
+from delayq.stores.base import IdempotencyStore, check_transactional
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url

@@ -12,10 +12,10 @@ Steps and their answers:
 ======================================  =============================================
 step yielded                            answer sent back
 ======================================  =============================================
-:class:`~delayq.stores.idempotency.Claim`      a :class:`~delayq.stores.idempotency.ClaimStatus`,
+:class:`~delayq.stores.base.Claim`      a :class:`~delayq.stores.base.ClaimStatus`,
                                         or the :class:`~delayq.errors.StoreError`
-:class:`~delayq.stores.idempotency.Complete`   ``None`` or the ``StoreError``
-:class:`~delayq.stores.idempotency.Release`    ``None`` or the ``StoreError``
+:class:`~delayq.stores.base.Complete`   ``None`` or the ``StoreError``
+:class:`~delayq.stores.base.Release`    ``None`` or the ``StoreError``
 :class:`RunHandler`                     :class:`HandlerEnded` (what it raised, if anything)
 :class:`Publish`                        ``None`` once confirmed, or the ``DelayqError``
 ======================================  =============================================
@@ -37,17 +37,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from delayq.consume.delivery import (
-    Decision,
-    Delivery,
-    DeliveryPlanner,
-    Undecodable,
-    decode_body,
-    idempotency_key,
-)
+from delayq.consume.delivery import Decision, Delivery, Undecodable, decode_body, idempotency_key
+from delayq.consume.planner import DeliveryPlanner
 from delayq.errors import DelayqError, StoreError
 from delayq.message.envelope import OutgoingMessage
-from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release
+from delayq.stores.base import Claim, ClaimStatus, Complete, Release
 from delayq.stores.key_scope import KeyScope
 
 __all__ = [

@@ -36,7 +36,8 @@ from typing import Any
 
 from delayq.durations import to_ms
 from delayq.errors import InvalidBody, InvalidDelay, InvalidInput, InvalidMessageId
-from delayq.message.envelope import MessageFactory, OutgoingMessage, epoch_ms
+from delayq.message.envelope import OutgoingMessage, epoch_ms
+from delayq.message.factory import MessageFactory
 from delayq.topology.model import Topology
 
 __all__ = [

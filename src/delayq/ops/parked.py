@@ -11,14 +11,9 @@ from delayq.consume.delivery import (
     H_ERROR_TYPE,
     H_FAILED_AT,
     Delivery,
-    republished,
 )
-from delayq.message.envelope import (
-    H_PUBLISHED_AT,
-    HEADER_PREFIX,
-    OutgoingMessage,
-    envelope_headers,
-)
+from delayq.consume.planner import republished
+from delayq.message.envelope import H_PUBLISHED_AT, HEADER_PREFIX, OutgoingMessage, envelope_headers
 
 __all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
 

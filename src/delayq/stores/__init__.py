@@ -1,3 +1,4 @@
-"""Idempotency stores: the store protocol and its operations, the in-memory and SQLite
-stores (``idempotency``), Redis (``redis``, the ``redis`` extra), PostgreSQL (``postgres``,
-the ``postgres`` extra), and whose keys a store keeps apart (``key_scope``)."""
+"""Idempotency stores: the store protocol and its operations (``base``), the in-memory
+(``memory``) and SQLite (``sqlite``) stores, Redis (``redis``, the ``redis`` extra),
+PostgreSQL (``postgres``, the ``postgres`` extra), and whose keys a store keeps apart
+(``key_scope``)."""

@@ -36,14 +36,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
 from delayq.errors import InvalidInput
-from delayq.stores.idempotency import (
-    Claim,
-    ClaimStatus,
-    Complete,
-    IdempotencyStore,
-    StoreOp,
-    run_ops,
-)
+from delayq.stores.base import Claim, ClaimStatus, Complete, IdempotencyStore, StoreOp, run_ops
 
 __all__ = [
     "QUEUE_SCOPE_PREFIX",

@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import ClaimLost
-from delayq.stores.idempotency import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
+from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
 from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
@@ -84,7 +84,7 @@ def _claim_status(cursor: psycopg.Cursor[Any]) -> ClaimStatus:
 
 
 class PostgresStore:
-    """An :class:`~delayq.stores.idempotency.IdempotencyStore` in a PostgreSQL table.
+    """An :class:`~delayq.stores.base.IdempotencyStore` in a PostgreSQL table.
 
     ``dsn`` is anything libpq takes (``postgresql://user:pass@host:5432/db`` or
     ``host=... dbname=...``); ``table`` may be schema-qualified. The store keeps one
@@ -218,7 +218,7 @@ class PostgresStore:
     @contextmanager
     def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
         """A transaction on a connection of its own (kept for the next one); see
-        :class:`~delayq.stores.idempotency.TransactionalStore`. The final ``UPDATE`` locks the
+        :class:`~delayq.stores.base.TransactionalStore`. The final ``UPDATE`` locks the
         key's row, so a consumer claiming it after an expiry waits for this commit."""
         with self._lock:
             conn = self._idle.pop() if self._idle else None

@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import InvalidInput
-from delayq.stores.idempotency import Claim, ClaimStatus, Complete, StoreOp, closed_error
+from delayq.stores.base import Claim, ClaimStatus, Complete, StoreOp, closed_error
 from delayq.urls import redact
 
 __all__ = ["RedisStore"]
@@ -87,7 +87,7 @@ def _glob_escape(text: str) -> str:
 
 
 class RedisStore:
-    """An :class:`~delayq.stores.idempotency.IdempotencyStore` in Redis.
+    """An :class:`~delayq.stores.base.IdempotencyStore` in Redis.
 
     ``url_or_client`` is a ``redis://`` / ``rediss://`` / ``unix://`` URL or a
     ``redis.Redis`` client (its connection pool is shared; :meth:`close` then leaves

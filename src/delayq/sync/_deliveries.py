@@ -37,7 +37,7 @@ from delayq.consume.flow import (
 from delayq.consume.handlers import plain
 from delayq.errors import DelayqError, HandlerTimeout, StoreError
 from delayq.observe.logs import bound_delivery
-from delayq.stores.idempotency import (
+from delayq.stores.base import (
     IdempotencyStore,
     TransactionalStore,
     answer_op,

@@ -1,4 +1,4 @@
-"""The blocking consumer: performs what :class:`~delayq.consume.delivery.DeliveryPlanner` decides.
+"""The blocking consumer: performs what :class:`~delayq.consume.planner.DeliveryPlanner` decides.
 
 Deliveries come from a feed (:mod:`delayq.links`; pika's by default,
 :mod:`delayq.sync._feed`). Up to ``concurrency`` handlers run at once, each in a
@@ -27,17 +27,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, ClassVar
 
-from delayq.consume.delivery import (
-    RECONNECT_MAX_S,
-    RECONNECT_MIN_S,
-    STALL_CHECK_S,
-    Delivery,
-    is_fresh,
-)
+from delayq.consume.delivery import Delivery, is_fresh
+from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
 from delayq.errors import DelayqError
 from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
-from delayq.stores.idempotency import IdempotencyStore
+from delayq.stores.base import IdempotencyStore
 from delayq.sync._deliveries import DeliveryFlow, Incoming
 from delayq.sync._threads import HandlerThreads
 from delayq.sync.publisher import Publisher

@@ -12,14 +12,8 @@ from typing import Any
 
 from delayq.errors import PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
-from delayq.message.envelope import (
-    Message,
-    MessageFactory,
-    OutgoingMessage,
-    Receipt,
-    epoch_ms,
-    new_message_id,
-)
+from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
+from delayq.message.factory import MessageFactory
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
 from delayq.topology.model import Strategy, Topology
