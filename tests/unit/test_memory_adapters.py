@@ -294,7 +294,7 @@ def test_closing_the_broker_detaches_its_consumers() -> None:
     broker = MemoryBroker()
     broker.consumer(TOPOLOGY, "emails", lambda body: None)
     broker.close()
-    assert broker._subscribers == []
+    assert broker._dispatch.subscribers == []
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

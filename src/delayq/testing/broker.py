@@ -28,17 +28,14 @@ handlers until nothing more is ready at that instant.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from delayq.consume.delivery import Delivery
 from delayq.durations import to_ms
 from delayq.errors import (
     ConnectionFailed,
-    DelayqError,
     InvalidInput,
     PublishBatchError,
     PublishError,
@@ -48,10 +45,11 @@ from delayq.errors import (
 )
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
-from delayq.ops.parked import H_REPLAYED_AT, replay_message
+from delayq.testing._views import BrokerViews
 from delayq.testing.clock import DEFAULT_START_MS, VirtualClock
+from delayq.testing.dispatch import Dispatch, NoProgress, Subscriber
 from delayq.testing.entities import Dropped, Entities
-from delayq.testing.model import Queue, StoredMessage
+from delayq.testing.model import StoredMessage
 from delayq.topology.declarations import (
     BindingDecl,
     Declaration,
@@ -70,32 +68,6 @@ if TYPE_CHECKING:
     from delayq.worker import Worker
 
 __all__ = ["Dropped", "MemoryBroker", "NoProgress", "Subscriber", "broker_for", "send_batch"]
-
-MAX_STEPS = 1_000_000
-"""Deliveries and expiries in one call before the broker gives up (a handler loop)."""
-
-
-class NoProgress(DelayqError):
-    """The broker ran ``MAX_STEPS`` steps in one call: messages go round in a loop."""
-
-
-class Subscriber(Protocol):
-    """A consumer attached to the broker (the memory adapters implement it)."""
-
-    queue: str
-    is_async: bool
-
-    def deliver(self, tag: int, message: StoredMessage) -> None: ...
-
-    async def adeliver(self, tag: int, message: StoredMessage) -> None: ...
-
-
-@dataclass
-class _Unacked:
-    subscriber: Subscriber
-    queue: Queue
-    message: StoredMessage
-
 
 @dataclass
 class _Fault:
@@ -122,7 +94,7 @@ def broker_for(url: str) -> MemoryBroker:
         ) from None
 
 
-class MemoryBroker:
+class MemoryBroker(BrokerViews):
     """An in-memory broker with a virtual clock; its :attr:`url` works wherever a
     broker URL does (``Publisher``, ``Consumer``, ``AsyncPublisher``,
     ``AsyncConsumer``, ``apply_topology``).
@@ -151,10 +123,7 @@ class MemoryBroker:
         self._world = Entities(name, self.clock)
         self._exchanges = self._world.exchanges
         self._queues = self._world.queues
-        self._subscribers: list[Subscriber] = []
-        self._unacked: dict[int, _Unacked] = {}
-        self._tags = itertools.count(1)
-        self._driving = False
+        self._dispatch = Dispatch(self._world, self.clock)
         self._faults: list[_Fault] = []
         self.dropped: list[Dropped] = self._world.dropped
         """Messages the broker discarded (see :class:`Dropped`)."""
@@ -170,7 +139,7 @@ class MemoryBroker:
 
     def close(self) -> None:
         """Forget the broker: its URL no longer resolves, its consumers are detached."""
-        for subscriber in list(self._subscribers):
+        for subscriber in list(self._dispatch.subscribers):
             self.unsubscribe(subscriber)
         if _BROKERS.get(self.name) is self:
             del _BROKERS[self.name]
@@ -238,101 +207,6 @@ class MemoryBroker:
         (raises :class:`~delayq.errors.TopologyNotApplied` when it is missing)."""
         if gate.marker not in self._exchanges:
             raise gate.refusal()
-
-    # Inspection ---------------------------------------------------------------------
-
-    def queues(self) -> list[str]:
-        return list(self._queues)
-
-    def exchanges(self) -> list[str]:
-        return list(self._exchanges)
-
-    def messages(self, queue: str) -> list[StoredMessage]:
-        """The messages waiting in ``queue``, head first (they stay there)."""
-        return list(self._world.queue(queue).messages)
-
-    def depth(self, queue: str) -> int:
-        return len(self._world.queue(queue).messages)
-
-    def dlq(self, queue: str) -> list[StoredMessage]:
-        """What delayq dead-lettered from ``queue`` (its ``<queue>.dlq``), oldest first."""
-        return self.messages(f"{queue}.dlq")
-
-    def unrouted(self, topology: Topology | str | None = None) -> list[StoredMessage]:
-        """Due messages no binding wanted, parked in ``<ns>.unrouted`` (every
-        namespace's when ``topology`` is ``None``), oldest first."""
-        if isinstance(topology, Topology):
-            return self.messages(topology.unrouted)
-        if isinstance(topology, str):
-            return self.messages(f"{topology}.unrouted")
-        parked = [m for q in self._queues.values() if q.role == "unrouted" for m in q.messages]
-        return sorted(parked, key=lambda m: m.seq)
-
-    def purge(self, queue: str) -> list[StoredMessage]:
-        """Remove and return everything waiting in ``queue``."""
-        q = self._world.queue(queue)
-        taken = list(q.messages)
-        q.messages.clear()
-        return taken
-
-    def replay_dlq(self, queue: str, ids: Collection[str] | None = None) -> list[str]:
-        """Send ``<queue>.dlq``'s messages (those in ``ids``, else all) back to ``queue``
-        alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids."""
-        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue))
-
-    def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
-        """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
-        routing key, as ``delayq unrouted replay`` does; return their ids. One whose key
-        still matches no binding comes straight back and is not counted (as there)."""
-
-        def target(message: StoredMessage) -> tuple[str, str]:
-            return topology.ready_exchange, _delivery(message).origin_routing_key
-
-        return self._replay(topology.unrouted, ids, target)
-
-    def _replay(
-        self,
-        queue: str,
-        ids: Collection[str] | None,
-        target: Callable[[StoredMessage], tuple[str, str]],
-    ) -> list[str]:
-        parked = self._world.queue(queue)
-        replayed: list[str] = []
-        for message in list(parked.messages):
-            if ids is not None and message.message_id not in ids:
-                continue
-            exchange, routing_key = target(message)
-            copy = replay_message(
-                _delivery(message),
-                exchange=exchange,
-                routing_key=routing_key,
-                now_ms=self.clock.now_ms(),
-            )
-            self.send(copy)
-            parked.messages.remove(message)  # only once the copy is in
-            last = parked.messages[-1] if parked.messages else None
-            if (
-                last is not None
-                and last.message_id == copy.message_id
-                and last.headers.get(H_REPLAYED_AT) == copy.headers[H_REPLAYED_AT]
-            ):
-                continue  # routed straight back here: parked again, not replayed
-            replayed.append(message.message_id or "")
-        return replayed
-
-    def pending(self) -> int:
-        """Messages waiting in queues with a TTL (delays and retries still running)."""
-        return sum(
-            1
-            for q in self._queues.values()
-            for m in q.messages
-            if q.ttl_ms is not None or m.expiration_ms is not None
-        )
-
-    def next_due_ms(self) -> int | None:
-        """When the next queue head expires (``None``: nothing is waiting)."""
-        due = self._next_due()
-        return None if due is None else due[0]
 
     # Publishing ---------------------------------------------------------------------
 
@@ -438,40 +312,17 @@ class MemoryBroker:
 
     def subscribe(self, subscriber: Subscriber) -> None:
         """Attach a consumer: it receives ``subscriber.queue``'s messages when the broker runs."""
-        self._world.queue(subscriber.queue)
-        if subscriber not in self._subscribers:
-            self._subscribers.append(subscriber)
+        self._dispatch.subscribe(subscriber)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         """Detach a consumer; what it holds unacked goes back to its queue."""
-        if subscriber in self._subscribers:
-            self._subscribers.remove(subscriber)
-        for tag in [t for t, u in self._unacked.items() if u.subscriber is subscriber]:
-            self.nack(tag, requeue=True)
+        self._dispatch.unsubscribe(subscriber)
 
     def ack(self, tag: int, *, multiple: bool = False) -> None:
-        entry = self._unacked.pop(tag, None)
-        if entry is None:
-            raise InvalidInput(f"unknown delivery tag {tag} (acked twice?)")
-        if multiple:
-            for other in [
-                t for t, u in self._unacked.items() if t < tag and u.subscriber is entry.subscriber
-            ]:
-                del self._unacked[other]
+        self._dispatch.ack(tag, multiple=multiple)
 
     def nack(self, tag: int, *, requeue: bool) -> None:
-        entry = self._unacked.pop(tag, None)
-        if entry is None:
-            raise InvalidInput(f"unknown delivery tag {tag} (settled twice?)")
-        queue, message = entry.queue, entry.message
-        if not requeue:
-            self._world.dead_letter(queue, message, "rejected")
-            return
-        limit = queue.delivery_limit
-        if limit is not None and message.deliveries > limit:
-            self._world.dead_letter(queue, message, "delivery_limit")
-            return
-        queue.messages.appendleft(message)  # back at the head, as RabbitMQ requeues
+        self._dispatch.nack(tag, requeue=requeue)
 
     # Running ------------------------------------------------------------------------
 
@@ -483,30 +334,30 @@ class MemoryBroker:
         :meth:`advance_async`.
         """
         ms = to_ms(by, what="advance")
-        self._run_sync(self._steps(self.clock.now_ms() + ms))
+        self._dispatch.run_sync(self._dispatch.steps(self.clock.now_ms() + ms))
 
     async def advance_async(self, by: object) -> None:
         """:meth:`advance` for async consumers (sync ones run too)."""
         ms = to_ms(by, what="advance")
-        await self._run_async(self._steps(self.clock.now_ms() + ms))
+        await self._dispatch.run_async(self._dispatch.steps(self.clock.now_ms() + ms))
 
     def run_until_idle(self, *, max: object = "24h") -> bool:
         """Run until nothing waits or is ready (True), or ``max`` of virtual time passed
         (False). The clock stops at the last event, not at ``max``."""
         limit = self.clock.now_ms() + to_ms(max, what="max")
-        self._run_sync(self._steps(limit, idle_stops=True))
-        return self._idle()
+        self._dispatch.run_sync(self._dispatch.steps(limit, idle_stops=True))
+        return self._dispatch.idle()
 
     async def run_until_idle_async(self, *, max: object = "24h") -> bool:
         limit = self.clock.now_ms() + to_ms(max, what="max")
-        await self._run_async(self._steps(limit, idle_stops=True))
-        return self._idle()
+        await self._dispatch.run_async(self._dispatch.steps(limit, idle_stops=True))
+        return self._dispatch.idle()
 
     def run_until(self, done: Callable[[], bool], *, max: object = "24h") -> bool:
         """Run event by event until ``done()`` (True) or ``max`` of virtual time (False);
         the clock stays at the event after which ``done()`` held."""
         limit = self.clock.now_ms() + to_ms(max, what="max")
-        self._run_sync(self._steps(limit, done=done))
+        self._dispatch.run_sync(self._dispatch.steps(limit, done=done))
         return done()
 
     async def run_until_async(
@@ -516,114 +367,8 @@ class MemoryBroker:
         max: object = "24h",
     ) -> bool:
         limit = self.clock.now_ms() + to_ms(max, what="max")
-        await self._run_async(self._steps(limit, done=done))
+        await self._dispatch.run_async(self._dispatch.steps(limit, done=done))
         return done()
-
-    def _idle(self) -> bool:
-        return self._next_due() is None and self._next_ready() is None
-
-    def _run_sync(self, steps: Iterator[tuple[Subscriber, int, StoredMessage]]) -> None:
-        if any(s.is_async for s in self._subscribers):
-            raise InvalidInput(
-                "async consumers are attached: use `await broker.advance_async(...)` "
-                "(or run_until_idle_async / run_until_async)"
-            )
-        with self._driving_guard():
-            for subscriber, tag, message in steps:
-                try:
-                    subscriber.deliver(tag, message)
-                finally:
-                    self._requeue_unsettled(tag)
-
-    async def _run_async(self, steps: Iterator[tuple[Subscriber, int, StoredMessage]]) -> None:
-        with self._driving_guard():
-            for subscriber, tag, message in steps:
-                try:
-                    if subscriber.is_async:
-                        await subscriber.adeliver(tag, message)
-                    else:
-                        subscriber.deliver(tag, message)
-                finally:
-                    self._requeue_unsettled(tag)
-
-    def _requeue_unsettled(self, tag: int) -> None:
-        if tag in self._unacked:  # a consumer that never settles: as if its channel closed
-            self.nack(tag, requeue=True)
-
-    @contextmanager
-    def _driving_guard(self) -> Iterator[None]:
-        """One driver at a time: a handler that calls ``advance`` would re-enter it."""
-        if self._driving:
-            raise InvalidInput(
-                "the memory broker is already running (advance called from a handler?)"
-            )
-        self._driving = True
-        try:
-            yield
-        finally:
-            self._driving = False
-
-    def _steps(
-        self,
-        until_ms: int,
-        *,
-        idle_stops: bool = False,
-        done: Callable[[], bool] | None = None,
-    ) -> Iterator[tuple[Subscriber, int, StoredMessage]]:
-        """Deliveries to perform, in due order, as time moves up to ``until_ms``."""
-        for _ in range(MAX_STEPS):
-            if done is not None and done():
-                return
-            ready = self._next_ready()
-            if ready is not None:
-                subscriber, queue = ready
-                message = queue.messages.popleft()
-                message.deliveries += 1
-                tag = next(self._tags)
-                self._unacked[tag] = _Unacked(subscriber, queue, message)
-                yield subscriber, tag, message
-                continue
-            due = self._next_due()
-            if due is None or due[0] > until_ms:
-                if not idle_stops and done is None:
-                    self.clock.move_to(max(until_ms, self.clock.now_ms()))
-                return
-            due_ms, _, queue = due
-            self.clock.move_to(max(due_ms, self.clock.now_ms()))
-            self._world.dead_letter(queue, queue.messages.popleft(), "expired")
-        raise NoProgress(
-            f"the memory broker ran {MAX_STEPS} steps without getting quiet: does a handler "
-            "retry forever with no delay, or do messages dead-letter in a cycle?"
-        )
-
-    def _next_due(self) -> tuple[int, int, Queue] | None:
-        best: tuple[int, int, Queue] | None = None
-        for queue in self._queues.values():
-            due = queue.head_due_ms()
-            if due is None:
-                continue
-            candidate = (due, queue.messages[0].seq, queue)
-            if best is None or candidate[:2] < best[:2]:
-                best = candidate
-        return best
-
-    def _next_ready(self) -> tuple[Subscriber, Queue] | None:
-        """The consumer for the oldest message among the queues with consumers."""
-        best: tuple[int, Subscriber, Queue] | None = None
-        for subscriber in self._subscribers:
-            queue = self._queues.get(subscriber.queue)
-            if queue is None or not queue.messages:
-                continue
-            seq = queue.messages[0].seq
-            if best is None or seq < best[0]:
-                best = (seq, subscriber, queue)
-        if best is None:
-            return None
-        _, subscriber, queue = best
-        # Round robin between the consumers of one queue.
-        self._subscribers.remove(subscriber)
-        self._subscribers.append(subscriber)
-        return subscriber, queue
 
     # Factories ----------------------------------------------------------------------
 
@@ -683,17 +428,6 @@ class MemoryBroker:
             else:
                 started.append(self.consumer(worker.topology, r.queue, r.handler, **options))
         return started
-
-
-def _delivery(message: StoredMessage) -> Delivery:
-    return Delivery(
-        queue="",
-        body=message.body,
-        routing_key=message.routing_key,
-        message_id=message.message_id,
-        content_type=message.content_type,
-        headers=message.headers,
-    )
 
 
 def send_batch(broker: MemoryBroker, built: list[OutgoingMessage]) -> None:

@@ -1,0 +1,69 @@
+"""What the delivery report computed (per tier and overall), as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from delayq.topology.fit import LadderFit
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "PERCENTILES",
+    "ReportSummary",
+    "TierStats",
+]
+
+
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+OUTCOMES = ("ack", "duplicate", "retry", "dead-letter")
+
+
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Counts and timing figures of one tier (or of all, ``tier == "all"``); times in ms."""
+
+    tier: str
+    count: int
+    outcomes: dict[str, int]
+    lateness_ms: dict[str, float | None]
+    """``p50``, ``p90``, ``p99``, ``max`` of delivered minus requested due."""
+    overshoot_ms: dict[str, float | None]
+    """``p50``, ``p90``, ``p99``, ``max`` of tier minus requested delay."""
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """Everything ``report`` computed; ``summary.json`` is this, as JSON."""
+
+    records: int
+    skipped: int
+    """Lines not read: malformed, or of another record version."""
+    tiers: list[TierStats]
+    overall: TierStats
+    attempts: dict[int, int]
+    """Records per attempt (1 = first delivery)."""
+    final_attempts: dict[int, int]
+    """Final outcomes (ack, dead-letter) per attempt they happened at."""
+    dead_letter_rate: float | None
+    throughput: list[tuple[int, int]]
+    """(bucket start, epoch ms; deliveries in the bucket)."""
+    bucket_ms: int
+    requested_delays: dict[int, int]
+    """Requested delay (ms) -> records, duplicates left out."""
+    current: LadderFit | None
+    recommended: LadderFit | None
+    recommended_same_tiers: LadderFit | None = None
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["requested_delays"] = {str(k): v for k, v in sorted(self.requested_delays.items())}
+        return data
