@@ -12,15 +12,13 @@ returned to the queue instead: nothing is acked that is not safely elsewhere.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, cast
 
 from delayq.aio._acks import AckCoalescer
+from delayq.aio._handlers import HandlerCut, HandlerRunner
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
@@ -36,16 +34,13 @@ from delayq.consume.flow import (
 )
 from delayq.consume.handlers import is_coroutine_handler, plain
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
-from delayq.errors import DelayqError, HandlerTimeout, InvalidInput, StoreError
+from delayq.errors import DelayqError, InvalidInput
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
 from delayq.observe.logs import bound_delivery
 from delayq.stores.base import (
-    Claim,
     IdempotencyStore,
     StoreOp,
-    TransactionalStore,
-    call_in_transaction,
 )
 
 __all__ = ["AsyncConsumer"]
@@ -56,15 +51,6 @@ Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 """``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
 transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
-
-
-class _HandlerCut(Exception):
-    """The delivery was cancelled (connection lost, stop) while its handler ran in a
-    thread, which goes on: ``running`` ends when the thread does."""
-
-    def __init__(self, running: asyncio.Future[Any]) -> None:
-        super().__init__("handler thread cut from its delivery")
-        self.running = running
 
 
 class AsyncConsumer(ConsumerBase):
@@ -110,9 +96,16 @@ class AsyncConsumer(ConsumerBase):
         self._slots = asyncio.Semaphore(limit) if limit is not None and limit < prefetch else None
         self._cautious = False
         self._widening: asyncio.Task[None] | None = None
-        self._handler_threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._deadlines: dict[asyncio.Task[Any], float] = {}
-        self._timed_out: set[asyncio.Task[Any]] = set()
+        self._runner = HandlerRunner(
+            self._handler,
+            is_async=self._is_async,
+            transactional=self._transactional,
+            store=self._store,
+            timeout_ms=self._timeout_ms,
+            threads=2 * (self._settings.concurrency or self._prefetch),
+            clock_ms=self._clock_ms,
+            queue=self.queue,
+        )
         self._watchdog: asyncio.Task[None] | None = None
         self._stall_guard: asyncio.Task[None] | None = None
         self._last_delivery = 0.0
@@ -122,7 +115,6 @@ class AsyncConsumer(ConsumerBase):
         )
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._finishing: set[asyncio.Task[None]] = set()
         self._acks = AckCoalescer()
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
@@ -146,7 +138,7 @@ class AsyncConsumer(ConsumerBase):
         self._stopped.clear()
         if self.inline:
             return
-        self._watchdog = asyncio.create_task(self._watch_timeouts())
+        self._watchdog = asyncio.create_task(self._runner.watch_timeouts())
         self._stall_guard = asyncio.create_task(self._watch_stalls())
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
@@ -228,8 +220,8 @@ class AsyncConsumer(ConsumerBase):
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
-        if self._finishing:  # handler threads cut from their deliveries: record their keys
-            await asyncio.wait(self._finishing, timeout=timeout_s)
+        if self._runner.finishing:  # handler threads cut from their deliveries: record their keys
+            await asyncio.wait(self._runner.finishing, timeout=timeout_s)
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -237,9 +229,7 @@ class AsyncConsumer(ConsumerBase):
             self._stall_guard.cancel()
             self._stall_guard = None
         await self._acks.drain()
-        if self._handler_threads is not None:
-            self._handler_threads.shutdown(wait=False)  # a stuck handler holds up no one
-            self._handler_threads = None
+        self._runner.shutdown()
         await self._feed.close()
         self._open_now = False
         await self._publisher.aclose()
@@ -353,11 +343,11 @@ class AsyncConsumer(ConsumerBase):
                 run = cast(RunHandler, step)
                 started = monotonic_ms()
                 try:
-                    await self._call_handler(run.value, run.claim)
-                except _HandlerCut as cut:
+                    await self._runner.call(run.value, run.claim)
+                except HandlerCut as cut:
                     flow.close()
                     if run.claim is not None:
-                        self._finish_cut(cut.running, run.claim.key)
+                        self._runner.finish_cut(cut.running, run.claim.key)
                     raise asyncio.CancelledError from None
                 except BaseException as exc:  # the flow gives the claim back, then decides
                     step = flow.send(HandlerEnded(exc, monotonic_ms() - started))
@@ -388,92 +378,6 @@ class AsyncConsumer(ConsumerBase):
             return exc
         return None
 
-    async def _release(self, store: StoreBatcher, key: str) -> None:
-        try:
-            await store.release(key)
-        except StoreError as exc:  # the claim's lease ends by itself
-            log.warning("releasing key %r failed: %s", key, exc)
-
-    def _finish_cut(self, running: asyncio.Future[Any], key: str) -> None:
-        """When a cut handler thread ends, record its key (or give the claim back if it
-        failed), so the redelivery is a skipped duplicate rather than a second effect."""
-        store = self._store
-        assert store is not None
-
-        async def finish() -> None:
-            try:
-                await running
-            except BaseException:
-                await self._release(store, key)
-                return
-            if self._transactional:
-                return  # the handler's commit recorded the key
-            try:
-                await store.complete(key, now_ms=self._clock_ms())
-            except StoreError as exc:  # the lease ends by itself; a redelivery may rerun
-                log.warning("recording key %r of a cut handler failed: %s", key, exc)
-
-        finishing = asyncio.get_running_loop().create_task(finish())
-        self._finishing.add(finishing)
-        finishing.add_done_callback(self._finishing.discard)
-
-    def _in_thread(
-        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
-    ) -> asyncio.Future[Any]:
-        """Run a plain handler in a thread of this consumer's own, with this task's context.
-
-        Not the loop's default executor: that one has ``cpu_count + 4`` threads, shared
-        with everything else, which silently capped plain handlers below
-        ``concurrency``. Twice the slots: a handler past its timeout keeps its thread
-        (it cannot be killed) while its slot takes the next delivery.
-        """
-        if self._handler_threads is None:
-            size = self._settings.concurrency or self._prefetch
-            self._handler_threads = concurrent.futures.ThreadPoolExecutor(
-                2 * size, thread_name_prefix="delayq-handler"
-            )
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        return asyncio.get_running_loop().run_in_executor(self._handler_threads, call)
-
-    async def _call_handler(self, value: Any, claim: Claim | None) -> None:
-        """Run the handler; the watchdog cancels it past ``handler_timeout``."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._deadlines[task] = asyncio.get_running_loop().time() + self._timeout_ms / 1000
-        running: asyncio.Future[Any] | None = None
-        try:
-            if self._transactional:
-                assert self._store is not None and claim is not None
-                running = self._in_thread(
-                    call_in_transaction,
-                    cast(TransactionalStore, self._store.store),
-                    cast(TransactionalHandler, self._handler),
-                    value,
-                    key=claim.key,
-                    lease_until_ms=claim.lease_until_ms,
-                    now_ms=self._clock_ms(),
-                )
-                await asyncio.shield(running)
-            elif self._is_async:
-                await cast(Callable[..., Awaitable[Any]], self._handler)(value)
-            else:
-                running = self._in_thread(self._handler, value)
-                await asyncio.shield(running)
-        except asyncio.CancelledError:
-            if task not in self._timed_out:
-                if running is not None:
-                    raise _HandlerCut(running) from None
-                raise
-            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-            if uncancel is not None:
-                uncancel()
-            raise HandlerTimeout(
-                f"handler for {self.queue!r} ran longer than {self._timeout_ms / 1000:g} s"
-            ) from None
-        finally:
-            self._deadlines.pop(task, None)
-            self._timed_out.discard(task)
-
     async def _watch_stalls(self) -> None:
         """Re-subscribe when the queue holds ready messages but none has arrived for a while
         and nothing is in flight: a consumer the broker forgot without telling (seen with
@@ -497,16 +401,3 @@ class AsyncConsumer(ConsumerBase):
             if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
                 why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
                 self._on_lost(RuntimeError(why))
-
-    async def _watch_timeouts(self) -> None:
-        """One timer for all handlers: cancel those past their deadline."""
-        loop = asyncio.get_running_loop()
-        period = min(1.0, max(0.01, self._timeout_ms / 10_000))
-        while True:
-            await asyncio.sleep(period)
-            now = loop.time()
-            late = [task for task, deadline in self._deadlines.items() if deadline <= now]
-            for task in late:
-                del self._deadlines[task]
-                self._timed_out.add(task)
-                task.cancel()
