@@ -21,7 +21,7 @@ from __future__ import annotations
 from delayq.testing.broker import Dropped, MemoryBroker, NoProgress, broker_for
 from delayq.testing.clock import VirtualClock
 from delayq.testing.model import StoredMessage
-from delayq.testing.topic import topic_matches
+from delayq.topology.topic import topic_matches
 
 __all__ = [
     "Dropped",

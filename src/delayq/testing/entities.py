@@ -18,9 +18,9 @@ from typing import Any
 from delayq.errors import InvalidInput, TopologyConflict, TopologyMissing
 from delayq.testing.clock import VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
-from delayq.testing.topic import topic_matches
 from delayq.topology.declarations import BindingDecl, Declaration, ExchangeDecl, QueueDecl
 from delayq.topology.report import ApplyResult, ApplyStatus
+from delayq.topology.topic import topic_matches
 
 __all__ = ["Dropped", "Entities", "Route"]
 
