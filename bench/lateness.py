@@ -49,7 +49,7 @@ import aio_pika
 from benchlib import broker, log
 
 from delayq import Message, Topology
-from delayq.aio import AsyncPublisher, apply_topology
+from delayq.aio import AsyncPublisher, apply_topology_async
 from delayq.durations import format_ms, to_ms
 from delayq.sync import delete_topology
 
@@ -168,7 +168,7 @@ async def benchmark(url: str, args: argparse.Namespace) -> list[Result]:
         exact={"unit": args.unit},
         destinations=[{"queue": f"{ns}.work", "bindings": ["lat.#"]}],
     )
-    await apply_topology(topology, url)
+    await apply_topology_async(topology, url)
     rng = random.Random(args.seed)
     largest = topology.ladder.max_ms
     delays_ms = [rng.randint(1, largest) for _ in range(args.count)]

@@ -34,7 +34,7 @@ from soak_report import (
 )
 
 from delayq import Message, Topology, build_declarations
-from delayq.aio import AsyncPublisher, apply_topology
+from delayq.aio import AsyncPublisher, apply_topology_async
 from delayq.durations import format_ms
 from delayq.errors import PublishBatchError
 from delayq.sync import delete_topology
@@ -90,7 +90,7 @@ async def park(env: Environment, settings: Settings, folder: Path) -> Result:
 
     try:
         for topology in (parked, idle):
-            await apply_topology(topology, url)
+            await apply_topology_async(topology, url)
         note_memory("before")
         for name, topology in (("subscribed", parked), ("idle", idle)):
             children.append(

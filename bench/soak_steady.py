@@ -44,7 +44,7 @@ from soak_report import (
 )
 
 from delayq import Message, Receipt, Topology
-from delayq.aio import AsyncPublisher, apply_topology
+from delayq.aio import AsyncPublisher, apply_topology_async
 from delayq.durations import format_ms
 from delayq.errors import DelayqError, PublishBatchError
 from delayq.sync import delete_topology
@@ -201,7 +201,7 @@ async def steady(env: Environment, settings: Settings, folder: Path) -> Result:
     labels = [IMMEDIATE, *(t.label for t in topology.ladder.tiers)]
     ledger = Ledger(settings.total, labels)
     try:
-        await apply_topology(topology, url)
+        await apply_topology_async(topology, url)
         result = await steady_in(env, settings, folder, topology, ledger)
     finally:
         delete_topology(topology, url)

@@ -84,6 +84,7 @@ from delayq.worker import Worker
 
 if TYPE_CHECKING:
     from delayq.aio.consumer import AsyncConsumer
+    from delayq.aio.provision import apply_topology_async
     from delayq.aio.publisher import AsyncPublisher
     from delayq.stores.postgres import PostgresStore
     from delayq.stores.redis import RedisStore
@@ -167,6 +168,7 @@ __all__ = [
     "Unroutable",
     "Worker",
     "apply_topology",
+    "apply_topology_async",
     "build_declarations",
     "copy_unscoped_keys",
     "export_definitions",
@@ -181,6 +183,7 @@ _LAZY = {
     "AsyncConsumer": "delayq.aio.consumer",
     "Publisher": "delayq.sync.publisher",
     "apply_topology": "delayq.sync.provision",
+    "apply_topology_async": "delayq.aio.provision",
     "AsyncPublisher": "delayq.aio.publisher",
 }
 

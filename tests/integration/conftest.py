@@ -22,7 +22,7 @@ import yaml
 
 from delayq import Message, Receipt, Topology
 from delayq.aio import AsyncPublisher
-from delayq.aio import apply_topology as apply_async
+from delayq.aio import apply_topology_async as apply_async
 from delayq.local.node import LocalNode
 from delayq.sync import Publisher, delete_topology
 from delayq.sync import apply_topology as apply_sync

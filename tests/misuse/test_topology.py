@@ -25,7 +25,7 @@ from delayq import (
     TopologyNotApplied,
     render_definitions,
 )
-from delayq.aio import apply_topology as apply_async
+from delayq.aio import apply_topology_async as apply_async
 from delayq.cli import EXIT_INPUT, main
 from delayq.local.node import LocalNode
 from delayq.ops.grant import producer_grant

@@ -66,7 +66,9 @@ def test_every_exported_name_resolves(name: str) -> None:
     assert getattr(delayq, name) is not None
 
 
-@pytest.mark.parametrize("name", ["Publisher", "AsyncPublisher", "apply_topology"])
+@pytest.mark.parametrize(
+    "name", ["Publisher", "AsyncPublisher", "apply_topology", "apply_topology_async"]
+)
 def test_lazy_adapters_are_exported(name: str) -> None:
     assert name in delayq.__all__
     assert callable(getattr(delayq, name))
@@ -205,3 +207,20 @@ def test_the_core_list_covers_the_packages() -> None:
     assert "delayq.topology.route" in CORE_MODULES
     assert "delayq.stores.key_scope" in CORE_MODULES
     assert len(CORE_MODULES) > 40
+
+
+def test_the_async_twin_of_a_function_says_so_by_name() -> None:
+    """``apply_topology`` and ``apply_topology_async`` sit side by side, as ``Publisher`` and
+    ``AsyncPublisher`` do: one name never means a function in one module and a coroutine
+    function in another."""
+    import inspect
+
+    import delayq.aio
+    import delayq.sync
+
+    assert not inspect.iscoroutinefunction(delayq.apply_topology)
+    assert inspect.iscoroutinefunction(delayq.apply_topology_async)
+    assert delayq.sync.apply_topology is delayq.apply_topology
+    assert delayq.aio.apply_topology_async is delayq.apply_topology_async
+    shared = set(delayq.sync.__all__) & set(delayq.aio.__all__)
+    assert not shared, shared

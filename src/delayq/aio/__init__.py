@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from delayq.aio.consumer import AsyncConsumer
-from delayq.aio.provision import apply_topology
+from delayq.aio.provision import apply_topology_async
 from delayq.aio.publisher import AsyncPublisher
 
-__all__ = ["AsyncConsumer", "AsyncPublisher", "apply_topology"]
+__all__ = ["AsyncConsumer", "AsyncPublisher", "apply_topology_async"]

@@ -29,7 +29,7 @@ from delayq.aio._errors import (
     is_missing,
     publish_refusal,
 )
-from delayq.aio.provision import apply_topology
+from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
@@ -120,7 +120,7 @@ class AioPikaLink:
         await close_quietly(connection)
 
     async def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
-        return await apply_topology(topology, self._url, raise_on_conflict=raise_on_conflict)
+        return await apply_topology_async(topology, self._url, raise_on_conflict=raise_on_conflict)
 
     async def _ensure_channel(self) -> AbstractChannel:
         channel = self._channel

@@ -8,7 +8,7 @@ import logging
 from aio_pika.abc import AbstractConnection
 
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
-from delayq.aio.provision import _Channels, _declare, apply_topology
+from delayq.aio.provision import _Channels, _declare, apply_topology_async
 from delayq.errors import AccessRefused
 from delayq.topology.declarations import BindingDecl, build_declarations
 from delayq.topology.model import Topology
@@ -40,7 +40,7 @@ async def check_topology(topology: Topology, connection: AbstractConnection) -> 
 async def ensure_topology(topology: Topology, connection: AbstractConnection) -> None:
     """Apply ``topology``; a user refused the right to declare checks it instead."""
     try:
-        await apply_topology(topology, connection=connection)
+        await apply_topology_async(topology, connection=connection)
         return
     except AccessRefused as refused:
         reason = refused

@@ -21,7 +21,7 @@ from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
 from delayq.urls import redact, resolve_url
 
-__all__ = ["apply_topology"]
+__all__ = ["apply_topology_async"]
 
 
 class _Channels:
@@ -120,7 +120,7 @@ async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
     return report
 
 
-async def apply_topology(
+async def apply_topology_async(
     topology: Topology,
     url: str | None = None,
     *,
