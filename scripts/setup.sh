@@ -5,7 +5,7 @@
 # (the idempotency-store tests start throwaway servers from them) and openssl
 # (the TLS tests make throwaway certificates with it) and a Java runtime (the
 # Spark tests run a local PySpark session), and a
-# virtualenv in .venv with delayq, its test tools and the spark extra. Safe to run again: it
+# virtualenv in .venv with delayq, its test tools, the spark and the docs extras. Safe to run again: it
 # skips what is already there.
 #   bash scripts/setup.sh          # for the demo
 #   bash scripts/setup.sh --test   # for the tests
@@ -56,8 +56,8 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 if [ $with_test_servers = yes ]; then
-  echo "==> installing delayq, its test tools and the spark extra into .venv (pip)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+  echo "==> installing delayq, its test tools, the spark and docs extras into .venv (pip)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark,docs]'
 else
   echo "==> installing delayq and its test tools into .venv (pip)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

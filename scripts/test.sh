@@ -9,6 +9,10 @@ echo "==> ruff"
 .venv/bin/ruff check src tests bench
 echo "==> mypy --strict"
 .venv/bin/mypy
+echo "==> mkdocs build --strict"
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 echo "==> pytest"
 # Most tests wait on broker timers, not the CPU: three workers (each with its own
 # local node) cut the wall time; DELAYQ_TEST_WORKERS=0 runs them in one process.

@@ -1,4 +1,4 @@
-"""The ```python blocks of README.md and docs/*.md, read and run as a reader would run them.
+"""The ```python blocks of README.md and docs/**/*.md, read and run as a reader would run them.
 
 Every block runs, as its own program in a scratch folder holding a copy of
 ``topology/``, so a broken example fails the suite (``tests/unit/test_readme_examples.py``
@@ -37,7 +37,7 @@ from pathlib import Path
 import delayq
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 
 AMQP = "amqp://guest:guest@localhost:5672/"
 MANAGEMENT = "http://guest:guest@localhost:15672/"

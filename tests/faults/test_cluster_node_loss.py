@@ -11,7 +11,7 @@ While the node is down the test waits until every message is due and then some
 nodes. Then it does what an operator does: it starts the lost node again and
 gives every tier and retry tier a new leader (RabbitMQ 3.10.8's at-least-once
 dead-letter worker can stop forwarding for good when its queue's leader is
-lost; see the README's deployment section).
+lost; see docs/operations/deployment.md).
 Finally:
 
 - every message was confirmed to the publisher (what a leaderless queue refused

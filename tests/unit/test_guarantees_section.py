@@ -1,4 +1,5 @@
-"""The README's "Guarantees and their limits" points at tests that exist.
+"""The docs' "Guarantees and their limits" (docs/concepts/guarantees.md) points at tests
+that exist.
 
 Each promise names the test that proves it; a renamed or deleted test would leave
 a promise pointing at nothing, so this fails first.
@@ -14,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## Guarantees and their limits")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    return (ROOT / "docs" / "concepts" / "guarantees.md").read_text(encoding="utf-8")
 
 
 def _functions(path: Path) -> set[str]:
@@ -34,9 +32,9 @@ def test_every_test_the_guarantees_name_exists() -> None:
     assert len(refs) >= 12, refs
     for path, name in refs:
         file = ROOT / path
-        assert file.is_file(), f"the README names {path}, which does not exist"
+        assert file.is_file(), f"the guarantees name {path}, which does not exist"
         if name:
-            assert name in _functions(file), f"the README names {path}::{name}, not found"
+            assert name in _functions(file), f"the guarantees name {path}::{name}, not found"
 
 
 def test_every_promise_names_a_proof() -> None:

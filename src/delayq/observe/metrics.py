@@ -101,7 +101,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Received minus due, by the tier the message waited in ('immediate': no delay).",
     ),
 }
-"""Every metric: name as exposed, kind, labels and help text (also the README's table)."""
+"""Every metric: name as exposed, kind, labels and help text (also docs/guides/observing.md)."""
 
 _DEAD_LETTER_REASONS = frozenset(reason.value for reason in DeadLetterReason)
 

@@ -35,7 +35,7 @@ class Depth:
     forwarding: int | None = None
     """Dead letters the queue still holds because their target has not accepted them yet
     (a quorum queue with at-least-once dead-lettering; management API only): a count
-    that stays above 0 means dead-lettering is stuck (see the README's cluster section)."""
+    that stays above 0 means dead-lettering is stuck (see docs/operations/deployment.md)."""
 
     @property
     def total(self) -> int:
@@ -96,7 +96,7 @@ def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], s
             lines.append(
                 f"# {row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
                 "if this lasts more than a few seconds, dead-lettering is stuck "
-                "(README: 'dead letters that stop moving')"
+                "(docs/operations/deployment.md: 'dead letters that stop moving')"
             )
     if any(d is not None and d.unacked is None for d in depths.values()):
         lines.append(
