@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,19 @@ def test_the_python_api(local_rabbitmq_management_node: LocalNode, node_topology
     assert source.startswith("AMQP passive declares")
     assert depths["no.such.queue"] is None
     assert depths[f"{topology.namespace}.work"] is not None
+
+
+def test_verify_json_is_one_document_with_every_check(
+    local_rabbitmq_management_node: LocalNode, node_topology
+):
+    node = local_rabbitmq_management_node
+    topology, path = node_topology(node)  # not applied: some checks fail
+    run = _verify(node, path, "--json", "--no-probe")
+    assert run.returncode == 1, run.stderr
+    data = json.loads(run.stdout)  # nothing but the JSON on stdout
+    assert data["namespace"] == topology.namespace
+    assert data["passed"] is False
+    statuses = {c["subject"]: c["status"] for c in data["checks"]}
+    assert statuses[f"exchange {topology.namespace}.ready"] == "FAIL"
+    assert statuses["broker version"] == "OK"
+    assert set(statuses.values()) <= {"OK", "FAIL", "SKIPPED"}

@@ -100,3 +100,96 @@ def test_a_worker_failure_and_lost_records_are_both_said(tmp_path, monkeypatch, 
     assert code == 1
     assert "3 delivery records were lost" in err
     assert ("cannot reach the broker" in err) is run_fails
+
+
+# --- --json on every listing ---------------------------------------------------------------
+
+QUICKSTART = ROOT / "topology" / "quickstart.yaml"
+
+
+def _json_of(capsys, argv: list[str], code: int = EXIT_OK):
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_plan_json_lists_every_declaration(capsys, monkeypatch):
+    monkeypatch.setenv("DELAYQ_URL", DEAD_URL)
+    data, _ = _json_of(capsys, ["topology", "plan", "--file", str(QUICKSTART), "--json"])
+    assert data["namespace"] == "quickstart"
+    assert data["ladder"] == ["5s", "1m", "10m"]
+    names = {(d["kind"], d.get("name")) for d in data["declarations"]}
+    assert ("queue", "quickstart.tier.5s") in names
+    assert ("queue", "emails.dlq") in names
+    tier = next(
+        d
+        for d in data["declarations"]
+        if d["kind"] == "queue" and d["name"] == "quickstart.tier.5s"
+    )
+    assert tier["arguments"]["x-message-ttl"] == 5000
+    assert len(data["declarations"]) == 38  # as many as the text plan counts
+
+
+def test_retry_plan_json_gives_each_retry_and_the_dead_letter(capsys):
+    data, _ = _json_of(
+        capsys,
+        [
+            "retry-plan",
+            "--file",
+            str(QUICKSTART),
+            "--policy",
+            "fixed",
+            "--delay",
+            "5s",
+            "--max-attempts",
+            "3",
+            "--json",
+        ],
+    )
+    assert [r["attempt"] for r in data["retries"]] == [2, 3]
+    assert {r["tier"] for r in data["retries"]} == {"5s"}
+    assert data["dead_letter"] == {"after_attempts": 3, "reason": "exhausted"}
+    assert data["too_long"] is None
+
+
+def test_retry_plan_json_of_a_policy_longer_than_the_ladder_exits_2_and_says_so(capsys):
+    data, err = _json_of(
+        capsys,
+        [
+            "retry-plan",
+            "--file",
+            str(QUICKSTART),
+            "--initial",
+            "5m",
+            "--max-delay",
+            "1h",
+            "--max-attempts",
+            "5",
+            "--json",
+        ],
+        EXIT_INPUT,
+    )
+    assert data["dead_letter"]["reason"] == "delay-too-long"
+    assert data["too_long"]["requested_ms"] > 600_000
+    assert "a Consumer or Worker refuses it" in err
+
+
+def test_grant_json_gives_each_role_its_permissions(capsys):
+    data, _ = _json_of(
+        capsys,
+        [
+            "topology",
+            "grant",
+            "--file",
+            str(QUICKSTART),
+            "--producer-user",
+            "p",
+            "--consumer-user",
+            "c",
+            "--json",
+        ],
+    )
+    assert [(g["role"], g["user"]) for g in data] == [("producer", "p"), ("consumer", "c")]
+    assert data[0]["configure"] == "^$"
+    assert data[1]["rabbitmqctl"].startswith("rabbitmqctl set_permissions")
+    assert all(g["reasons"] for g in data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ __all__ = [
     "EXIT_PIPE",
     "load_cli_topology",
     "management_choice",
+    "print_json",
 ]
 
 EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
@@ -46,3 +48,8 @@ def management_choice(args: argparse.Namespace, url: str) -> ManagementChoice | 
         return None
     chosen, explicit = management_url_for(url, args.management_url)
     return ManagementChoice(ManagementAPI(chosen), explicit)
+
+
+def print_json(value: object) -> None:
+    """One JSON document on stdout: what ``--json`` prints, for scripts to read."""
+    print(json.dumps(value, indent=None, sort_keys=False, default=str))

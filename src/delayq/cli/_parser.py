@@ -32,6 +32,10 @@ def _management_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # --url/--file may stand at every level (see delayq.cli_options): each level gets
     # parents of its own; a command that does not use one of them does not offer it.
@@ -52,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         "topology", parents=[middle], help="plan, apply or export the topology"
     )
     topo_cmds = topo.add_subparsers(dest="topology_command", required=True, metavar="ACTION")
-    topo_cmds.add_parser(
+    plan_cmd = topo_cmds.add_parser(
         "plan", parents=[file_only], help="print what would be declared (no broker)"
     )
+    _json_option(plan_cmd)
     apply = topo_cmds.add_parser(
         "apply", parents=[common], help="declare the topology on the broker"
     )
@@ -71,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the live broker against the topology (exit 0 only if nothing failed)",
     )
     _management_options(verify)
+    _json_option(verify)
     verify.add_argument(
         "--no-probe", action="store_true", help="skip the dead-lettering probe (creates nothing)"
     )
@@ -89,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     grant.add_argument("--admin-user", metavar="USER", help="the user that runs topology apply")
     grant.add_argument("--vhost", help="default: the topology's vhost")
     grant.add_argument("--apply", action="store_true", help="set the permissions (else print)")
+    _json_option(grant)
     grant.add_argument("--via", choices=VIAS, default="rabbitmqctl", help="how --apply sets them")
     grant.add_argument(
         "--rabbitmqctl",
@@ -136,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--rocketmq", action="store_true", help="schedule: RocketMQ's 16 delays from 10s to 2h"
     )
+    _json_option(plan)
     plan.add_argument(
         "--max-attempts",
         type=int,

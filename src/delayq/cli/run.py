@@ -17,18 +17,22 @@ from delayq.cli._common import (
     EXIT_OK,
     load_cli_topology,
     management_choice,
+    print_json,
 )
 from delayq.consume.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
     FixedBackoff,
+    Overflow,
     RetryPolicy,
     ScheduleBackoff,
+    ScheduleRow,
+    check_policy,
 )
 from delayq.durations import format_ms
 from delayq.errors import DelayqError, InvalidBody, InvalidInput
 from delayq.ops.depths import render_stats, stats_json, stats_queues, stats_rows
-from delayq.topology.model import Strategy
+from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 from delayq.wording import counted
 
@@ -119,7 +123,7 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 
 def cmd_retry_plan(args: argparse.Namespace) -> int:
-    from delayq.consume.retry import check_policy, policy_overflow
+    from delayq.consume.retry import policy_overflow
     from delayq.topology.route import Router
 
     topology = load_cli_topology(args)
@@ -130,6 +134,8 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
     over = policy_overflow(policy, topology)
     fitting = None if over is None else over.retry - 1
     rows = policy.schedule(Router(topology), retries=fitting)
+    if args.json:
+        return _retry_plan_json(policy, topology, rows, over)
     settings = " ".join(f"{k}={v}" for k, v in policy.model_dump(mode="json").items())
     print(f"# policy: {settings}")
     if exact:
@@ -168,6 +174,43 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
             print(f"delayq: warning: {exc}; a Consumer or Worker refuses it", file=sys.stderr)
         return EXIT_INPUT
     return EXIT_OK
+
+
+def _retry_plan_json(
+    policy: RetryPolicy, topology: Topology, rows: list[ScheduleRow], over: Overflow | None
+) -> int:
+    print_json(
+        {
+            "policy": policy.model_dump(mode="json"),
+            "strategy": topology.strategy.value,
+            "retries": [
+                {
+                    "attempt": row.attempt,
+                    "requested_ms": row.requested_ms,
+                    "tier": row.tier,
+                    "tier_ms": row.tier_ms,
+                    "late_by_ms": row.tier_ms - row.requested_ms,
+                    "cumulative_ms": row.cumulative_ms,
+                    "hops": row.hops,
+                }
+                for row in rows
+            ],
+            "dead_letter": {
+                "after_attempts": policy.max_attempts if over is None else over.retry,
+                "reason": "exhausted" if over is None else "delay-too-long",
+            },
+            "too_long": None
+            if over is None
+            else {"attempt": over.retry + 1, "requested_ms": over.requested_ms},
+        }
+    )
+    if over is None:
+        return EXIT_OK
+    try:
+        check_policy(policy, topology)
+    except InvalidInput as exc:
+        print(f"delayq: warning: {exc}; a Consumer or Worker refuses it", file=sys.stderr)
+    return EXIT_INPUT
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ from delayq.cli._common import (
     EXIT_OK,
     load_cli_topology,
     management_choice,
+    print_json,
 )
 from delayq.durations import to_ms
 from delayq.errors import InvalidInput
@@ -30,6 +32,18 @@ if TYPE_CHECKING:
 def cmd_plan(args: argparse.Namespace) -> int:
     topology = load_cli_topology(args)
     decls = build_declarations(topology)
+    if args.json:
+        print_json(
+            {
+                "namespace": topology.namespace,
+                "vhost": topology.vhost,
+                "queue_type": topology.queue_type.value,
+                "strategy": topology.strategy.value,
+                "ladder": [t.label for t in topology.ladder.tiers],
+                "declarations": [{"kind": d.kind, **dataclasses.asdict(d)} for d in decls],
+            }
+        )
+        return EXIT_OK
     print(
         f"# namespace {topology.namespace!r}, vhost {topology.vhost!r}, "
         f"{topology.queue_type.value} queues, ladder "
@@ -96,11 +110,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     url = resolve_url(args.url)
     bound_ms = to_ms(args.probe_timeout, what="--probe-timeout")
     management = management_choice(args, url)
-    print(f"verifying {args.file} (namespace {topology.namespace!r}) on {redact(url)}")
+    if not args.json:
+        print(f"verifying {args.file} (namespace {topology.namespace!r}) on {redact(url)}")
     checks = verify_topology(
         topology, url, management=management, probe=not args.no_probe, probe_bound_ms=bound_ms
     )
-    sys.stdout.write(render_checks(checks))
+    if args.json:
+        print_json(
+            {
+                "namespace": topology.namespace,
+                "passed": passed(checks),
+                "checks": [
+                    {"subject": c.subject, "status": c.status.value, "detail": c.detail}
+                    for c in checks
+                ],
+            }
+        )
+    else:
+        sys.stdout.write(render_checks(checks))
     return EXIT_OK if passed(checks) else EXIT_BROKER
 
 
@@ -118,12 +145,29 @@ def cmd_grant(args: argparse.Namespace) -> int:
         vhost=args.vhost,
     )
     rabbitmqctl = shlex.split(args.rabbitmqctl)
-    print(f"# least-privilege permissions for namespace {topology.namespace!r}")
-    for grant in grants:
-        print(f"# {grant.role.value} {grant.user!r} on vhost {grant.vhost!r}")
-        for reason in grant.reasons:
-            print(f"#   {reason}")
-        print(rabbitmqctl_command(grant, rabbitmqctl))
+    if args.json:
+        print_json(
+            [
+                {
+                    "role": grant.role.value,
+                    "user": grant.user,
+                    "vhost": grant.vhost,
+                    "configure": grant.permissions.configure,
+                    "write": grant.permissions.write,
+                    "read": grant.permissions.read,
+                    "reasons": list(grant.reasons),
+                    "rabbitmqctl": rabbitmqctl_command(grant, rabbitmqctl),
+                }
+                for grant in grants
+            ]
+        )
+    else:
+        print(f"# least-privilege permissions for namespace {topology.namespace!r}")
+        for grant in grants:
+            print(f"# {grant.role.value} {grant.user!r} on vhost {grant.vhost!r}")
+            for reason in grant.reasons:
+                print(f"#   {reason}")
+            print(rabbitmqctl_command(grant, rabbitmqctl))
     if not args.apply:
         return EXIT_OK
     api = None
@@ -135,5 +179,8 @@ def cmd_grant(args: argparse.Namespace) -> int:
     for grant in grants:
         apply_grant(grant, args.via, management=api, rabbitmqctl=rabbitmqctl)
         where = api.url if api is not None else "rabbitmqctl"
-        print(f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}")
+        print(
+            f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}",
+            file=sys.stderr if args.json else sys.stdout,  # stdout stays one JSON document
+        )
     return EXIT_OK
