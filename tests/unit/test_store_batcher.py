@@ -11,7 +11,7 @@ import pytest
 
 from delayq.aio._store import StoreBatcher
 from delayq.errors import StoreError
-from delayq.stores.base import ClaimStatus, StoreOp
+from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp
 from delayq.stores.memory import InMemoryStore
 from delayq.stores.sqlite import SQLiteStore
 from tests.waiting import wait_for_async
@@ -175,3 +175,71 @@ def test_a_claim_won_just_before_its_caller_is_cancelled_is_given_back(tmp_path)
     asyncio.run(main())
     batcher.close()
     store.close()
+
+
+# --- answer: what the consumer's flow driver awaits ------------------------------------------
+
+
+def test_answers_of_one_loop_turn_go_in_one_batch(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> list[object]:
+        ops = [Claim(f"k{n % 5}", LEASE, 0) for n in range(10)]
+        claimed = await asyncio.gather(*(batcher.answer(op) for op in ops))
+        done = await asyncio.gather(*(batcher.answer(Complete(f"k{n}", 1)) for n in range(5)))
+        return [*claimed, *done]
+
+    results = asyncio.run(main())
+    assert results[:5] == [ClaimStatus.CLAIMED] * 5
+    assert results[5:10] == [ClaimStatus.BUSY] * 5
+    assert results[10:] == [None] * 5
+    assert store.batches == [10, 5]
+    batcher.close()
+    store.close()
+
+
+def test_a_failed_batch_answers_each_step_with_its_store_error(tmp_path):
+    store = FailingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> list[object]:
+        return await asyncio.gather(
+            batcher.answer(Claim("a", LEASE, 0)), batcher.answer(Release("b"))
+        )
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, StoreError) and "malformed" in str(r) for r in results), results
+    batcher.close()
+    store.close()
+
+
+def test_a_claim_answered_for_a_cancelled_caller_is_given_back(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> None:
+        doomed = asyncio.ensure_future(batcher.answer(Claim("k", LEASE, 0)))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        await claimable_again(batcher, "k")
+
+    asyncio.run(main())
+    batcher.close()
+    store.close()
+
+
+def test_an_in_memory_store_is_answered_at_once_even_through_answer():
+    batcher = StoreBatcher(InMemoryStore())
+    assert batcher.inline
+
+    async def main() -> list[object]:
+        return [
+            await batcher.answer(Claim("k", LEASE, 0)),
+            await batcher.answer(Complete("k", 1)),
+            await batcher.answer(Claim("k", LEASE, 2)),
+        ]
+
+    assert asyncio.run(main()) == [ClaimStatus.CLAIMED, None, ClaimStatus.DONE]

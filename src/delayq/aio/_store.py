@@ -78,11 +78,22 @@ class StoreBatcher:
 
     async def answer(self, op: StoreOp) -> ClaimStatus | StoreError | None:
         """``op``'s result or its :class:`StoreError`: the answer to a delivery flow's
-        store step (see :mod:`delayq.consume.flow`)."""
+        store step (see :mod:`delayq.consume.flow`).
+
+        One coroutine per step, awaiting the batch's future itself (this runs twice per
+        delivery with a store that does I/O); a claim is shielded as :meth:`claim` says.
+        """
+        if not self._blocking:
+            return self.answer_now(op)
+        future = self._enqueue(op)
         try:
-            if isinstance(op, Claim):
-                return await self.claim(op.key, lease_ms=op.lease_ms, now_ms=op.now_ms)
-            return await self._submit(op)
+            if type(op) is Claim:
+                try:
+                    return await asyncio.shield(future)
+                except asyncio.CancelledError:
+                    future.add_done_callback(functools.partial(self._give_back, op.key))
+                    raise
+            return await future
         except StoreError as exc:
             return exc
 
