@@ -96,10 +96,7 @@ def test_a_worker_refuses_bad_concurrency_before_connecting() -> None:
 def test_the_worker_command_exits_2_on_bad_concurrency(
     options: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    try:
-        code = cli_main(["worker", "tests.misuse.consume_app", "--url", DEAD_URL, *options])
-    except SystemExit as exc:  # argparse's own refusals
-        code = exc.code
+    code = cli_main(["worker", "tests.misuse.consume_app", "--url", DEAD_URL, *options])
     assert code == 2
     assert says in capsys.readouterr().err
 

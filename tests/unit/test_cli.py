@@ -65,14 +65,16 @@ def test_a_dead_broker_exits_1_without_showing_the_password(capsys):
 
 
 def test_worker_metrics_and_log_flags_parse_with_loopback_and_text_defaults():
-    from delayq.cli import build_parser
+    import click
 
-    args = build_parser().parse_args(["worker", "app:w", "--metrics-port", "0"])
+    from delayq.cli import parse
+
+    args = parse(["worker", "app:w", "--metrics-port", "0"]).args
     assert (args.metrics_port, args.metrics_addr, args.log_format) == (0, "127.0.0.1", "text")
-    args = build_parser().parse_args(["worker", "app:w", "--log-format", "json"])
+    args = parse(["worker", "app:w", "--log-format", "json"]).args
     assert args.metrics_port is None and args.log_format == "json"
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["worker", "app:w", "--log-format", "xml"])
+    with pytest.raises(click.UsageError):
+        parse(["worker", "app:w", "--log-format", "xml"])
 
 
 @pytest.mark.parametrize("run_fails", [True, False])

@@ -1,22 +1,25 @@
-"""`--url` and `--file` work wherever the help shows them, or are refused (issue 12, item 6).
+"""`--url` and `--file` work wherever the help shows them, or are refused (issue 12, item 6);
+any other option given twice with different values is refused; options that exclude each
+other, or of which one is required, are checked (the click command line, issue 13).
 
-The command tree is walked from the parser itself, so a new command or action is
+The command tree is walked from the click app itself, so a new command or action is
 covered without touching this file.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
 from delayq import __version__
-from delayq.cli import EXIT_BROKER, build_parser, main
+from delayq.cli import EXIT_BROKER, EXIT_INPUT, build_cli, main, parse
+from delayq.cli.options import Command, Invocation
 from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
 from delayq.wording import counted
 
@@ -27,46 +30,40 @@ GIVEN = {"url": "amqp://u:pw@elsewhere:5673/", "file": "other/topology.yaml"}
 EXPECTED = {"url": GIVEN["url"], "file": Path(GIVEN["file"])}
 
 
-def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple]:
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs:
-        yield path, parser
-        return
-    for name, sub in subs[0].choices.items():
-        yield from _leaves(sub, (*path, name))
+def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple]:
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield path, command
 
 
-def _sample(action: argparse.Action) -> str:
-    if action.choices:
-        return str(next(iter(action.choices)))
+def _sample(param: click.Parameter) -> str:
+    if isinstance(param.type, click.Choice):
+        return str(param.type.choices[0])
     return "1"  # a valid int, float, positive count, path or name alike
 
 
-def _minimal_args(leaf: argparse.ArgumentParser) -> list[str]:
-    """The leaf's positionals, required options and one member of each required group."""
+def _minimal_args(leaf: click.Command) -> list[str]:
+    """The leaf's arguments, required options and one member of each required group."""
     argv: list[str] = []
-    grouped: set[int] = set()
-    for group in leaf._mutually_exclusive_groups:
-        grouped.update(id(a) for a in group._group_actions)
-        if group.required:
-            first = group._group_actions[0]
-            argv += [first.option_strings[0], *([] if first.nargs == 0 else [_sample(first)])]
-    for action in leaf._actions:
-        if id(action) in grouped:
-            continue
-        if not action.option_strings:
-            argv.append(_sample(action))
-        elif action.required:
-            argv += [action.option_strings[0], _sample(action)]
+    firsts = {group[0] for group in getattr(leaf, "one_of", [])}
+    for param in leaf.params:
+        if isinstance(param, click.Argument):
+            argv.append(_sample(param))
+        elif isinstance(param, click.Option) and (param.required or param.name in firsts):
+            argv += [param.opts[0], *([] if param.is_flag else [_sample(param)])]
     return argv
 
 
-LEAVES = sorted(_leaves(build_parser()), key=lambda item: item[0])
+LEAVES = sorted(
+    ((p, c) for p, c in _leaves(build_cli()) if p != ("completion",)), key=lambda item: item[0]
+)
 IDS = [" ".join(path) for path, _ in LEAVES]
 
 
-def _shows(leaf: argparse.ArgumentParser, name: str) -> bool:
-    return f"--{name} " in leaf.format_help()
+def _shows(leaf: click.Command, name: str) -> bool:
+    return any(p.name == name and not getattr(p, "hidden", False) for p in leaf.params)
 
 
 def _argv(path: tuple[str, ...], leaf, at: int, option: list[str]) -> list[str]:
@@ -77,6 +74,18 @@ def _argv(path: tuple[str, ...], leaf, at: int, option: list[str]) -> list[str]:
     return [*words, *rest, *option]
 
 
+def _args(argv: list[str]):
+    invocation = parse(argv)
+    assert isinstance(invocation, Invocation), argv
+    return invocation.args
+
+
+def _refused(argv: list[str]) -> str:
+    with pytest.raises(click.UsageError) as refused:
+        parse(argv)
+    return refused.value.format_message()
+
+
 def test_the_walk_finds_every_command_path():
     found = set(IDS)
     assert {"publish", "stats", "worker", "demo", "retry-plan"} <= found
@@ -85,34 +94,33 @@ def test_the_walk_finds_every_command_path():
         f"{p} {a}" for p in ("dlq", "unrouted") for a in ("list", "show", "replay", "purge")
     } <= found
     assert {"spark schedule", "spark report"} <= found
+    assert all(isinstance(leaf, Command) for _, leaf in LEAVES)
 
 
 @pytest.mark.parametrize("name", ["url", "file"])
 @pytest.mark.parametrize(("path", "leaf"), LEAVES, ids=IDS)
-def test_a_global_option_works_before_between_and_after_the_command_or_is_refused(
-    path, leaf, name, capsys
-):
-    parser = build_parser()
+def test_a_global_option_works_before_between_and_after_the_command_or_is_refused(path, leaf, name):
     for at in range(len(path) + 2):
         argv = _argv(path, leaf, at, [f"--{name}", GIVEN[name]])
         if _shows(leaf, name):
-            args = parser.parse_args(argv)
+            args = _args(argv)
             assert getattr(args, name) == EXPECTED[name], argv
-            assert not [k for k in vars(args) if "@" in k or k.startswith("_")]
         else:
-            with pytest.raises(SystemExit) as exit_:
-                parser.parse_args(argv)
-            assert exit_.value.code == 2, argv
-            assert f"--{name} has no effect on `delayq {' '.join(path)}`" in capsys.readouterr().err
+            said = _refused(argv)
+            assert f"--{name} has no effect on `delayq {' '.join(path)}`" in said, argv
 
 
 @pytest.mark.parametrize(("path", "leaf"), LEAVES, ids=IDS)
 def test_defaults_when_not_given(path, leaf):
-    args = build_parser().parse_args([*path, *_minimal_args(leaf)])
+    args = _args([*path, *_minimal_args(leaf)])
     if _shows(leaf, "url"):
         assert args.url is None  # resolved later from $DELAYQ_URL, $RABBITMQ_URL, ...
+    else:
+        assert not hasattr(args, "url")
     if _shows(leaf, "file"):
         assert args.file == DEFAULT_TOPOLOGY_FILE
+    else:
+        assert not hasattr(args, "file")
 
 
 @pytest.mark.parametrize(
@@ -120,38 +128,93 @@ def test_defaults_when_not_given(path, leaf):
     [x for x in LEAVES if _shows(x[1], "url")],
     ids=[i for i, x in zip(IDS, LEAVES, strict=True) if _shows(x[1], "url")],
 )
-def test_two_different_values_anywhere_are_refused_and_the_same_one_twice_is_fine(
-    path, leaf, capsys
-):
-    parser = build_parser()
+def test_two_different_values_anywhere_are_refused_and_the_same_one_twice_is_fine(path, leaf):
     other = "amqp://u:other-secret@127.0.0.1:1/"
     for at in range(1, len(path) + 2):
         argv = _argv(path, leaf, at, ["--url", other])
-        with pytest.raises(SystemExit) as exit_:
-            parser.parse_args(["--url", GIVEN["url"], *argv])
-        assert exit_.value.code == 2
-        err = capsys.readouterr().err
-        assert "--url given with different values" in err
-        assert "other-secret" not in err and "pw@" not in err  # passwords redacted
-        args = parser.parse_args(
-            ["--url", GIVEN["url"], *_argv(path, leaf, at, ["--url", GIVEN["url"]])]
-        )
+        said = _refused(["--url", GIVEN["url"], *argv])
+        assert "--url given with different values" in said
+        assert "other-secret" not in said and "pw@" not in said  # passwords redacted
+        args = _args(["--url", GIVEN["url"], *_argv(path, leaf, at, ["--url", GIVEN["url"]])])
         assert args.url == GIVEN["url"]
 
 
 def test_any_option_twice_with_different_values_is_refused(capsys):
-    parser = build_parser()
-    with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(["publish", "-k", "a.b", "-d", "1s", "--delay", "2h"])
-    assert exit_.value.code == 2
-    assert "given twice with different values ('1s' and '2h')" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parser.parse_args(
-            ["publish", "-k", "a", "-d", "1s", "--url", DEAD_URL, "--url", "amqp://x/"]
-        )
-    assert "s3cret" not in capsys.readouterr().err
-    args = parser.parse_args(["publish", "-k", "a.b", "-d", "1s", "-d", "1s"])
-    assert args.delay == "1s"
+    said = _refused(["publish", "-k", "a.b", "-d", "1s", "--delay", "2h"])
+    assert "given twice with different values ('1s' and '2h')" in said
+    said = _refused(["publish", "-k", "a", "-d", "1s", "--url", DEAD_URL, "--url", "amqp://x/"])
+    assert "s3cret" not in said
+    assert _args(["publish", "-k", "a.b", "-d", "1s", "-d", "1s"]).delay == "1s"
+    # through main: exit 2, one error line, the usage above it, nothing run
+    assert main(["publish", "-k", "a.b", "-d", "1s", "-d", "2h"]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert err.count("delayq: error:") == 1 and "Usage: delayq publish" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["publish", "-k", "a", "-d", "1s", "--body", "1", "--body-file", "x"],
+            "--body-file is not allowed with --body",
+        ),
+        (["dlq", "replay", "q"], "one of --id or --all is required"),
+        (["unrouted", "replay", "--id", "a", "--all"], "--all is not allowed with --id"),
+        (
+            ["spark", "schedule", "in", "--delay-col", "d", "--due-col", "e"],
+            "--due-col is not allowed with --delay-col",
+        ),
+        (["spark", "schedule", "in"], "one of --delay-col or --due-col is required"),
+        (
+            [
+                "spark",
+                "schedule",
+                "in",
+                "--delay-col",
+                "d",
+                "--max-rejected",
+                "0",
+                "--allow-rejected",
+            ],
+            "--allow-rejected is not allowed with --max-rejected",
+        ),
+        (["publish", "-d", "1s"], "Missing option '--routing-key'"),
+        (["dlq", "list", "q", "--limit", "0"], "0 is not in the range x>=1"),
+        (["dlq", "replay", "q", "--all", "--rate", "0"], "--rate"),
+        (["dlq", "replay", "q", "--all", "--rate", "inf"], "--rate"),
+        (["worker", "app", "--log-format", "xml"], "'xml' is not one of 'text', 'json'"),
+        (["publish", "-k", "a", "-d", "1s", "--no-such-option"], "No such option"),
+        (["topology", "nope"], "No such command 'nope'"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_refused_lines(argv, says, capsys):
+    assert says in _refused(argv)
+    assert main(argv) == EXIT_INPUT
+    assert says in capsys.readouterr().err
+
+
+def test_a_given_default_value_still_counts_as_given():
+    """`--max-rejected 0` is the default's value, but given: it excludes --allow-rejected."""
+    said = _refused(
+        ["spark", "schedule", "in", "--delay-col", "d", "--max-rejected", "0", "--allow-rejected"]
+    )
+    assert "not allowed" in said
+    assert _args(["spark", "schedule", "in", "--due-col", "d", "--allow-rejected"]).allow_rejected
+
+
+def test_repeatable_options_collect_every_value():
+    args = _args(["dlq", "replay", "q", "--id", "a", "--id", "b"])
+    assert args.ids == ("a", "b") and args.all is False
+    args = _args(["dlq", "show", "q", "m1", "--mask-header", "x", "--mask-header", "y"])
+    assert args.mask_header == ("x", "y") and args.message_id == "m1"
+
+
+def test_the_parked_commands_know_their_group():
+    assert _args(["dlq", "list", "q"]).command == "dlq"
+    assert _args(["unrouted", "purge", "--yes"]).parked_command == "purge"
+    with pytest.raises(click.UsageError):
+        parse(["unrouted", "list", "q"])  # unrouted takes no queue
 
 
 def test_url_before_the_command_is_the_broker_used(capsys, monkeypatch):
@@ -173,9 +236,7 @@ def test_file_before_the_command_is_the_topology_read(tmp_path, capsys):
 
 
 def test_version(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["--version"])
-    assert exit_.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"delayq {__version__}"
 
 
@@ -215,3 +276,10 @@ def test_a_closed_pipe_ends_quietly(argv):
         os.close(write)
     assert run.stderr == ""
     assert run.returncode in (0, 141)
+
+
+@pytest.mark.parametrize("argv", [[], ["dlq"], ["topology"]], ids=["none", "dlq", "topology"])
+def test_a_group_without_its_command_prints_its_help_and_exits_2(argv, capsys):
+    assert main(argv) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "Usage: delayq" in err and "Commands:" in err

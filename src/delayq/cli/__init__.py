@@ -8,21 +8,18 @@ topology conflicts with what exists, or a check of ``topology verify`` failed;
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+import click
 
 from delayq.cli._common import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_PIPE
-from delayq.cli._parser import build_parser
-from delayq.cli.parked import cmd_parked
-from delayq.cli.run import cmd_demo, cmd_publish, cmd_retry_plan, cmd_stats, cmd_worker
-from delayq.cli.spark import cmd_spark_report, cmd_spark_schedule
-from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
+from delayq.cli.app import build_cli, parse
 from delayq.errors import DelayqError, InvalidInput
 
-__all__ = ["EXIT_BROKER", "EXIT_INPUT", "EXIT_OK", "EXIT_PIPE", "build_parser", "main"]
+__all__ = ["EXIT_BROKER", "EXIT_INPUT", "EXIT_OK", "EXIT_PIPE", "build_cli", "main", "parse"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,29 +40,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+# click 8.2+ raises this for a group given no command (8.1 printed the help, exit 0)
+_NO_ARGS: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
-        ("topology", "plan"): cmd_plan,
-        ("topology", "apply"): cmd_apply,
-        ("topology", "export"): cmd_export,
-        ("topology", "verify"): cmd_verify,
-        ("topology", "grant"): cmd_grant,
-        ("stats", None): cmd_stats,
-        ("publish", None): cmd_publish,
-        ("demo", None): cmd_demo,
-        ("retry-plan", None): cmd_retry_plan,
-        ("worker", None): cmd_worker,
-    }
-    handler: Callable[[argparse.Namespace], int]
-    if args.command in ("dlq", "unrouted"):
-        handler = cmd_parked
-    elif args.command == "spark":
-        handler = {"schedule": cmd_spark_schedule, "report": cmd_spark_report}[args.spark_command]
-    else:
-        handler = handlers[(args.command, getattr(args, "topology_command", None))]
     try:
-        return handler(args)
+        parsed = parse(sys.argv[1:] if argv is None else argv)
+    except _NO_ARGS as exc:  # `delayq`, `delayq dlq`: the help, and exit 2 (no command)
+        print(exc.format_message(), file=sys.stderr)
+        return EXIT_INPUT
+    except click.UsageError as exc:
+        if exc.ctx is not None:
+            print(exc.ctx.get_usage(), file=sys.stderr)
+            print(
+                f"Try '{exc.ctx.command_path} --help' for help.",
+                file=sys.stderr,
+            )
+        print(f"delayq: error: {exc.format_message()}", file=sys.stderr)
+        return EXIT_INPUT
+    except click.Abort:
+        print("delayq: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        # click's answer to EPIPE while printing --help: its flush-pacifying wrapper
+        # (PacifyFlushWrapper, _PacifyFlushWrapper from 8.2) around stdout, then exit 1
+        if "PacifyFlushWrapper" in type(sys.stdout).__name__:
+            raise BrokenPipeError from exc
+        raise
+    if isinstance(parsed, int):  # --help, --version
+        return parsed
+    try:
+        return parsed.run()
     except InvalidInput as exc:
         print(f"delayq: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import yaml
@@ -20,6 +20,7 @@ __all__ = [
     "EXIT_INPUT",
     "EXIT_OK",
     "EXIT_PIPE",
+    "Args",
     "load_cli_topology",
     "management_choice",
     "print_json",
@@ -28,7 +29,11 @@ __all__ = [
 EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
 
 
-def load_cli_topology(args: argparse.Namespace) -> Topology:
+class Args(SimpleNamespace):
+    """One command's options by name (``args.url``, ``args.json``), as the parser gave them."""
+
+
+def load_cli_topology(args: Args) -> Topology:
     topology = load_topology(args.file)
     # load_topology reads an empty file as every default (namespace 'delayq'): on the
     # command line that is a truncated or wrong file far more often than a choice.
@@ -40,7 +45,7 @@ def load_cli_topology(args: argparse.Namespace) -> Topology:
     return topology
 
 
-def management_choice(args: argparse.Namespace, url: str) -> ManagementChoice | None:
+def management_choice(args: Args, url: str) -> ManagementChoice | None:
     from delayq.ops.management import ManagementAPI, management_url_for
     from delayq.sync._broker import ManagementChoice
 

@@ -1,44 +1,55 @@
-"""Parsing the ``delayq`` command line: options that may stand before or after the command.
+"""The ``delayq`` command line's option rules, on click.
 
-``--url`` and ``--file`` are accepted before the command (``delayq --url U publish``),
-between a command and its action (``delayq dlq --url U list q``) and after it
-(``delayq publish --url U``). argparse sub-parsers parse into a fresh namespace and
-copy it over their parent's, defaults included, so a value given before the command
-used to be overwritten by the sub-parser's default: ``delayq --url U publish`` then
-published to ``$DELAYQ_URL``. Here every place an option can stand parses into a name
-of its own (``url@1``, ``url@2``, ...), and :class:`GlobalOptions` merges them once the
-whole line is parsed: the value given anywhere wins; two different values are refused,
-and so is an option the command does not use (``--file`` for ``delayq worker``, whose
-module loads its own topology). Any option given twice with different values
-(``-d 1s -d 2s``) is refused too, instead of the last one silently winning.
+* ``--url`` and ``--file`` stand wherever the help shows them: before the command
+  (``delayq --url U publish``), between a group and its action (``delayq dlq --url U
+  list q``) and after it. Each level records what it was given in the root context;
+  :func:`merge_globals` joins them once the command is chosen: the value given anywhere
+  wins, two different values are refused, and so is an option the command does not use
+  (``--file`` for ``delayq worker``, whose module loads its own topology), with the reason.
+  (On argparse, a value given before the command was overwritten by the sub-command's
+  default: ``delayq --url U publish`` published to ``$DELAYQ_URL``.)
+* Every other option given twice with different values (``-d 1s -d 2s``) is refused
+  instead of the last one silently winning (:func:`once`).
+* Options that exclude each other, or of which one is required, are declared on the
+  :class:`Command` and checked before the command runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+from click.core import ParameterSource
+
+from delayq.cli._common import Args
 from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
 from delayq.urls import redact
 
 __all__ = [
+    "CONTEXT",
     "GLOBAL_DEFAULTS",
-    "GlobalOptions",
-    "Parser",
+    "Command",
+    "Invocation",
+    "PositiveFloat",
+    "PositiveInt",
+    "flag",
     "global_options",
-    "positive_float",
-    "positive_int",
+    "group",
+    "json_flag",
+    "leaf",
+    "management",
+    "merge_globals",
+    "once",
 ]
 
 GLOBAL_DEFAULTS: dict[str, Any] = {"url": None, "file": DEFAULT_TOPOLOGY_FILE}
 """The options that may stand before or after the command, and their defaults."""
 
-_GIVEN = "_given:"
-_UNUSED = "unused-"
-_ids = itertools.count(1)
+_GIVEN = "delayq.given"
+_WHY = {"url": "it uses no broker", "file": "it reads no topology file"}
 
 
 def _shown(value: Any) -> str:
@@ -46,138 +57,219 @@ def _shown(value: Any) -> str:
     return repr(redact(text) if "://" in text else text)
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (``--limit 0`` listed nothing and
-    said the queue was empty; ``--concurrency -1`` died with a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def PositiveInt() -> click.IntRange:
+    """A whole number of at least 1 (``--limit 0`` listed nothing and said the queue was
+    empty; ``--concurrency -1`` died with a traceback)."""
+    return click.IntRange(min=1)
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a number above 0 (``--rate 0`` or ``-5`` meant no limit at all)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text}")
-    return value
+def PositiveFloat() -> click.FloatRange:
+    """A number above 0 (``--rate 0`` or ``-5`` meant no limit at all; ``inf`` is refused
+    by the upper bound)."""
+    return click.FloatRange(min=0, min_open=True, max=1e12)
 
 
-class _StoreOnce(argparse._StoreAction):
-    """``store``, refusing a second, different value for the same option."""
+def once(*decls: str, default: Any = None, **kwargs: Any) -> click.Option:
+    """An option taking one value, refusing a second, different one (``-d 1s -d 2s``).
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        marker = _GIVEN + self.dest
-        if option_string is not None and getattr(namespace, marker, False):
-            previous = getattr(namespace, self.dest, None)
-            if previous != values:
-                raise argparse.ArgumentError(
-                    self,
-                    f"given twice with different values ({_shown(previous)} and "
-                    f"{_shown(values)}): give it once",
-                )
-        setattr(namespace, marker, True)
-        super().__call__(parser, namespace, values, option_string)
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose plain options refuse a second, different value."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.register("action", None, _StoreOnce)
-        self.register("action", "store", _StoreOnce)
-
-
-def global_options(*, url: bool = True, file: bool = True, where: str = "") -> Parser:
-    """A parent parser with ``--file`` and/or ``--url``, stored under names of their own.
-
-    Give a fresh one to each level of the command tree (the top, a command, an action)
-    so a level cannot overwrite what another parsed; siblings may share one.
+    click keeps the last value of a repeated option; this one collects them all
+    (``multiple``) and reduces them to the one value, or says which two differ.
     """
-    n = next(_ids)
-    common = Parser(add_help=False)
-    # An option the command does not use is still parsed (hidden, as unused-<name>@n)
-    # so that it is refused with the reason, not as an unrecognized argument.
-    common.add_argument(
-        "--file",
-        "-f",
-        dest=f"{'' if file else _UNUSED}file@{n}",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        type=Path,
-        help=f"topology YAML (default {DEFAULT_TOPOLOGY_FILE}){where}"
-        if file
-        else argparse.SUPPRESS,
-    )
-    common.add_argument(
-        "--url",
-        dest=f"{'' if url else _UNUSED}url@{n}",
-        metavar="URL",
-        default=argparse.SUPPRESS,
-        help="broker URL (default: $DELAYQ_URL, $RABBITMQ_URL, "
-        f"amqp://guest:guest@localhost:5672/){where}"
-        if url
-        else argparse.SUPPRESS,
-    )
-    return common
+
+    def reduce(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> Any:
+        distinct: list[Any] = []
+        for value in values:
+            if value not in distinct:
+                distinct.append(value)
+        if len(distinct) > 1:
+            raise click.BadParameter(
+                f"given twice with different values ({_shown(distinct[0])} and "
+                f"{_shown(distinct[1])}): give it once",
+                ctx,
+                param,
+            )
+        return distinct[0] if distinct else default
+
+    return click.Option(decls, multiple=True, callback=reduce, **kwargs)
 
 
-def _leaf(action: argparse._SubParsersAction[Any], namespace: argparse.Namespace) -> Any:
-    """The parser of the innermost command chosen (``delayq dlq list`` -> ``list``)."""
-    parser: Any = action.choices[getattr(namespace, str(action.dest))]
-    while True:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        chosen = getattr(namespace, str(subs[0].dest), None) if subs else None
-        if chosen is None:
-            return parser
-        parser = subs[0].choices[chosen]
+def flag(*decls: str, help: str) -> click.Option:
+    """A boolean switch (``--json``): off unless given."""
+    return click.Option(decls, is_flag=True, default=False, help=help)
 
 
-class GlobalOptions(argparse._SubParsersAction):  # type: ignore[type-arg]
-    """The top level's sub-command action: once the command's own parser is done,
-    merges the ``--url``/``--file`` values given at every level into ``url``/``file``."""
+def _record(name: str) -> Callable[[click.Context, click.Parameter, Sequence[Any]], None]:
+    def record(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> None:
+        given = ctx.find_root().meta.setdefault(_GIVEN, {})
+        for value in values:
+            given.setdefault(name, [])
+            if value not in given[name]:
+                given[name].append(value)
 
-    def __call__(
+    return record
+
+
+def global_options(*, url: bool = True, file: bool = True, where: str = "") -> list[click.Option]:
+    """``--file`` and ``--url`` for one level of the command tree.
+
+    Both are always parsed; one the level's command does not use is hidden from its help
+    and refused by :func:`merge_globals` with the reason, not as an unknown option.
+    """
+    return [
+        click.Option(
+            ["--file", "-f"],
+            multiple=True,
+            type=click.Path(path_type=Path),
+            metavar="FILE",
+            expose_value=False,
+            callback=_record("file"),
+            hidden=not file,
+            help=f"topology YAML (default {DEFAULT_TOPOLOGY_FILE}){where}",
+        ),
+        click.Option(
+            ["--url"],
+            multiple=True,
+            metavar="URL",
+            expose_value=False,
+            callback=_record("url"),
+            hidden=not url,
+            help="broker URL (default: $DELAYQ_URL, $RABBITMQ_URL, "
+            f"amqp://guest:guest@localhost:5672/){where}",
+        ),
+    ]
+
+
+def merge_globals(ctx: click.Context, *, url: bool, file: bool) -> dict[str, Any]:
+    """``url``/``file`` for the chosen command, from whatever level gave them."""
+    given: dict[str, list[Any]] = ctx.find_root().meta.get(_GIVEN, {})
+    merged: dict[str, Any] = {}
+    for name, used in (("url", url), ("file", file)):
+        values = given.get(name, [])
+        if values and not used:
+            raise click.UsageError(
+                f"--{name} has no effect on `{ctx.command_path}` ({_WHY[name]}): leave it out",
+                ctx,
+            )
+        if len(values) > 1:
+            raise click.UsageError(
+                f"--{name} given with different values "
+                f"({', '.join(_shown(v) for v in values)}): give it once",
+                ctx,
+            )
+        if used:
+            merged[name] = values[0] if values else GLOBAL_DEFAULTS[name]
+    return merged
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+
+
+class Command(click.Command):
+    """A leaf command: options that exclude each other (``exclusive``) and groups of which
+    exactly one must be given (``one_of``), checked before the command runs."""
+
+    def __init__(
         self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
+        *args: Any,
+        exclusive: Sequence[Sequence[str]] = (),
+        one_of: Sequence[Sequence[str]] = (),
+        **kwargs: Any,
     ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        leaf = _leaf(self, namespace)
-        for name, default in GLOBAL_DEFAULTS.items():
-            given: list[Any] = []
-            for attr in [a for a in vars(namespace) if a.split("@")[0] in (name, _UNUSED + name)]:
-                if getattr(namespace, attr) not in given:
-                    given.append(getattr(namespace, attr))
-                delattr(namespace, attr)
-            offered = any(a.dest.startswith(f"{name}@") for a in leaf._actions)
-            if given and not offered:
-                why = "it uses no broker" if name == "url" else "it reads no topology file"
-                raise argparse.ArgumentError(
-                    None, f"--{name} has no effect on `{leaf.prog}` ({why}): leave it out"
-                )
+        super().__init__(*args, **kwargs)
+        self.exclusive = [tuple(group) for group in (*exclusive, *one_of)]
+        self.one_of = [tuple(group) for group in one_of]
+
+    def option_name(self, dest: str) -> str:
+        for param in self.params:
+            if param.name == dest and isinstance(param, click.Option):
+                return max(param.opts, key=len)
+        return dest
+
+    def check_groups(self, ctx: click.Context) -> None:
+        for group in self.exclusive:
+            given = [name for name in group if _given(ctx, name)]
             if len(given) > 1:
-                raise argparse.ArgumentError(
-                    None,
-                    f"--{name} given with different values "
-                    f"({', '.join(_shown(v) for v in given)}): give it once",
-                )
-            if offered:
-                setattr(namespace, name, given[0] if given else default)
-        for attr in [a for a in vars(namespace) if a.startswith(_GIVEN)]:
-            delattr(namespace, attr)
+                first, second = (self.option_name(name) for name in given[:2])
+                raise click.UsageError(f"{second} is not allowed with {first}", ctx)
+        for group in self.one_of:
+            if not any(_given(ctx, name) for name in group):
+                names = " or ".join(self.option_name(name) for name in group)
+                raise click.UsageError(f"one of {names} is required", ctx)
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+Handler = Callable[[Args], int]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What a command line asks for: ``handler(args)``."""
+
+    handler: Handler
+    args: Args
+
+    def run(self) -> int:
+        return self.handler(self.args)
+
+
+def leaf(
+    name: str,
+    handler: Handler,
+    help: str,
+    params: Sequence[click.Parameter] = (),
+    *,
+    url: bool,
+    file: bool,
+    names: dict[str, str] | None = None,
+    exclusive: Sequence[Sequence[str]] = (),
+    one_of: Sequence[Sequence[str]] = (),
+) -> Command:
+    """A command that runs ``handler``: its own ``params`` after ``--file``/``--url`` (shown
+    where ``url``/``file`` say it uses them), ``names`` added to its :class:`Args` (the
+    group and action chosen), and the groups :class:`Command` checks."""
+
+    def callback(**values: Any) -> Invocation:
+        ctx = click.get_current_context()
+        command.check_groups(ctx)
+        values.update(merge_globals(ctx, url=url, file=file))
+        return Invocation(handler, Args(**values, **(names or {})))
+
+    command = Command(
+        name,
+        callback=callback,
+        params=[*global_options(url=url, file=file), *params],
+        help=help,
+        short_help=help,
+        exclusive=exclusive,
+        one_of=one_of,
+        context_settings=CONTEXT,
+    )
+    return command
+
+
+def group(name: str, help: str, commands: Sequence[click.Command]) -> click.Group:
+    """A group of actions (``topology``, ``dlq``), taking ``--file``/``--url`` itself too."""
+    made = click.Group(
+        name, params=global_options(), help=help, short_help=help, context_settings=CONTEXT
+    )
+    for command in commands:
+        made.add_command(command)
+    return made
+
+
+def management() -> list[click.Option]:
+    """``--management-url`` and ``--no-management``: how a command may read the HTTP API."""
+    return [
+        once(
+            "--management-url",
+            help="management HTTP API, e.g. http://user:pass@host:15672/ (default: "
+            "$DELAYQ_MANAGEMENT_URL, else the AMQP URL's host and user on port 15672)",
+        ),
+        flag("--no-management", help="use AMQP only, even if the API answers"),
+    ]
+
+
+def json_flag(what: str = "print JSON instead of text") -> click.Option:
+    """``--json``: one JSON document on stdout instead of text."""
+    return flag("--json", help=what)

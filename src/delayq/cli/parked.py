@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -11,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_OK,
+    Args,
     load_cli_topology,
 )
+from delayq.cli._console import progress_bar, show_table
 from delayq.errors import InvalidInput
 from delayq.message.envelope import epoch_ms
 from delayq.topology.model import Topology
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     pass
 
 
-def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
+def _parking(args: Args) -> tuple[Topology, str, str]:
     """Topology, the parking queue, and what it is called in messages."""
     topology = load_cli_topology(args)
     if args.command == "dlq":
@@ -38,7 +39,7 @@ def _parking(args: argparse.Namespace) -> tuple[Topology, str, str]:
     return topology, topology.unrouted, topology.unrouted
 
 
-def _print_parked(args: argparse.Namespace, queue: str, label: str) -> int:
+def _print_parked(args: Args, queue: str, label: str) -> int:
     """``list`` and ``show`` (see delayq.ops.parked_view)."""
     from delayq.ops import parked_view as view
     from delayq.sync import parking
@@ -74,11 +75,11 @@ def _print_parked(args: argparse.Namespace, queue: str, label: str) -> int:
     elif not rows:
         print(f"{label} is empty")
     else:
-        sys.stdout.write(view.render_list(rows, limit))
+        show_table(view.list_table(rows, limit))
     return EXIT_OK
 
 
-def cmd_parked(args: argparse.Namespace) -> int:
+def cmd_parked(args: Args) -> int:
     from delayq.sync import parking
 
     topology, queue, label = _parking(args)
@@ -101,20 +102,16 @@ def cmd_parked(args: argparse.Namespace) -> int:
         def target(parked: Any) -> tuple[str, str]:
             return topology.ready_exchange, parked.delivery.origin_routing_key
 
-    def progress(done: int, total: int) -> None:
-        print(f"\rreplayed {done}/{total}", end="", file=sys.stderr, flush=True)
-
-    report = parking.replay(
-        url,
-        queue,
-        topology,
-        target=target,
-        ids=None if args.all else args.ids,
-        rate_per_s=args.rate,
-        progress=progress,
-    )
-    if report.replayed:
-        print(file=sys.stderr)
+    with progress_bar("replaying") as progress:
+        report = parking.replay(
+            url,
+            queue,
+            topology,
+            target=target,
+            ids=None if args.all else list(args.ids),
+            rate_per_s=args.rate,
+            progress=progress,
+        )
     if report.seen == 0:
         print(f"{label} is empty: nothing to replay")
     else:

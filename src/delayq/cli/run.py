@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -15,10 +14,12 @@ from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_INPUT,
     EXIT_OK,
+    Args,
     load_cli_topology,
     management_choice,
     print_json,
 )
+from delayq.cli._console import show_table
 from delayq.consume.retry import (
     ROCKETMQ_SCHEDULE,
     ExponentialBackoff,
@@ -31,7 +32,8 @@ from delayq.consume.retry import (
 )
 from delayq.durations import format_ms
 from delayq.errors import DelayqError, InvalidBody, InvalidInput
-from delayq.ops.depths import render_stats, stats_json, stats_queues, stats_rows
+from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
+from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 from delayq.wording import counted
@@ -40,15 +42,17 @@ if TYPE_CHECKING:
     pass
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
+def cmd_stats(args: Args) -> int:
     from delayq.sync.depths import queue_depths
 
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
     rows = stats_rows(topology)
     depths, source = queue_depths(stats_queues(rows), url, management=management_choice(args, url))
-    render = stats_json if args.json else render_stats
-    sys.stdout.write(render(rows, depths, source))
+    if args.json:
+        sys.stdout.write(stats_json(rows, depths, source))
+    else:
+        show_table(stats_table(rows, depths, source))
     missing = sorted(name for name, depth in depths.items() if depth is None)
     if missing:
         print(
@@ -61,7 +65,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _body(args: argparse.Namespace) -> Any:
+def _body(args: Args) -> Any:
     if args.body_file is not None:
         try:
             return args.body_file.read_bytes()
@@ -78,7 +82,7 @@ def _body(args: argparse.Namespace) -> Any:
         ) from exc
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
+def cmd_publish(args: Args) -> int:
     from delayq.sync.publisher import Publisher
 
     topology = load_cli_topology(args)
@@ -103,7 +107,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _policy(args: argparse.Namespace) -> RetryPolicy:
+def _policy(args: Args) -> RetryPolicy:
     try:
         if args.policy == "fixed":
             return FixedBackoff(delay=args.delay, max_attempts=args.max_attempts)
@@ -122,7 +126,7 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
         raise InvalidInput(f"invalid retry policy: {problems}") from exc
 
 
-def cmd_retry_plan(args: argparse.Namespace) -> int:
+def cmd_retry_plan(args: Args) -> int:
     from delayq.consume.retry import policy_overflow
     from delayq.topology.route import Router
 
@@ -145,21 +149,26 @@ def cmd_retry_plan(args: argparse.Namespace) -> int:
         )
     else:
         print(f"# ladder: {' '.join(t.label for t in topology.ladder.tiers)}")
-    hops = f"  {'hops':>4}" if exact else ""
-    print(
-        f"{'attempt':>7}  {'requested':>10}  {'tier':>9}{hops}  {'late by':>8}  {'cumulative':>10}"
-    )
+    headers = ["attempt", "requested", "tier", *(["hops"] if exact else []), "late by"]
+    table = Table([Column(h, right=True) for h in (*headers, "cumulative")])
     for row in rows:
-        hops = f"  {row.hops:>4}" if exact else ""
-        print(
-            f"{row.attempt:>7}  {format_ms(row.requested_ms):>10}  {row.tier:>9}{hops}  "
-            f"{format_ms(row.tier_ms - row.requested_ms):>8}  {format_ms(row.cumulative_ms):>10}"
+        table.add(
+            str(row.attempt),
+            format_ms(row.requested_ms),
+            row.tier,
+            *([str(row.hops)] if exact else []),
+            format_ms(row.tier_ms - row.requested_ms),
+            format_ms(row.cumulative_ms),
         )
     if over is not None:
-        print(f"{over.retry + 1:>7}  {format_ms(over.requested_ms):>10}  {'too long':>9}")
-        print(f"# then the dead-letter queue (delay-too-long), after {over.retry} attempts")
+        blanks = [""] * (3 if exact else 2)
+        table.add(str(over.retry + 1), format_ms(over.requested_ms), "too long", *blanks)
+        table.after.append(
+            f"then the dead-letter queue (delay-too-long), after {over.retry} attempts"
+        )
     else:
-        print(f"# then the dead-letter queue, after {policy.max_attempts} attempts")
+        table.after.append(f"then the dead-letter queue, after {policy.max_attempts} attempts")
+    show_table(table)
     smallest = topology.ladder.tiers[0]
     short = sum(1 for row in rows if row.requested_ms < smallest.ttl_ms)
     if short and not exact:
@@ -213,7 +222,7 @@ def _retry_plan_json(
     return EXIT_INPUT
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def cmd_worker(args: Args) -> int:
 
     from delayq.observe.deliveries import DeliveryObserver
     from delayq.observe.logs import configure_logging
@@ -277,7 +286,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: Args) -> int:
     from delayq.demo import run_demo
 
     return run_demo(

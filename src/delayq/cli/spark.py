@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -11,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_OK,
+    Args,
     load_cli_topology,
 )
+from delayq.cli._console import progress_bar
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     pass
 
 
-def _spark_session(args: argparse.Namespace) -> Any:
+def _spark_session(args: Args) -> Any:
     from delayq.spark import local_session
 
     session = local_session(args.master, app_name=f"delayq spark {args.spark_command}")
@@ -29,7 +30,7 @@ def _spark_session(args: argparse.Namespace) -> Any:
     return session
 
 
-def cmd_spark_schedule(args: argparse.Namespace) -> int:
+def cmd_spark_schedule(args: Args) -> int:
     from delayq.errors import RowsRejected
     from delayq.message.bulk import RejectionLimit
     from delayq.spark import schedule
@@ -58,31 +59,28 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
 
-    def progress(done: int, total: int) -> None:
-        print(f"\rpublishing: {done}/{total} tasks done", end="", file=sys.stderr, flush=True)
-
     failure: RowsRejected | None = None
-    try:
-        summary = schedule(
-            df,
-            url=url,
-            topology=topology,
-            key_col=args.key_col,
-            routing_key_col=args.routing_key_col,
-            delay_col=args.delay_col,
-            due_col=args.due_col,
-            body_col=body_col,
-            body_json=args.body_json,
-            errors_path=args.errors,
-            errors_format=args.errors_format,
-            partitions=args.partitions,
-            window=args.window,
-            progress=progress,
-            max_rejected=max_rejected,
-        )
-    except RowsRejected as exc:  # the summary is still the job's outcome: print it first
-        failure, summary = exc, exc.summary
-    print(file=sys.stderr)
+    with progress_bar("publishing (Spark tasks done)") as progress:
+        try:
+            summary = schedule(
+                df,
+                url=url,
+                topology=topology,
+                key_col=args.key_col,
+                routing_key_col=args.routing_key_col,
+                delay_col=args.delay_col,
+                due_col=args.due_col,
+                body_col=body_col,
+                body_json=args.body_json,
+                errors_path=args.errors,
+                errors_format=args.errors_format,
+                partitions=args.partitions,
+                window=args.window,
+                progress=progress,
+                max_rejected=max_rejected,
+            )
+        except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+            failure, summary = exc, exc.summary
     if args.json:
         print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))
     else:
@@ -97,7 +95,7 @@ def cmd_spark_schedule(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_spark_report(args: argparse.Namespace) -> int:
+def cmd_spark_report(args: Args) -> int:
     from delayq.spark import report
     from delayq.topology.ladder import Ladder
 

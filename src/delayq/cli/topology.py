@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shlex
 import sys
@@ -11,14 +10,16 @@ from typing import TYPE_CHECKING
 from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_OK,
+    Args,
     load_cli_topology,
     management_choice,
     print_json,
 )
+from delayq.cli._console import show_table
 from delayq.durations import to_ms
 from delayq.errors import InvalidInput
 from delayq.ops.grant import grants_for
-from delayq.ops.verify import passed, render_checks
+from delayq.ops.verify import checks_table, passed
 from delayq.topology.declarations import build_declarations, describe
 from delayq.topology.definitions import render_definitions
 from delayq.topology.report import ApplyStatus
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     pass
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(args: Args) -> int:
     topology = load_cli_topology(args)
     decls = build_declarations(topology)
     if args.json:
@@ -57,7 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
+def cmd_apply(args: Args) -> int:
     from delayq.sync.provision import apply_topology
 
     topology = load_cli_topology(args)
@@ -92,7 +93,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def cmd_export(args: Args) -> int:
     text = render_definitions(load_cli_topology(args))
     if args.output is None:
         sys.stdout.write(text)
@@ -103,7 +104,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def cmd_verify(args: Args) -> int:
     from delayq.sync.verify import verify_topology
 
     topology = load_cli_topology(args)
@@ -127,11 +128,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             }
         )
     else:
-        sys.stdout.write(render_checks(checks))
+        show_table(checks_table(checks))
     return EXIT_OK if passed(checks) else EXIT_BROKER
 
 
-def cmd_grant(args: argparse.Namespace) -> int:
+def cmd_grant(args: Args) -> int:
     from delayq.ops.permissions import apply_grant, rabbitmqctl_command
 
     topology = load_cli_topology(args)

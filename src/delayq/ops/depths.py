@@ -11,9 +11,18 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from delayq.tables import Column, Table
 from delayq.topology.model import Topology
 
-__all__ = ["Depth", "StatsRow", "render_stats", "stats_json", "stats_queues", "stats_rows"]
+__all__ = [
+    "Depth",
+    "StatsRow",
+    "render_stats",
+    "stats_json",
+    "stats_queues",
+    "stats_rows",
+    "stats_table",
+]
 
 
 @dataclass(frozen=True)
@@ -67,14 +76,13 @@ def _cell(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
 
-def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
+def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> Table:
     """The table: one line per row; ``missing`` where a queue does not exist."""
-    width = max(len("queue"), *(len(r.queue) for r in rows))
-    lines = [
-        f"# source: {source}",
-        f"{'queue':<{width}}  {'role':<11} {'depth':>9} {'ready':>9} {'unacked':>9} "
-        f"{'consumers':>9} {'dlq depth':>9}",
-    ]
+    table = Table(
+        [Column("queue"), Column("role")]
+        + [Column(h, right=True) for h in ("depth", "ready", "unacked", "consumers", "dlq depth")],
+        before=[f"source: {source}"],
+    )
     for row in rows:
         depth = depths.get(row.queue)
         if row.dlq is None:
@@ -83,26 +91,33 @@ def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], s
             dlq_depth = depths.get(row.dlq)
             dlq = "missing" if dlq_depth is None else _cell(dlq_depth.total)
         if depth is None:
-            cells = f"{'missing':>9} {'':>9} {'':>9} {'':>9}"
+            cells = ["missing", "", "", ""]
         else:
-            cells = (
-                f"{_cell(depth.total):>9} {_cell(depth.ready):>9} {_cell(depth.unacked):>9} "
-                f"{_cell(depth.consumers):>9}"
-            )
-        lines.append(f"{row.queue:<{width}}  {row.role:<11} {cells} {dlq:>9}")
+            cells = [
+                _cell(depth.total),
+                _cell(depth.ready),
+                _cell(depth.unacked),
+                _cell(depth.consumers),
+            ]
+        table.add(row.queue, row.role, *cells, dlq)
     for row in rows:
         depth = depths.get(row.queue)
         if depth is not None and depth.forwarding:
-            lines.append(
-                f"# {row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
+            table.after.append(
+                f"{row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
                 "if this lasts more than a few seconds, dead-lettering is stuck "
                 "(docs/operations/deployment.md: 'dead letters that stop moving')"
             )
     if any(d is not None and d.unacked is None for d in depths.values()):
-        lines.append(
-            "# AMQP counts ready messages only (unacked: ?); quorum queues' counts can lag a little"
+        table.after.append(
+            "AMQP counts ready messages only (unacked: ?); quorum queues' counts can lag a little"
         )
-    return "\n".join(lines) + "\n"
+    return table
+
+
+def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
+    """:func:`stats_table` as plain text."""
+    return stats_table(rows, depths, source).plain()
 
 
 def stats_json(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:

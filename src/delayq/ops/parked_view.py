@@ -19,12 +19,14 @@ from typing import Any
 from delayq.consume.delivery import H_ERROR_TRACE
 from delayq.durations import format_ms
 from delayq.ops.parked import ParkedMessage
+from delayq.tables import Column, Table
 from delayq.wording import counted
 
 __all__ = [
     "MASK",
     "SENSITIVE_HEADERS",
     "is_sensitive",
+    "list_table",
     "message_detail",
     "message_summary",
     "plain",
@@ -155,29 +157,36 @@ def message_detail(
     }
 
 
-def _cell(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def render_list(rows: list[dict[str, Any]], limit: int) -> str:
+def list_table(rows: list[dict[str, Any]], limit: int) -> Table:
     """The ``list`` table (rows from :func:`message_summary`)."""
-    id_w = min(34, max(10, *(len(r["message_id"]) for r in rows)))
-    key_w = min(30, max(11, *(len(r["routing_key"]) for r in rows)))
-    why_w = min(40, max(6, *(len(r["reason"]) for r in rows)))
-    lines = [
-        f"{'message id':<{id_w}} {'routing key':<{key_w}} {'attempts':>8} {'age':>10}  "
-        f"{'reason':<{why_w}} error"
-    ]
+    table = Table(
+        [
+            Column("message id", max_width=34),
+            Column("routing key", max_width=30),
+            Column("attempts", right=True),
+            Column("age", right=True),
+            Column("reason", max_width=40),
+            Column("error", max_width=80),
+        ],
+        after=[f"{len(rows)} shown (at most {limit})"],
+    )
     for r in rows:
         age = r["age_ms"]
         shown_age = format_ms(age // 1000 * 1000) if age is not None else "?"
-        lines.append(
-            f"{_cell(r['message_id'], id_w):<{id_w}} {_cell(r['routing_key'], key_w):<{key_w}} "
-            f"{r['attempts']:>8} {shown_age:>10}  {_cell(r['reason'], why_w):<{why_w}} "
-            f"{r['error'][:80]}"
+        table.add(
+            r["message_id"],
+            r["routing_key"],
+            str(r["attempts"]),
+            shown_age,
+            r["reason"],
+            r["error"],
         )
-    lines.append(f"# {len(rows)} shown (at most {limit})")
-    return "\n".join(lines) + "\n"
+    return table
+
+
+def render_list(rows: list[dict[str, Any]], limit: int) -> str:
+    """:func:`list_table` as plain text."""
+    return list_table(rows, limit).plain()
 
 
 def _printable(line: str) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from delayq.durations import format_ms
 from delayq.errors import InvalidInput, TopologyConflict
+from delayq.tables import Column, Table
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, rung_arguments
 from delayq.topology.model import QueueType, Topology
 
@@ -33,6 +34,7 @@ __all__ = [
     "check_probe",
     "check_version",
     "check_vhost",
+    "checks_table",
     "compare_bindings",
     "compare_entity",
     "compare_redeclared",
@@ -369,14 +371,19 @@ def check_probe(
 # Output -------------------------------------------------------------------------------
 
 
-def render_checks(checks: Sequence[Check]) -> str:
+def checks_table(checks: Sequence[Check]) -> Table:
     """The table ``delayq topology verify`` prints, with a summary line."""
-    width = max([len("check"), *(len(c.subject) for c in checks)])
-    lines = [f"{'status':<8} {'check':<{width}}  detail"]
-    lines += [f"{c.status.value:<8} {c.subject:<{width}}  {c.detail}" for c in checks]
+    table = Table([Column("status"), Column("check"), Column("detail")])
+    for c in checks:
+        table.add(c.status.value, c.subject, c.detail)
     counts = {s: sum(1 for c in checks if c.status is s) for s in Status}
-    lines.append(
-        f"# {len(checks)} checks: {counts[Status.OK]} OK, {counts[Status.FAIL]} FAIL, "
+    table.after.append(
+        f"{len(checks)} checks: {counts[Status.OK]} OK, {counts[Status.FAIL]} FAIL, "
         f"{counts[Status.SKIPPED]} SKIPPED"
     )
-    return "\n".join(lines) + "\n"
+    return table
+
+
+def render_checks(checks: Sequence[Check]) -> str:
+    """:func:`checks_table` as plain text."""
+    return checks_table(checks).plain()

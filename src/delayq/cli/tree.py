@@ -1,0 +1,280 @@
+"""The ``delayq`` command groups: ``topology``, ``dlq``/``unrouted`` and ``spark``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from delayq.cli.options import (
+    Command,
+    PositiveFloat,
+    PositiveInt,
+    flag,
+    group,
+    json_flag,
+    leaf,
+    management,
+    once,
+)
+from delayq.cli.parked import cmd_parked
+from delayq.cli.spark import cmd_spark_report, cmd_spark_schedule
+from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
+from delayq.ops.permissions import VIAS
+
+__all__ = ["parked_group", "spark_group", "topology_group"]
+
+
+def topology_group() -> click.Group:
+    return group(
+        "topology",
+        "plan, apply, export, verify or grant the topology",
+        [
+            leaf(
+                "plan",
+                cmd_plan,
+                "print what would be declared (no broker)",
+                [json_flag()],
+                url=False,
+                file=True,
+            ),
+            leaf(
+                "apply",
+                cmd_apply,
+                "declare the topology on the broker",
+                [flag("--quiet", "-q", help="print only conflicts and the summary")],
+                url=True,
+                file=True,
+            ),
+            leaf(
+                "export",
+                cmd_export,
+                "write RabbitMQ definitions JSON (no broker)",
+                [
+                    once(
+                        "--output",
+                        "-o",
+                        type=click.Path(path_type=Path),
+                        help="output file (default: stdout)",
+                    )
+                ],
+                url=False,
+                file=True,
+            ),
+            leaf(
+                "verify",
+                cmd_verify,
+                "check the live broker against the topology (exit 0 only if nothing failed)",
+                [
+                    *management(),
+                    json_flag(),
+                    flag("--no-probe", help="skip the dead-lettering probe (creates nothing)"),
+                    once(
+                        "--probe-timeout",
+                        default="10s",
+                        help="how long the probe message "
+                        "may take to be dead-lettered (default 10s)",
+                    ),
+                ],
+                url=True,
+                file=True,
+            ),
+            leaf(
+                "grant",
+                cmd_grant,
+                "least-privilege permissions for a producer, a consumer and an admin user",
+                [
+                    once("--producer-user", metavar="USER", help="the user that publishes"),
+                    once("--consumer-user", metavar="USER", help="the user that runs consumers"),
+                    once("--admin-user", metavar="USER", help="the user that runs topology apply"),
+                    once("--vhost", help="default: the topology's vhost"),
+                    flag("--apply", help="set the permissions (else print)"),
+                    json_flag(),
+                    once(
+                        "--via",
+                        type=click.Choice(VIAS),
+                        default="rabbitmqctl",
+                        help="how --apply sets them",
+                    ),
+                    once(
+                        "--rabbitmqctl",
+                        default="rabbitmqctl",
+                        help="the rabbitmqctl command, "
+                        'e.g. "rabbitmqctl -n rabbit@host" (default rabbitmqctl)',
+                    ),
+                    *management(),
+                ],
+                url=True,
+                file=True,
+            ),
+        ],
+    )
+
+
+def parked_group(name: str, what: str) -> click.Group:
+    takes_queue = name == "dlq"
+
+    def queue() -> list[click.Parameter]:
+        return [click.Argument(["queue"], metavar="QUEUE")] if takes_queue else []
+
+    def action_leaf(action: str, help: str, params: list[click.Parameter], **kw: Any) -> Command:
+        return leaf(
+            action,
+            cmd_parked,
+            help,
+            [*queue(), *params],
+            url=True,
+            file=True,
+            names={"command": name, "parked_command": action},
+            **kw,
+        )
+
+    return group(
+        name,
+        f"list, show, replay or purge {what}",
+        [
+            action_leaf(
+                "list",
+                "a table of parked messages",
+                [
+                    once(
+                        "--limit",
+                        type=PositiveInt(),
+                        default=100,
+                        help="rows at most (default 100)",
+                    ),
+                    json_flag("print JSON instead of a table"),
+                ],
+            ),
+            action_leaf(
+                "show",
+                "one message, headers and body",
+                [
+                    click.Argument(["message_id"], metavar="ID"),
+                    json_flag("print JSON"),
+                    flag(
+                        "--reveal",
+                        help="print sensitive headers (authorization, cookie, "
+                        "*token*, ...) unmasked",
+                    ),
+                    click.Option(
+                        ["--mask-header"],
+                        multiple=True,
+                        metavar="NAME",
+                        help="also mask headers whose name contains NAME (repeatable; "
+                        "$DELAYQ_MASK_HEADERS adds a comma-separated list)",
+                    ),
+                ],
+            ),
+            action_leaf(
+                "replay",
+                "send messages again (same id, attempt counter reset) and remove them",
+                [
+                    click.Option(
+                        ["--id", "ids"],
+                        multiple=True,
+                        metavar="ID",
+                        help="a message id (repeatable)",
+                    ),
+                    flag("--all", help="every parked message"),
+                    once(
+                        "--rate",
+                        type=PositiveFloat(),
+                        metavar="N",
+                        help="at most N messages per second",
+                    ),
+                ],
+                one_of=[("ids", "all")],
+            ),
+            action_leaf(
+                "purge", "delete every parked message", [flag("--yes", help="really delete them")]
+            ),
+        ],
+    )
+
+
+def spark_group() -> click.Group:
+    def master() -> click.Option:
+        return once("--master", help="Spark master (default: local[*], or what spark-submit set)")
+
+    names = {"spark_command": "schedule"}
+    schedule = leaf(
+        "schedule",
+        cmd_spark_schedule,
+        "publish one delayed message per row of a Parquet, CSV or JSON-lines input",
+        [
+            click.Argument(["input"], metavar="INPUT"),
+            master(),
+            once(
+                "--format",
+                type=click.Choice(["parquet", "csv", "jsonl"]),
+                help="default: from INPUT's extension",
+            ),
+            once("--key-col", default="key", help="message ids derive from it (default key)"),
+            once("--routing-key-col", default="routing_key", help="default routing_key"),
+            once("--delay-col", help='delays like "90s", "15m"'),
+            once("--due-col", help="absolute due times (timestamps or ISO 8601)"),
+            once("--body-col", default="body", help="default body; 'none' for no body"),
+            flag("--body-json", help="parse str bodies as JSON"),
+            once("--errors", metavar="DIR", help="write rejected rows here (default: print them)"),
+            once(
+                "--errors-format",
+                type=click.Choice(["json", "csv", "parquet"]),
+                default="json",
+                help="default json",
+            ),
+            once("--partitions", type=PositiveInt(), help="repartition first (a connection each)"),
+            once("--window", type=PositiveInt(), default=1000, help="unconfirmed per connection"),
+            json_flag("print the summary as JSON"),
+            once(
+                "--max-rejected",
+                default="0",
+                metavar="N|P%",
+                help="rejected rows the job accepts: a count, or a percentage of the rows "
+                "(default 0: any rejected row makes the job exit 1)",
+            ),
+            flag(
+                "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
+            ),
+        ],
+        url=True,
+        file=True,
+        names=names,
+        one_of=[("delay_col", "due_col")],
+        exclusive=[("max_rejected", "allow_rejected")],
+    )
+    report = leaf(
+        "report",
+        cmd_spark_report,
+        "lateness, overshoot, retries and a recommended ladder from delivery records",
+        [
+            click.Argument(["records"], metavar="RECORDS"),
+            master(),
+            once(
+                "--out",
+                required=True,
+                type=click.Path(path_type=Path),
+                metavar="DIR",
+                help="where the report goes",
+            ),
+            once(
+                "--ladder",
+                help='the current ladder, e.g. "30s 1m 5m" (default: tiers in the records)',
+            ),
+            once(
+                "--max-tiers",
+                type=PositiveInt(),
+                help="tiers of the recommended ladder (default: as now)",
+            ),
+            once("--bucket", help='throughput bucket, e.g. "1m" (default: about 60 buckets)'),
+        ],
+        url=False,
+        file=False,
+        names={"spark_command": "report"},
+    )
+    return group(
+        "spark",
+        "Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])",
+        [schedule, report],
+    )
