@@ -67,7 +67,6 @@ The namespace's queues and exchanges are deleted at the end, also on errors.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import cProfile
 import gc
@@ -76,20 +75,15 @@ import io
 import os
 import platform
 import pstats
-import secrets
-import shutil
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
 from benchlib import (
     broker,
     broker_version,
@@ -97,278 +91,25 @@ from benchlib import (
     load_average,
     log,
     positive_int,
-    queue_depth,
+)
+from consume_modes import (
+    LABELS,
+    MEASURE,
+    MEMORY,
+    PROFILE_CHOICES,
+    RAW,
+    REDIS,
+    SQLITE,
+    TARGETS,
+    Context,
+    Settings,
+    Timing,
+    expect_depth,
+    fill,
 )
 
-from delayq import Ladder, Message, Topology
-from delayq.aio import AsyncPublisher
-from delayq.aio.consumer import AsyncConsumer
-from delayq.message.envelope import epoch_ms
-from delayq.stores.base import IdempotencyStore
-from delayq.stores.memory import InMemoryStore
-from delayq.stores.sqlite import SQLiteStore
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
-
-ROUTING_KEY = "bench.consume"
-BINDING = "bench.#"
-LADDER = Ladder.parse(["1h"])
-FILL_WINDOW = 1000
-"""Unconfirmed messages in flight while filling the queue (untimed)."""
-
-POLL_S = 0.002
-"""How often the drain's ack count is looked at, in every mode alike."""
-STALL_S = 60.0
-"""A drain that makes no progress for this long fails the run."""
-
-RAW = "raw-aio-pika"
-MEMORY = "delayq-memory"
-SQLITE = "delayq-sqlite"
-REDIS = "delayq-redis"
-
-LABELS = {
-    RAW: "raw aio-pika consumer, ack only",
-    MEMORY: "AsyncConsumer + InMemoryStore",
-    SQLITE: "AsyncConsumer + SQLiteStore",
-    REDIS: "AsyncConsumer + RedisStore",
-}
-TARGETS = {MEMORY: 0.90, SQLITE: 0.60, REDIS: 0.60}
-PROFILE_CHOICES = {"raw": RAW, "memory": MEMORY, "sqlite": SQLITE, "redis": REDIS}
-
-
-# Settings and shared context -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    count: int
-    body_bytes: int
-    prefetch: int
-    rounds: int
-    sqlite_dir: Path
-
-
-@dataclass(frozen=True)
-class Context:
-    """Everything a measurement needs; built once per run."""
-
-    url: str
-    settings: Settings
-    topology: Topology
-    queue: str
-    """The destination queue every measurement drains."""
-    dlq: str
-    body: bytes
-    redis_url: str | None
-    redis_class: Any
-    """``delayq.stores.redis.RedisStore``, or ``None`` when Redis is skipped."""
-
-    @classmethod
-    def create(
-        cls, url: str, settings: Settings, redis_url: str | None, redis_class: Any
-    ) -> Context:
-        namespace = f"bench{secrets.token_hex(4)}"
-        queue = f"{namespace}.consume"  # destination names are global: keep it unique
-        topology = Topology(
-            namespace=namespace,
-            ladder=LADDER,
-            destinations=[{"queue": queue, "bindings": [BINDING]}],
-        )
-        return cls(
-            url=url,
-            settings=settings,
-            topology=topology,
-            queue=queue,
-            dlq=topology.destination(queue).dlq,
-            body=os.urandom(settings.body_bytes),
-            redis_url=redis_url,
-            redis_class=redis_class,
-        )
-
-
-# Broker administration (short-lived blocking connections) --------------------------------
-
-
-def expect_depth(ctx: Context, queue: str, expected: int, when: str) -> None:
-    # Checked a few times over a second: a quorum queue's count can trail the
-    # last confirm or ack by a moment; a lasting difference is an error.
-    depth = queue_depth(ctx.url, queue)
-    for _ in range(10):
-        if depth == expected:
-            return
-        time.sleep(0.1)
-        depth = queue_depth(ctx.url, queue)
-    if depth != expected:
-        raise RuntimeError(f"{when}: queue {queue} holds {depth} messages, expected {expected}")
-
-
-def fill(ctx: Context) -> float:
-    """Publish exactly ``count`` immediate messages to the destination; returns seconds."""
-    count = ctx.settings.count
-    message = Message(ctx.body, ROUTING_KEY, "0s")  # a fresh message id for each copy
-
-    async def run() -> None:
-        async with AsyncPublisher(ctx.url, ctx.topology) as publisher:
-            receipts = await publisher.publish_many([message] * count, window=FILL_WINDOW)
-        assert len(receipts) == count and receipts[0].exchange == ctx.topology.ready_exchange
-
-    expect_depth(ctx, ctx.queue, 0, "before filling")
-    started = time.perf_counter()
-    asyncio.run(run())
-    elapsed = time.perf_counter() - started
-    expect_depth(ctx, ctx.queue, count, "after filling")
-    return elapsed
-
-
-# Timing -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock seconds and this process's CPU seconds (the client's own work)."""
-
-    wall_s: float
-    cpu_s: float
-
-
-class Drain:
-    """The clock of one drain: started by the first delivery, read when all are acked."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self._wall: float | None = None
-        self._cpu = 0.0
-
-    def first_delivery(self) -> None:
-        if self._wall is None:
-            self._wall = time.perf_counter()
-            self._cpu = time.process_time()
-
-    async def wait(self, acked: Callable[[], int]) -> Timing:
-        """Poll ``acked()`` every ``POLL_S`` until it reaches ``count``; fail on a stall."""
-        seen, progress_at = -1, time.monotonic()
-        while True:
-            done = acked()
-            if done >= self.count:
-                wall, cpu = time.perf_counter(), time.process_time()
-                break
-            now = time.monotonic()
-            if done != seen:
-                seen, progress_at = done, now
-            elif now - progress_at > STALL_S:
-                raise RuntimeError(f"no progress for {STALL_S:.0f} s: {done} of {self.count} acked")
-            await asyncio.sleep(POLL_S)
-        if done != self.count:
-            raise RuntimeError(f"{done} messages acked, expected {self.count}")
-        assert self._wall is not None
-        return Timing(wall - self._wall, cpu - self._cpu)
-
-
-# The measurements -------------------------------------------------------------------------
-
-
-def raw_aio_pika(ctx: Context) -> Timing:
-    count, prefetch = ctx.settings.count, ctx.settings.prefetch
-
-    async def run() -> Timing:
-        drain = Drain(count)
-        acked = 0
-
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            nonlocal acked
-            drain.first_delivery()
-            await message.ack()
-            acked += 1
-
-        connection = await aio_pika.connect(ctx.url)
-        async with connection:
-            channel = await connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=prefetch)
-            queue = await channel.get_queue(ctx.queue, ensure=False)
-            tag = await queue.consume(on_message, no_ack=False)
-            timing = await drain.wait(lambda: acked)
-            await queue.cancel(tag)
-        return timing
-
-    return asyncio.run(run())
-
-
-def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> Timing:
-    count, prefetch = ctx.settings.count, ctx.settings.prefetch
-
-    async def run(store: IdempotencyStore) -> Timing:
-        drain = Drain(count)
-
-        async def handler(_value: object) -> None:
-            drain.first_delivery()
-
-        consumer = AsyncConsumer(
-            ctx.url, ctx.topology, ctx.queue, handler, store=store, prefetch=prefetch
-        )
-        await consumer.start()
-        try:
-            timing = await drain.wait(lambda: consumer.stats.handled)
-        finally:
-            await consumer.stop()
-        stats = consumer.stats
-        if (stats.handled, stats.duplicates, stats.retried, stats.dead_lettered) != (
-            count,
-            0,
-            0,
-            0,
-        ) or stats.returned:
-            raise RuntimeError(f"AsyncConsumer ended with {stats}, expected {count} handled")
-        return timing
-
-    store = make_store()
-    try:
-        return asyncio.run(run(store))
-    finally:
-        # Forget this drain's keys (a Redis store's live under this run's prefix only).
-        with contextlib.suppress(Exception):
-            store.prune(older_than_ms=epoch_ms() + 3_600_000)
-        store.close()
-
-
-def delayq_memory(ctx: Context) -> Timing:
-    return async_consumer(ctx, InMemoryStore)
-
-
-def delayq_sqlite(ctx: Context) -> Timing:
-    folder = Path(tempfile.mkdtemp(prefix="delayq-bench-", dir=ctx.settings.sqlite_dir))
-    try:
-        return async_consumer(ctx, lambda: SQLiteStore(folder / "keys.db"))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def make_redis_store(cls: Any, url: str, prefix: str) -> IdempotencyStore:
-    """A ``RedisStore`` for ``url`` whose keys live under this run's own ``prefix``.
-
-    The prefix matters: the drain's keys are pruned afterwards, and a Redis given
-    with ``--redis-url`` may hold other keys under the store's default prefix.
-    """
-    try:
-        store: IdempotencyStore = cls(url, prefix=prefix)
-    except TypeError as exc:
-        raise RuntimeError(f"RedisStore does not take prefix=: {exc}") from exc
-    return store
-
-
-def delayq_redis(ctx: Context) -> Timing:
-    assert ctx.redis_class is not None and ctx.redis_url is not None
-    prefix = f"{ctx.topology.namespace}:idem:"
-    return async_consumer(
-        ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or "", prefix)
-    )
-
-
-MEASURE: dict[str, Callable[[Context], Timing]] = {
-    RAW: raw_aio_pika,
-    MEMORY: delayq_memory,
-    SQLITE: delayq_sqlite,
-    REDIS: delayq_redis,
-}
 
 
 def modes_of(ctx: Context) -> tuple[str, ...]:
