@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -19,9 +19,6 @@ from delayq.message.envelope import epoch_ms
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 from delayq.wording import counted
-
-if TYPE_CHECKING:
-    pass
 
 
 def _parking(args: Args) -> tuple[Topology, str, str]:

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -37,9 +37,6 @@ from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 from delayq.wording import counted
-
-if TYPE_CHECKING:
-    pass
 
 
 def cmd_stats(args: Args) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -17,9 +17,6 @@ from delayq.cli._console import progress_bar
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
-
-if TYPE_CHECKING:
-    pass
 
 
 def _spark_session(args: Args) -> Any:

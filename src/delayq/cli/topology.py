@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from typing import TYPE_CHECKING
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -25,9 +24,6 @@ from delayq.topology.definitions import render_definitions
 from delayq.topology.report import ApplyStatus
 from delayq.urls import redact, resolve_url
 from delayq.wording import counted
-
-if TYPE_CHECKING:
-    pass
 
 
 def cmd_plan(args: Args) -> int:
