@@ -45,6 +45,7 @@ from delayq.errors import (
     InvalidURL,
     ManagementUnavailable,
     MissingExtra,
+    PublishBackpressure,
     PublishBatchError,
     PublishBlocked,
     PublishError,
@@ -60,6 +61,7 @@ from delayq.errors import (
     Unroutable,
 )
 from delayq.message.envelope import Message, Receipt
+from delayq.message.inflight import InFlightLimit
 from delayq.message.limits import MessageLimits
 from delayq.observe.deliveries import DeliveryObserver, Settled
 from delayq.observe.publishes import Published, PublishObserver, PublishOutcome
@@ -120,6 +122,7 @@ __all__ = [
     "HandlerTimeout",
     "HeadersTooLarge",
     "IdempotencyStore",
+    "InFlightLimit",
     "InMemoryStore",
     "InvalidBody",
     "InvalidDelay",
@@ -136,6 +139,7 @@ __all__ = [
     "MessageLimits",
     "MissingExtra",
     "PostgresStore",
+    "PublishBackpressure",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",

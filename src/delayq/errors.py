@@ -30,6 +30,7 @@ and aiormq are translated at one place per adapter, its error map
     │       ├── PublishRejected
     │       ├── PublishUnconfirmed
     │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
+    │       ├── PublishBackpressure: the publisher's in-flight bound is full; not sent
     │       └── PublishBatchError: some messages of a batch failed
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
     │   └── ClaimLost
@@ -63,6 +64,7 @@ __all__ = [
     "InvalidURL",
     "ManagementUnavailable",
     "MissingExtra",
+    "PublishBackpressure",
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
@@ -252,6 +254,12 @@ class PublishUnconfirmed(PublishError):
 class PublishBlocked(PublishUnconfirmed):
     """The broker blocked publishing (a memory or disk alarm) for longer than the
     publisher's bound; delayq stopped waiting instead of hanging."""
+
+
+class PublishBackpressure(PublishError):
+    """The publisher already holds as much unconfirmed as its ``in_flight`` limit allows,
+    and the publish could not wait (``when_full="raise"``) or waited in vain: nothing
+    of it was sent (see :mod:`delayq.message.inflight`)."""
 
 
 class PublishBatchError(PublishError):

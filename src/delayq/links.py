@@ -226,6 +226,8 @@ class LinkOptions:
     """How long the broker may block publishers (a resource alarm) before a publish fails."""
     confirm_timeout_s: float = 60.0
     """How long an asyncio publish waits for its confirm."""
+    max_in_flight_bytes: int = 64 * 1024 * 1024
+    """The most a stream keeps sent and unconfirmed, in bytes (:mod:`delayq.message.inflight`)."""
 
 
 @runtime_checkable

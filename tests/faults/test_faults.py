@@ -17,7 +17,9 @@ import pytest
 
 from delayq import (
     FixedBackoff,
+    InFlightLimit,
     Message,
+    PublishBackpressure,
     PublishBatchError,
     PublishBlocked,
     PublishError,
@@ -210,7 +212,74 @@ def test_memory_alarm_blocks_publishers_within_the_bound(fault_node, reliability
         + " and ".join(f"{w:.1f} s" for w in waited) + f" (bound {bound_s:g} s); the same ids "
         "re-sent after the alarm were each handled once",
     )
-    assert all(w < bound_s + 10 for w in waited), waited
+    # The bound is a promise (it was once honoured at 5.0 s of 3 s): kept to within the
+    # scheduling slack of a loaded two-core machine.
+    assert all(w < bound_s + 2 for w in waited), waited
+    assert lost == 0 and doubles == 0 and not left, (lost, doubles, left)
+
+
+def _wait_for_alarm(node: Any, on: bool, timeout_s: float = 30.0) -> None:
+    """Until the node reports a memory alarm (or none): a state, not a pause."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alarms = node.ctl("eval", "rabbit_alarm:get_alarms().")
+        if ("memory" in alarms) == on:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the memory alarm did not {'rise' if on else 'clear'} in {timeout_s} s")
+
+
+def test_a_blocked_broker_pushes_back_on_publishers_and_they_recover(
+    fault_node, reliability, tmp_path
+):
+    """Confirms stop (a memory alarm): an asyncio publisher holds no more than its
+    in-flight bound, a publish past it raises PublishBackpressure within the bound's
+    wait with nothing sent, and what was in flight is confirmed once the alarm clears."""
+    node = fault_node()
+    topo = make_topology(["1s"])
+    apply_topology(topo, node.url)
+    effects = Effects(tmp_path / "app.db")
+    consumer = ConsumerThread(node.url, topo, effects)
+    started = time.monotonic()
+    node.ctl("set_vm_memory_high_watermark", "0.000001")
+    _wait_for_alarm(node, on=True)
+    limit = InFlightLimit(messages=10, wait="1s")
+    messages = random_messages(11, 1_000)
+    refused_after: list[float] = []
+    recovered_after: list[float] = []
+
+    async def scenario() -> None:
+        async with AsyncPublisher(node.url, topo, in_flight=limit, confirm_timeout_s=120) as pub:
+            held = [asyncio.create_task(pub.publish_many([m])) for m in messages[:10]]
+            while pub._admission.book.messages < 10:  # all ten sent, none confirmed
+                await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            with pytest.raises(PublishBackpressure, match="did not free room within 1s"):
+                await pub.publish_many(messages[10:])
+            refused_after.append(time.monotonic() - t0)
+            assert not any(task.done() for task in held)  # still waiting, not failed
+            await asyncio.to_thread(node.ctl, "set_vm_memory_high_watermark", "0.4")
+            cleared = time.monotonic()
+            await asyncio.wait_for(asyncio.gather(*held), 60)  # confirmed once it clears
+            recovered_after.append(round(time.monotonic() - cleared, 1))
+            await pub.publish_many(messages[10:])  # the refused one, sent again: same id
+
+    asyncio.run(scenario())
+    recover_s = recovered_after[0]
+    confirmed = set(range(11))
+    effects.wait_for(confirmed, timeout_s=60)
+    counts = effects.counts()
+    consumer.stop()
+    lost, doubles = _verdict(confirmed, counts)
+    left = leftovers(node.url, topo)
+    reliability(
+        "confirms stopped by a memory alarm, asyncio publisher bounded at 10 in flight",
+        messages=len(confirmed), faults=1, lost=lost, doubles=doubles, recover_s=recover_s,
+        duration_s=round(time.monotonic() - started),
+        notes=f"the 11th publish raised PublishBackpressure after {refused_after[0]:.1f} s "
+        "(wait 1 s), nothing of it sent; the 10 in flight were confirmed after the alarm",
+    )
+    assert refused_after[0] < 1 + 2, refused_after
     assert lost == 0 and doubles == 0 and not left, (lost, doubles, left)
 
 

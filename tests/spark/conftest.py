@@ -1,7 +1,15 @@
-"""One local Spark session for the whole test run (``local[2]``, few shuffle partitions)."""
+"""One local Spark session for the whole test run (``local[2]``, few shuffle partitions).
+
+Without PySpark (a ``[test]`` install without the ``spark`` extra) these modules
+cannot be imported, and an import error stops the whole session, whatever ``-m``
+selects: so they are left out of collection, said at the end of the run, unless
+the run asks for them (``-m spark``) or runs in CI (``CI`` set), where a missing
+extra must fail loudly.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -9,6 +17,31 @@ import pytest
 
 from delayq import Topology
 from tests.topologies import throwaway_topologies
+
+
+def _left_out(config: pytest.Config) -> bool:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return False
+    asked = "spark" in (config.getoption("markexpr", "") or "").replace("not spark", "")
+    return not asked and not os.environ.get("CI")
+
+
+collect_ignore_glob: list[str] = []
+LEFT_OUT = "tests/spark left out: PySpark is not installed (pip install 'delayq[spark]')"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _left_out(config):
+        collect_ignore_glob.append("test_*.py")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if collect_ignore_glob:
+        terminalreporter.write_line(LEFT_OUT)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

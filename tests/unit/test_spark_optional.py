@@ -41,3 +41,31 @@ def test_importing_delayq_spark_without_pyspark_raises_import_error_naming_the_e
     done = run("import delayq.spark")
     assert done.returncode == 1
     assert "MissingExtra" in done.stderr and "pip install 'delayq[spark]'" in done.stderr
+
+
+def collect(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pytest --collect-only`` as in a ``[test]`` install: no PySpark, no matplotlib."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root / "src"), str(root)])
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         *args],
+        capture_output=True, text=True, env=env, cwd=root, timeout=120,
+    )
+
+
+def test_the_fault_suite_collects_without_pyspark(tmp_path: Path) -> None:
+    done = collect(tmp_path, "-m", "faults")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests/faults/test_faults.py::" in done.stdout
+    assert "tests/spark left out: PySpark is not installed" in done.stdout
+
+
+def test_asking_for_the_spark_tests_without_pyspark_fails_naming_the_extra(
+    tmp_path: Path,
+) -> None:
+    done = collect(tmp_path, "-m", "spark", "tests/spark")
+    assert done.returncode != 0
+    assert "pip install 'delayq[spark]'" in done.stdout + done.stderr

@@ -6,18 +6,25 @@ The publisher builds and checks messages and reports their outcomes; its link
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from delayq.aio._admission import Admission
+from delayq.errors import DelayqError, PublishBatchError, PublishError
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
+from delayq.message import outcomes
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
+from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default, size_of
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
 __all__ = ["AsyncPublisher"]
+
+log = logging.getLogger("delayq.publisher")
 
 
 class AsyncPublisher:
@@ -35,6 +42,12 @@ class AsyncPublisher:
     ``observers`` see each message's outcome (see :mod:`delayq.observe.publishes`).
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
+
+    ``in_flight`` bounds what all of this publisher's concurrent publishes hold sent
+    but unconfirmed (10,000 messages or 64 MiB by default): a publish that would
+    pass it waits for confirms, up to ``in_flight.wait``, then raises
+    :class:`~delayq.errors.PublishBackpressure` with nothing sent (or raises at
+    once with ``when_full="raise"``); see :mod:`delayq.message.inflight`.
     """
 
     def __init__(
@@ -51,8 +64,10 @@ class AsyncPublisher:
         new_id: Callable[[], str] = new_message_id,
         observers: Iterable[PublishObserver] = (),
         link: AsyncLink | None = None,
+        in_flight: InFlightLimit | None = None,
     ) -> None:
         self._url = resolve_url(url)
+        self._admission = Admission(limit_or_default(in_flight))
         self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
         self._gate = gate_for(self.topology, self._url)
@@ -125,13 +140,30 @@ class AsyncPublisher:
     async def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
         with self._observers.reporting([msg]):
-            await self._link.send(msg)
+            async with self._admission.hold(1, size_of(msg)):
+                try:
+                    await self._link.send(msg)
+                except DelayqError:
+                    raise
+                except Exception as exc:
+                    raise self._unexpected(exc, msg) from exc
+
+    @property
+    def in_flight(self) -> InFlightLimit:
+        """The bound on what this publisher holds unconfirmed (:mod:`delayq.message.inflight`)."""
+        return self._admission.limit
+
+    def _unexpected(self, exc: Exception, msg: OutgoingMessage) -> PublishError:
+        """A link let a non-delayq error out: the message's fate is unknown, said as such."""
+        log.error("the link failed a publish with %r; reported as unconfirmed", exc, exc_info=exc)
+        return outcomes.unconfirmed(msg, 1, redact(self._url), exc)
 
     async def publish_many(
         self, messages: Iterable[Message], *, window: int = 1000
     ) -> list[Receipt]:
         """Publish a batch with up to ``window`` confirms outstanding.
 
+        ``window`` is lowered where the publisher's ``in_flight`` bound needs it.
         Every message is validated before any is sent. Returns receipts in input
         order, or raises :class:`~delayq.errors.PublishBatchError` naming each
         message that was not confirmed (the others were).
@@ -139,6 +171,17 @@ class AsyncPublisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        # The batch reserves room for what it keeps unconfirmed at once (its window,
+        # lowered to fit the byte bound), not for all of it.
+        window = batch_window(self._admission.limit, built, max(1, window))
+        room = window * max(size_of(m) for m in built)
         with self._observers.reporting(built):
-            await self._link.send_batch(built, max(1, window))
+            async with self._admission.hold(window, room):
+                try:
+                    await self._link.send_batch(built, window)
+                except DelayqError:
+                    raise
+                except Exception as exc:
+                    failures = {i: self._unexpected(exc, m) for i, m in enumerate(built)}
+                    raise PublishBatchError([None] * len(built), failures) from exc
         return [m.receipt for m in built]

@@ -63,6 +63,7 @@ class PikaLink:
         self._connect_attempts = max(1, options.connect_attempts)
         self._backoff_s = options.retry_backoff_s
         self._blocked_timeout_s = options.blocked_timeout_s
+        self._max_bytes = options.max_in_flight_bytes
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._gated: pika.BlockingConnection | None = None  # the connection that passed it
@@ -186,6 +187,7 @@ class PikaLink:
             messages,
             settle=settle,
             window=max(1, window),
+            max_bytes=self._max_bytes,
             properties=pika_properties,
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,

@@ -28,6 +28,7 @@ from delayq.errors import (
 from delayq.links import Settle
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.message.inflight import size_of
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
 from delayq.topology.marker import Gate
 
@@ -84,8 +85,11 @@ class _Round:
         properties: Callable[[OutgoingMessage], pika.BasicProperties],
         settle: Settle,
         gate: Gate | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         self.params = params
+        self.max_bytes = max_bytes
+        self.outstanding_bytes = 0
         self.gate = gate
         self.gating = False  # the passive declare of the apply marker is under way
         self.source = source
@@ -221,7 +225,7 @@ class _Round:
 
     def _fill(self, _frame: Any = None) -> None:
         channel = self.channel
-        while len(self.outstanding) < self.window:
+        while len(self.outstanding) < self.window and self._bytes_free():
             item = self.source.next()
             if item is None:
                 break
@@ -230,12 +234,22 @@ class _Round:
                 self._check_exchange(item)
                 return
             self.outstanding[self.next_tag] = item
+            self.outstanding_bytes += size_of(msg)
             self.next_tag += 1
             channel.basic_publish(
                 msg.exchange, msg.routing_key, msg.body, self.properties(msg), mandatory=True
             )
         if self.source.done and not self.outstanding:
             self._finish()
+
+    def _bytes_free(self) -> bool:
+        """Whether another message may go out under the byte bound (one always may when
+        nothing is outstanding: the bound slows a stream, it never stops one)."""
+        return (
+            self.max_bytes is None
+            or not self.outstanding
+            or self.outstanding_bytes < self.max_bytes
+        )
 
     def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
         # Returns come before the confirm of the same message, in publish order.
@@ -261,6 +275,7 @@ class _Round:
     def _settle(self, item: tuple[int, OutgoingMessage], acked: bool) -> None:
         index, msg = item
         self.settled += 1
+        self.outstanding_bytes -= size_of(msg)
         if index in self.returned:
             self.returned.discard(index)
             error: PublishError | None = outcomes.unroutable(msg)
@@ -285,8 +300,12 @@ def send_pipelined(
     url_for_errors: str,
     explain: Callable[[BaseException], str | None] = lambda _exc: None,
     gate: Gate | None = None,
+    max_bytes: int | None = None,
 ) -> None:
     """Stream ``messages`` with up to ``window`` unconfirmed; ``settle`` hears each fate once.
+
+    ``max_bytes`` bounds what is unconfirmed in bytes too (body plus an allowance per
+    message: :func:`delayq.message.inflight.size_of`).
 
     ``messages`` is pulled lazily (a generator of millions is fine). A lost
     connection costs an attempt only when its round confirmed nothing, so a long
@@ -308,7 +327,9 @@ def send_pipelined(
     handed_over = False  # did any round write a message to a socket?
     rounds = 0
     while True:
-        rnd = _Round(hosts[rounds % len(hosts)], source, window, properties, settle, gate)
+        rnd = _Round(
+            hosts[rounds % len(hosts)], source, window, properties, settle, gate, max_bytes
+        )
         rounds += 1
         rnd.run()
         handed_over = handed_over or rnd.next_tag > 1

@@ -14,6 +14,7 @@ from delayq.errors import PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
+from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
 from delayq.topology.model import Strategy, Topology
@@ -37,6 +38,11 @@ class Publisher:
     ``observers`` see each message's outcome (see :mod:`delayq.observe.publishes`).
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
+
+    ``in_flight`` bounds what a batch or stream keeps sent but unconfirmed (10,000
+    messages or 64 MiB by default, lowering ``window`` where needed): the caller
+    waits while confirms are behind, since a stream is pulled only as confirms
+    free room (see :mod:`delayq.message.inflight`).
     """
 
     def __init__(
@@ -53,8 +59,10 @@ class Publisher:
         new_id: Callable[[], str] = new_message_id,
         observers: Iterable[PublishObserver] = (),
         link: Link | None = None,
+        in_flight: InFlightLimit | None = None,
     ) -> None:
         self._url = resolve_url(url)
+        self._in_flight = limit_or_default(in_flight)
         self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
         self._gate = gate_for(self.topology, self._url)
@@ -64,6 +72,7 @@ class Publisher:
                 connect_attempts=connect_attempts,
                 retry_backoff_s=retry_backoff_s,
                 blocked_timeout_s=blocked_timeout_s,
+                max_in_flight_bytes=self._in_flight.bytes,
             )
             link = open_link(self._url, self._gate, options)
         self._link = link
@@ -147,8 +156,9 @@ class Publisher:
         built = self._factory.build_many(messages)
         if not built:
             return []
+        window = batch_window(self._in_flight, built, max(1, window))
         with self._observers.reporting(built):
-            self._link.send_batch(built, max(1, window))
+            self._link.send_batch(built, window)
         return [m.receipt for m in built]
 
     def send_many(
@@ -183,7 +193,13 @@ class Publisher:
                 self._observers.emit([msg], error)
                 observed(index, msg, error)
 
-        self._link.send_stream(messages, settle, max(1, window))
+        window = max(1, min(window, self._in_flight.messages))
+        self._link.send_stream(messages, settle, window)
+
+    @property
+    def in_flight(self) -> InFlightLimit:
+        """The bound on what a batch or stream holds unconfirmed."""
+        return self._in_flight
 
     @property
     def factory(self) -> MessageFactory:
