@@ -168,6 +168,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="wait up to the top tier plus this after publishing (default 30s)",
     )
     steady_args.add_argument("--seed", type=int, default=1, help="seed of the delays")
+    steady_args.add_argument(
+        "--in-flight",
+        type=positive_int,
+        default=10_000,
+        help="the publisher's in-flight bound in messages (InFlightLimit; default 10000)",
+    )
     park_args = parser.add_argument_group("park")
     park_args.add_argument(
         "--park", type=positive_int, default=1_000_000, help="messages to park (default 1000000)"
@@ -225,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         park=args.park,
         park_ladder_ms=args.park_ladder,
         window=args.window,
+        in_flight=args.in_flight,
         park_hold_ms=args.park_hold,
         management_url=args.management_url,
     )

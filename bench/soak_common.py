@@ -54,6 +54,11 @@ BATCHES_IN_FLIGHT = 50
 """Unconfirmed batches at most; past that the pacer waits (and the lag is reported)."""
 
 
+MAX_BATCH = 1000
+"""The most messages one ``publish_many`` of the steady soak carries: a pacer that fell
+behind sends what is due in batches of this size, never one batch of everything."""
+
+
 PROGRESS_EVERY_S = 10.0
 
 
@@ -87,6 +92,7 @@ class Settings:
     park_ladder_ms: list[int]
     window: int
     park_hold_ms: int
+    in_flight: int
     management_url: str | None
 
     @property

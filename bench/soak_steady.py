@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import resource
 import time
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +18,7 @@ from benchlib import log
 from soak_common import (
     BATCH_EVERY_S,
     BATCHES_IN_FLIGHT,
+    MAX_BATCH,
     POLL_S,
     PROGRESS_EVERY_S,
     ROUTING_KEY,
@@ -43,7 +46,7 @@ from soak_report import (
     summarize,
 )
 
-from delayq import Message, Receipt, Topology
+from delayq import InFlightLimit, Message, Receipt, Topology
 from delayq.aio import AsyncPublisher, apply_topology_async
 from delayq.durations import format_ms
 from delayq.errors import DelayqError, PublishBatchError
@@ -64,6 +67,8 @@ class Ledger:
     sent: int = 0
     confirmed_count: int = 0
     failed: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    """Messages reported not confirmed, by the error that said so."""
     last_confirm_at: float = 0.0
     max_lag_s: float = 0.0
     """How far the pacer fell behind its schedule at worst."""
@@ -119,6 +124,7 @@ class DelayPicker:
 async def send_batch(
     publisher: AsyncPublisher, first: int, batch: list[Message], ledger: Ledger
 ) -> None:
+    """One ``publish_many``; every message ends confirmed or counted under its error."""
     try:
         receipts: list[Receipt | None] = list(
             await publisher.publish_many(batch, window=len(batch))
@@ -126,9 +132,12 @@ async def send_batch(
     except PublishBatchError as exc:
         log(f"  batch at {first}: {exc}")
         receipts = list(exc.receipts)
-    except DelayqError as exc:
+        for error in exc.failures.values():
+            ledger.failures[type(error).__name__] += 1
+    except DelayqError as exc:  # nothing of it sent (PublishBackpressure, ConnectionFailed)
         log(f"  batch at {first} not confirmed: {exc}")
         receipts = [None] * len(batch)
+        ledger.failures[type(exc).__name__] += len(batch)
     for offset, receipt in enumerate(receipts):
         if receipt is None:
             ledger.failed += 1
@@ -137,14 +146,34 @@ async def send_batch(
     ledger.last_confirm_at = time.monotonic()
 
 
+def publisher_rss_kib() -> int:
+    """This process's resident memory now (the publisher runs here), in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def publisher_peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
 async def publish_paced(
     url: str, topology: Topology, settings: Settings, ledger: Ledger
 ) -> tuple[float, float]:
-    """Send ``settings.total`` messages at ``settings.rate``; returns (start, end) monotonic."""
+    """Send ``settings.total`` messages at ``settings.rate``; returns (start, end) monotonic.
+
+    A pacer that falls behind (the publisher slows it: its in-flight bound is full)
+    builds what is due in batches of at most ``MAX_BATCH``, with at most
+    ``BATCHES_IN_FLIGHT`` of them handed to the publisher: what this process holds
+    stays bounded however far behind the schedule it falls, and the lag is reported.
+    """
     pick_delay = DelayPicker(settings)
     padding = os.urandom(max(0, settings.body_bytes - SEQ.size))
     in_flight: set[asyncio.Task[None]] = set()
-    async with AsyncPublisher(url, topology) as publisher:
+    limit = InFlightLimit(messages=settings.in_flight)
+    async with AsyncPublisher(url, topology, in_flight=limit) as publisher:
         await publisher.connect()
         start = time.monotonic()
         while ledger.sent < ledger.total:
@@ -153,18 +182,22 @@ async def publish_paced(
                 while len(in_flight) >= BATCHES_IN_FLIGHT:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 first = ledger.sent
+                last = min(due, first + MAX_BATCH)
                 batch = [
                     Message(
                         body_of(seq, padding), ROUTING_KEY, timedelta(milliseconds=pick_delay())
                     )
-                    for seq in range(first, due)
+                    for seq in range(first, last)
                 ]
                 lag = time.monotonic() - start - first / settings.rate
                 ledger.max_lag_s = max(ledger.max_lag_s, lag)
                 task = asyncio.create_task(send_batch(publisher, first, batch, ledger))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
-                ledger.sent = due
+                ledger.sent = last
+                if last < due:
+                    await asyncio.sleep(0)  # behind: the next batch at once
+                    continue
             await asyncio.sleep(BATCH_EVERY_S)
         if in_flight:
             await asyncio.gather(*in_flight)
@@ -178,7 +211,8 @@ async def report_progress(ledger: Ledger, records: Records, started: float) -> N
         waiting = ledger.confirmed_count - records.distinct
         log(
             f"  {time.monotonic() - started:6.0f} s: sent {ledger.sent:,}, confirmed "
-            f"{ledger.confirmed_count:,}, handled {records.distinct:,}, waiting {waiting:,}"
+            f"{ledger.confirmed_count:,}, handled {records.distinct:,}, waiting {waiting:,}; "
+            f"publisher RSS {publisher_rss_kib() / 1024:,.0f} MiB"
         )
 
 
@@ -260,6 +294,11 @@ async def steady_in(
         f"{ledger.confirmed_count / publish_s:,.0f} msg/s (asked {settings.rate:g}/s; the "
         f"pacer was at most {ledger.max_lag_s:.2f} s behind its schedule)",
         f"drain: {drain_s:.1f} s after the last confirm",
+        f"not confirmed, each reported to the caller: {ledger.failed:,}"
+        + "".join(f", {name} {n:,}" for name, n in sorted(ledger.failures.items())),
+        f"publisher process RSS: peak {publisher_peak_kib() / 1024:,.0f} MiB (bounded by its "
+        f"in-flight limit of {settings.in_flight:,} messages / 64 MiB, plus at most "
+        f"{BATCHES_IN_FLIGHT} x {MAX_BATCH:,} messages built ahead by the pacer)",
         "",
         "lateness in ms (late: delivered - (published + delay asked); after TTL: delivered -"
         " (published + tier TTL))",

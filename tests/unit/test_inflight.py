@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from delayq import AsyncPublisher, InFlightLimit, PublishBackpressure, Publisher, Topology
+from delayq import (
+    AsyncPublisher,
+    InFlightLimit,
+    Message,
+    PublishBackpressure,
+    Publisher,
+    Topology,
+)
 from delayq.aio._admission import Admission
 from delayq.errors import InvalidDelay, InvalidInput
+from delayq.message.envelope import H_DUE_AT, H_PUBLISHED_AT, OutgoingMessage, restamp
 from delayq.message.factory import MessageFactory
 from delayq.message.inflight import OVERHEAD_BYTES, InFlight, batch_window, size_of
 
@@ -217,3 +226,74 @@ def test_a_waiter_cancelled_just_after_it_was_admitted_gives_the_room_back() -> 
         assert admission.book.messages == 0
 
     asyncio.run(main())
+
+
+# a publish that waited is stamped when it is sent --------------------------------------
+
+
+class GatedLink:
+    """An asyncio link that holds every send until ``gate`` opens; records what it sent."""
+
+    clock_ms = None
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.sent: list[OutgoingMessage] = []
+
+    async def connect(self) -> None:
+        pass
+
+    async def send(self, msg: OutgoingMessage) -> None:
+        await self.gate.wait()
+        self.sent.append(msg)
+
+    async def send_batch(self, built: list[OutgoingMessage], window: int) -> None:
+        await self.gate.wait()
+        self.sent.extend(built)
+
+    async def close(self) -> None:
+        pass
+
+    async def apply(self, topology: Any, *, raise_on_conflict: bool = True) -> Any:
+        raise NotImplementedError
+
+
+def test_a_publish_that_waited_for_room_counts_its_delay_from_when_it_is_sent() -> None:
+    now = [1_000_000]
+    link = GatedLink()
+    pub = AsyncPublisher(
+        "memory://restamp", TOPOLOGY, link=link, clock_ms=lambda: now[0],
+        in_flight=InFlightLimit(messages=1, wait="10s"),
+    )
+
+    async def main() -> tuple[Any, list[Any]]:
+        first = asyncio.create_task(pub.publish(b"a", "job.x", "1m"))
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(pub.publish_many([Message(b"b", "job.x", "1m")]))
+        await asyncio.sleep(0)
+        now[0] += 45_000  # 45 s pass while the batch waits for room
+        link.gate.set()
+        return await first, await waiting
+
+    first, (second,) = asyncio.run(main())
+    assert first.published_at_ms == 1_000_000  # it did not wait: stamped when built
+    assert second.published_at_ms == 1_045_000
+    sent = {m.message_id: m for m in link.sent}[second.message_id]
+    assert sent.receipt == second
+    assert sent.headers[H_PUBLISHED_AT] == 1_045_000
+    assert sent.headers[H_DUE_AT] == 1_045_000 + 60_000
+    assert sent.timestamp_s == 1_045
+
+
+def test_restamp_moves_only_the_times() -> None:
+    (msg,) = built(10)
+    moved = restamp(msg, msg.receipt.published_at_ms + 5_000)
+    assert restamp(msg, msg.receipt.published_at_ms) is msg
+    assert moved.receipt.published_at_ms == msg.receipt.published_at_ms + 5_000
+    assert moved.headers[H_DUE_AT] - msg.headers[H_DUE_AT] == 5_000
+    assert {k: v for k, v in moved.headers.items() if k not in (H_DUE_AT, H_PUBLISHED_AT)} == {
+        k: v for k, v in msg.headers.items() if k not in (H_DUE_AT, H_PUBLISHED_AT)
+    }
+    assert (moved.body, moved.exchange, moved.routing_key, moved.message_id) == (
+        msg.body, msg.exchange, msg.routing_key, msg.message_id
+    )

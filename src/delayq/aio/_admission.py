@@ -31,21 +31,23 @@ class Admission:
         return self.book.limit
 
     @asynccontextmanager
-    async def hold(self, count: int, size: int) -> AsyncIterator[None]:
-        """Room for ``count`` messages of ``size`` bytes in all, for the ``async with`` body;
-        raises :class:`~delayq.errors.PublishBackpressure` (nothing was sent) when none is
-        free in time."""
-        await self._take(count, size)
+    async def hold(self, count: int, size: int) -> AsyncIterator[bool]:
+        """Room for ``count`` messages of ``size`` bytes in all, for the ``async with`` body,
+        which gets whether it had to wait for it; raises
+        :class:`~delayq.errors.PublishBackpressure` (nothing was sent) when none is free in
+        time."""
+        waited = await self._take(count, size)
         try:
-            yield
+            yield waited
         finally:
             self.book.give(count, size)
             self._wake()
 
-    async def _take(self, count: int, size: int) -> None:
+    async def _take(self, count: int, size: int) -> bool:
+        """Take room, waiting for it if need be; returns whether it waited."""
         if not self._waiters and self.book.fits(count, size):
             self.book.take(count, size)
-            return
+            return False
         limit = self.book.limit
         if limit.when_full == "raise":
             raise refusal(limit, count, waited=False)
@@ -75,6 +77,7 @@ class Admission:
             raise
         finally:
             timer.cancel()
+        return True
 
     def _forget(self, entry: tuple[int, int, asyncio.Future[None]]) -> None:
         try:

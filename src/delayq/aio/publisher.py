@@ -134,19 +134,25 @@ class AsyncPublisher:
         msg = self._factory.build(
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
-        await self.send(msg)
-        return msg.receipt
+        return (await self._send(msg)).receipt
 
     async def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries."""
+        await self._send(msg)
+
+    async def _send(self, msg: OutgoingMessage) -> OutgoingMessage:
+        """Send ``msg``; returns it as sent (restamped if it waited for room)."""
         with self._observers.reporting([msg]):
-            async with self._admission.hold(1, size_of(msg)):
+            async with self._admission.hold(1, size_of(msg)) as waited:
+                if waited:
+                    (msg,) = self._factory.restamp([msg])
                 try:
                     await self._link.send(msg)
                 except DelayqError:
                     raise
                 except Exception as exc:
                     raise self._unexpected(exc, msg) from exc
+        return msg
 
     @property
     def in_flight(self) -> InFlightLimit:
@@ -176,7 +182,9 @@ class AsyncPublisher:
         window = batch_window(self._admission.limit, built, max(1, window))
         room = window * max(size_of(m) for m in built)
         with self._observers.reporting(built):
-            async with self._admission.hold(window, room):
+            async with self._admission.hold(window, room) as waited:
+                if waited:  # its delays count from now, not from when it was built
+                    built = self._factory.restamp(built)
                 try:
                     await self._link.send_batch(built, window)
                 except DelayqError:

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "envelope_headers",
     "epoch_ms",
     "new_message_id",
+    "restamp",
 ]
 
 
@@ -221,3 +222,21 @@ def envelope_headers(
         H_ATTEMPT: attempt,
         H_ROUTING_KEY: routing_key,
     }
+
+
+def restamp(msg: OutgoingMessage, now_ms: int) -> OutgoingMessage:
+    """``msg`` as if built at ``now_ms``: its publish time, due time and AMQP timestamp
+    moved (a message that waited in its publisher for room counts its delay from when
+    it is sent, not from when it was built). Everything else is unchanged."""
+    shift = now_ms - msg.receipt.published_at_ms
+    if shift == 0:
+        return msg
+    headers = dict(msg.headers)
+    headers[H_PUBLISHED_AT] = now_ms
+    headers[H_DUE_AT] = now_ms + msg.receipt.tier_ms
+    return replace(
+        msg,
+        timestamp_s=now_ms // 1000,
+        headers=headers,
+        receipt=replace(msg.receipt, published_at_ms=now_ms),
+    )

@@ -22,6 +22,7 @@ from delayq.message.envelope import (
     envelope_headers,
     epoch_ms,
     new_message_id,
+    restamp,
 )
 from delayq.message.validate import validate_headers, validate_message_id, validate_routing_key
 from delayq.topology.cascade import Strategy
@@ -119,6 +120,12 @@ class MessageFactory:
             except InvalidInput as exc:
                 raise type(exc)(f"message {index}: {exc}") from exc
         return built
+
+    def restamp(self, built: Sequence[OutgoingMessage]) -> list[OutgoingMessage]:
+        """``built`` stamped with this factory's clock now: for messages that waited
+        (for room under a publisher's in-flight bound) between build and send."""
+        now_ms = self._clock_ms()
+        return [restamp(msg, now_ms) for msg in built]
 
     def build(
         self,
