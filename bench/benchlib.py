@@ -12,7 +12,7 @@ import contextlib
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pika
@@ -39,15 +39,22 @@ def log(text: str) -> None:
 
 
 @contextlib.contextmanager
-def broker(url: str | None) -> Iterator[tuple[str, LocalNode | None]]:
+def broker(
+    url: str | None, config: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, LocalNode | None]]:
     """The broker to measure: ``url``, else ``$RABBITMQ_URL``, else a throwaway local
-    node (started from the installed RabbitMQ server, stopped and removed after)."""
+    node (started from the installed RabbitMQ server with ``config`` added to its
+    rabbitmq.conf, stopped and removed after)."""
     url = url or os.environ.get("RABBITMQ_URL")
     if url:
+        if config:
+            raise SystemExit("--broker-config applies to a local node only, not to --url")
         yield url, None
         return
     log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
-    with LocalNode() as node:
+    if config:
+        log("  with " + ", ".join(f"{k} = {v}" for k, v in config.items()))
+    with LocalNode(config=config) as node:
         log(f"local node {node.name} is up at {redact(node.url)}")
         yield node.url, node
         log("stopping the local node ...")

@@ -201,12 +201,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="management API for broker memory with --url (default http://<host>:15672)",
     )
     parser.add_argument(
+        "--broker-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a rabbitmq.conf line for the local node (repeatable), e.g. "
+        "raft.wal_max_size_bytes=67108864",
+    )
+    parser.add_argument(
         "--prefetch", type=positive_int, default=50, help="the consumers' prefetch (default 50)"
     )
     parser.add_argument(
         "--body-bytes", type=positive_int, default=256, help="body size, at least 8 (default 256)"
     )
     args = parser.parse_args(argv)
+    for line in args.broker_config:
+        key, equals, value = line.partition("=")
+        if not equals or not key.strip() or not value.strip():
+            parser.error(f"--broker-config takes KEY=VALUE, got {line!r}")
     if args.duration <= 0:
         parser.error("--duration must be more than 0s")
     if args.rss_every <= 0:
@@ -236,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         management_url=args.management_url,
     )
     command = command_line(argv)
-    with broker(args.url) as (url, node):
+    config = {k.strip(): v.strip() for k, _, v in (c.partition("=") for c in args.broker_config)}
+    with broker(args.url, config) as (url, node):
         memory = (
             BrokerMemory.of_local_node(node)
             if node is not None
