@@ -13,7 +13,9 @@ from delayq import (
     InFlightLimit,
     Message,
     PublishBackpressure,
+    PublishBatchError,
     Publisher,
+    PublishUnconfirmed,
     Topology,
 )
 from delayq.aio._admission import Admission
@@ -297,3 +299,29 @@ def test_restamp_moves_only_the_times() -> None:
     assert (moved.body, moved.exchange, moved.routing_key, moved.message_id) == (
         msg.body, msg.exchange, msg.routing_key, msg.message_id
     )
+
+
+class BrokenLink(GatedLink):
+    """A link that lets a client library's bare error out (aiormq's drain future did)."""
+
+    async def send(self, msg: OutgoingMessage) -> None:
+        raise Exception("drain future failed")
+
+    async def send_batch(self, built: list[OutgoingMessage], window: int) -> None:
+        raise Exception("drain future failed")
+
+
+def test_a_bare_error_from_a_link_is_reported_as_unconfirmed_never_raised_bare() -> None:
+    pub = AsyncPublisher("memory://broken", TOPOLOGY, link=BrokenLink())
+
+    async def main() -> None:
+        with pytest.raises(PublishUnconfirmed, match="may or may not have reached") as one:
+            await pub.publish(b"a", "job.x", "1m", message_id="one")
+        assert one.value.message_id == "one"
+        with pytest.raises(PublishBatchError) as batch:
+            await pub.publish_many([Message(b"b", "job.x", "1m") for _ in range(3)])
+        assert batch.value.receipts == [None, None, None]
+        assert all(isinstance(e, PublishUnconfirmed) for e in batch.value.failures.values())
+        assert pub._admission.book.messages == 0  # the room went back
+
+    asyncio.run(main())
