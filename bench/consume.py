@@ -94,6 +94,7 @@ from benchlib import (
 )
 from consume_modes import (
     LABELS,
+    LIMIT,
     MEASURE,
     MEMORY,
     PROFILE_CHOICES,
@@ -114,7 +115,9 @@ from delayq.urls import redact
 
 def modes_of(ctx: Context) -> tuple[str, ...]:
     """The modes of this run, raw first (even rounds run them in this order)."""
-    return (RAW, MEMORY, SQLITE) + ((REDIS,) if ctx.redis_class is not None else ())
+    every = (RAW, LIMIT, MEMORY, SQLITE) + ((REDIS,) if ctx.redis_class is not None else ())
+    chosen = ctx.settings.modes
+    return tuple(key for key in every if key == RAW or not chosen or key in chosen)
 
 
 # Running and reporting --------------------------------------------------------------------
@@ -208,9 +211,10 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
     s = ctx.settings
     raw_rate, raw_cpu = results.rate(RAW), results.cpu_us(RAW)
     width = max(len(v) for v in LABELS.values()) + 2
+    limit_rate = results.rate(LIMIT) if LIMIT in results.samples else None
     lines = [
         f"{'mode (prefetch ' + str(s.prefetch) + ')':<{width}}{'msg/s':>9}{'ratio':>8}"
-        f"{'CPU us/msg':>12}   target"
+        f"{'of limit':>10}{'CPU us/msg':>12}   target (ratio to raw aio-pika)"
     ]
     for key, label in LABELS.items():
         if key not in results.samples:
@@ -218,11 +222,17 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             continue
         rate, cpu = results.rate(key), results.cpu_us(key)
         ratio = round(rate / raw_rate, 2)  # judged as shown
+        share = f"{rate / limit_rate:.0%}" if limit_rate else "-"
         target = TARGETS.get(key)
         verdict = ""
         if target is not None:
             verdict = f">= {target:.2f}" + ("" if ratio >= target else "   BELOW TARGET")
-        lines.append(f"{label:<{width}}{rate:>9,.0f}{ratio:>8.2f}{cpu:>12.0f}   {verdict}")
+        lines.append(
+            f"{label:<{width}}{rate:>9,.0f}{ratio:>8.2f}{share:>10}{cpu:>12.0f}   {verdict}"
+        )
+    lines.append(
+        f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per loop turn)"
+    )
 
     lines += [
         "",
@@ -239,7 +249,7 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             f"  {label:<{width}}{per_round}  median {results.rate(key):,.0f} msg/s, "
             f"{results.cpu_us(key):.0f} us CPU/msg"
         )
-    lines.append("client CPU that AsyncConsumer adds per message over the raw consumer:")
+    lines.append("client CPU per message over the raw aio-pika consumer's:")
     for key, label in LABELS.items():
         if key == RAW or key not in results.samples:
             continue
@@ -367,6 +377,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--prefetch", type=positive_int, default=200, help="prefetch of every mode (default 200)"
     )
     parser.add_argument(
+        "--limit-prefetch",
+        type=positive_int,
+        default=1000,
+        help="prefetch of the physical limit's raw aiormq consumer (default 1000)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="",
+        help="comma-separated modes to run besides raw (" + ",".join(PROFILE_CHOICES)
+        + "; default all)",
+    )
+    parser.add_argument(
         "--rounds",
         type=positive_int,
         default=3,
@@ -394,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         count=args.count,
         body_bytes=args.body_bytes,
         prefetch=args.prefetch,
+        limit_prefetch=args.limit_prefetch,
+        modes=frozenset(PROFILE_CHOICES[name] for name in args.modes.split(",") if name),
         rounds=args.rounds,
         sqlite_dir=args.sqlite_dir,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from asyncio import Task, current_task
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, cast
 
@@ -37,7 +38,7 @@ from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHEC
 from delayq.errors import DelayqError, InvalidInput
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
-from delayq.observe.logs import bound_delivery
+from delayq.observe.logs import bind_delivery, unbind_delivery
 from delayq.stores.base import (
     IdempotencyStore,
     StoreOp,
@@ -51,6 +52,9 @@ Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 """``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
 transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
+
+_ENDED = HandlerEnded(None)
+"""A handler's success when nobody looks at its duration: one will do."""
 
 
 class AsyncConsumer(ConsumerBase):
@@ -108,7 +112,8 @@ class AsyncConsumer(ConsumerBase):
         )
         self._watchdog: asyncio.Task[None] | None = None
         self._stall_guard: asyncio.Task[None] | None = None
-        self._last_delivery = 0.0
+        self._arrivals = 0
+        """Deliveries so far: the stall guard looks whether it moved."""
         self._pruner: asyncio.Task[None] | None = None
         self._publisher = AsyncPublisher(
             self._url, self.topology, clock_ms=self._clock_ms, link=self._link
@@ -307,33 +312,36 @@ class AsyncConsumer(ConsumerBase):
         await self._acks.drain()
 
     async def _on_delivery(self, message: Settleable, delivery: Delivery) -> None:
-        """One delivery, in a task of its own, from its arrival to its settlement."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_flight.add(task)
+        """One delivery, in the task the feed hands it over in, from arrival to settlement."""
+        task = current_task()
+        assert task is not None
+        in_flight = self._in_flight
+        in_flight.add(task)
         self._acks.track(message)
-        self._last_delivery = asyncio.get_running_loop().time()
+        self._arrivals += 1
         if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
             self._cautious = False
             self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
+        # The task's logging binding stays with it; threads for plain handlers get a copy
+        # of it (see delayq.observe.logs).
+        token = bind_delivery(delivery)
         try:
-            # The task's logging binding stays with it; threads for plain handlers get a
-            # copy of it (see delayq.observe.logs).
-            with bound_delivery(delivery):
-                if self._slots is None:
-                    await self._handle(message, delivery, self._clock_ms())
-                else:
-                    async with self._slots:
-                        await self._handle(message, delivery, self._clock_ms())
+            if self._slots is None:
+                await self._handle(message, delivery, task)
+            else:
+                async with self._slots:
+                    await self._handle(message, delivery, task)
         except asyncio.CancelledError:
             self._acks.forget(message)  # back to the queue when the channel closes
             raise
         finally:
-            if task is not None:
-                self._in_flight.discard(task)
+            unbind_delivery(token)
+            in_flight.discard(task)
 
-    async def _handle(self, message: Settleable, delivery: Delivery, received_ms: int) -> None:
+    async def _handle(self, message: Settleable, delivery: Delivery, task: Task[None]) -> None:
         """Drive the delivery's flow (:mod:`delayq.consume.flow`) to its settlement."""
+        observed = bool(self._observers)  # only observers see the timings
+        received_ms = self._clock_ms() if observed else 0
         flow = delivery_flow(delivery, self._flow_context)
         store = self._store
         step = next(flow)
@@ -341,9 +349,9 @@ class AsyncConsumer(ConsumerBase):
             kind = type(step)  # by identity, not isinstance: this runs per delivery
             if kind is RunHandler:
                 run = cast(RunHandler, step)
-                started = monotonic_ms()
+                started = monotonic_ms() if observed else 0.0
                 try:
-                    await self._runner.call(run.value, run.claim)
+                    await self._runner.call(run.value, run.claim, task)
                 except HandlerCut as cut:
                     flow.close()
                     if run.claim is not None:
@@ -352,7 +360,9 @@ class AsyncConsumer(ConsumerBase):
                 except BaseException as exc:  # the flow gives the claim back, then decides
                     step = flow.send(HandlerEnded(exc, monotonic_ms() - started))
                 else:
-                    step = flow.send(HandlerEnded(None, monotonic_ms() - started))
+                    step = flow.send(
+                        HandlerEnded(None, monotonic_ms() - started) if observed else _ENDED
+                    )
             elif kind is Ack:
                 self._acks.ack(message)
                 self._settled(delivery, cast(Ack, step), received_ms)
@@ -383,13 +393,19 @@ class AsyncConsumer(ConsumerBase):
         and nothing is in flight: a consumer the broker forgot without telling (seen with
         quorum queues after many connection losses in a row) must not sit idle forever."""
         loop = asyncio.get_running_loop()
+        # Arrivals are counted, not timed (that is per delivery): idle since the check
+        # that last saw the count move.
+        seen, moved_at = self._arrivals, loop.time()
         while True:
             await asyncio.sleep(STALL_CHECK_S)
+            if self._arrivals != seen:
+                seen, moved_at = self._arrivals, loop.time()
+                continue
             if (
                 self._in_flight
                 or not self._open_now
                 or (self._reconnecting is not None and not self._reconnecting.done())
-                or loop.time() - self._last_delivery < STALL_CHECK_S
+                or loop.time() - moved_at < STALL_CHECK_S
             ):
                 continue
             try:
@@ -397,7 +413,7 @@ class AsyncConsumer(ConsumerBase):
             except FeedLost as exc:
                 log.debug("stall check on %s failed: %s", self.queue, exc)
                 continue
-            idle_s = loop.time() - self._last_delivery
-            if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
+            idle_s = loop.time() - moved_at
+            if waiting and not self._in_flight and self._arrivals == seen:
                 why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
                 self._on_lost(RuntimeError(why))
