@@ -224,22 +224,28 @@ def raw_aio_pika(ctx: Context) -> Timing:
 
 def raw_aiormq_limit(ctx: Context) -> Timing:
     """What consuming costs at the least, in Python: aiormq's frames, no message object,
-    a high prefetch, and one ``basic.ack(multiple=True)`` per event-loop turn for
-    everything received in it (no handler, no bookkeeping, nothing that could fail)."""
+    a high prefetch, and one ``basic.ack(multiple=True)`` for everything received, once a
+    quarter of the prefetch is received or 10 ms after the first (no handler, no
+    bookkeeping, nothing that could fail)."""
     count, prefetch = ctx.settings.count, ctx.settings.limit_prefetch
+    batch = max(1, prefetch // 4)
 
     async def run() -> Timing:
         drain = Drain(count)
         acked = 0
         last_tag = 0
         pending = 0
-        scheduled = False
+        timer: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
         sending: set[asyncio.Task[None]] = set()
 
         def flush() -> None:
-            nonlocal acked, pending, scheduled
-            scheduled = False
+            nonlocal acked, pending, timer
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            if not pending:
+                return
             task = loop.create_task(channel.basic_ack(last_tag, multiple=True, wait=False))
             sending.add(task)
             task.add_done_callback(sending.discard)
@@ -247,13 +253,14 @@ def raw_aiormq_limit(ctx: Context) -> Timing:
             pending = 0
 
         async def on_message(message: DeliveredMessage) -> None:
-            nonlocal last_tag, pending, scheduled
+            nonlocal last_tag, pending, timer
             drain.first_delivery()
             last_tag = message.delivery.delivery_tag  # type: ignore[union-attr]
             pending += 1
-            if not scheduled:
-                scheduled = True
-                loop.call_soon(flush)
+            if pending >= batch:
+                flush()
+            elif timer is None:
+                timer = loop.call_later(0.01, flush)
 
         connection = await aiormq.connect(ctx.url)
         try:

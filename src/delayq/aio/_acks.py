@@ -1,11 +1,15 @@
-"""Acks for the asyncio consumer, coalesced per event-loop turn.
+"""Acks for the asyncio consumer, coalesced.
 
 A no-op handler's delivery costs about as much to ack as to receive, for the
-client and for the broker. The deliveries settled during one turn of the event
-loop are acked together: the longest run of settled deliveries at the head of
-the channel's outstanding ones with one ``basic.ack(multiple=True)``, any settled
-ones behind a still-running handler one by one (so a slow handler never holds up
-the acks of the others).
+client and for the broker: each ack frame is a write to the socket (on a local
+broker the kernel delivers it in the writer's time) and, on a quorum queue, one
+settle command in the queue's Raft log. So settled deliveries are acked
+together: once ``batch`` of them wait (a quarter of the prefetch: the broker
+never runs out of credit) or ``delay_s`` after the first one, whichever comes
+first. The longest run of settled deliveries at the head of the channel's
+outstanding ones goes with one ``basic.ack(multiple=True)``, any settled ones
+behind a still-running handler one by one (so a slow handler never holds up the
+acks of the others).
 
 What a ``multiple`` ack may cover is the whole point: every delivery up to its
 tag on the channel. So it never passes a delivery that is not settled: one whose
@@ -15,8 +19,11 @@ task was cancelled: it must go back to the queue when the channel closes, so it
 blocks the line for good and the acks behind it go one by one).
 
 An ack is only ever sent after the delivery's fate is safe (its retry or dead
-letter confirmed, its key recorded): coalescing delays it by one loop turn,
-never sends it early. Every frame leaves through one outbox, in order, one
+letter confirmed, its key recorded): coalescing delays it by at most ``delay_s``,
+never sends it early. A connection lost meanwhile returns those deliveries to
+the queue with the unsettled ones (a prefetch's worth at most): the idempotency
+store skips them as duplicates (without a store they run again, as any
+delivery in flight at a connection loss does). Every frame leaves through one outbox, in order, one
 sender at a time: two multiple acks written out of order would name a tag the
 broker has already forgotten, which closes the channel.
 """
@@ -29,9 +36,18 @@ from collections import OrderedDict, deque
 
 from delayq.links import Settleable
 
-__all__ = ["AckCoalescer", "Settleable"]
+__all__ = ["ACK_DELAY_S", "AckCoalescer", "Settleable", "ack_batch"]
 
 log = logging.getLogger("delayq.consumer")
+
+ACK_DELAY_S = 0.01
+"""The longest a settled delivery waits for others to be acked with (seconds)."""
+
+def ack_batch(prefetch: int) -> int:
+    """How many settled deliveries are acked at once under ``prefetch``: a quarter of it,
+    so the broker keeps three quarters of its credit while they gather."""
+    return max(1, prefetch // 4)
+
 
 _MULTIPLE, _SINGLE, _REQUEUE, _DROP = range(4)
 """What the outbox sends: an ack covering everything up to the tag, an ack of the tag
@@ -41,7 +57,11 @@ alone, a nack that requeues, a nack that does not."""
 class AckCoalescer:
     """Tracks one channel's outstanding deliveries in delivery order."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch: int = 1, delay_s: float = ACK_DELAY_S) -> None:
+        self.batch = batch
+        """Settled deliveries that are acked at once (the rest wait up to ``delay_s``)."""
+        self._delay_s = delay_s
+        self._timer: asyncio.TimerHandle | None = None
         self._line: OrderedDict[int, Settleable] = OrderedDict()
         """Every delivery tracked and not yet in the outbox, in delivery order."""
         self._to_ack: dict[int, Settleable] = {}
@@ -68,10 +88,15 @@ class AckCoalescer:
             # requeued it already), or untracked: alone, never as a multiple ack.
             self._post(_SINGLE, message)
             return
-        self._to_ack[tag] = message
-        if not self._scheduled:
+        to_ack = self._to_ack
+        to_ack[tag] = message
+        if self._scheduled:
+            return
+        if len(to_ack) >= self.batch:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._flush)
 
     async def nack(self, message: Settleable, *, requeue: bool) -> None:
         """Return ``message`` to the queue (``requeue``) or drop it, now; the acks go on."""
@@ -82,9 +107,6 @@ class AckCoalescer:
             # and the deliveries behind it may be acked together again.
             self._post(_REQUEUE if requeue else _DROP, message)
             del self._line[tag]
-            if self._to_ack and not self._scheduled:
-                self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
         else:
             self._post(_REQUEUE if requeue else _DROP, message)
 
@@ -98,6 +120,9 @@ class AckCoalescer:
 
     def _flush(self) -> None:
         self._scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         line, to_ack = self._line, self._to_ack
         last: Settleable | None = None
         while line:
@@ -144,6 +169,14 @@ class AckCoalescer:
                     log.warning("settling delivery %s failed: %r", message.delivery_tag, exc)
         finally:
             self._sender = None
+
+    def abandon(self) -> None:
+        """The channel is gone: nothing more is sent for it (the broker requeued all)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._to_ack.clear()
+        self._line.clear()
 
     async def drain(self) -> None:
         """Send what is due now and wait for it (before closing the channel)."""

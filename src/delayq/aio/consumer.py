@@ -18,7 +18,7 @@ from asyncio import Task, current_task
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, cast
 
-from delayq.aio._acks import AckCoalescer
+from delayq.aio._acks import AckCoalescer, ack_batch
 from delayq.aio._handlers import HandlerCut, HandlerRunner
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
@@ -120,7 +120,7 @@ class AsyncConsumer(ConsumerBase):
         )
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._acks = AckCoalescer()
+        self._acks = AckCoalescer(ack_batch(self._prefetch))
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -154,9 +154,9 @@ class AsyncConsumer(ConsumerBase):
         # message that crashes the process charges only itself to the quorum queue's
         # delivery count, not the prefetched ones behind it (see _widen_prefetch).
         self._cautious = self._prefetch > 1 and not self.inline
-        self._acks = AckCoalescer()  # delivery tags are per channel
         on_delivery = self._run_inline if self.inline else self._on_delivery
         prefetch = 1 if self._cautious else self._prefetch
+        self._acks = AckCoalescer(ack_batch(prefetch))  # delivery tags are per channel
         await self._feed.open(self.topology, self.queue, prefetch, on_delivery, self._on_lost)
         try:
             await self._publisher.connect()
@@ -176,6 +176,7 @@ class AsyncConsumer(ConsumerBase):
     async def _reconnect(self) -> None:
         delay = RECONNECT_MIN_S
         self._open_now = False
+        self._acks.abandon()  # the broker requeues what this channel did not ack
         await self._feed.close()
         while not self._stopping:
             try:
@@ -299,6 +300,7 @@ class AsyncConsumer(ConsumerBase):
             return
         try:
             await self._feed.resubscribe(self._prefetch)
+            self._acks.batch = ack_batch(self._prefetch)
         except FeedLost as exc:
             log.warning("widening the prefetch of %s failed (%s); reconnecting", self.queue, exc)
             self._on_lost(exc)
