@@ -297,6 +297,9 @@ def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> 
             await consumer.stop()
         acks = consumer._acks  # how well acks coalesced (a diagnostic, not a figure)
         log(f"  acks: {acks.frames} frames for {acks.settled} deliveries")
+        batcher = consumer._store
+        if batcher is not None and batcher.batches:
+            log(f"  store: {batcher.ops} calls in {batcher.batches} batches")
         stats = consumer.stats
         if (stats.handled, stats.duplicates, stats.retried, stats.dead_lettered) != (
             count,
