@@ -57,10 +57,10 @@ alone, a nack that requeues, a nack that does not."""
 class AckCoalescer:
     """Tracks one channel's outstanding deliveries in delivery order."""
 
-    def __init__(self, batch: int = 1, delay_s: float = ACK_DELAY_S) -> None:
+    def __init__(self, batch: int = 1, delay_s: float | None = None) -> None:
         self.batch = batch
         """Settled deliveries that are acked at once (the rest wait up to ``delay_s``)."""
-        self._delay_s = delay_s
+        self._delay_s = ACK_DELAY_S if delay_s is None else delay_s
         self._timer: asyncio.TimerHandle | None = None
         self._line: OrderedDict[int, Settleable] = OrderedDict()
         """Every delivery tracked and not yet in the outbox, in delivery order."""
