@@ -12,8 +12,7 @@ import pika
 import pytest
 
 from delayq import InMemoryStore, Message
-from delayq.aio import AsyncConsumer
-from delayq.aio import _acks
+from delayq.aio import AsyncConsumer, _acks
 from delayq.sync import Publisher
 from tests.integration.conftest import AsyncConsumerHandle
 from tests.waiting import wait_for
