@@ -20,6 +20,7 @@ from typing import Any, ClassVar, cast
 
 from delayq.aio._acks import AckCoalescer, ack_batch
 from delayq.aio._handlers import HandlerCut, HandlerRunner
+from delayq.aio._stalls import watch_stalls
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
@@ -34,7 +35,7 @@ from delayq.consume.flow import (
     delivery_flow,
 )
 from delayq.consume.handlers import is_coroutine_handler, plain
-from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
+from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
 from delayq.errors import DelayqError, InvalidInput
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
@@ -144,7 +145,11 @@ class AsyncConsumer(ConsumerBase):
         if self.inline:
             return
         self._watchdog = asyncio.create_task(self._runner.watch_timeouts())
-        self._stall_guard = asyncio.create_task(self._watch_stalls())
+        self._stall_guard = asyncio.create_task(
+            watch_stalls(
+                self.queue, lambda: self._arrivals, self._busy, self._feed.ready, self._on_lost
+            )
+        )
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
@@ -390,32 +395,7 @@ class AsyncConsumer(ConsumerBase):
             return exc
         return None
 
-    async def _watch_stalls(self) -> None:
-        """Re-subscribe when the queue holds ready messages but none has arrived for a while
-        and nothing is in flight: a consumer the broker forgot without telling (seen with
-        quorum queues after many connection losses in a row) must not sit idle forever."""
-        loop = asyncio.get_running_loop()
-        # Arrivals are counted, not timed (that is per delivery): idle since the check
-        # that last saw the count move.
-        seen, moved_at = self._arrivals, loop.time()
-        while True:
-            await asyncio.sleep(STALL_CHECK_S)
-            if self._arrivals != seen:
-                seen, moved_at = self._arrivals, loop.time()
-                continue
-            if (
-                self._in_flight
-                or not self._open_now
-                or (self._reconnecting is not None and not self._reconnecting.done())
-                or loop.time() - moved_at < STALL_CHECK_S
-            ):
-                continue
-            try:
-                waiting = await self._feed.ready()
-            except FeedLost as exc:
-                log.debug("stall check on %s failed: %s", self.queue, exc)
-                continue
-            idle_s = loop.time() - moved_at
-            if waiting and not self._in_flight and self._arrivals == seen:
-                why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
-                self._on_lost(RuntimeError(why))
+    def _busy(self) -> bool:
+        """Whether a stall check must wait: deliveries in flight, closed, or reconnecting."""
+        reconnecting = self._reconnecting is not None and not self._reconnecting.done()
+        return bool(self._in_flight) or not self._open_now or reconnecting
