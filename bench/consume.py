@@ -237,7 +237,7 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             f"{label:<{width}}{rate:>9,.0f}{ratio:>8.2f}{share:>10}{cpu:>12.0f}   {verdict}"
         )
     lines.append(
-        f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per loop turn)"
+        f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per quarter of it)"
     )
 
     lines += [
