@@ -1,19 +1,26 @@
 """The asyncio feed (aio-pika): where :class:`~delayq.aio.AsyncConsumer`'s deliveries come from.
 
-One connection and one channel per opening. Each delivery is handed over in the
-task aio-pika runs it in; a connection or channel that closes under the feed,
-or a consumer the broker cancels (its queue went away, a quorum queue lost its
-leader), is reported once through ``on_lost``: the consumer opens the feed
-again. Registered in :data:`delayq.links.ASYNC_FEEDS`.
+One connection and one channel per opening, opened with aio-pika (its errors:
+:mod:`delayq.aio._errors`). The deliveries themselves are taken from aiormq,
+under aio-pika: aio-pika's ``IncomingMessage`` copies every property of every
+delivery into a locked object, which cost a no-op consumer about a tenth of its
+CPU. Each delivery is handed over in the task aiormq runs it in, with an
+:class:`AmqpDelivery` that settles it. A connection or channel that closes
+under the feed, or a consumer the broker cancels (its queue went away, a quorum
+queue lost its leader), is reported once through ``on_lost``: the consumer
+opens the feed again. Registered in :data:`delayq.links.ASYNC_FEEDS`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.abc import AbstractChannel as AmqpChannel
+from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
 
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
@@ -22,9 +29,34 @@ from delayq.consume.delivery import Delivery
 from delayq.links import AsyncOnDelivery, FeedLost
 from delayq.topology.model import Topology
 
-__all__ = ["AioPikaFeed"]
+__all__ = ["AioPikaFeed", "AmqpDelivery"]
 
 log = logging.getLogger("delayq.consumer")
+
+
+class AmqpDelivery:
+    """A :class:`~delayq.links.Settleable`: one delivery's tag on its aiormq channel.
+
+    The frames go to the connection's write queue without waiting for the socket:
+    an ack or a nack needs no answer, and the channel's frames stay in order (a
+    nack is written before any later ``multiple`` ack that would cover its tag).
+    """
+
+    __slots__ = ("_channel", "delivery_tag")
+
+    def __init__(self, channel: AmqpChannel, tag: int | None) -> None:
+        self._channel = channel
+        self.delivery_tag: int | None = tag
+
+    async def ack(self, multiple: bool = False) -> None:
+        assert self.delivery_tag is not None
+        await self._channel.basic_ack(self.delivery_tag, multiple=multiple, wait=False)
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        assert self.delivery_tag is not None
+        await self._channel.basic_nack(
+            self.delivery_tag, multiple=multiple, requeue=requeue, wait=False
+        )
 
 
 class AioPikaFeed:
@@ -37,6 +69,8 @@ class AioPikaFeed:
         self._url = url
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
+        self._amqp: AmqpChannel | None = None
+        """The channel's aiormq channel, which deliveries come from."""
         self._queue = ""
         self._tag: str | None = None
         self._subscribed = False
@@ -57,41 +91,49 @@ class AioPikaFeed:
             await ensure_topology(topology, connection)  # or check it, if refused
             channel = await connection.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await channel.get_queue(queue, ensure=False)
+            amqp = await channel.get_underlay_channel()
             self._queue, self._on_delivery, self._on_lost = queue, on_delivery, on_lost
-            self._connection, self._channel = connection, channel
+            self._connection, self._channel, self._amqp = connection, channel, amqp
             self._subscribed = True
             try:
-                self._tag = await amqp_queue.consume(self._on_message, no_ack=False)
+                self._tag = await self._consume(amqp)
                 self._consuming = True
             except CHANNEL_CLOSED as exc:  # e.g. may not read it (see delayq.ops.grant)
                 raise channel_error(exc) from exc
         except BaseException:
-            self._connection = self._channel = None
+            self._connection = self._channel = self._amqp = None
             await close_quietly(connection)
             raise
         connection.close_callbacks.add(self._closed)
         channel.close_callbacks.add(self._closed)
         # The broker cancels a consumer when its queue goes away or restarts (a quorum
         # queue losing its leader): the channel stays open but nothing arrives any more.
-        channel.channel.on_consumer_cancel_callbacks.add(self._cancelled)
+        amqp.on_consumer_cancel_callbacks.add(self._cancelled)
+
+    async def _consume(self, amqp: AmqpChannel) -> str:
+        """Subscribe to the queue; its consumer tag."""
+        ok = await amqp.basic_consume(self._queue, self._on_message, no_ack=False)
+        assert ok.consumer_tag is not None
+        return ok.consumer_tag
 
     @property
     def consuming(self) -> bool:
         return self._consuming
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: DeliveredMessage) -> None:
+        deliver = cast(Basic.Deliver, message.delivery)  # a consumer's delivery
+        properties = message.header.properties
         delivery = Delivery(
-            queue=self._queue,
-            body=message.body,
-            routing_key=message.routing_key or "",
-            message_id=message.message_id,
-            content_type=message.content_type,
-            headers=message.headers or {},
-            redelivered=bool(message.redelivered),
+            self._queue,
+            message.body,
+            deliver.routing_key or "",
+            properties.message_id,
+            properties.content_type,
+            properties.headers or {},
+            bool(deliver.redelivered),
         )
         assert self._on_delivery is not None
-        await self._on_delivery(message, delivery)
+        await self._on_delivery(AmqpDelivery(message.channel, deliver.delivery_tag), delivery)
 
     def _closed(self, sender: object, exc: BaseException | None = None) -> None:
         if sender is not None and sender in (self._connection, self._channel):
@@ -104,30 +146,28 @@ class AioPikaFeed:
     async def resubscribe(self, prefetch: int) -> None:
         """A consumer's prefetch cannot change once it consumes, and quorum queues
         refuse a channel-wide one: cancel, then consume again."""
-        channel, old_tag = self._channel, self._tag
-        if channel is None or old_tag is None:
+        channel, amqp, old_tag = self._channel, self._amqp, self._tag
+        if channel is None or amqp is None or old_tag is None:
             return
         try:
-            amqp_queue = await channel.get_queue(self._queue, ensure=False)
             self._tag = None  # the cancel below is ours, not the broker's
-            await amqp_queue.cancel(old_tag)
+            await amqp.basic_cancel(old_tag)
             await channel.set_qos(prefetch_count=prefetch)
             if not self._subscribed or channel is not self._channel:
                 return  # unsubscribed or reopened meanwhile
-            self._tag = await amqp_queue.consume(self._on_message, no_ack=False)
+            self._tag = await self._consume(amqp)
         except Exception as exc:
             raise FeedLost(repr(exc)) from exc
 
     async def unsubscribe(self) -> None:
         self._subscribed = False
-        channel, tag = self._channel, self._tag
+        amqp, tag = self._amqp, self._tag
         self._tag = None
-        if channel is None or tag is None:
+        if amqp is None or tag is None:
             self._consuming = False
             return
         try:
-            amqp_queue = await channel.get_queue(self._queue, ensure=False)
-            await amqp_queue.cancel(tag)  # returns once the broker confirmed it
+            await amqp.basic_cancel(tag)  # returns once the broker confirmed it
         except Exception as exc:
             log.debug("cancel failed: %r", exc)
         self._consuming = False
@@ -144,7 +184,7 @@ class AioPikaFeed:
 
     async def close(self) -> None:
         connection, channel = self._connection, self._channel
-        self._connection = self._channel = None  # what closes now is not lost
+        self._connection = self._channel = self._amqp = None  # what closes now is not lost
         self._tag = None
         self._consuming = False
         await close_quietly(channel)

@@ -25,6 +25,7 @@ __all__ = ["HandlerCut", "HandlerRunner"]
 log = logging.getLogger("delayq.consumer")
 
 TransactionalHandler = Callable[[Any, Any], object]
+AsyncHandler = Callable[..., Awaitable[Any]]
 
 
 class HandlerCut(Exception):
@@ -118,11 +119,10 @@ class HandlerRunner:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return asyncio.get_running_loop().run_in_executor(self._threads, call)
 
-    async def call(self, value: Any, claim: Claim | None) -> None:
-        """Run the handler; the watchdog cancels it past ``handler_timeout``."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._deadlines[task] = asyncio.get_running_loop().time() + self._timeout_ms / 1000
+    async def call(self, value: Any, claim: Claim | None, task: asyncio.Task[Any]) -> None:
+        """Run the handler in ``task`` (the running one); the watchdog cancels it past
+        ``handler_timeout``."""
+        self._deadlines[task] = task.get_loop().time() + self._timeout_ms / 1000
         running: asyncio.Future[Any] | None = None
         try:
             if self._transactional:
@@ -138,7 +138,7 @@ class HandlerRunner:
                 )
                 await asyncio.shield(running)
             elif self._is_async:
-                await cast(Callable[..., Awaitable[Any]], self._handler)(value)
+                await cast(AsyncHandler, self._handler)(value)
             else:
                 running = self._in_thread(self._handler, value)
                 await asyncio.shield(running)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 from typing import Any
 
 from delayq.errors import StoreError
@@ -45,24 +44,36 @@ class StoreBatcher:
         self._pending: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]] = []
         self._scheduled = False
         self._running = False
+        self.batches = 0
+        """Batches sent to the store: with :attr:`ops`, how well its calls batch."""
+        self.ops = 0
 
     async def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
         op = Claim(key, lease_ms, now_ms)
         if not self._blocking:
             status = self._apply(op)
         else:
-            claimed = self._enqueue(op)
-            try:
-                status = await asyncio.shield(claimed)
-            except asyncio.CancelledError:
-                # aiormq cancels deliveries in flight when the connection is lost. The
-                # claim goes on in the store's thread, or has even landed with its result
-                # set before this task could resume: a claim won for nobody is given back,
-                # or every redelivery of the key is deferred until the lease runs out.
-                claimed.add_done_callback(functools.partial(self._give_back, key))
-                raise
+            status = await self._claimed(op)
         assert status is not None
         return status
+
+    async def _claimed(self, op: Claim) -> ClaimStatus | None:
+        """A claim's result; a claim won for a caller cancelled meanwhile is given back.
+
+        aiormq cancels deliveries in flight when the connection is lost. The claim goes
+        on in the store's thread (the cancelled future stays in its batch: see
+        :meth:`_settle`), or has even landed with its result set before this task could
+        resume (here): a claim won for nobody is given back, or every redelivery of the
+        key is deferred until the lease runs out. No ``asyncio.shield``: that is two
+        more futures per delivery.
+        """
+        claimed = self._enqueue(op)
+        try:
+            return await claimed
+        except asyncio.CancelledError:
+            if claimed.done() and not claimed.cancelled():
+                self._give_back(op.key, claimed)
+            raise
 
     @property
     def inline(self) -> bool:
@@ -81,19 +92,15 @@ class StoreBatcher:
         store step (see :mod:`delayq.consume.flow`).
 
         One coroutine per step, awaiting the batch's future itself (this runs twice per
-        delivery with a store that does I/O); a claim is shielded as :meth:`claim` says.
+        delivery with a store that does I/O); a claim is given back as :meth:`_claimed`
+        says.
         """
         if not self._blocking:
             return self.answer_now(op)
-        future = self._enqueue(op)
         try:
             if type(op) is Claim:
-                try:
-                    return await asyncio.shield(future)
-                except asyncio.CancelledError:
-                    future.add_done_callback(functools.partial(self._give_back, op.key))
-                    raise
-            return await future
+                return await self._claimed(op)
+            return await self._enqueue(op)
         except StoreError as exc:
             return exc
 
@@ -146,7 +153,7 @@ class StoreBatcher:
         return future
 
     def _give_back(self, key: str, claimed: asyncio.Future[ClaimStatus | None]) -> None:
-        if claimed.cancelled() or claimed.exception() is not None:
+        if claimed.exception() is not None:
             return  # the store failed: the claim did not land (or its lease ends by itself)
         if claimed.result() is ClaimStatus.CLAIMED:
             self._enqueue(Release(key))
@@ -160,6 +167,8 @@ class StoreBatcher:
         self._running = True
         loop = asyncio.get_running_loop()
         ops = [op for op, _ in batch]
+        self.batches += 1
+        self.ops += len(ops)
         done = loop.run_in_executor(self._executor, run_ops, self.store, ops)
         done.add_done_callback(lambda f: self._settle(batch, f))
 
@@ -169,6 +178,7 @@ class StoreBatcher:
         done: asyncio.Future[list[ClaimStatus | None]],
     ) -> None:
         self._running = False
+        loop = asyncio.get_running_loop()
         error: BaseException | None = None
         results: list[Any] = []
         if done.cancelled():
@@ -177,8 +187,10 @@ class StoreBatcher:
             error = done.exception()
         else:
             results = done.result()
-        for index, (_, future) in enumerate(batch):
-            if future.done():  # nobody waits for it (claims are shielded: see claim)
+        for index, (op, future) in enumerate(batch):
+            if future.done():  # cancelled: nobody waits for it
+                if error is None and type(op) is Claim and results[index] is ClaimStatus.CLAIMED:
+                    self._pending.append((Release(op.key), loop.create_future()))
                 continue
             if error is not None:
                 failure = StoreError(str(error))

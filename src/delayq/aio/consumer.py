@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from asyncio import Task, current_task
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, cast
 
-from delayq.aio._acks import AckCoalescer
+from delayq.aio._acks import AckCoalescer, ack_batch
 from delayq.aio._handlers import HandlerCut, HandlerRunner
+from delayq.aio._stalls import watch_stalls
 from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.base import ConsumerBase
@@ -33,11 +35,11 @@ from delayq.consume.flow import (
     delivery_flow,
 )
 from delayq.consume.handlers import is_coroutine_handler, plain
-from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
+from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
 from delayq.errors import DelayqError, InvalidInput
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
-from delayq.observe.logs import bound_delivery
+from delayq.observe.logs import bind_delivery, unbind_delivery
 from delayq.stores.base import (
     IdempotencyStore,
     StoreOp,
@@ -51,6 +53,9 @@ Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 """``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
 transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
+
+_ENDED = HandlerEnded(None)
+"""A handler's success when nobody looks at its duration: one will do."""
 
 
 class AsyncConsumer(ConsumerBase):
@@ -108,14 +113,15 @@ class AsyncConsumer(ConsumerBase):
         )
         self._watchdog: asyncio.Task[None] | None = None
         self._stall_guard: asyncio.Task[None] | None = None
-        self._last_delivery = 0.0
+        self._arrivals = 0
+        """Deliveries so far: the stall guard looks whether it moved."""
         self._pruner: asyncio.Task[None] | None = None
         self._publisher = AsyncPublisher(
             self._url, self.topology, clock_ms=self._clock_ms, link=self._link
         )
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._acks = AckCoalescer()
+        self._acks = AckCoalescer(ack_batch(self._prefetch))
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -139,7 +145,11 @@ class AsyncConsumer(ConsumerBase):
         if self.inline:
             return
         self._watchdog = asyncio.create_task(self._runner.watch_timeouts())
-        self._stall_guard = asyncio.create_task(self._watch_stalls())
+        self._stall_guard = asyncio.create_task(
+            watch_stalls(
+                self.queue, lambda: self._arrivals, self._busy, self._feed.ready, self._on_lost
+            )
+        )
         if self._store is not None:
             self._pruner = asyncio.create_task(self._prune_forever())
         log.info("consuming %s (prefetch %d)", self.queue, self._prefetch)
@@ -149,9 +159,9 @@ class AsyncConsumer(ConsumerBase):
         # message that crashes the process charges only itself to the quorum queue's
         # delivery count, not the prefetched ones behind it (see _widen_prefetch).
         self._cautious = self._prefetch > 1 and not self.inline
-        self._acks = AckCoalescer()  # delivery tags are per channel
         on_delivery = self._run_inline if self.inline else self._on_delivery
         prefetch = 1 if self._cautious else self._prefetch
+        self._acks = AckCoalescer(ack_batch(prefetch))  # delivery tags are per channel
         await self._feed.open(self.topology, self.queue, prefetch, on_delivery, self._on_lost)
         try:
             await self._publisher.connect()
@@ -171,6 +181,7 @@ class AsyncConsumer(ConsumerBase):
     async def _reconnect(self) -> None:
         delay = RECONNECT_MIN_S
         self._open_now = False
+        self._acks.abandon()  # the broker requeues what this channel did not ack
         await self._feed.close()
         while not self._stopping:
             try:
@@ -294,6 +305,7 @@ class AsyncConsumer(ConsumerBase):
             return
         try:
             await self._feed.resubscribe(self._prefetch)
+            self._acks.batch = ack_batch(self._prefetch)
         except FeedLost as exc:
             log.warning("widening the prefetch of %s failed (%s); reconnecting", self.queue, exc)
             self._on_lost(exc)
@@ -307,33 +319,36 @@ class AsyncConsumer(ConsumerBase):
         await self._acks.drain()
 
     async def _on_delivery(self, message: Settleable, delivery: Delivery) -> None:
-        """One delivery, in a task of its own, from its arrival to its settlement."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_flight.add(task)
+        """One delivery, in the task the feed hands it over in, from arrival to settlement."""
+        task = current_task()
+        assert task is not None
+        in_flight = self._in_flight
+        in_flight.add(task)
         self._acks.track(message)
-        self._last_delivery = asyncio.get_running_loop().time()
+        self._arrivals += 1
         if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
             self._cautious = False
             self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
+        # The task's logging binding stays with it; threads for plain handlers get a copy
+        # of it (see delayq.observe.logs).
+        token = bind_delivery(delivery)
         try:
-            # The task's logging binding stays with it; threads for plain handlers get a
-            # copy of it (see delayq.observe.logs).
-            with bound_delivery(delivery):
-                if self._slots is None:
-                    await self._handle(message, delivery, self._clock_ms())
-                else:
-                    async with self._slots:
-                        await self._handle(message, delivery, self._clock_ms())
+            if self._slots is None:
+                await self._handle(message, delivery, task)
+            else:
+                async with self._slots:
+                    await self._handle(message, delivery, task)
         except asyncio.CancelledError:
             self._acks.forget(message)  # back to the queue when the channel closes
             raise
         finally:
-            if task is not None:
-                self._in_flight.discard(task)
+            unbind_delivery(token)
+            in_flight.discard(task)
 
-    async def _handle(self, message: Settleable, delivery: Delivery, received_ms: int) -> None:
+    async def _handle(self, message: Settleable, delivery: Delivery, task: Task[None]) -> None:
         """Drive the delivery's flow (:mod:`delayq.consume.flow`) to its settlement."""
+        observed = bool(self._observers)  # only observers see the timings
+        received_ms = self._clock_ms() if observed else 0
         flow = delivery_flow(delivery, self._flow_context)
         store = self._store
         step = next(flow)
@@ -341,9 +356,9 @@ class AsyncConsumer(ConsumerBase):
             kind = type(step)  # by identity, not isinstance: this runs per delivery
             if kind is RunHandler:
                 run = cast(RunHandler, step)
-                started = monotonic_ms()
+                started = monotonic_ms() if observed else 0.0
                 try:
-                    await self._runner.call(run.value, run.claim)
+                    await self._runner.call(run.value, run.claim, task)
                 except HandlerCut as cut:
                     flow.close()
                     if run.claim is not None:
@@ -352,7 +367,9 @@ class AsyncConsumer(ConsumerBase):
                 except BaseException as exc:  # the flow gives the claim back, then decides
                     step = flow.send(HandlerEnded(exc, monotonic_ms() - started))
                 else:
-                    step = flow.send(HandlerEnded(None, monotonic_ms() - started))
+                    step = flow.send(
+                        HandlerEnded(None, monotonic_ms() - started) if observed else _ENDED
+                    )
             elif kind is Ack:
                 self._acks.ack(message)
                 self._settled(delivery, cast(Ack, step), received_ms)
@@ -378,26 +395,7 @@ class AsyncConsumer(ConsumerBase):
             return exc
         return None
 
-    async def _watch_stalls(self) -> None:
-        """Re-subscribe when the queue holds ready messages but none has arrived for a while
-        and nothing is in flight: a consumer the broker forgot without telling (seen with
-        quorum queues after many connection losses in a row) must not sit idle forever."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(STALL_CHECK_S)
-            if (
-                self._in_flight
-                or not self._open_now
-                or (self._reconnecting is not None and not self._reconnecting.done())
-                or loop.time() - self._last_delivery < STALL_CHECK_S
-            ):
-                continue
-            try:
-                waiting = await self._feed.ready()
-            except FeedLost as exc:
-                log.debug("stall check on %s failed: %s", self.queue, exc)
-                continue
-            idle_s = loop.time() - self._last_delivery
-            if waiting and not self._in_flight and idle_s >= STALL_CHECK_S:
-                why = f"{waiting} messages ready but none delivered for {idle_s:.0f} s"
-                self._on_lost(RuntimeError(why))
+    def _busy(self) -> bool:
+        """Whether a stall check must wait: deliveries in flight, closed, or reconnecting."""
+        reconnecting = self._reconnecting is not None and not self._reconnecting.done()
+        return bool(self._in_flight) or not self._open_now or reconnecting

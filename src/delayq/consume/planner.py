@@ -97,6 +97,7 @@ class DeliveryPlanner:
         self.topology = topology
         self._router = Router(topology)
         self.queue = queue
+        self._delivery_limit = topology.destination(queue).delivery_limit  # read per delivery
         self.dlq = f"{queue}.dlq"
         if policy is None:
             policy = default_policy(topology)
@@ -178,7 +179,7 @@ class DeliveryPlanner:
     def over_delivery_limit(self, delivery: Delivery) -> Decision | None:
         """Dead-letter ``delivery`` if it went back unsettled more often than the queue's
         ``delivery_limit``, counting returns carried across deferrals; else ``None``."""
-        limit = self.topology.destination(self.queue).delivery_limit
+        limit = self._delivery_limit
         returns = delivery.returns
         if returns <= limit:
             return None

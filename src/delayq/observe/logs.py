@@ -39,6 +39,7 @@ __all__ = [
     "JsonLogFormatter",
     "LogFormat",
     "TextLogFormatter",
+    "bind_delivery",
     "bound_delivery",
     "configure_logging",
     "current_delivery",
@@ -65,24 +66,35 @@ class DeliveryLogContext:
         )
 
 
-_current: contextvars.ContextVar[DeliveryLogContext | None] = contextvars.ContextVar(
+# The delivery itself: its fields are read only when a line is logged, not per delivery.
+_current: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
     "delayq_delivery", default=None
 )
 
 
 def current_delivery() -> DeliveryLogContext | None:
     """The delivery being handled here, if any."""
-    return _current.get()
+    delivery = _current.get()
+    return None if delivery is None else DeliveryLogContext.of(delivery)
+
+
+def bind_delivery(delivery: Delivery) -> contextvars.Token[Delivery | None]:
+    """:func:`bound_delivery` without a ``with`` block (the asyncio consumer's hot path):
+    give the token back to ``unbind_delivery`` when done."""
+    return _current.set(delivery)
+
+
+unbind_delivery = _current.reset
+"""Ends what :func:`bind_delivery` began (its token)."""
 
 
 @contextmanager
 def bound_delivery(delivery: Delivery) -> Iterator[DeliveryLogContext]:
     """Log lines within the block (and in threads started with a copy of this context)
     carry ``delivery``'s fields."""
-    context = DeliveryLogContext.of(delivery)
-    token = _current.set(context)
+    token = _current.set(delivery)
     try:
-        yield context
+        yield DeliveryLogContext.of(delivery)
     finally:
         _current.reset(token)
 
@@ -93,7 +105,7 @@ class DeliveryLogFilter(logging.Filter):
     logger does not see its children's records."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        context = _current.get()
+        context = current_delivery()
         for name in FIELDS:
             # A record that already has the field (an extra=..., or a second filter) keeps it.
             if getattr(record, name, None) is None:

@@ -30,6 +30,7 @@ before the upgrade in every queue named.
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
@@ -84,7 +85,13 @@ def scoped_key(key: str, queue: str, scope: KeyScope) -> str:
     """The form ``key`` takes in the store for a consumer of ``queue``."""
     if scope is KeyScope.SHARED:
         return key
-    return f"{QUEUE_SCOPE_PREFIX}{quote(queue, safe='')}:{key}"
+    return f"{_queue_prefix(queue)}{key}"
+
+
+@functools.lru_cache(maxsize=256)
+def _queue_prefix(queue: str) -> str:
+    """``q:<queue, quoted>:`` (quoted once per queue, not per delivery)."""
+    return f"{QUEUE_SCOPE_PREFIX}{quote(queue, safe='')}:"
 
 
 def is_queue_scoped(stored: str) -> bool:
