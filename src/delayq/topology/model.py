@@ -31,6 +31,7 @@ from delayq.errors import InvalidDelay, InvalidTopology
 from delayq.message.limits import DEFAULT_LIMITS, MessageLimits
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
+from delayq.topology.shards import check_shards, shard_names
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -209,6 +210,9 @@ class Topology(_Model):
     """The default strategy of publishes and of consumers' retries."""
     exact: ExactSettings | None = None
     """The exact strategy's cascade; declared when set or when ``strategy`` is exact."""
+    shards: Annotated[int, BeforeValidator(check_shards)] = 1
+    """Queues per tier and per retry tier, a message's chosen by a hash of its id
+    (see :mod:`delayq.topology.shards`); 1 declares the unsharded names."""
     external_bindings: tuple[str, ...] = ()
     """Binding keys of queues bound to ``<ns>.ready`` outside this topology. A publish
     whose routing key matches neither a destination's bindings nor these raises
@@ -301,6 +305,14 @@ class Topology(_Model):
         dead-letters through :attr:`direct_exchange`, back to the failing queue alone.
         Neither can reach another namespace's queue (see :mod:`delayq.ops.grant`)."""
         return f"{self.retry_name(tier)}.direct"
+
+    def tier_shards(self, tier: Tier) -> tuple[str, ...]:
+        """The names of a tier's shards: :meth:`tier_name` first (see ``shards``)."""
+        return shard_names(self.tier_name(tier), self.shards)
+
+    def retry_shards(self, tier: Tier) -> tuple[str, ...]:
+        """The names of a retry tier's shards: :meth:`retry_direct_name` first."""
+        return shard_names(self.retry_direct_name(tier), self.shards)
 
     @property
     def exact_enabled(self) -> bool:
