@@ -11,6 +11,7 @@ import pytest
 
 from delayq import Topology, TopologyNotApplied
 from delayq.sync import Publisher, apply_topology, verify_topology
+from delayq.topology.declarations import build_declarations
 from delayq.topology.route import Router
 from tests.integration.ops import delayq
 
@@ -31,8 +32,7 @@ def test_apply_declares_every_shard_and_messages_arrive_on_time(
     collector = collect(queue)
     with Publisher(rabbitmq_url, topology) as publisher:
         receipts = [
-            publisher.publish({"n": i}, "job.run", "1s", message_id=f"order-{i}")
-            for i in range(40)
+            publisher.publish({"n": i}, "job.run", "1s", message_id=f"order-{i}") for i in range(40)
         ]
     tier = topology.ladder.tiers[0]
     assert Counter(r.exchange for r in receipts).keys() == set(topology.tier_shards(tier))
@@ -53,9 +53,17 @@ def test_shards_1_on_quorum_queues_carry_the_leader_locator(make_topology, rabbi
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     try:
         channel = connection.channel()
-        # Redeclaring shard 1 without the locator is refused: the broker holds it.
+        # Shard 1's arguments are shard 0's plus the locator, which the broker holds:
+        # redeclared with shard 0's arguments alone, it is refused on that argument.
+        arguments = next(
+            d.arguments
+            for d in build_declarations(topology)
+            if d.name == first and d.kind == "queue"
+        )
+        assert "x-queue-leader-locator" not in arguments
+        channel.queue_declare(first, durable=True, arguments=dict(arguments))
         with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="leader-locator"):
-            channel.queue_declare(second, durable=True, arguments={"x-queue-type": "quorum"})
+            channel.queue_declare(second, durable=True, arguments=dict(arguments))
     finally:
         connection.close()
     assert first == topology.tier_name(tier)
