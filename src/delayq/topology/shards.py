@@ -36,7 +36,6 @@ __all__ = [
     "MAX_SHARDS",
     "SHARD_SUFFIX_PATTERN",
     "check_shards",
-    "shard_index",
     "shard_names",
     "shard_of",
 ]
@@ -84,13 +83,3 @@ def shard_of(message_id: str, shards: int) -> int:
     if shards == 1:
         return 0
     return zlib.crc32(message_id.encode("utf-8")) % shards
-
-
-def shard_index(name: str, base: str) -> int | None:
-    """Which shard of ``base`` the queue ``name`` is (0 for ``base`` itself), or ``None``."""
-    if name == base:
-        return 0
-    suffix = name.removeprefix(f"{base}.s")
-    if suffix == name or not suffix.isdigit() or suffix.startswith("0"):
-        return None
-    return int(suffix)
