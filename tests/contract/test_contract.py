@@ -16,6 +16,7 @@ from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, H_ERR
 from delayq.consume.retry import FixedBackoff
 from delayq.message.envelope import H_ATTEMPT, H_ROUTING_KEY
 from delayq.stores.memory import InMemoryStore
+from delayq.topology.route import Router
 from delayq.topology.topic import BindingKeys
 
 from .conftest import Bench
@@ -238,3 +239,27 @@ def test_topic_bindings_route_as_rabbitmq_does(bench: Bench) -> None:
             got[str(parked.message_id)].add(name)
     assert got == TOPIC_ROUTES
     assert sorted(str(p.message_id) for p in bench.peek(topology.unrouted)) == ["b", "x.y"]
+
+
+def test_sharded_tiers_deliver_and_retry_through_every_shard(bench: Bench) -> None:
+    # shards: 3 spreads the tier (and the retry tier) over three queues by message id:
+    # each publish lands in the shard the Router names, and every shard dead-letters
+    # where the tier does, so every message arrives on time, retries included.
+    topology = bench.topology(("1s", "2s"), shards=3)
+    queue = topology.destinations[0].queue
+    router = Router(topology)
+    recorder = Recorder(bench, fail=lambda body, n: RuntimeError("once") if body % 2 else None)
+    bench.consume(topology, queue, recorder, policy=FixedBackoff(delay="1s", max_attempts=3))
+    receipts = [
+        bench.publish(topology, i, "job.run", "1s", message_id=f"order-{i}") for i in range(12)
+    ]
+
+    shards = topology.tier_shards(topology.ladder.tiers[0])
+    assert [r.exchange for r in receipts] == [shards[router.shard(f"order-{i}")] for i in range(12)]
+    assert {r.exchange for r in receipts} == set(shards)
+    assert bench.run_until(lambda: len(recorder.seen) == 18, within="30s")
+    assert sorted(recorder.bodies) == sorted([*range(12), *range(1, 12, 2)])
+    for body, arrived_ms in recorder.seen[:12]:
+        receipt = receipts[body]
+        assert arrived_ms >= receipt.published_at_ms + receipt.delay_ms
+    assert bench.peek(f"{queue}.dlq") == []

@@ -197,7 +197,9 @@ class DeliveryPlanner:
 
         Raises :class:`~delayq.errors.DelayTooLong` when the strategy cannot wait that long.
         """
-        exchange, routing_key, wait = self._router.to_queue(delay_ms, self.queue)
+        exchange, routing_key, wait = self._router.to_queue(
+            delay_ms, self.queue, delivery.message_id or ""
+        )
         headers = _user_headers(delivery.headers)
         headers.update(
             envelope_headers(

@@ -143,8 +143,10 @@ class MessageFactory:
         delay_ms = to_ms(delay)
         chosen = self._strategy if strategy is None else self.router.strategy(strategy)
         routing_key = validate_routing_key(routing_key)
-        exchange, wire_key, wait = self.router.to_destinations(delay_ms, routing_key, chosen)
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)
+        exchange, wire_key, wait = self.router.to_destinations(
+            delay_ms, routing_key, chosen, message_id
+        )
         user_headers = validate_headers(headers, self.limits)
         data, content_type = encode_body(body)
         if len(data) > self.max_body_bytes:

@@ -33,6 +33,14 @@ class StatsRow:
     role: str
     """``tier``, ``retry``, ``level``, ``destination`` or ``unrouted``."""
     dlq: str | None = None
+    shards: tuple[str, ...] = ()
+    """Set on a sharded tier's total: its shards' queues, whose depths it adds up (one
+    row each follows it, role ``<role> shard``)."""
+
+    @property
+    def label(self) -> str:
+        """The queue column: the queue, or a total's tier and its shard count."""
+        return f"{self.queue} [{len(self.shards)} shards]" if self.shards else self.queue
 
 
 @dataclass(frozen=True)
@@ -54,9 +62,11 @@ class Depth:
 
 def stats_rows(topology: Topology) -> list[StatsRow]:
     """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
-    DLQs), then ``<ns>.unrouted``."""
-    rows = [StatsRow(topology.tier_name(t), "tier") for t in topology.ladder.tiers]
-    rows += [StatsRow(topology.retry_direct_name(t), "retry") for t in topology.ladder.tiers]
+    DLQs), then ``<ns>.unrouted``; a sharded tier as its total, then each shard."""
+    rows = [row for t in topology.ladder.tiers for row in _sharded(topology.tier_shards(t), "tier")]
+    rows += [
+        row for t in topology.ladder.tiers for row in _sharded(topology.retry_shards(t), "retry")
+    ]
     rows += [StatsRow(topology.retry_name(t), "retry") for t in topology.ladder.tiers]  # older
     if topology.exact_enabled:
         rows += [StatsRow(topology.level_name(k), "level") for k in range(topology.exact_levels)]
@@ -65,9 +75,36 @@ def stats_rows(topology: Topology) -> list[StatsRow]:
     return rows
 
 
+def _sharded(names: tuple[str, ...], role: str) -> list[StatsRow]:
+    """One tier's rows: its queue, or with shards a total then each shard."""
+    if len(names) == 1:
+        return [StatsRow(names[0], role)]
+    return [StatsRow(names[0], role, shards=names)] + [
+        StatsRow(name, f"{role} shard") for name in names
+    ]
+
+
+def _depth(row: StatsRow, depths: Mapping[str, Depth | None]) -> Depth | None:
+    """A queue's depth, or a total's: the sum of its shards' (``None`` if one is missing)."""
+    if not row.shards:
+        return depths.get(row.queue)
+    parts = [depths.get(name) for name in row.shards]
+    if any(part is None for part in parts):
+        return None
+    found = [part for part in parts if part is not None]
+    unacked = [part.unacked for part in found]
+    forwarding = [part.forwarding for part in found]
+    return Depth(
+        ready=sum(part.ready for part in found),
+        unacked=None if None in unacked else sum(u or 0 for u in unacked),
+        consumers=sum(part.consumers for part in found),
+        forwarding=None if None in forwarding else sum(f or 0 for f in forwarding),
+    )
+
+
 def stats_queues(rows: Sequence[StatsRow]) -> list[str]:
-    """Every queue the rows need counted, DLQs included."""
-    names = [row.queue for row in rows]
+    """Every queue the rows need counted, DLQs included (a total's shards have rows)."""
+    names = [row.queue for row in rows if not row.shards]
     names += [row.dlq for row in rows if row.dlq is not None]
     return names
 
@@ -84,7 +121,7 @@ def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], so
         before=[f"source: {source}"],
     )
     for row in rows:
-        depth = depths.get(row.queue)
+        depth = _depth(row, depths)
         if row.dlq is None:
             dlq = "-"
         else:
@@ -99,9 +136,9 @@ def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], so
                 _cell(depth.unacked),
                 _cell(depth.consumers),
             ]
-        table.add(row.queue, row.role, *cells, dlq)
+        table.add(row.label, row.role, *cells, dlq)
     for row in rows:
-        depth = depths.get(row.queue)
+        depth = None if row.shards else depths.get(row.queue)
         if depth is not None and depth.forwarding:
             table.after.append(
                 f"{row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
@@ -124,8 +161,10 @@ def stats_json(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], sou
     """The same as JSON, for scripts and monitoring."""
     queues = []
     for row in rows:
-        depth = depths.get(row.queue)
+        depth = _depth(row, depths)
         entry: dict[str, object] = {"queue": row.queue, "role": row.role}
+        if row.shards:
+            entry["shards"] = list(row.shards)
         entry["exists"] = depth is not None
         if depth is not None:
             entry.update(asdict(depth), depth=depth.total)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from delayq.errors import InvalidInput
 from delayq.topology.model import Strategy, Topology
+from delayq.topology.shards import SHARD_SUFFIX_PATTERN
 
 __all__ = [
     "NOTHING",
@@ -116,14 +117,16 @@ def _pattern(alternatives: list[str]) -> str:
 
 def _names(topology: Topology) -> dict[str, str]:
     ns = _escape(topology.namespace)
+    # Shards (`.s1`, ...) only when the topology has them: an unsharded grant is unchanged.
+    shard = SHARD_SUFFIX_PATTERN if topology.shards > 1 else ""
     return {
         "ready": f"{ns}\\.ready",
         "unrouted": f"{ns}\\.unrouted",
         "direct": f"{ns}\\.direct",
-        "tier": f"{ns}\\.tier\\.{_LABEL}",
+        "tier": f"{ns}\\.tier\\.{_LABEL}{shard}",
         "retry": f"{ns}\\.retry\\.{_LABEL}",
-        "retry_direct": f"{ns}\\.retry\\.{_LABEL}\\.direct",
-        "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}",
+        "retry_direct": f"{ns}\\.retry\\.{_LABEL}\\.direct{shard}",
+        "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}{shard}",
         "levels": f"{ns}\\.level\\.[0-9]+",
         "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
         "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.topology.marker: applies declare it

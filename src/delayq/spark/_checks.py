@@ -27,7 +27,8 @@ def preflight(url: str, topology: Topology) -> None:
     missing (:class:`~delayq.errors.TopologyMissing`), or the user may not use it."""
     with Publisher(url, topology) as publisher:
         publisher.connect()  # the publisher's own checks of the namespace, if any
-    exchanges = [topology.ready_exchange, *(topology.tier_name(t) for t in topology.ladder.tiers)]
+    tiers = [name for tier in topology.ladder.tiers for name in topology.tier_shards(tier)]
+    exchanges = [topology.ready_exchange, *tiers]
     if topology.exact_enabled:
         exchanges += [topology.level_name(k) for k in range(topology.exact_levels)]
     connection = connect(url, name="delayq-spark-check")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from delayq.topology import marker
 from delayq.topology.cascade import Kind, delivery_binding_key, level_binding_keys
 from delayq.topology.model import QueueType, Topology
+from delayq.topology.shards import LEADER_LOCATOR
 
 __all__ = [
     "ArgumentValue",
@@ -154,18 +155,18 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
     # key to the failing queue alone, dead-letter through the default exchange,
     # which routes by queue name: no other binding (not even '#') sees them.
     # No x-expires: an idle tier must never be deleted with messages in it.
-    for role, name_of, dead_letter_exchange in (
-        ("tier", topology.tier_name, ready),
-        ("retry", topology.retry_name, ""),
+    # With `shards`, a tier is several such pairs (see delayq.topology.shards); the
+    # fanout retry tiers below are no one's choice any more and stay one.
+    for role, names_of, dead_letter_exchange in (
+        ("tier", topology.tier_shards, ready),
+        ("retry", lambda tier: (topology.retry_name(tier),), ""),
     ):
         for tier in topology.ladder.tiers:
-            name = name_of(tier)
-            exchanges.append(ExchangeDecl(name, "fanout"))
-            arguments = rung_arguments(qtype, tier.ttl_ms, dead_letter_exchange)
-            if topology.tier_max_length is not None:
-                arguments["x-max-length"] = topology.tier_max_length
-            queues.append(QueueDecl(name, arguments, role=role))
-            bindings.append(BindingDecl(name, name))
+            for shard, name in enumerate(names_of(tier)):
+                exchanges.append(ExchangeDecl(name, "fanout"))
+                arguments = _rung(topology, shard, tier.ttl_ms, dead_letter_exchange)
+                queues.append(QueueDecl(name, arguments, role=role))
+                bindings.append(BindingDecl(name, name))
 
     # The retry tiers consumers use: a direct exchange bound by each destination's name
     # into a fixed-TTL queue that dead-letters through <ns>.direct. A routing key, or a
@@ -174,12 +175,10 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
     # default exchange to any queue of the vhost. Those stay declared for consumers of
     # earlier versions (a rolling upgrade); the consumer grant has no right on them.
     for tier in topology.ladder.tiers:
-        name = topology.retry_direct_name(tier)
-        exchanges.append(ExchangeDecl(name, "direct"))
-        arguments = rung_arguments(qtype, tier.ttl_ms, topology.direct_exchange)
-        if topology.tier_max_length is not None:
-            arguments["x-max-length"] = topology.tier_max_length
-        queues.append(QueueDecl(name, arguments, role="retry"))
+        for shard, name in enumerate(topology.retry_shards(tier)):
+            exchanges.append(ExchangeDecl(name, "direct"))
+            arguments = _rung(topology, shard, tier.ttl_ms, topology.direct_exchange)
+            queues.append(QueueDecl(name, arguments, role="retry"))
 
     if topology.exact_enabled:
         _cascade(topology, exchanges, queues, bindings)
@@ -203,7 +202,8 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
         bindings.append(BindingDecl(topology.direct_exchange, dest.dlq, dest.dlq))
         bindings.extend(
             BindingDecl(name, name, dest.queue)
-            for name in map(topology.retry_direct_name, topology.ladder.tiers)
+            for tier in topology.ladder.tiers
+            for name in topology.retry_shards(tier)
         )
         if topology.exact_enabled:
             levels, delivery = topology.exact_levels, topology.delivery_exchange
@@ -217,6 +217,19 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
             bindings.append(BindingDecl(delivery, dest.queue, address))
 
     return (*exchanges, *queues, *bindings)
+
+
+def _rung(
+    topology: Topology, shard: int, ttl_ms: int, dead_letter_exchange: str
+) -> dict[str, ArgumentValue]:
+    """A tier's or retry tier's queue arguments: shard 0 keeps the unsharded ones;
+    on quorum queues the others let the cluster place their leaders."""
+    arguments = rung_arguments(topology.queue_type, ttl_ms, dead_letter_exchange)
+    if topology.tier_max_length is not None:
+        arguments["x-max-length"] = topology.tier_max_length
+    if shard > 0 and topology.queue_type is QueueType.QUORUM:
+        arguments.update(LEADER_LOCATOR)
+    return arguments
 
 
 def _cascade(

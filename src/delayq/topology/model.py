@@ -9,14 +9,12 @@
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -29,11 +27,10 @@ from pydantic import (
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidDelay, InvalidTopology
 from delayq.message.limits import DEFAULT_LIMITS, MessageLimits
+from delayq.topology._validation import Model, check_binding_keys, check_name, problems
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from delayq.topology.shards import check_shards, shard_names
 
 __all__ = [
     "DEFAULT_TOPOLOGY_FILE",
@@ -46,9 +43,6 @@ __all__ = [
 ]
 
 DEFAULT_TOPOLOGY_FILE = Path("topology/delayq.yaml")
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
-_BINDING = re.compile(r"(?:[A-Za-z0-9_\-]+|\*|#)(?:\.(?:[A-Za-z0-9_\-]+|\*|#))*")
 
 
 class QueueType(str, enum.Enum):
@@ -75,68 +69,7 @@ LadderField = Annotated[
 ]
 
 
-def _check_name(value: str, what: str) -> str:
-    if value == "amq" or value.startswith("amq."):
-        raise ValueError(f"{what} {value!r} uses the prefix 'amq.', which RabbitMQ reserves")
-    if len(value.encode()) > 200 or not _NAME.fullmatch(value):
-        raise ValueError(
-            f"{what} {value!r} must start with a letter or digit and use only letters, "
-            "digits, '.', '_' and '-' (at most 200 bytes)"
-        )
-    return value
-
-
-def _check_binding_keys(value: tuple[str, ...]) -> tuple[str, ...]:
-    for key in value:
-        if len(key.encode()) > 255 or not _BINDING.fullmatch(key):
-            raise ValueError(
-                f"binding key {key!r} must be dot-separated words of letters, digits, "
-                "'_' or '-', or the wildcards '*' and '#' (at most 255 bytes)"
-            )
-    if len(set(value)) != len(value):
-        raise ValueError("binding keys must be unique")
-    return value
-
-
-def _problem_list(exc: ValidationError, outer: tuple[str | int, ...] = ()) -> list[str]:
-    problems = []
-    for err in exc.errors():
-        loc = (*outer, *err["loc"])
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, InvalidTopology) and isinstance(cause.__cause__, ValidationError):
-            # A nested model refused its part (its __init__ raised): name its fields in full.
-            problems.extend(_problem_list(cause.__cause__, loc))
-            continue
-        msg = err["msg"].removeprefix("Value error, ")
-        problems.append(f"{'.'.join(str(p) for p in loc)}: {msg}" if loc else msg)
-    return problems
-
-
-def _problems(source: str, exc: ValidationError) -> str:
-    """One line naming every field pydantic refused, and why."""
-    return f"{source}: {'; '.join(_problem_list(exc))}"
-
-
-class _Model(BaseModel):
-    """Refuses bad input with :class:`~delayq.errors.InvalidTopology`, never pydantic's
-    own ``ValidationError``: ``except DelayqError`` (or ``ValueError``) catches a bad
-    ``Topology(...)``, as it catches every other delayq error."""
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InvalidTopology(_problems(type(self).__name__, exc)) from exc
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise InvalidTopology(_problems(cls.__name__, exc)) from exc
-
-
-class Destination(_Model):
+class Destination(Model):
     """An application queue bound to the ready exchange."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -150,7 +83,7 @@ class Destination(_Model):
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, value: str) -> str:
-        _check_name(value, "queue name")
+        check_name(value, "queue name")
         if value.endswith(".dlq"):
             raise ValueError(f"queue name {value!r} must not end in '.dlq' (reserved for DLQs)")
         return value
@@ -158,7 +91,7 @@ class Destination(_Model):
     @field_validator("bindings")
     @classmethod
     def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_binding_keys(value)
+        return check_binding_keys(value)
 
     @property
     def dlq(self) -> str:
@@ -173,7 +106,7 @@ def _parse_unit(value: object) -> int:
         raise ValueError(str(exc)) from None
 
 
-class ExactSettings(_Model):
+class ExactSettings(Model):
     """The exact strategy's cascade: ``levels`` levels, level ``k`` waiting ``2**k`` units."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -189,7 +122,7 @@ class ExactSettings(_Model):
     """``None``: enough for the ladder's largest tier."""
 
 
-class Topology(_Model):
+class Topology(Model):
     """Namespace, ladder, queue type, destination queues, and message size limits."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -209,6 +142,9 @@ class Topology(_Model):
     """The default strategy of publishes and of consumers' retries."""
     exact: ExactSettings | None = None
     """The exact strategy's cascade; declared when set or when ``strategy`` is exact."""
+    shards: Annotated[int, BeforeValidator(check_shards)] = 1
+    """Queues per tier and per retry tier, a message's chosen by a hash of its id
+    (see :mod:`delayq.topology.shards`); 1 declares the unsharded names."""
     external_bindings: tuple[str, ...] = ()
     """Binding keys of queues bound to ``<ns>.ready`` outside this topology. A publish
     whose routing key matches neither a destination's bindings nor these raises
@@ -218,12 +154,12 @@ class Topology(_Model):
     @field_validator("external_bindings")
     @classmethod
     def _external_bindings(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_binding_keys(value)
+        return check_binding_keys(value)
 
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
-        return _check_name(value, "namespace")
+        return check_name(value, "namespace")
 
     @model_validator(mode="after")
     def _unique_queues(self) -> Topology:
@@ -302,6 +238,14 @@ class Topology(_Model):
         Neither can reach another namespace's queue (see :mod:`delayq.ops.grant`)."""
         return f"{self.retry_name(tier)}.direct"
 
+    def tier_shards(self, tier: Tier) -> tuple[str, ...]:
+        """The names of a tier's shards: :meth:`tier_name` first (see ``shards``)."""
+        return shard_names(self.tier_name(tier), self.shards)
+
+    def retry_shards(self, tier: Tier) -> tuple[str, ...]:
+        """The names of a retry tier's shards: :meth:`retry_direct_name` first."""
+        return shard_names(self.retry_direct_name(tier), self.shards)
+
     @property
     def exact_enabled(self) -> bool:
         """Whether the exact strategy's levels are part of the topology."""
@@ -351,7 +295,7 @@ class Topology(_Model):
         try:
             return cast(Topology, cls.__pydantic_validator__.validate_python(dict(data)))
         except ValidationError as exc:
-            raise InvalidTopology(_problems(source, exc)) from exc
+            raise InvalidTopology(problems(source, exc)) from exc
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

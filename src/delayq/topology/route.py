@@ -8,7 +8,8 @@ planner), and how long it really waits and under which label (:meth:`Router.wait
 used by retry plans, bulk rejections and the CLI). Both strategies live here:
 
 * **tiered**: one hop into the smallest tier at or above the delay (label: the
-  tier's, e.g. ``"5m"``);
+  tier's, e.g. ``"5m"``), into the shard the message id picks when the topology
+  has ``shards`` (:meth:`Router.shard`);
 * **exact**: the binary cascade, ``popcount(units)`` hops (label: ``"exact"``;
   the hops are :attr:`Wait.hops`).
 
@@ -26,6 +27,7 @@ from delayq.errors import InvalidInput, InvalidRoutingKey
 from delayq.topology.cascade import MAX_KEY_BYTES, Kind, Strategy, plan_cascade
 from delayq.topology.ladder import Ladder, Tier
 from delayq.topology.model import Topology
+from delayq.topology.shards import shard_of
 
 __all__ = ["EXACT_LABEL", "IMMEDIATE", "Route", "Router", "Wait", "exact_wait", "tier_wait"]
 
@@ -90,11 +92,12 @@ class Router:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        # Per tier, computed once for the hot path: exchange, and the wait.
-        self._tiers: dict[Tier | None, tuple[str, Wait]] = {
-            tier: (topology.tier_name(tier), Wait.of_tier(tier)) for tier in topology.ladder.tiers
+        # Per tier, computed once for the hot path: the shards' exchanges, and the wait.
+        self._shards = topology.shards
+        self._tiers: dict[Tier | None, tuple[tuple[str, ...], Wait]] = {
+            tier: (topology.tier_shards(tier), Wait.of_tier(tier)) for tier in topology.ladder.tiers
         }
-        self._tiers[None] = (topology.ready_exchange, IMMEDIATE)
+        self._tiers[None] = ((topology.ready_exchange,) * self._shards, IMMEDIATE)
         self._exact_default = topology.strategy is Strategy.EXACT
         self._select_tier = topology.ladder.select_ms
 
@@ -130,21 +133,40 @@ class Router:
             return limit, f"the exact strategy's maximum {format_ms(limit)}"
         return topology.ladder.max_ms, f"the largest tier {topology.ladder.tiers[-1].label}"
 
+    def shard(self, message_id: str) -> int:
+        """The shard ``message_id`` waits in, in every tier (see
+        :mod:`delayq.topology.shards`); always 0 without ``shards``."""
+        if self._shards == 1:
+            return 0
+        if not message_id:
+            raise InvalidInput(
+                f"namespace {self.topology.namespace!r} spreads its tiers over "
+                f"{self._shards} shards by message id: pass the message's id to route it"
+            )
+        return shard_of(message_id, self._shards)
+
     def to_destinations(
-        self, delay_ms: int, routing_key: str, strategy: Strategy | None = None
+        self,
+        delay_ms: int,
+        routing_key: str,
+        strategy: Strategy | None = None,
+        message_id: str = "",
     ) -> Route:
         """A message for the queues bound to ``routing_key``: into the smallest tier at
-        or above the delay (or the cascade), to ``<ns>.ready`` when immediate."""
+        or above the delay (its shard for ``message_id``) or the cascade, to
+        ``<ns>.ready`` when immediate. ``message_id`` may be left out without shards."""
         if strategy is Strategy.EXACT or (strategy is None and self._exact_default):
             return self._exact(delay_ms, Kind.ROUTE, routing_key)
-        exchange, wait = self._tiers[self._select_tier(delay_ms)]
+        exchanges, wait = self._tiers[self._select_tier(delay_ms)]
+        exchange = exchanges[0] if self._shards == 1 else exchanges[self.shard(message_id)]
         return _new_route(Route, (exchange, routing_key, wait))  # the publish hot path
 
-    def to_queue(self, delay_ms: int, queue: str) -> Route:
+    def to_queue(self, delay_ms: int, queue: str, message_id: str = "") -> Route:
         """A retry for ``queue`` alone, by the topology's default strategy: addressed by
         the queue's name through a direct exchange that routes only the topology's
-        queue names (to the retry tier, or for delay 0 straight back), or through the
-        cascade with a ``q.<queue>`` key only that queue's binding matches."""
+        queue names (to the retry tier's shard for ``message_id``, or for delay 0
+        straight back; shard 0 without an id), or through the cascade with a
+        ``q.<queue>`` key only that queue's binding matches."""
         topology = self.topology
         if topology.strategy is Strategy.EXACT:
             route = self._exact(delay_ms, Kind.ADDRESS, queue)
@@ -152,7 +174,10 @@ class Router:
                 return Route(topology.direct_exchange, queue, route.wait)
             return route
         tier = topology.ladder.select_ms(delay_ms)
-        exchange = topology.direct_exchange if tier is None else topology.retry_direct_name(tier)
+        if tier is None:
+            return Route(topology.direct_exchange, queue, IMMEDIATE)
+        # A delivery without an id (a foreign publisher's) retries through shard 0.
+        exchange = topology.retry_shards(tier)[shard_of(message_id, self._shards)]
         return Route(exchange, queue, Wait.of_tier(tier))
 
     def _exact(self, delay_ms: int, kind: Kind, target: str) -> Route:
