@@ -166,10 +166,11 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
 
 @pytest.fixture
 def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
-    """Three local nodes joined into one cluster, for this test only (then stopped)."""
+    """Three local nodes joined into one cluster, each with the management API, for this
+    test only (then stopped)."""
     if not server_installed():
         _no_broker("rabbitmq-server is not installed, and this test needs a local cluster")
-    cluster = LocalCluster(3)
+    cluster = LocalCluster(3, management=True)
     try:
         cluster.start()
     except LocalNodeError as exc:

@@ -20,7 +20,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delayq.consume.retry import RetryPolicy, check_policy
 from delayq.durations import to_ms
@@ -29,6 +29,9 @@ from delayq.observe.deliveries import DeliveryObserver
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
 from delayq.urls import resolved_memory_name
+
+if TYPE_CHECKING:
+    from delayq.ops.watchdog import Watchdog
 
 __all__ = ["Registration", "Worker", "load_worker"]
 
@@ -118,11 +121,14 @@ class Worker:
         concurrency: int | None = None,
         stop: threading.Event | None = None,
         observers: Iterable[DeliveryObserver] = (),
+        watchdog: Watchdog | None = None,
     ) -> None:
         """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set).
 
         ``observers`` watch every consumer, besides any given in the worker's or the
         handler's options (``delayq worker --metrics-port`` adds a metrics observer).
+        ``watchdog`` (:class:`~delayq.ops.watchdog.Watchdog`, what ``delayq worker
+        --heal`` passes) runs in a thread of its own while the consumers run.
         """
         from delayq.aio.consumer import AsyncConsumer
         from delayq.sync.consumer import Consumer
@@ -179,6 +185,10 @@ class Worker:
             threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
             for c in sync_consumers
         ]
+        if watchdog is not None:  # it logs its own failures and keeps looking
+            threads.append(
+                threading.Thread(target=watchdog.run, args=(stop,), name="delayq watchdog")
+            )
         try:
             for thread in threads:
                 thread.start()
@@ -239,9 +249,7 @@ def load_worker(spec: str) -> Worker:
     except DelayqError:
         raise  # the module's own delayq call failed (a topology file, say): its message says why
     except Exception as exc:  # any error while importing the module, a SyntaxError included
-        raise InvalidInput(
-            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise InvalidInput(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     value = getattr(module, attr or "worker", None)
     if not isinstance(value, Worker):
         raise InvalidInput(

@@ -15,6 +15,7 @@ import click
 
 from delayq import __version__
 from delayq.cli._common import Args
+from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     CONTEXT,
     Invocation,
@@ -136,6 +137,12 @@ def _run_commands() -> list[click.Command]:
                     help="address the metrics endpoint listens on (default 127.0.0.1; "
                     "0.0.0.0 for all)",
                 ),
+                flag(
+                    "--heal",
+                    help="also run the dead-letter watchdog of `delayq topology heal --watch` "
+                    "(reads the management API; see --heal-move-leaders)",
+                ),
+                *heal_options("heal-"),
                 once(
                     "--records",
                     type=click.Path(path_type=Path),

@@ -221,6 +221,7 @@ def _retry_plan_json(
 
 def cmd_worker(args: Args) -> int:
 
+    from delayq.cli.heal import build_watchdog, check_worker_heal
     from delayq.observe.deliveries import DeliveryObserver
     from delayq.observe.logs import configure_logging
     from delayq.worker import load_worker
@@ -233,10 +234,12 @@ def cmd_worker(args: Args) -> int:
             logging.getLogger(client).setLevel(logging.CRITICAL)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `celery worker`: the app is importable from here
+    check_worker_heal(args)
     worker = load_worker(args.spec)
     url = resolve_url(args.url)
     observers: list[DeliveryObserver] = []
     server = None
+    metrics = None
     if args.metrics_port is not None:
         from delayq.observe.metrics import PrometheusObserver, serve_metrics
 
@@ -262,9 +265,21 @@ def cmd_worker(args: Args) -> int:
         recorder = DeliveryRecorder(args.records, max_bytes=args.records_max_bytes)
         observers.append(recorder)
         print(f"delivery records: {args.records}", flush=True)
+    watchdog = None
+    if args.heal:
+        watchdog = build_watchdog(
+            args, worker.topology, url, prefix="heal_", observers=[metrics] if metrics else ()
+        )
+        print(f"delayq worker: {watchdog!r}", flush=True)
     failed = False
     try:
-        worker.run(url, prefetch=args.prefetch, concurrency=args.concurrency, observers=observers)
+        worker.run(
+            url,
+            prefetch=args.prefetch,
+            concurrency=args.concurrency,
+            observers=observers,
+            watchdog=watchdog,
+        )
     except BaseException:
         failed = True
         raise

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from delayq.cli.heal import cmd_heal, heal_options
 from delayq.cli.options import (
     Command,
     PositiveFloat,
@@ -29,7 +30,7 @@ __all__ = ["parked_group", "spark_group", "topology_group"]
 def topology_group() -> click.Group:
     return group(
         "topology",
-        "plan, apply, export, verify or grant the topology",
+        "plan, apply, export, verify, grant or heal the topology",
         [
             leaf(
                 "plan",
@@ -107,6 +108,21 @@ def topology_group() -> click.Group:
                 ],
                 url=True,
                 file=True,
+            ),
+            leaf(
+                "heal",
+                cmd_heal,
+                "find tier queues whose dead letters stopped moving (a node loss on RabbitMQ "
+                "3.10) and, with --move-leaders, give them a new leader; exit 0 only if none "
+                "is left stalled",
+                [
+                    *heal_options(),
+                    flag("--watch", help="keep watching (until SIGTERM) instead of one pass"),
+                    json_flag(),
+                ],
+                url=True,
+                file=True,
+                exclusive=[("watch", "json")],
             ),
         ],
     )

@@ -62,18 +62,22 @@ class LocalCluster:
         *,
         config: Mapping[str, str] | None = None,
         advanced_config: str | None = None,
+        management: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="delayq-cluster-"))
         cookie = secrets.token_hex(20).upper()
+        self.cookie = cookie
+        """The Erlang cookie the nodes share (what ``rabbitmqctl --erlang-cookie`` takes)."""
         self.nodes = [
             LocalNode(
                 self.base_dir / f"node{i}",
                 config=config,
                 advanced_config=advanced_config,
                 cookie=cookie,
+                management=management,
             )
             for i in range(size)
         ]
@@ -86,6 +90,11 @@ class LocalCluster:
         """One URL naming every node (delayq's clients try them in turn)."""
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
         return f"amqp://guest:guest@{hosts}/"
+
+    @property
+    def management_urls(self) -> list[str]:
+        """Each node's management API URL (``management=True``), first node first."""
+        return [node.management_url for node in self.nodes if node.management_url]
 
     def node_named(self, name: str) -> LocalNode:
         """The node called ``name`` (``delayq-<port>@localhost``)."""

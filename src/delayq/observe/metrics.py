@@ -1,8 +1,9 @@
 """Prometheus metrics for publishers and consumers (``pip install 'delayq[metrics]'``).
 
-One :class:`PrometheusObserver` is both a delivery observer (for ``Consumer``
-and ``AsyncConsumer``) and a publish observer (for ``Publisher`` and
-``AsyncPublisher``); it counts into its own ``CollectorRegistry`` unless given
+One :class:`PrometheusObserver` is a delivery observer (for ``Consumer``
+and ``AsyncConsumer``), a publish observer (for ``Publisher`` and
+``AsyncPublisher``) and a heal observer (for the watchdog of ``delayq worker
+--heal``); it counts into its own ``CollectorRegistry`` unless given
 one, and :func:`serve_metrics` exposes that registry over HTTP:
 
 >>> metrics = PrometheusObserver()                                      # doctest: +SKIP
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from prometheus_client import CollectorRegistry
+
+    from delayq.ops.watchdog import HealEvent
 
 __all__ = [
     "HANDLER_BUCKETS_S",
@@ -89,6 +92,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         ("queue",),
         "Deliveries skipped because their idempotency key was already done.",
+    ),
+    "delayq_dead_letter_stalls_total": (
+        "counter",
+        ("queue", "outcome"),
+        "Queues found holding dead letters that stopped moving (the heal watchdog), by "
+        "queue and what was done (detected, healed, failed).",
     ),
     "delayq_handler_duration_seconds": (
         "histogram",
@@ -157,6 +166,7 @@ class PrometheusObserver:
         self.retried_total = make("delayq_retried_total")
         self.dead_lettered_total = make("delayq_dead_lettered_total")
         self.duplicates_total = make("delayq_duplicates_total")
+        self.dead_letter_stalls_total = make("delayq_dead_letter_stalls_total")
         self.handler_seconds = make(
             "delayq_handler_duration_seconds", buckets=tuple(handler_buckets_s)
         )
@@ -179,6 +189,10 @@ class PrometheusObserver:
             self.lateness_seconds.labels(event.tier or "unknown").observe(lateness_ms / 1000)
         # Last: whoever sees a delivery counted here sees every other series of it too.
         self.delivered_total.labels(queue, event.outcome).inc()
+
+    # HealObserver (delayq.ops.watchdog)
+    def heal_event(self, event: HealEvent) -> None:
+        self.dead_letter_stalls_total.labels(event.stall.queue, event.outcome.value).inc()
 
     # PublishObserver
     def published(self, event: Published) -> None:
@@ -215,9 +229,7 @@ class MetricsServer:
         self.thread.join(5)
 
 
-def serve_metrics(
-    registry: CollectorRegistry, port: int, addr: str = "127.0.0.1"
-) -> MetricsServer:
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> MetricsServer:
     """Serve ``registry`` over HTTP on ``addr:port`` (port 0: any free port) in a daemon
     thread. The default address is loopback: pass ``"0.0.0.0"`` to be scraped from
     other hosts."""

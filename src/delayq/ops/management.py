@@ -147,6 +147,11 @@ class ManagementAPI:
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         return self.get_or_none(f"/queues/{_part(vhost)}/{_part(name)}")  # type: ignore[no-any-return]
 
+    def queues(self, vhost: str, columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Every queue of ``vhost`` (only ``columns`` of each, when given)."""
+        query = f"?columns={','.join(columns)}" if columns else ""
+        return list(self.get(f"/queues/{_part(vhost)}{query}") or [])
+
     def exchange(self, vhost: str, name: str) -> dict[str, Any] | None:
         return self.get_or_none(f"/exchanges/{_part(vhost)}/{_part(name)}")  # type: ignore[no-any-return]
 

@@ -13,12 +13,12 @@ No password is involved: users must exist already.
 from __future__ import annotations
 
 import shlex
-import subprocess
 from collections.abc import Sequence
 
-from delayq.errors import BrokerError, InvalidInput
+from delayq.errors import InvalidInput
 from delayq.ops.grant import Grant
 from delayq.ops.management import ManagementAPI
+from delayq.ops.rabbitmqctl import run_ctl
 
 __all__ = ["VIAS", "apply_grant", "rabbitmqctl_command"]
 
@@ -46,21 +46,10 @@ def apply_grant(
         return
     if via != "rabbitmqctl":
         raise InvalidInput(f"--via must be one of {', '.join(VIAS)}, not {via!r}")
-    command = [*rabbitmqctl, *grant.rabbitmqctl_args()]
-    try:
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except FileNotFoundError:
-        raise InvalidInput(
-            f"{command[0]!r} was not found: install RabbitMQ's CLI tools, pass --rabbitmqctl "
-            "with its path, or use --via management"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise BrokerError(f"rabbitmqctl did not answer within {timeout_s:g} s") from None
-    if result.returncode != 0:
-        output = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        raise BrokerError(
-            f"rabbitmqctl set_permissions for user {grant.user!r} on vhost {grant.vhost!r} "
-            f"failed ({result.returncode}): {' '.join(output[-3:])}"
-        )
+    run_ctl(
+        rabbitmqctl,
+        grant.rabbitmqctl_args(),
+        what=f"rabbitmqctl set_permissions for user {grant.user!r} on vhost {grant.vhost!r}",
+        timeout_s=timeout_s,
+        hint="pass --rabbitmqctl with its path, or use --via management",
+    )
