@@ -4,13 +4,15 @@ operator's views (plan, export, verify, stats) of a sharded namespace."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pika
 import pytest
 
 from delayq import Topology, TopologyNotApplied
-from delayq.sync import Publisher, apply_topology, verify_topology
+from delayq.ops.management import ManagementAPI
+from delayq.sync import Publisher, apply_topology, delete_topology, verify_topology
 from delayq.topology.declarations import build_declarations
 from delayq.topology.route import Router
 from tests.integration.ops import delayq
@@ -124,3 +126,48 @@ def test_plan_export_verify_and_stats_show_the_shards(make_topology, rabbitmq_ur
     shard_rows = [r for r in rows if r["role"] == "tier shard" and r["queue"] in eight]
     assert [r["ready"] for r in shard_rows] == [per_shard[0], per_shard[1]]
     assert total["ready"] == 12
+
+
+def test_verify_reports_the_shards_a_lowered_count_left_behind(
+    local_rabbitmq_management_node, node_topology
+):
+    node = local_rabbitmq_management_node
+    base, _ = node_topology(node, ("1s", "30s"))
+    four = Topology.model_validate({**base.model_dump(), "shards": 4})
+    two = Topology.model_validate({**base.model_dump(), "shards": 2})
+    apply_topology(four, node.url)
+    try:
+        _lowered(node, four, two)
+    finally:
+        delete_topology(four, node.url)  # every shard: the fixture deletes two's only
+
+
+def _lowered(node, four: Topology, two: Topology) -> None:
+    router = Router(four)
+    ids = [f"id-{i}" for i in range(40)]
+    with Publisher(node.url, four) as publisher:
+        for message_id in ids:
+            publisher.publish("later", "job.run", "30s", message_id=message_id)
+    held = sum(1 for i in ids if router.shard(i) >= 2)
+    assert held > 0
+    apply_topology(two, node.url)
+    api = ManagementAPI(node.management_url)
+    tier = four.tier_name(four.ladder.tiers[-1])
+
+    def leftovers():
+        checks = verify_topology(two, node.url, management=api, probe=False)
+        return next(c for c in checks if c.subject == "leftover shards")
+
+    deadline = time.monotonic() + 20  # the API's message counts lag the queues a little
+    check = leftovers()
+    while f"holding {held:,} messages" not in check.detail and time.monotonic() < deadline:
+        time.sleep(0.5)
+        check = leftovers()
+    assert check.status.value == "FAIL", check
+    assert f"{tier}.s2" in check.detail and f"{tier}.s3" in check.detail
+    assert f"{tier}.s1" not in check.detail
+    assert f"holding {held:,} messages" in check.detail and "delete them once empty" in check.detail
+    ok = verify_topology(four, node.url, management=api, probe=False)
+    assert next(c for c in ok if c.subject == "leftover shards").status.value == "OK"
+    without_api = verify_topology(two, node.url, probe=False)
+    assert next(c for c in without_api if c.subject == "leftover shards").status.value == "SKIPPED"

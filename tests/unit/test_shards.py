@@ -260,3 +260,22 @@ def test_grants_cover_the_shards_only_when_there_are_shards() -> None:
     assert not re.fullmatch(producer_grant(unsharded, "p").permissions.write, "shop.tier.1s.s1")
     retry = re.compile(consumer_grant(sharded, "c").permissions.write)
     assert retry.fullmatch("shop.retry.5s.direct.s2")
+
+
+def test_leftover_shards_are_those_at_or_above_the_count_of_known_tiers_only() -> None:
+    from delayq.ops.verify import check_leftover_shards
+    from delayq.topology.shards import leftover_shards
+
+    names = ["a.tier.1s", "a.tier.1s.s1", "a.tier.1s.s2", "a.tier.1s.s02", "a.tier.1s.sx",
+             "a.tier.1s.s2.x", "b.tier.1s.s5", "a.tier.5s.s3"]  # fmt: skip
+    assert leftover_shards(["a.tier.1s"], 2, names) == ["a.tier.1s.s2"]
+    assert leftover_shards(["a.tier.1s", "a.tier.5s"], 1, names) == [
+        "a.tier.1s.s1", "a.tier.1s.s2", "a.tier.5s.s3"
+    ]  # fmt: skip
+    assert leftover_shards(["a.tier.1s"], 3, names) == []
+    topology = Topology(namespace="a", ladder=["1s", "5s"], shards=2)
+    check = check_leftover_shards(topology, {"a.tier.1s.s1": 3, "a.tier.5s.s3": 7})
+    assert check.status.value == "FAIL" and "a.tier.5s.s3" in check.detail
+    assert "holding 7 messages" in check.detail
+    assert check_leftover_shards(topology, {"a.tier.1s.s1": 3}).status.value == "OK"
+    assert check_leftover_shards(topology, None).status.value == "SKIPPED"

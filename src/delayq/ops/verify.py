@@ -21,6 +21,7 @@ from delayq.errors import InvalidInput, TopologyConflict
 from delayq.tables import Column, Table
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, rung_arguments
 from delayq.topology.model import QueueType, Topology
+from delayq.topology.shards import leftover_shards
 
 __all__ = [
     "MIN_VERSION",
@@ -31,6 +32,7 @@ __all__ = [
     "ProbePlan",
     "Status",
     "check_feature_flags",
+    "check_leftover_shards",
     "check_probe",
     "check_version",
     "check_vhost",
@@ -369,6 +371,30 @@ def check_probe(
 
 
 # Output -------------------------------------------------------------------------------
+
+
+def check_leftover_shards(topology: Topology, queues: Mapping[str, int] | None) -> Check:
+    """Shards of a higher, earlier shard count still declared (``queues``: the vhost's
+    queues and their message counts, from the management API; ``None``: not known)."""
+    subject = "leftover shards"
+    if queues is None:
+        return Check(subject, Status.SKIPPED, "needs the management API (it lists the vhost)")
+    tiers = topology.ladder.tiers
+    bases = [topology.tier_name(t) for t in tiers] + [topology.retry_direct_name(t) for t in tiers]
+    found = leftover_shards(bases, topology.shards, queues)
+    if not found:
+        return Check(subject, Status.OK, f"none beyond shards: {topology.shards}")
+    held = sum(queues[name] for name in found)
+    found.sort(key=lambda name: -queues[name])  # those holding messages first
+    shown = ", ".join(f"{name}: {queues[name]:,}" for name in found[:6])
+    return Check(
+        subject,
+        Status.FAIL,
+        f"{len(found)} queues of a higher shard count are still declared ({shown}"
+        f"{', ...' if len(found) > 6 else ''}), holding {held:,} messages: nothing publishes "
+        "to them any more and what they hold is still delivered when due; delete them once "
+        "empty (docs/concepts/topology.md, 'Changing K')",
+    )
 
 
 def checks_table(checks: Sequence[Check]) -> Table:

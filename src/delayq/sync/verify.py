@@ -22,6 +22,7 @@ from delayq.ops.verify import (
     Observed,
     Status,
     check_feature_flags,
+    check_leftover_shards,
     check_version,
     check_vhost,
     compare_bindings,
@@ -122,6 +123,17 @@ def _flags(api: ManagementAPI | None) -> tuple[dict[str, str] | None, str]:
         return None, f"the management API did not list them ({exc})"
 
 
+def _queue_counts(api: ManagementAPI | None, vhost: str) -> dict[str, int] | None:
+    """Every queue of the vhost and its messages; ``None`` without the API (or if it fails)."""
+    if api is None:
+        return None
+    try:
+        rows = api.queues(vhost, ("name", "messages"))
+    except DelayqError:
+        return None
+    return {str(row["name"]): int(row.get("messages") or 0) for row in rows}
+
+
 def verify_topology(
     topology: Topology,
     url: str | None = None,
@@ -168,6 +180,7 @@ def verify_topology(
             else:
                 checks.append(_entity_by_amqp(channels, decl))
         checks.append(_bindings(api, topology, vhost))
+        checks.append(check_leftover_shards(topology, _queue_counts(api, vhost)))
         if probe:
             checks.append(run_probe(connection, plan))
         else:

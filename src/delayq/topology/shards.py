@@ -30,12 +30,14 @@ True
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 
 __all__ = [
     "LEADER_LOCATOR",
     "MAX_SHARDS",
     "SHARD_SUFFIX_PATTERN",
     "check_shards",
+    "leftover_shards",
     "shard_names",
     "shard_of",
 ]
@@ -83,3 +85,21 @@ def shard_of(message_id: str, shards: int) -> int:
     if shards == 1:
         return 0
     return zlib.crc32(message_id.encode("utf-8")) % shards
+
+
+def leftover_shards(bases: Iterable[str], shards: int, names: Iterable[str]) -> list[str]:
+    """Of ``names`` (a vhost's queues), the shards of ``bases`` at or above ``shards``:
+    declared by an earlier, higher shard count, and no longer published to.
+
+    >>> leftover_shards(["shop.tier.5m"], 2, ["shop.tier.5m", "shop.tier.5m.s1",
+    ...                                        "shop.tier.5m.s3", "shop.tier.5m.sx"])
+    ['shop.tier.5m.s3']
+    """
+    wanted = set(bases)
+    found = []
+    for name in names:
+        base, dot_s, index = name.rpartition(".s")
+        if dot_s and base in wanted and index.isdigit() and not index.startswith("0"):
+            if int(index) >= shards:
+                found.append(name)
+    return sorted(found)
