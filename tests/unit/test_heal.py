@@ -395,3 +395,48 @@ def test_the_metrics_count_each_stall_by_queue_and_outcome() -> None:
         "delayq_dead_letter_stalls_total", {"queue": "shop.tier.5s", "outcome": "detected"}
     )
     assert value == 1.0
+
+
+# The command line: options that would be ignored, or cannot work, are refused ------
+
+TOPOLOGY_FILE = str(Path(__file__).parents[2] / "topology" / "delayq.yaml")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["worker", "app:worker", "--heal-threshold", "5s"], "--heal-threshold is a watchdog"),
+        (["worker", "app:worker", "--heal-move-leaders"], "add --heal"),
+        (["worker", "app:worker", "--management-url", "http://h:15672/"], "add --heal"),
+        (["worker", "app:worker", "--heal", "--rabbitmqctl", "x"], "only with --heal-move-leaders"),
+        (["topology", "heal", "--file", TOPOLOGY_FILE, "--threshold", "60"], "threshold"),
+        (["topology", "heal", "--file", TOPOLOGY_FILE, "--interval", "0s"], "interval"),
+        (
+            [
+                *("topology", "heal", "--file", TOPOLOGY_FILE, "--move-leaders"),
+                "--erlang-cookie-file",
+                "/no/such/cookie",
+            ],
+            "cannot read --erlang-cookie-file",
+        ),
+        (
+            ["topology", "heal", "--file", TOPOLOGY_FILE, "--move-leaders", "--rabbitmqctl", ""],
+            "--rabbitmqctl is empty",
+        ),
+        (["topology", "heal", "--file", TOPOLOGY_FILE, "--management-url", ","], "names no URL"),
+    ],
+)
+def test_heal_options_that_cannot_work_are_refused_before_anything_runs(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delayq.cli import EXIT_INPUT, main
+
+    assert main(argv) == EXIT_INPUT
+    assert words in capsys.readouterr().err
+
+
+def test_watch_and_json_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    from delayq.cli import EXIT_INPUT, main
+
+    assert main(["topology", "heal", "--file", TOPOLOGY_FILE, "--watch", "--json"]) == EXIT_INPUT
+    assert "--watch" in capsys.readouterr().err

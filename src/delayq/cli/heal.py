@@ -103,7 +103,7 @@ def build_watchdog(
     """The watchdog the options describe (``prefix``: ``heal_`` for ``delayq worker``)."""
     remedy = None
     if getattr(args, f"{prefix}move_leaders"):
-        command = shlex.split(args.rabbitmqctl or "rabbitmqctl")
+        command = shlex.split("rabbitmqctl" if args.rabbitmqctl is None else args.rabbitmqctl)
         if not command:
             raise InvalidInput("--rabbitmqctl is empty")
         remedy = TransferLeadership(tuple(command), _cookie(args.erlang_cookie_file))
