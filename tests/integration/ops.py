@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pika
+
+from delayq import Publisher, Topology
 from delayq.local.node import LocalNode
 
 
@@ -39,3 +42,17 @@ def rows(output: str) -> dict[str, tuple[str, str]]:
             subject, _, detail = rest.strip().partition("  ")
             table[subject.strip()] = (status, detail.strip())
     return table
+
+
+def stall_1s_tier(node: LocalNode, topology: Topology, count: int) -> None:
+    """``count`` dead letters held by ``<ns>.tier.1s`` with nowhere to go: published with
+    a 1 s delay, then the ready exchange deleted before they expire (a quorum tier keeps
+    them, at-least-once). Apply the topology again to give them their target back."""
+    with Publisher(node.url, topology) as publisher:
+        for n in range(count):
+            publisher.publish({"n": n}, "job.later", "1s")
+    connection = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        connection.channel().exchange_delete(topology.ready_exchange)
+    finally:
+        connection.close()

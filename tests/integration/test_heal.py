@@ -18,24 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pika
-
-from delayq import Publisher
 from delayq.local.node import LocalNode, free_port
 from delayq.sync import apply_topology
-from tests.integration.ops import delayq
-
-
-def _stall_the_1s_tier(node: LocalNode, topology, count: int = 4) -> None:
-    """``count`` dead letters held by ``<ns>.tier.1s`` with nowhere to go."""
-    with Publisher(node.url, topology) as publisher:
-        for n in range(count):
-            publisher.publish({"n": n}, "job.later", "1s")
-    connection = pika.BlockingConnection(pika.URLParameters(node.url))
-    try:
-        connection.channel().exchange_delete(topology.ready_exchange)
-    finally:
-        connection.close()
+from tests.integration.ops import delayq, stall_1s_tier
 
 
 def _args(node: LocalNode, path: Path) -> list[str]:
@@ -62,7 +47,7 @@ def test_a_stall_is_found_reported_and_exits_1(
     topology, path = node_topology(node, ("1s", "30s"))
     ns = topology.namespace
     apply_topology(topology, node.url)
-    _stall_the_1s_tier(node, topology)
+    stall_1s_tier(node, topology, 4)
     args = _args(node, path)
     try:
         run = _heal_until_stalled(args)
@@ -136,7 +121,7 @@ def test_the_worker_runs_the_watchdog_and_counts_stalls_in_its_metrics(
     apply_topology(topology, node.url)
     (tmp_path / "topology.yaml").write_text(path.read_text())
     (tmp_path / "myapp.py").write_text(textwrap.dedent(APP).replace("{ns}", ns))
-    _stall_the_1s_tier(node, topology)
+    stall_1s_tier(node, topology, 4)
     port = free_port()
     assert node.management_url is not None
     proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import pika
 from delayq import Publisher, Topology
 from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
-from tests.integration.ops import delayq
+from tests.integration.ops import delayq, stall_1s_tier
 
 
 def _fill(node: LocalNode, topology: Any) -> pika.BlockingConnection:
@@ -140,14 +140,7 @@ def test_stats_show_dead_letters_a_tier_cannot_forward(
     topology, path = node_topology(node, ("1s", "30s"))
     ns = topology.namespace
     apply_topology(topology, node.url)
-    with Publisher(node.url, topology) as publisher:
-        for n in range(4):
-            publisher.publish({"n": n}, "job.later", "1s")
-    connection = pika.BlockingConnection(pika.URLParameters(node.url))
-    try:
-        connection.channel().exchange_delete(topology.ready_exchange)
-    finally:
-        connection.close()
+    stall_1s_tier(node, topology, 4)
     assert node.management_url is not None
     args = ["--file", str(path), "--url", node.url, "--management-url", node.management_url]
     try:
