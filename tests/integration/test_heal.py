@@ -170,3 +170,48 @@ def test_the_worker_runs_the_watchdog_and_counts_stalls_in_its_metrics(
     assert proc.returncode == 0, output
     assert "Watchdog(" in output and f"{ns}.tier.1s holds 4 dead letters" in output
     assert "guest:guest" not in output
+
+
+def test_watch_logs_each_stall_and_stops_on_sigterm(
+    local_rabbitmq_management_node: LocalNode, node_topology
+) -> None:
+    node = local_rabbitmq_management_node
+    topology, path = node_topology(node, ("1s", "30s"))
+    apply_topology(topology, node.url)
+    stall_1s_tier(node, topology, 3)
+    env = {k: v for k, v in os.environ.items() if k not in ("DELAYQ_MANAGEMENT_URL", "DELAYQ_URL")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "delayq",
+            "topology",
+            "heal",
+            *_args(node, path),
+            "--watch",
+            "--threshold",
+            "2s",
+            "--interval",
+            "500ms",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until the stall is logged (the test's timeout bounds it)
+            lines.append(line)
+            if f"{topology.namespace}.tier.1s holds 3 dead letters" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        apply_topology(topology, node.url)
+    output = "".join(lines) + rest
+    assert proc.returncode == 0, output
+    assert "no remedy configured" in output and "Traceback" not in output
