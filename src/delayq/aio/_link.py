@@ -29,6 +29,7 @@ from delayq.aio._errors import (
     is_missing,
     publish_refusal,
 )
+from delayq.aio._frames import pamqp_value
 from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
     AccessRefused,
@@ -52,15 +53,7 @@ __all__ = ["AioPikaLink", "aio_message"]
 log = logging.getLogger("delayq.publisher")
 
 
-def _pamqp_value(value: Any) -> Any:
-    """pamqp encodes byte strings only as ``bytearray`` (pika only as ``bytes``)."""
-    if isinstance(value, bytes):
-        return bytearray(value)
-    if isinstance(value, list):
-        return [_pamqp_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _pamqp_value(v) for k, v in value.items()}
-    return value
+_pamqp_value = pamqp_value
 
 
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
