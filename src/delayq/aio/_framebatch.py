@@ -76,7 +76,10 @@ class _Round:
             in_flight.add(index)
             try:
                 wire.publish(
-                    publish_frames(msg, PUBLISH_CHANNEL, frame_max), self, index, msg.message_id
+                    publish_frames(msg, PUBLISH_CHANNEL, frame_max),
+                    self,
+                    index,
+                    (msg.exchange, msg.routing_key, msg.message_id),
                 )
             except (WireClosed, ChannelClosed) as exc:
                 self.failed(index, exc)

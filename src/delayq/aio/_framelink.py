@@ -88,7 +88,12 @@ async def open_wire(url: str, *, attempts: int, name: str, backoff_s: float = 0.
                 raise ConnectionFailed(
                     f"broker at {redact(url)} refused access to the vhost"
                 ) from exc
-            last = exc
+            # Lost during the handshake: what the socket or TLS layer said, if anything.
+            inner = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+            failure = broker.tls_failure(inner)
+            if failure is not None:
+                raise ConnectionFailed(failure) from inner
+            last = inner
         except InvalidURL:
             raise
         except (OSError, asyncio.TimeoutError, ssl.SSLError, ChannelClosed) as exc:
@@ -236,7 +241,8 @@ class FrameLink:
                     await self.check_exchanges(wire, {msg.exchange})
                 future: asyncio.Future[tuple[bool, bool]] = wire.loop.create_future()
                 frames = publish_frames(msg, PUBLISH_CHANNEL, wire.frame_max)
-                wire.publish(frames, _One(future), 0, msg.message_id)
+                route = (msg.exchange, msg.routing_key, msg.message_id)
+                wire.publish(frames, _One(future), 0, route)
                 handed_over = True
                 acked, returned = await asyncio.wait_for(future, self.confirm_timeout_s)
             except ChannelClosed as exc:  # the publish itself closed the channel

@@ -25,7 +25,10 @@ from typing import Any, Protocol
 from pamqp import body, commands, constants, frame, header, heartbeat
 from pamqp.exceptions import PAMQPException
 
-__all__ = ["ChannelClosed", "Endpoint", "Sink", "Wire", "WireClosed"]
+__all__ = ["ChannelClosed", "Endpoint", "Route", "Sink", "Wire", "WireClosed"]
+
+Route = tuple[str, str, str]
+"""A publish as a ``Basic.Return`` names it: exchange, routing key, message id."""
 
 PUBLISH_CHANNEL = 1
 PROBE_CHANNEL = 2
@@ -107,7 +110,8 @@ class Wire(asyncio.Protocol):
         self._flush_scheduled = False
         self._waiters: dict[int, deque[tuple[tuple[type, ...], asyncio.Future[Any]]]] = {}
         self._open_channels: set[int] = set()
-        self._pending: dict[int, tuple[Sink, int, str]] = {}
+        self._pending: dict[int, tuple[Sink, int, Route]] = {}
+        self._last_returned = 0
         self._returned: set[int] = set()
         self._next_tag = 1
         self._low = 1
@@ -231,7 +235,9 @@ class Wire(asyncio.Protocol):
             await asyncio.wait_for(
                 self._call(
                     0,
-                    commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+                    commands.Connection.Close(
+                        reply_code=200, reply_text="bye", class_id=0, method_id=0
+                    ),
                     commands.Connection.CloseOk,
                 ),
                 timeout_s,
@@ -253,8 +259,9 @@ class Wire(asyncio.Protocol):
         """Open, with its publish channel open."""
         return self.closed is None and self.publishing is None
 
-    def publish(self, frames: bytes, sink: Sink, token: int, message_id: str) -> None:
-        """Queue one message's frames; they are written at the end of this loop turn.
+    def publish(self, frames: bytes, sink: Sink, token: int, route: Route) -> None:
+        """Queue one message's frames (``route``: its exchange, routing key and message id);
+        they are written at the end of this loop turn.
         Raises :class:`WireClosed` / :class:`ChannelClosed` if it cannot be sent."""
         if self.closed is not None:
             raise self.closed
@@ -262,7 +269,7 @@ class Wire(asyncio.Protocol):
             raise self.publishing
         tag = self._next_tag
         self._next_tag = tag + 1
-        self._pending[tag] = (sink, token, message_id)
+        self._pending[tag] = (sink, token, route)
         self._out.append(frames)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -296,7 +303,9 @@ class Wire(asyncio.Protocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(WireClosed(0, f"connection lost ({type(exc).__name__ if exc else 'EOF'})"))
+        lost = WireClosed(0, f"connection lost ({type(exc).__name__ if exc else 'EOF'})")
+        lost.__cause__ = exc  # what the socket or TLS layer said (a TLS refusal names it)
+        self._lost(lost)
 
     def data_received(self, data: bytes) -> None:
         self._read_at = time.monotonic()
@@ -365,16 +374,20 @@ class Wire(asyncio.Protocol):
 
     def _return_header(self, value: header.ContentHeader) -> None:
         assert self._return is not None
-        message_id = value.properties.message_id
+        method = self._return[0]
+        route = (method.exchange, method.routing_key, value.properties.message_id)
         self._return[1] = value.body_size
         if not value.body_size:
             self._return = None
-        # A return comes before the confirm of the same message: the first unconfirmed,
-        # not yet returned message with this id (in publish order) is the one.
-        for tag in range(self._low, self._next_tag):
+        # A return comes before the confirm of its message, and returns come in publish
+        # order; messages published before it may still wait for their confirms. So the
+        # returned one is the first unconfirmed message after the last one returned with
+        # its exchange, routing key and message id (what the Basic.Return names).
+        for tag in range(max(self._low, self._last_returned + 1), self._next_tag):
             entry = self._pending.get(tag)
-            if entry is not None and entry[2] == message_id and tag not in self._returned:
+            if entry is not None and entry[2] == route:
                 self._returned.add(tag)
+                self._last_returned = tag
                 return
 
     def _confirm(self, tag: int, multiple: bool, acked: bool) -> None:
