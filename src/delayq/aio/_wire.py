@@ -20,15 +20,15 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from pamqp import body, commands, constants, frame, header, heartbeat
 from pamqp.exceptions import PAMQPException
 
-__all__ = ["ChannelClosed", "Endpoint", "Route", "Sink", "Wire", "WireClosed"]
+from delayq.aio._confirms import Confirms, Route, Sink
 
-Route = tuple[str, str, str]
-"""A publish as a ``Basic.Return`` names it: exchange, routing key, message id."""
+__all__ = ["PUBLISH_CHANNEL", "ChannelClosed", "Endpoint", "Wire", "WireClosed"]
 
 PUBLISH_CHANNEL = 1
 PROBE_CHANNEL = 2
@@ -53,43 +53,19 @@ class ChannelClosed(Exception):
         self.reply_text = reply_text
 
 
-class Sink(Protocol):
-    """Where a publish's fate goes; ``token`` is the sink's own number for the message."""
-
-    def settled(self, token: int, acked: bool, returned: bool) -> None: ...
-
-    def failed(self, token: int, exc: Exception) -> None:
-        """The publish's fate is unknown: its channel or connection closed first."""
-        ...
-
-
+@dataclass(frozen=True)
 class Endpoint:
     """Where and how to connect: one host of a URL, its credentials and TLS."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        user: str,
-        password: str,
-        vhost: str,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
-        heartbeat_s: int | None = None,
-        name: str = "delayq",
-    ) -> None:
-        self.host, self.port, self.user, self.password, self.vhost = (
-            host,
-            port,
-            user,
-            password,
-            vhost,
-        )
-        self.ssl_context = ssl_context
-        self.server_hostname = server_hostname
-        self.heartbeat_s = heartbeat_s
-        self.name = name
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    vhost: str
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    heartbeat_s: int | None = None
+    name: str = "delayq"
 
 
 class Wire(asyncio.Protocol):
@@ -110,11 +86,7 @@ class Wire(asyncio.Protocol):
         self._flush_scheduled = False
         self._waiters: dict[int, deque[tuple[tuple[type, ...], asyncio.Future[Any]]]] = {}
         self._open_channels: set[int] = set()
-        self._pending: dict[int, tuple[Sink, int, Route]] = {}
-        self._last_returned = 0
-        self._returned: set[int] = set()
-        self._next_tag = 1
-        self._low = 1
+        self.confirms = Confirms()
         self._return: list[Any] | None = None  # a Basic.Return being read: [method, bytes left]
         self._read_at = self._written_at = time.monotonic()
         self._heartbeat_s = 0
@@ -267,9 +239,7 @@ class Wire(asyncio.Protocol):
             raise self.closed
         if self.publishing is not None:
             raise self.publishing
-        tag = self._next_tag
-        self._next_tag = tag + 1
-        self._pending[tag] = (sink, token, route)
+        self.confirms.add(sink, token, route)
         self._out.append(frames)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -294,7 +264,7 @@ class Wire(asyncio.Protocol):
 
     @property
     def unconfirmed(self) -> int:
-        return len(self._pending)
+        return len(self.confirms.pending)
 
     # asyncio.Protocol --------------------------------------------------------
 
@@ -335,9 +305,9 @@ class Wire(asyncio.Protocol):
     def _dispatch(self, channel: int, value: Any) -> None:
         kind = type(value)
         if kind is commands.Basic.Ack:
-            self._confirm(value.delivery_tag, value.multiple, True)
+            self.confirms.confirm(value.delivery_tag, value.multiple, True)
         elif kind is commands.Basic.Nack:
-            self._confirm(value.delivery_tag, value.multiple, False)
+            self.confirms.confirm(value.delivery_tag, value.multiple, False)
         elif self._return is not None and kind is header.ContentHeader:
             self._return_header(value)
         elif self._return is not None and kind is body.ContentBody:
@@ -375,43 +345,11 @@ class Wire(asyncio.Protocol):
     def _return_header(self, value: header.ContentHeader) -> None:
         assert self._return is not None
         method = self._return[0]
-        route = (method.exchange, method.routing_key, value.properties.message_id)
         self._return[1] = value.body_size
         if not value.body_size:
             self._return = None
-        # A return comes before the confirm of its message, and returns come in publish
-        # order; messages published before it may still wait for their confirms. So the
-        # returned one is the first unconfirmed message after the last one returned with
-        # its exchange, routing key and message id (what the Basic.Return names).
-        for tag in range(max(self._low, self._last_returned + 1), self._next_tag):
-            entry = self._pending.get(tag)
-            if entry is not None and entry[2] == route:
-                self._returned.add(tag)
-                self._last_returned = tag
-                return
-
-    def _confirm(self, tag: int, multiple: bool, acked: bool) -> None:
-        pending = self._pending
-        returned = self._returned
-        if multiple:
-            for one in range(self._low, tag + 1):
-                entry = pending.pop(one, None)
-                if entry is not None:
-                    entry[0].settled(entry[1], acked, bool(returned) and _take(returned, one))
-            self._low = max(self._low, tag + 1)
-            return
-        entry = pending.pop(tag, None)
-        if entry is not None:
-            entry[0].settled(entry[1], acked, bool(returned) and _take(returned, tag))
-        while self._low < self._next_tag and self._low not in pending:
-            self._low += 1
-
-    def _fail_pending(self, exc: Exception) -> None:
-        pending, self._pending = self._pending, {}
-        self._returned.clear()
-        self._low = self._next_tag
-        for sink, token, _ in pending.values():
-            sink.failed(token, exc)
+        message_id = value.properties.message_id or ""
+        self.confirms.returned((method.exchange, method.routing_key, message_id))
 
     def _channel_closed(self, channel: int, exc: ChannelClosed) -> None:
         self._open_channels.discard(channel)
@@ -420,7 +358,7 @@ class Wire(asyncio.Protocol):
                 future.set_exception(exc)
         if channel == PUBLISH_CHANNEL:
             self.publishing = exc
-            self._fail_pending(exc)
+            self.confirms.fail_all(exc)
 
     def _lost(self, exc: WireClosed) -> None:
         if self.closed is not None:
@@ -433,7 +371,7 @@ class Wire(asyncio.Protocol):
             for _, future in queue:
                 if not future.done():
                     future.set_exception(exc)
-        self._fail_pending(exc)
+        self.confirms.fail_all(exc)
         for hook in self.on_close:
             hook(exc)
 
@@ -449,10 +387,3 @@ class Wire(asyncio.Protocol):
         if now - self._written_at >= self._heartbeat_s / 2:
             self._write(_HEARTBEAT)
         self._timer = self.loop.call_later(self._heartbeat_s / 2, self._beat)
-
-
-def _take(returned: set[int], tag: int) -> bool:
-    if tag in returned:
-        returned.discard(tag)
-        return True
-    return False
