@@ -51,30 +51,73 @@ def _short(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
+_SHORTS: dict[str, bytes] = {}
+_SHORTS_KEPT = 4096
+
+
+def _name(value: str) -> bytes:
+    """A short string that recurs (a header key, an exchange, a routing key), encoded once."""
+    raw = _SHORTS.get(value)
+    if raw is None:
+        raw = _short(value)
+        if len(_SHORTS) < _SHORTS_KEPT:
+            _SHORTS[value] = raw
+    return raw
+
+
+_B = struct.Struct(">b").pack
+_S = struct.Struct(">h").pack
+_SU = struct.Struct(">H").pack
+_I = struct.Struct(">i").pack
+_IU = struct.Struct(">I").pack
+_L = struct.Struct(">q").pack
+
+
 def _integer(value: int) -> bytes:
     # pamqp's choice of type (encode.table_integer), which aio-pika sends.
     if -128 <= value <= 127:
-        return b"b" + struct.pack(">b", value)
+        return b"b" + _B(value)
     if -32768 <= value <= 32767:
-        return b"s" + struct.pack(">h", value)
-    return encode.table_integer(value)
+        return b"s" + _S(value)
+    if 0 <= value <= 65535:
+        return b"u" + _SU(value)
+    if -2147483648 <= value <= 2147483647:
+        return b"I" + _I(value)
+    if 0 <= value <= 4294967295:
+        return b"i" + _IU(value)
+    if -9223372036854775808 <= value <= 9223372036854775807:
+        return b"l" + _L(value)
+    return encode.table_integer(value)  # pamqp's error past 64 bits
 
 
 def table(headers: Mapping[str, Any]) -> bytes:
     """``headers`` as an AMQP field table (its 4-byte size first)."""
     parts: list[bytes] = []
+    pairs = _PAIRS
     for key in sorted(headers):  # pamqp's order
         value = headers[key]
         kind = type(value)
-        if kind is str:
-            raw = value.encode()
-            parts.append(_short(key) + b"S" + _pack_u32(len(raw)) + raw)
-        elif kind is int:
-            parts.append(_short(key) + _integer(value))
-        else:  # bool, None, nested, bytes, float, ...: pamqp's own encoding
+        if kind is not str and kind is not int:  # bool, None, nested, bytes: pamqp's encoding
             return encode.field_table(dict(_pamqp_headers(headers)))
+        pair = pairs.get((key, value))
+        if pair is None:
+            if kind is str:
+                raw = value.encode()
+                pair = _name(key) + b"S" + _pack_u32(len(raw)) + raw
+                recurs = len(raw) <= 64
+            else:
+                pair = _name(key) + _integer(value)
+                recurs = -2147483648 <= value <= 2147483647  # not a timestamp
+            if recurs and len(pairs) < _PAIRS_KEPT:
+                pairs[(key, value)] = pair
+        parts.append(pair)
     payload = b"".join(parts)
     return _pack_u32(len(payload)) + payload
+
+
+_PAIRS: dict[tuple[str, object], bytes] = {}
+_PAIRS_KEPT = 4096
+"""Header pairs that recur (delayq's version, tier, delay; a user's tenant), encoded once."""
 
 
 def pamqp_value(value: Any) -> Any:
@@ -94,13 +137,13 @@ def _pamqp_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     """The frames publishing ``msg`` (mandatory, persistent) on ``channel``."""
-    exchange = _short(msg.exchange)
-    key = _short(msg.routing_key)
+    exchange = _name(msg.exchange)
+    key = _name(msg.routing_key)
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY
     body = msg.body
     size = len(body)
     properties = (
-        _short(msg.content_type)
+        _name(msg.content_type)
         + table(msg.headers)
         + _PERSISTENT_PRIORITY_0
         + _short(msg.message_id)
