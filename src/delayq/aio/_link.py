@@ -1,11 +1,15 @@
-"""The asyncio link (aio-pika): the AMQP I/O of :class:`~delayq.aio.AsyncPublisher`.
+"""The aio-pika link: :class:`~delayq.aio.AsyncPublisher`'s AMQP I/O through aio-pika.
+
+The default link is the frame link (:mod:`delayq.aio._framelink`, several times
+faster); this one stays as a ``link=`` for a publisher that wants aio-pika's
+connection, and as the reference the frame link's frames are tested against
+(:func:`aio_message`).
 
 One connection and one confirming channel shared by concurrent sends, re-opened
 after a loss; a batch keeps up to ``window`` confirms outstanding on it, guarded
 by a watchdog. A send is retried on a fresh connection up to
 ``publish_attempts`` times once its fate is unknown; the namespace's apply
-marker is checked once per connection (see :mod:`delayq.topology.marker`). Registered in
-:data:`delayq.links.ASYNC_LINKS`.
+marker is checked once per connection (see :mod:`delayq.topology.marker`).
 """
 
 from __future__ import annotations
