@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import pika
@@ -20,6 +22,10 @@ import pika.exceptions as pex
 from benchlib import (
     log,
 )
+from pamqp import body as pbody
+from pamqp import commands
+from pamqp import frame as pframe
+from pamqp import header as pheader
 
 from delayq import Ladder, Message, Topology, build_declarations
 from delayq.aio import AsyncPublisher
@@ -33,6 +39,9 @@ LADDER = Ladder.parse(["1h"])
 """One tier whose TTL outlasts the run: published messages stay parked, unconsumed."""
 
 FRAMEWORK_VS_RAW_TARGET = 0.90
+ASYNC_VS_RAW_AIO_TARGET = 3.00
+"""The frame link against the usual aio-pika pattern (a task and a future per message)."""
+ASYNC_VS_SYNC_MANY_TARGET = 0.90
 PIPELINED_VS_SINGLE_TARGET = 3.00
 
 
@@ -152,6 +161,7 @@ RAW_PIKA_SINGLE = "raw-pika-single"
 ASYNC_MANY = "delayq-async-many"
 RAW_AIO_PIPELINED = "raw-aio-pika"
 SYNC_MANY = "delayq-sync-many"
+RAW_FRAMES = "raw-frames"
 
 LABELS = {
     SYNC_PUBLISH: "delayq Publisher.publish",
@@ -159,6 +169,7 @@ LABELS = {
     ASYNC_MANY: "delayq AsyncPublisher.publish_many",
     RAW_AIO_PIPELINED: "raw aio-pika, pipelined",
     SYNC_MANY: "delayq Publisher.publish_many",
+    RAW_FRAMES: "raw frames on a socket (the limit)",
 }
 
 BLOCK = 100
@@ -289,3 +300,134 @@ def delayq_sync_publish_many(ctx: Context) -> Timing:
         timing = watch.read()
         assert len(receipts) == count
         return timing
+
+
+# The physical limit: raw frames on a socket ------------------------------------------------
+
+
+class _FrameSocket:
+    """A blocking AMQP connection spoken in pamqp frames: just enough to publish."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.sock = socket.create_connection((parts.hostname or "localhost", parts.port or 5672))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+        self.sock.sendall(pheader.ProtocolHeader().marshal())
+        self.expect(commands.Connection.Start)
+        user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
+        self.send(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"product": "bench"},
+                mechanism="PLAIN",
+                response=f"\0{user}\0{password}",
+                locale="en_US",
+            ),
+        )
+        tune = self.expect(commands.Connection.Tune)
+        self.frame_max = tune.frame_max
+        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+        self.send(0, commands.Connection.Open(virtual_host=vhost))
+        self.expect(commands.Connection.OpenOk)
+        self.send(1, commands.Channel.Open())
+        self.expect(commands.Channel.OpenOk)
+        self.send(1, commands.Confirm.Select())
+        self.expect(commands.Confirm.SelectOk)
+
+    def send(self, channel: int, method: Any) -> None:
+        self.sock.sendall(pframe.marshal(method, channel))
+
+    def frames(self) -> list[Any]:
+        """The frames of one read (at least one)."""
+        while True:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            data = self.buffer + chunk
+            found, offset = [], 0
+            while len(data) - offset >= 8:
+                size = int.from_bytes(data[offset + 3 : offset + 7], "big") + 8
+                if len(data) - offset < size:
+                    break
+                _, _, value = pframe.unmarshal(data[offset : offset + size])
+                found.append(value)
+                offset += size
+            self.buffer = data[offset:]
+            if found:
+                return found
+
+    def expect(self, kind: type) -> Any:
+        for value in self.frames():
+            if isinstance(value, kind):
+                return value
+            raise RuntimeError(f"expected {kind.__name__}, got {value!r}")
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def encoded_publishes(ctx: Context, count: int, frame_max: int) -> list[bytes]:
+    """``count`` publishes as delayq sends them (fresh message ids), encoded by pamqp."""
+    out = []
+    for _ in range(count):
+        props = commands.Basic.Properties(
+            content_type=ctx.content_type,
+            delivery_mode=2,
+            message_id=uuid.uuid4().hex,
+            timestamp=datetime.fromtimestamp(ctx.timestamp_s, tz=timezone.utc),
+            headers=ctx.headers,
+        )
+        frames = [
+            pframe.marshal(
+                commands.Basic.Publish(
+                    exchange=ctx.exchange, routing_key=ROUTING_KEY, mandatory=True
+                ),
+                1,
+            ),
+            pframe.marshal(pheader.ContentHeader(0, len(ctx.body), props), 1),
+        ]
+        limit = frame_max - 8
+        frames += [
+            pframe.marshal(pbody.ContentBody(ctx.body[i : i + limit]), 1)
+            for i in range(0, len(ctx.body), limit)
+        ]
+        out.append(b"".join(frames))
+    return out
+
+
+def _publish_frames(wire: _FrameSocket, encoded: list[bytes], window: int, before: int) -> None:
+    """Write ``encoded`` with up to ``window`` unconfirmed until the broker acked all of it
+    (``before``: publishes already confirmed on the channel, whose delivery tags came first)."""
+    sent = confirmed = 0
+    total = len(encoded)
+    while confirmed < total:
+        room = min(window - (sent - confirmed), total - sent)
+        if room > 0:
+            wire.sock.sendall(b"".join(encoded[sent : sent + room]))
+            sent += room
+        for value in wire.frames():
+            if isinstance(value, commands.Basic.Ack):
+                tag = value.delivery_tag - before
+                confirmed = tag if value.multiple else confirmed + 1
+            else:  # a nack, a return, a close: the limit is measured only when all is taken
+                raise RuntimeError(f"unexpected from the broker: {value!r}")
+
+
+def raw_frames_socket(ctx: Context) -> Timing:
+    """What the broker alone takes: publishes encoded by pamqp before the clock starts,
+    written to a socket with up to ``window`` unconfirmed, confirms counted (no framework,
+    no future per message, next to no client CPU)."""
+    count, window = ctx.settings.batch_count, ctx.settings.window
+    wire = _FrameSocket(ctx.url)
+    try:
+        warm = warmup_count(count)
+        _publish_frames(wire, encoded_publishes(ctx, warm, wire.frame_max), window, 0)
+        encoded = encoded_publishes(ctx, count, wire.frame_max)
+        watch = Stopwatch()
+        _publish_frames(wire, encoded, window, warm)
+        return watch.read()
+    finally:
+        wire.close()

@@ -77,8 +77,8 @@ LINKS: dict[str, str] = {
 """The blocking link class for each URL scheme, by import path."""
 
 ASYNC_LINKS: dict[str, str] = {
-    "amqp": "delayq.aio._link:AioPikaLink",
-    "amqps": "delayq.aio._link:AioPikaLink",
+    "amqp": "delayq.aio._framelink:FrameLink",
+    "amqps": "delayq.aio._framelink:FrameLink",
     "memory": "delayq.testing.links:AsyncMemoryLink",
 }
 """The asyncio link class for each URL scheme, by import path."""

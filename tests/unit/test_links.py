@@ -107,6 +107,7 @@ def test_the_registry_names_a_link_per_scheme_by_import_path() -> None:
     assert set(LINKS) == set(ASYNC_LINKS) == {"amqp", "amqps", "memory"}
     assert LINKS["amqp"] == LINKS["amqps"] == "delayq.sync._link:PikaLink"
     assert ASYNC_LINKS["memory"] == "delayq.testing.links:AsyncMemoryLink"
+    assert ASYNC_LINKS["amqp"] == ASYNC_LINKS["amqps"] == "delayq.aio._framelink:FrameLink"
 
 
 def test_amqp_urls_open_the_client_links_without_io() -> None:
@@ -114,7 +115,7 @@ def test_amqp_urls_open_the_client_links_without_io() -> None:
     link = open_link(URL, gate, LinkOptions())
     assert type(link).__name__ == "PikaLink" and isinstance(link, Link)
     async_link = open_async_link(URL, gate, LinkOptions())
-    assert type(async_link).__name__ == "AioPikaLink" and isinstance(async_link, AsyncLink)
+    assert type(async_link).__name__ == "FrameLink" and isinstance(async_link, AsyncLink)
     assert serves_amqp(URL) and serves_amqp("amqps://h/") and not serves_amqp("memory://x")
 
 

@@ -29,6 +29,7 @@ from delayq import (
     Topology,
 )
 from delayq.aio import AsyncPublisher
+from delayq.links import ASYNC_LINKS
 from delayq.sync import Publisher
 
 TOPO = Topology(
@@ -111,6 +112,9 @@ def fake_connect(
         return step
 
     monkeypatch.setattr("delayq.aio._link.connect", connect)
+    # These fakes are aio-pika's: the aio-pika link serves the URL (the frame link's
+    # counterparts run on a real broker: tests/integration/test_frame_link.py).
+    monkeypatch.setitem(ASYNC_LINKS, "amqp", "delayq.aio._link:AioPikaLink")
     return calls
 
 

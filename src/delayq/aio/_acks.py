@@ -43,6 +43,7 @@ log = logging.getLogger("delayq.consumer")
 ACK_DELAY_S = 0.01
 """The longest a settled delivery waits for others to be acked with (seconds)."""
 
+
 def ack_batch(prefetch: int) -> int:
     """How many settled deliveries are acked at once under ``prefetch``: a quarter of it,
     so the broker keeps three quarters of its credit while they gather."""

@@ -1,11 +1,15 @@
-"""The asyncio link (aio-pika): the AMQP I/O of :class:`~delayq.aio.AsyncPublisher`.
+"""The aio-pika link: :class:`~delayq.aio.AsyncPublisher`'s AMQP I/O through aio-pika.
+
+The default link is the frame link (:mod:`delayq.aio._framelink`, several times
+faster); this one stays as a ``link=`` for a publisher that wants aio-pika's
+connection, and as the reference the frame link's frames are tested against
+(:func:`aio_message`).
 
 One connection and one confirming channel shared by concurrent sends, re-opened
 after a loss; a batch keeps up to ``window`` confirms outstanding on it, guarded
 by a watchdog. A send is retried on a fresh connection up to
 ``publish_attempts`` times once its fate is unknown; the namespace's apply
-marker is checked once per connection (see :mod:`delayq.topology.marker`). Registered in
-:data:`delayq.links.ASYNC_LINKS`.
+marker is checked once per connection (see :mod:`delayq.topology.marker`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from delayq.aio._errors import (
     is_missing,
     publish_refusal,
 )
+from delayq.aio._frames import pamqp_value
 from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
     AccessRefused,
@@ -52,15 +57,7 @@ __all__ = ["AioPikaLink", "aio_message"]
 log = logging.getLogger("delayq.publisher")
 
 
-def _pamqp_value(value: Any) -> Any:
-    """pamqp encodes byte strings only as ``bytearray`` (pika only as ``bytes``)."""
-    if isinstance(value, bytes):
-        return bytearray(value)
-    if isinstance(value, list):
-        return [_pamqp_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _pamqp_value(v) for k, v in value.items()}
-    return value
+_pamqp_value = pamqp_value
 
 
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:

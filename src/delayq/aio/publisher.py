@@ -1,7 +1,8 @@
 """The asyncio publisher: every publish confirmed, confirms pipelined.
 
 The publisher builds and checks messages and reports their outcomes; its link
-(:mod:`delayq.links`, aio-pika's by default: :mod:`delayq.aio._link`) does the I/O.
+(:mod:`delayq.links`; for AMQP URLs the frame link, :mod:`delayq.aio._framelink`, which
+writes AMQP frames itself) does the I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ log = logging.getLogger("delayq.publisher")
 
 
 class AsyncPublisher:
-    """Publishes delayed messages through aio-pika; every publish is confirmed.
+    """Publishes delayed messages on asyncio; every publish is confirmed.
 
     >>> async with AsyncPublisher(url, topology) as pub:  # doctest: +SKIP
     ...     receipt = await pub.publish({"order": 42}, "orders.remind", "15m")

@@ -1,0 +1,389 @@
+"""A small AMQP 0-9-1 client on asyncio and pamqp, for publishing only: the frame link's wire.
+
+It does what a confirming publisher needs and nothing else: the handshake
+(PLAIN), heartbeats, one confirming channel for publishes and one for passive
+declares (a refused declare closes only that channel), ``Basic.Ack``/``Nack``
+(``multiple`` too), ``Basic.Return``, ``Connection.Blocked``/``Unblocked``, and the
+broker closing a channel or the connection. A publish is frames already encoded
+(:mod:`delayq.aio._frames`) and a *sink* that hears its fate; the frames of one
+loop turn go to the socket in one write.
+
+No per-message future or task: confirms are looked up by delivery tag in a dict
+and handed to the sink's callbacks. Its errors are its own (:class:`WireClosed`,
+:class:`ChannelClosed`); the frame link turns them into delayq errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp import body, commands, constants, frame, header, heartbeat
+from pamqp.exceptions import PAMQPException
+
+from delayq.aio._confirms import Confirms, Route, Sink
+
+__all__ = ["PUBLISH_CHANNEL", "ChannelClosed", "Endpoint", "Wire", "WireClosed"]
+
+PUBLISH_CHANNEL = 1
+PROBE_CHANNEL = 2
+_HEARTBEAT = heartbeat.Heartbeat().marshal()
+
+
+class WireClosed(Exception):
+    """The connection is gone: closed by the broker (its reply code and text), or lost."""
+
+    def __init__(self, reply_code: int, reply_text: str) -> None:
+        super().__init__(f"{reply_code} {reply_text}" if reply_code else reply_text)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+class ChannelClosed(Exception):
+    """The broker closed a channel (404 not found, 406 conflict, 403 refused, ...)."""
+
+    def __init__(self, reply_code: int, reply_text: str) -> None:
+        super().__init__(f"{reply_code} {reply_text}")
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect: one host of a URL, its credentials and TLS."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    vhost: str
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    heartbeat_s: int | None = None
+    name: str = "delayq"
+
+
+class Wire(asyncio.Protocol):
+    """One AMQP connection with a confirming publish channel. Open with :meth:`open`."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.frame_max = constants.FRAME_MAX_SIZE
+        self.blocked = False
+        self.closed: Exception | None = None
+        """Why the connection is gone (``None`` while open)."""
+        self.on_close: list[Callable[[Exception], None]] = []
+        self.publishing: ChannelClosed | None = None
+        """Why the publish channel closed (``None`` while open)."""
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._waiters: dict[int, deque[tuple[tuple[type, ...], asyncio.Future[Any]]]] = {}
+        self._open_channels: set[int] = set()
+        self.confirms = Confirms()
+        self._return: list[Any] | None = None  # a Basic.Return being read: [method, bytes left]
+        self._read_at = self._written_at = time.monotonic()
+        self._heartbeat_s = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # Opening -----------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, timeout_s: float) -> Wire:
+        """Connect, shake hands, open the publish channel in confirm mode."""
+        loop = asyncio.get_running_loop()
+        wire = cls()
+
+        async def handshake() -> None:
+            await loop.create_connection(
+                lambda: wire,
+                endpoint.host,
+                endpoint.port,
+                ssl=endpoint.ssl_context,
+                server_hostname=(endpoint.server_hostname or endpoint.host)
+                if endpoint.ssl_context is not None
+                else None,
+            )
+            await wire._handshake(endpoint)
+
+        try:
+            await asyncio.wait_for(handshake(), timeout_s)
+        except BaseException:
+            wire.abort()
+            raise
+        return wire
+
+    async def _handshake(self, endpoint: Endpoint) -> None:
+        start = self._expect(0, commands.Connection.Start)
+        self._write(header.ProtocolHeader().marshal())
+        await start
+        tune_wait = self._expect(0, commands.Connection.Tune)
+        self._send(
+            0,
+            commands.Connection.StartOk(
+                client_properties={
+                    "product": "delayq",
+                    "connection_name": endpoint.name,
+                    "capabilities": {
+                        "publisher_confirms": True,
+                        "basic.nack": True,
+                        "connection.blocked": True,
+                        "authentication_failure_close": True,
+                        "consumer_cancel_notify": True,
+                    },
+                },
+                mechanism="PLAIN",
+                response=f"\0{endpoint.user}\0{endpoint.password}",
+                locale="en_US",
+            ),
+        )
+        tune: commands.Connection.Tune = await tune_wait
+        self.frame_max = tune.frame_max or constants.FRAME_MAX_SIZE
+        offered = tune.heartbeat
+        wanted = endpoint.heartbeat_s if endpoint.heartbeat_s is not None else 60
+        self._heartbeat_s = min(offered, wanted) if offered and wanted else (offered or wanted)
+        self._send(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=tune.channel_max or 2047,
+                frame_max=self.frame_max,
+                heartbeat=self._heartbeat_s,
+            ),
+        )
+        await self._call(
+            0, commands.Connection.Open(virtual_host=endpoint.vhost), commands.Connection.OpenOk
+        )
+        if self._heartbeat_s:
+            self._timer = self.loop.call_later(self._heartbeat_s / 2, self._beat)
+        await self._open_channel(PUBLISH_CHANNEL)
+        await self._call(PUBLISH_CHANNEL, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        self.publishing = None
+
+    async def _open_channel(self, channel: int) -> None:
+        await self._call(channel, commands.Channel.Open(), commands.Channel.OpenOk)
+        self._open_channels.add(channel)
+
+    # Calls -------------------------------------------------------------------
+
+    def _expect(self, channel: int, *kinds: type) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self.loop.create_future()
+        if self.closed is not None:
+            future.set_exception(self.closed)
+        else:
+            self._waiters.setdefault(channel, deque()).append((kinds, future))
+        return future
+
+    async def _call(self, channel: int, method: Any, *replies: type) -> Any:
+        reply = self._expect(channel, *replies)
+        try:
+            self._send(channel, method)
+        except BaseException:
+            reply.cancel()
+            raise
+        return await reply
+
+    async def exchange_exists(self, name: str) -> None:
+        """A passive declare on the probe channel: raises :class:`ChannelClosed` (404) if
+        ``name`` does not exist (that channel is opened again at the next call)."""
+        if PROBE_CHANNEL not in self._open_channels:
+            await self._open_channel(PROBE_CHANNEL)
+        await self._call(
+            PROBE_CHANNEL,
+            commands.Exchange.Declare(exchange=name, passive=True),
+            commands.Exchange.DeclareOk,
+        )
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Close politely (``Connection.Close``, waiting up to ``timeout_s`` for its answer)."""
+        if self.closed is not None or self.transport is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self._call(
+                    0,
+                    commands.Connection.Close(
+                        reply_code=200, reply_text="bye", class_id=0, method_id=0
+                    ),
+                    commands.Connection.CloseOk,
+                ),
+                timeout_s,
+            )
+        except (Exception, asyncio.CancelledError):
+            pass
+        self.abort()
+
+    def abort(self) -> None:
+        """Drop the connection at once (a blocked broker reads no ``Connection.Close``)."""
+        if self.transport is not None:
+            self.transport.abort()
+        self._lost(WireClosed(0, "closed by the client"))
+
+    # Publishing --------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Open, with its publish channel open."""
+        return self.closed is None and self.publishing is None
+
+    def publish(self, frames: bytes, sink: Sink, token: int, route: Route) -> None:
+        """Queue one message's frames (``route``: its exchange, routing key and message id);
+        they are written at the end of this loop turn.
+        Raises :class:`WireClosed` / :class:`ChannelClosed` if it cannot be sent."""
+        if self.closed is not None:
+            raise self.closed
+        if self.publishing is not None:
+            raise self.publishing
+        self.confirms.add(sink, token, route)
+        self._out.append(frames)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if out and self.transport is not None and self.closed is None:
+            self.transport.write(b"".join(out))
+            self._written_at = time.monotonic()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and self.closed is None:
+            if self._out:  # keep the order of frames
+                self._flush()
+            self.transport.write(data)
+            self._written_at = time.monotonic()
+
+    def _send(self, channel: int, method: Any) -> None:
+        self._write(frame.marshal(method, channel))
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self.confirms.pending)
+
+    # asyncio.Protocol --------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        lost = WireClosed(0, f"connection lost ({type(exc).__name__ if exc else 'EOF'})")
+        lost.__cause__ = exc  # what the socket or TLS layer said (a TLS refusal names it)
+        self._lost(lost)
+
+    def data_received(self, data: bytes) -> None:
+        self._read_at = time.monotonic()
+        buffer = self._buffer
+        buffer += data
+        offset = 0
+        size = len(buffer)
+        try:
+            while size - offset >= 8:
+                length = int.from_bytes(buffer[offset + 3 : offset + 7], "big") + 8
+                if size - offset < length:
+                    break
+                consumed, channel, value = frame.unmarshal(bytes(buffer[offset : offset + length]))
+                offset += consumed
+                self._dispatch(channel, value)
+                if self.closed is not None:
+                    return
+        except PAMQPException as exc:
+            self._lost(WireClosed(0, f"unreadable frame from the broker: {exc}"))
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        del buffer[:offset]
+
+    # Incoming frames ---------------------------------------------------------
+
+    def _dispatch(self, channel: int, value: Any) -> None:
+        kind = type(value)
+        if kind is commands.Basic.Ack:
+            self.confirms.confirm(value.delivery_tag, value.multiple, True)
+        elif kind is commands.Basic.Nack:
+            self.confirms.confirm(value.delivery_tag, value.multiple, False)
+        elif self._return is not None and kind is header.ContentHeader:
+            self._return_header(value)
+        elif self._return is not None and kind is body.ContentBody:
+            self._return[1] -= len(value.value)
+            if self._return[1] <= 0:
+                self._return = None
+        elif kind is commands.Basic.Return:
+            self._return = [value, 0]
+        elif kind is heartbeat.Heartbeat:
+            pass
+        elif kind is commands.Connection.Blocked:
+            self.blocked = True
+        elif kind is commands.Connection.Unblocked:
+            self.blocked = False
+        elif kind is commands.Connection.Close:
+            self._send(0, commands.Connection.CloseOk())
+            self._lost(WireClosed(value.reply_code, value.reply_text))
+            if self.transport is not None:
+                self.transport.close()
+        elif kind is commands.Channel.Close:
+            self._send(channel, commands.Channel.CloseOk())
+            self._channel_closed(channel, ChannelClosed(value.reply_code, value.reply_text))
+        else:
+            waiting = self._waiters.get(channel)
+            while waiting:
+                kinds, future = waiting.popleft()
+                if future.done():
+                    continue
+                if isinstance(value, kinds):
+                    future.set_result(value)
+                else:
+                    future.set_exception(WireClosed(0, f"unexpected {value.name} on {channel}"))
+                break
+
+    def _return_header(self, value: header.ContentHeader) -> None:
+        assert self._return is not None
+        method = self._return[0]
+        self._return[1] = value.body_size
+        if not value.body_size:
+            self._return = None
+        message_id = value.properties.message_id or ""
+        self.confirms.returned((method.exchange, method.routing_key, message_id))
+
+    def _channel_closed(self, channel: int, exc: ChannelClosed) -> None:
+        self._open_channels.discard(channel)
+        for _, future in self._waiters.pop(channel, ()):
+            if not future.done():
+                future.set_exception(exc)
+        if channel == PUBLISH_CHANNEL:
+            self.publishing = exc
+            self.confirms.fail_all(exc)
+
+    def _lost(self, exc: WireClosed) -> None:
+        if self.closed is not None:
+            return
+        self.closed = exc
+        if self._timer is not None:
+            self._timer.cancel()
+        waiters, self._waiters = self._waiters, {}
+        for queue in waiters.values():
+            for _, future in queue:
+                if not future.done():
+                    future.set_exception(exc)
+        self.confirms.fail_all(exc)
+        for hook in self.on_close:
+            hook(exc)
+
+    def _beat(self) -> None:
+        if self.closed is not None:
+            return
+        now = time.monotonic()
+        if now - self._read_at > 2 * self._heartbeat_s:
+            if self.transport is not None:
+                self.transport.abort()
+            self._lost(WireClosed(0, f"no heartbeat from the broker for {2 * self._heartbeat_s} s"))
+            return
+        if now - self._written_at >= self._heartbeat_s / 2:
+            self._write(_HEARTBEAT)
+        self._timer = self.loop.call_later(self._heartbeat_s / 2, self._beat)
