@@ -22,6 +22,8 @@ import pytest
 
 from delayq import Message, PublishBatchError, PublishError, Receipt, Topology
 from delayq.aio import AsyncPublisher
+from delayq.aio._wire import Wire
+from delayq.links import ASYNC_LINKS
 from delayq.local.node import LocalNode
 from delayq.sync import Publisher, apply_topology
 
@@ -42,9 +44,14 @@ def publish_many(kind: str, url: str, topo: Topology, batch: list[Message], **kw
         return exc
 
 
+FIRED: list[str] = []
+"""One entry each time an injected fault fired (the test checks it did)."""
+
+
 def fail_once_after(kind: str, calls: int) -> tuple[Any, str, Callable[..., Any]]:
     """A basic_publish of the client that raises once, at call ``calls``, what the client
     raises when its connection goes away under it."""
+    FIRED.clear()
     count = 0
     if kind == "sync":
         original = pika.channel.Channel.basic_publish
@@ -53,6 +60,7 @@ def fail_once_after(kind: str, calls: int) -> tuple[Any, str, Callable[..., Any]
             nonlocal count
             count += 1
             if count == calls:
+                FIRED.append(kind)
                 raise pex.ChannelWrongStateError("Channel is closed.")
             return original(self, *args, **kwargs)
 
@@ -63,9 +71,22 @@ def fail_once_after(kind: str, calls: int) -> tuple[Any, str, Callable[..., Any]
         nonlocal count
         count += 1
         if count == calls:
+            FIRED.append(kind)
             raise Exception  # aiormq's reject_all(None) on a closing connection
         return await original_async(self, *args, **kwargs)
 
+    if kind == "async":  # the frame link: the connection dies under the publish
+        original_wire = Wire.publish
+
+        def wire_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal count
+            count += 1
+            if count == calls and self.transport is not None:
+                FIRED.append(kind)
+                self.transport.abort()  # as a reset connection does: the loop reports it
+            return original_wire(self, *args, **kwargs)
+
+        return Wire, "publish", wire_publish
     return aiormq.channel.Channel, "basic_publish", async_publish
 
 
@@ -80,8 +101,12 @@ def wait_for_ids(inbox: Any, wanted: set[str], timeout_s: float = 60) -> set[str
         time.sleep(0.05)
 
 
-@pytest.fixture(params=["sync", "async"])
-def kind(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=["sync", "async", "async-aiopika"])
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``async``: the default frame link; ``async-aiopika``: the aio-pika link, still
+    offered (``link=``), whose client errors have their own translation."""
+    if request.param == "async-aiopika":
+        monkeypatch.setitem(ASYNC_LINKS, "amqp", "delayq.aio._link:AioPikaLink")
     return str(request.param)
 
 
@@ -112,6 +137,7 @@ def test_a_client_error_mid_batch_is_translated_and_what_it_left_is_sent_again(
     batch = [Message(b"x", "job.err", "0s", message_id=f"mid-{n}") for n in range(3_000)]
     monkeypatch.setattr(*fail_once_after(kind, 1_200))
     result = publish_many(kind, rabbitmq_url, topo, batch)
+    assert FIRED == [kind]  # the fault was injected into the path under test
     assert not isinstance(result, PublishBatchError), result  # re-sent on a fresh connection
     assert [r.message_id for r in result] == [m.message_id for m in batch]
     inbox = collect(f"{topo.namespace}.work")
