@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pika
 
 from delayq import Publisher, Topology
 from delayq.local.node import LocalNode
+from delayq.ops.management import ManagementAPI
 
 
 def delayq(
@@ -56,3 +58,14 @@ def stall_1s_tier(node: LocalNode, topology: Topology, count: int) -> None:
         connection.channel().exchange_delete(topology.ready_exchange)
     finally:
         connection.close()
+    if node.management_url is not None:  # until the API's counts show them all held
+        api = ManagementAPI(node.management_url)
+        name = f"{topology.namespace}.tier.1s"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            row = api.queue(topology.vhost, name) or {}
+            held = row.get("messages", 0) - row.get("messages_ready", 0)
+            if held - row.get("messages_unacknowledged", 0) == count:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{name} does not show {count} dead letters held: {row}")
