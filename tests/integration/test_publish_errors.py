@@ -20,7 +20,7 @@ import pika.channel
 import pika.exceptions as pex
 import pytest
 
-from delayq import Message, PublishBatchError, PublishError, Receipt, Topology
+from delayq import Message, PublishBatchError, PublishError, Receipt, Topology, Unroutable
 from delayq.aio import AsyncPublisher
 from delayq.aio._wire import Wire
 from delayq.links import ASYNC_LINKS
@@ -189,3 +189,27 @@ def test_connections_closed_under_a_batch_never_report_a_lost_message_confirmed(
     inbox = collect(queue)
     arrived = wait_for_ids(inbox, confirmed)
     assert confirmed <= arrived, f"{len(confirmed - arrived)} confirmed messages did not arrive"
+
+
+def test_a_return_is_pinned_on_the_message_it_names_when_two_share_an_id(
+    kind: str, rabbitmq_url: str, make_topology: Callable[..., Topology]
+) -> None:
+    """Two messages with one id in one batch, the first routable, the second returned
+    (its tier queue is gone): the batch must report the second unroutable, not the
+    first. Matching a return by message id alone blamed the first."""
+    topo = make_topology(["1s", "30s"])
+    apply_topology(topo, rabbitmq_url)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        connection.channel().queue_delete(topo.tier_name(topo.ladder.tiers[0]))
+    finally:
+        connection.close()
+    batch = [
+        Message(b"kept", "job.twin", "30s", message_id="twin"),  # tier 30s: routable
+        Message(b"lost", "job.twin", "1s", message_id="twin"),  # tier 1s: no queue
+    ]
+    result = publish_many(kind, rabbitmq_url, topo, batch, publish_attempts=1)
+    assert isinstance(result, PublishBatchError), result
+    assert sorted(result.failures) == [1], result.failures
+    assert isinstance(result.failures[1], Unroutable)
+    assert result.receipts[0] is not None and result.receipts[1] is None

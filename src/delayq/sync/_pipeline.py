@@ -251,10 +251,16 @@ class _Round:
             or self.outstanding_bytes < self.max_bytes
         )
 
-    def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
-        # Returns come before the confirm of the same message, in publish order.
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        # Returns come before the confirm of the same message, in publish order. The id
+        # alone is not enough: two messages of one id may be in flight, one routable.
         for index, msg in self.outstanding.values():  # in delivery-tag order
-            if index not in self.returned and msg.message_id == properties.message_id:
+            if (
+                index not in self.returned
+                and msg.message_id == properties.message_id
+                and msg.exchange == method.exchange
+                and msg.routing_key == method.routing_key
+            ):
                 self.returned.add(index)
                 return
 
