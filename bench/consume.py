@@ -7,8 +7,9 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
 
 1. raw aio-pika: ``queue.consume`` with manual acks and a callback that only
    acks (``await message.ack()``): the usual pattern, which the ratios divide by;
-2. the physical limit: a raw aiormq consumer (no message object), prefetch
-   ``--limit-prefetch`` (1000), no handler, one ``basic.ack(multiple=True)`` per
+2. the physical limit: raw frames on delayq's own AMQP wire, reading only each
+   ``Basic.Deliver``'s delivery tag (nothing decoded, no message object, no task),
+   prefetch ``--limit-prefetch`` (1000), no handler, one ``basic.ack(multiple=True)`` per
    quarter of the prefetch received (or 10 ms after the first): what consuming
    costs in Python at the least, shown as each mode's share of it ("of limit");
 3. ``delayq.aio.AsyncConsumer`` with a no-op async handler and
@@ -386,12 +387,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--limit-prefetch",
         type=positive_int,
         default=1000,
-        help="prefetch of the physical limit's raw aiormq consumer (default 1000)",
+        help="prefetch of the physical limit's raw-frames consumer (default 1000)",
     )
     parser.add_argument(
         "--modes",
         default="",
-        help="comma-separated modes to run besides raw (" + ",".join(PROFILE_CHOICES)
+        help="comma-separated modes to run besides raw ("
+        + ",".join(PROFILE_CHOICES)
         + "; default all)",
     )
     parser.add_argument(

@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-import aiormq
 from aio_pika.abc import AbstractIncomingMessage
-from aiormq.abc import DeliveredMessage
 from benchlib import (
     log,
     queue_depth,
 )
+from pamqp import commands
 
 from delayq import Ladder, Message, Topology
 from delayq.aio import AsyncPublisher
+from delayq.aio._deliveries import ack_frame
+from delayq.aio._framelink import open_wire
+from delayq.aio._wire import CONSUME_CHANNEL
 from delayq.aio.consumer import AsyncConsumer
 from delayq.message.envelope import epoch_ms
 from delayq.stores.base import IdempotencyStore
@@ -45,14 +47,14 @@ STALL_S = 60.0
 """A drain that makes no progress for this long fails the run."""
 
 RAW = "raw-aio-pika"
-LIMIT = "raw-aiormq-limit"
+LIMIT = "raw-frames-limit"
 MEMORY = "delayq-memory"
 SQLITE = "delayq-sqlite"
 REDIS = "delayq-redis"
 
 LABELS = {
     RAW: "raw aio-pika consumer, ack only",
-    LIMIT: "limit: raw aiormq, multiple acks",
+    LIMIT: "limit: raw frames, multiple acks",
     MEMORY: "AsyncConsumer + InMemoryStore",
     SQLITE: "AsyncConsumer + SQLiteStore",
     REDIS: "AsyncConsumer + RedisStore",
@@ -222,57 +224,71 @@ def raw_aio_pika(ctx: Context) -> Timing:
     return asyncio.run(run())
 
 
-def raw_aiormq_limit(ctx: Context) -> Timing:
-    """What consuming costs at the least, in Python: aiormq's frames, no message object,
-    a high prefetch, and one ``basic.ack(multiple=True)`` for everything received, once a
-    quarter of the prefetch is received or 10 ms after the first (no handler, no
-    bookkeeping, nothing that could fail)."""
+def raw_frames_limit(ctx: Context) -> Timing:
+    """What consuming costs at the least, in Python: delayq's own AMQP wire with a reader
+    that takes only the delivery tag of each ``Basic.Deliver`` frame (header and body
+    frames ignored, nothing decoded, no task, no message object), a high prefetch, and
+    one ``basic.ack(multiple=True)`` for everything received, once a quarter of the
+    prefetch is received or 10 ms after the first (no handler, no bookkeeping, nothing
+    that could fail)."""
     count, prefetch = ctx.settings.count, ctx.settings.limit_prefetch
     batch = max(1, prefetch // 4)
 
     async def run() -> Timing:
         drain = Drain(count)
-        acked = 0
-        last_tag = 0
-        pending = 0
-        timer: asyncio.TimerHandle | None = None
+        wire = await open_wire(ctx.url, attempts=3, name="bench limit", publish=False)
         loop = asyncio.get_running_loop()
-        sending: set[asyncio.Task[None]] = set()
 
-        def flush() -> None:
-            nonlocal acked, pending, timer
-            if timer is not None:
-                timer.cancel()
-                timer = None
-            if not pending:
-                return
-            task = loop.create_task(channel.basic_ack(last_tag, multiple=True, wait=False))
-            sending.add(task)
-            task.add_done_callback(sending.discard)
-            acked += pending
+        class Reader:
+            acked = 0
+            last_tag = 0
             pending = 0
+            timer: asyncio.TimerHandle | None = None
 
-        async def on_message(message: DeliveredMessage) -> None:
-            nonlocal last_tag, pending, timer
-            drain.first_delivery()
-            last_tag = message.delivery.delivery_tag  # type: ignore[union-attr]
-            pending += 1
-            if pending >= batch:
-                flush()
-            elif timer is None:
-                timer = loop.call_later(0.01, flush)
+            def flush(self) -> None:
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
+                if self.pending:
+                    wire.send_frames(ack_frame(CONSUME_CHANNEL, self.last_tag, True))
+                    self.acked += self.pending
+                    self.pending = 0
 
-        connection = await aiormq.connect(ctx.url)
+            def content(self, kind: int, payload: bytes) -> None:
+                if kind != 1:
+                    return  # a header or a body: not even looked at
+                drain.first_delivery()
+                self.last_tag = int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big")
+                self.pending += 1
+                if self.pending >= batch:
+                    self.flush()
+                elif self.timer is None:
+                    self.timer = loop.call_later(0.01, self.flush)
+
+            def cancelled(self, consumer_tag: str) -> None:
+                pass
+
+            def closed(self, exc: Exception) -> None:
+                pass
+
+        reader = Reader()
         try:
-            channel = await connection.channel()
-            await channel.basic_qos(prefetch_count=prefetch)
-            ok = await channel.basic_consume(ctx.queue, on_message, no_ack=False)
-            timing = await drain.wait(lambda: acked)
-            await channel.basic_cancel(ok.consumer_tag or "")
-            if sending:
-                await asyncio.wait(sending)
+            await wire.open_channel(CONSUME_CHANNEL)
+            wire.readers[CONSUME_CHANNEL] = reader
+            await wire.call(
+                CONSUME_CHANNEL, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk
+            )
+            ok = await wire.call(
+                CONSUME_CHANNEL, commands.Basic.Consume(queue=ctx.queue), commands.Basic.ConsumeOk
+            )
+            timing = await drain.wait(lambda: reader.acked)
+            await wire.call(
+                CONSUME_CHANNEL,
+                commands.Basic.Cancel(consumer_tag=ok.consumer_tag),
+                commands.Basic.CancelOk,
+            )
         finally:
-            await connection.close()
+            await wire.close()
         return timing
 
     return asyncio.run(run())
@@ -355,7 +371,7 @@ def delayq_redis(ctx: Context) -> Timing:
 
 MEASURE: dict[str, Callable[[Context], Timing]] = {
     RAW: raw_aio_pika,
-    LIMIT: raw_aiormq_limit,
+    LIMIT: raw_frames_limit,
     MEMORY: delayq_memory,
     SQLITE: delayq_sqlite,
     REDIS: delayq_redis,

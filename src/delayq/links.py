@@ -26,9 +26,9 @@ the consumer runs the handler right there.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from delayq.errors import InvalidInput
 from delayq.topology.declarations import apply_marker
@@ -92,8 +92,8 @@ FEEDS: dict[str, str] = {
 """The blocking consumer's feed class for each URL scheme, by import path."""
 
 ASYNC_FEEDS: dict[str, str] = {
-    "amqp": "delayq.aio._feed:AioPikaFeed",
-    "amqps": "delayq.aio._feed:AioPikaFeed",
+    "amqp": "delayq.aio._framefeed:FrameFeed",
+    "amqps": "delayq.aio._framefeed:FrameFeed",
     "memory": "delayq.testing.links:AsyncMemoryFeed",
 }
 """The asyncio consumer's feed class for each URL scheme, by import path."""
@@ -133,8 +133,8 @@ class Settleable(Protocol):
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
 
 
-AsyncOnDelivery = Callable[[Settleable, "Delivery"], Awaitable[None]]
-"""What an asyncio feed awaits with each delivery."""
+AsyncOnDelivery = Callable[[Settleable, "Delivery"], Coroutine[Any, Any, None]]
+"""What an asyncio feed awaits (or runs as a task) with each delivery."""
 
 
 @runtime_checkable
@@ -276,8 +276,7 @@ class AsyncLink(Protocol):
 
     async def send_batch(self, msgs: list[OutgoingMessage], window: int) -> None: ...
 
-    async def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport:
-        ...
+    async def apply(self, topology: Topology, *, raise_on_conflict: bool = True) -> ApplyReport: ...
 
     async def close(self) -> None: ...
 

@@ -248,6 +248,7 @@ class FakeWire:
         self.closed: Exception | None = None
         self.lose_after = lose_after
         self.sent = 0
+        self.writable = True  # the socket always takes writes
 
     @property
     def usable(self) -> bool:
@@ -339,3 +340,47 @@ def test_a_connection_that_never_confirms_costs_every_attempt_then_fails() -> No
 
     error = asyncio.run(scenario())
     assert set(error.failures) == set(range(10)) and len(plan) == 2  # 3 rounds, then gave up
+
+
+class SlowSocketWire(FakeWire):
+    """A wire whose socket falls behind after every ``every`` publishes: the transport's
+    buffer is past its high-water mark until the test lets it drain."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__(lose_after=None)
+        self.every = every
+        self.writable = True
+        self.waiting: list[Any] = []
+        self.most_unwritten = 0
+        self._since = 0
+
+    def publish(self, frames: bytes, sink: Any, token: int, route: Any) -> None:
+        assert self.writable, "a publish while the socket is behind"
+        super().publish(frames, sink, token, route)
+        self._since += 1
+        self.most_unwritten = max(self.most_unwritten, self._since)
+        if self._since >= self.every:
+            self.writable = False
+            self.loop.call_later(0.001, self.drain)
+
+    def when_writable(self, callback: Any) -> None:
+        self.waiting.append(callback)
+
+    def drain(self) -> None:
+        self.writable, self._since = True, 0
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+
+def test_a_batch_waits_for_the_socket_instead_of_buffering_past_it() -> None:
+    built = FACTORY.build_many([Message(b"x", "job.a", "1s") for _ in range(200)])
+    wire: list[SlowSocketWire] = []
+
+    async def scenario() -> None:
+        wire.append(SlowSocketWire(every=7))
+        link = fake_link([wire[0]])
+        await link.send_batch(built, 50)  # a window far larger than what the socket takes
+
+    asyncio.run(scenario())  # all confirmed, none written while the socket was behind
+    assert wire[0].sent == 200 and wire[0].most_unwritten == 7

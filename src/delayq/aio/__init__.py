@@ -1,4 +1,4 @@
-"""The asyncio adapter, on aio-pika: publisher, consumer and provisioning."""
+"""The asyncio adapter: publisher, consumer (on delayq's own AMQP client), provisioning."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The asyncio feed (aio-pika): where :class:`~delayq.aio.AsyncConsumer`'s deliveries come from.
+"""The aio-pika feed: :class:`~delayq.aio.AsyncConsumer`'s deliveries through aio-pika.
+
+The default feed for ``amqp://`` is the frame feed (:mod:`delayq.aio._framefeed`);
+this one stays for ``AsyncConsumer(..., feed=AioPikaFeed(url))``.
 
 One connection and one channel per opening, opened with aio-pika (its errors:
 :mod:`delayq.aio._errors`). The deliveries themselves are taken from aiormq,
@@ -8,7 +11,7 @@ CPU. Each delivery is handed over in the task aiormq runs it in, with an
 :class:`AmqpDelivery` that settles it. A connection or channel that closes
 under the feed, or a consumer the broker cancels (its queue went away, a quorum
 queue lost its leader), is reported once through ``on_lost``: the consumer
-opens the feed again. Registered in :data:`delayq.links.ASYNC_FEEDS`.
+opens the feed again.
 """
 
 from __future__ import annotations

@@ -64,11 +64,18 @@ class _Round:
         self.lost: Exception | None = None
         self.over = wire.loop.create_future()
         self.stopped = False
+        self.paused = False
+        """Waiting for the socket to take what was written (the transport's flow control)."""
 
     def fill(self) -> None:
         batch, wire, in_flight = self.batch, self.wire, self.in_flight
         built, window, frame_max = batch.built, batch.window, wire.frame_max
         while len(in_flight) < window and not self.stopped:
+            if not wire.writable:  # the socket is behind: hold the rest until it drains
+                if not self.paused:
+                    self.paused = True
+                    wire.when_writable(self._resume)
+                return
             index = batch.take()
             if index is None:
                 break
@@ -85,6 +92,13 @@ class _Round:
                 self.failed(index, exc)
                 return
         if not in_flight:
+            self._end()
+
+    def _resume(self) -> None:
+        self.paused = False
+        if not self.stopped:
+            self.fill()
+        elif not self.in_flight:
             self._end()
 
     def settled(self, token: int, acked: bool, returned: bool) -> None:

@@ -68,9 +68,12 @@ def endpoint_of(broker: BrokerURL, name: str) -> Endpoint:
     )
 
 
-async def open_wire(url: str, *, attempts: int, name: str, backoff_s: float = 0.25) -> Wire:
+async def open_wire(
+    url: str, *, attempts: int, name: str, backoff_s: float = 0.25, publish: bool = True
+) -> Wire:
     """A connection to the first host of ``url`` that takes one, ``attempts`` rounds over
-    them; refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`)."""
+    them; refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`).
+    Without ``publish``, it has no publish channel (a consumer's)."""
     broker = parse_url(url)
     last: BaseException | None = None
     for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s):
@@ -78,7 +81,7 @@ async def open_wire(url: str, *, attempts: int, name: str, backoff_s: float = 0.
             await asyncio.sleep(pause_s)
         broker = parse_url(one)
         try:
-            return await Wire.open(endpoint_of(broker, name), CONNECT_TIMEOUT_S)
+            return await Wire.open(endpoint_of(broker, name), CONNECT_TIMEOUT_S, publish=publish)
         except WireClosed as exc:
             if exc.reply_code == 403:
                 raise ConnectionFailed(
@@ -239,6 +242,7 @@ class FrameLink:
             try:
                 if msg.exchange not in self._checked:
                     await self.check_exchanges(wire, {msg.exchange})
+                await wire.drained()  # the socket takes writes (its buffer is bounded)
                 future: asyncio.Future[tuple[bool, bool]] = wire.loop.create_future()
                 frames = publish_frames(msg, PUBLISH_CHANNEL, wire.frame_max)
                 route = (msg.exchange, msg.routing_key, msg.message_id)

@@ -1,12 +1,16 @@
-"""A small AMQP 0-9-1 client on asyncio and pamqp, for publishing only: the frame link's wire.
+"""A small AMQP 0-9-1 client on asyncio and pamqp: the wire of the frame link and feed.
 
-It does what a confirming publisher needs and nothing else: the handshake
-(PLAIN), heartbeats, one confirming channel for publishes and one for passive
-declares (a refused declare closes only that channel), ``Basic.Ack``/``Nack``
+It does what a confirming publisher and a consumer need and nothing else: the
+handshake (PLAIN), heartbeats, one confirming channel for publishes and one for
+passive declares (a refused declare closes only that channel), ``Basic.Ack``/``Nack``
 (``multiple`` too), ``Basic.Return``, ``Connection.Blocked``/``Unblocked``, and the
 broker closing a channel or the connection. A publish is frames already encoded
 (:mod:`delayq.aio._frames`) and a *sink* that hears its fate; the frames of one
-loop turn go to the socket in one write.
+loop turn go to the socket in one write. A channel with a :class:`ChannelReader`
+(the frame feed's consumer, :mod:`delayq.aio._framefeed`) gets its deliveries'
+frames as bytes, undecoded, and hears when the broker cancels its consumer or
+closes it. The framing (reading and writing frames, heartbeats, the transport's
+flow control) is :mod:`delayq.aio._framing`'s.
 
 No per-message future or task: confirms are looked up by delivery tag in a dict
 and handed to the sink's callbacks. Its errors are its own (:class:`WireClosed`,
@@ -17,31 +21,29 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pamqp import body, commands, constants, frame, header, heartbeat
-from pamqp.exceptions import PAMQPException
+from pamqp import body, commands, constants, header, heartbeat
 
 from delayq.aio._confirms import Confirms, Route, Sink
+from delayq.aio._framing import ChannelReader, Framing, WireClosed
 
-__all__ = ["PUBLISH_CHANNEL", "ChannelClosed", "Endpoint", "Wire", "WireClosed"]
+__all__ = [
+    "CONSUME_CHANNEL",
+    "PUBLISH_CHANNEL",
+    "ChannelClosed",
+    "ChannelReader",
+    "Endpoint",
+    "Wire",
+    "WireClosed",
+]
 
 PUBLISH_CHANNEL = 1
 PROBE_CHANNEL = 2
-_HEARTBEAT = heartbeat.Heartbeat().marshal()
-
-
-class WireClosed(Exception):
-    """The connection is gone: closed by the broker (its reply code and text), or lost."""
-
-    def __init__(self, reply_code: int, reply_text: str) -> None:
-        super().__init__(f"{reply_code} {reply_text}" if reply_code else reply_text)
-        self.reply_code = reply_code
-        self.reply_text = reply_text
+CONSUME_CHANNEL = 3
 
 
 class ChannelClosed(Exception):
@@ -68,35 +70,26 @@ class Endpoint:
     name: str = "delayq"
 
 
-class Wire(asyncio.Protocol):
+class Wire(Framing):
     """One AMQP connection with a confirming publish channel. Open with :meth:`open`."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.frame_max = constants.FRAME_MAX_SIZE
         self.blocked = False
-        self.closed: Exception | None = None
-        """Why the connection is gone (``None`` while open)."""
         self.on_close: list[Callable[[Exception], None]] = []
         self.publishing: ChannelClosed | None = None
         """Why the publish channel closed (``None`` while open)."""
-        self._buffer = bytearray()
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
         self._waiters: dict[int, deque[tuple[tuple[type, ...], asyncio.Future[Any]]]] = {}
         self._open_channels: set[int] = set()
         self.confirms = Confirms()
         self._return: list[Any] | None = None  # a Basic.Return being read: [method, bytes left]
-        self._read_at = self._written_at = time.monotonic()
-        self._heartbeat_s = 0
-        self._timer: asyncio.TimerHandle | None = None
 
     # Opening -----------------------------------------------------------------
 
     @classmethod
-    async def open(cls, endpoint: Endpoint, timeout_s: float) -> Wire:
-        """Connect, shake hands, open the publish channel in confirm mode."""
+    async def open(cls, endpoint: Endpoint, timeout_s: float, *, publish: bool = True) -> Wire:
+        """Connect, shake hands, open the publish channel in confirm mode (if ``publish``)."""
         loop = asyncio.get_running_loop()
         wire = cls()
 
@@ -110,7 +103,7 @@ class Wire(asyncio.Protocol):
                 if endpoint.ssl_context is not None
                 else None,
             )
-            await wire._handshake(endpoint)
+            await wire._handshake(endpoint, publish)
 
         try:
             await asyncio.wait_for(handshake(), timeout_s)
@@ -119,12 +112,12 @@ class Wire(asyncio.Protocol):
             raise
         return wire
 
-    async def _handshake(self, endpoint: Endpoint) -> None:
+    async def _handshake(self, endpoint: Endpoint, publish: bool) -> None:
         start = self._expect(0, commands.Connection.Start)
         self._write(header.ProtocolHeader().marshal())
         await start
         tune_wait = self._expect(0, commands.Connection.Tune)
-        self._send(
+        self.send(
             0,
             commands.Connection.StartOk(
                 client_properties={
@@ -148,7 +141,7 @@ class Wire(asyncio.Protocol):
         offered = tune.heartbeat
         wanted = endpoint.heartbeat_s if endpoint.heartbeat_s is not None else 60
         self._heartbeat_s = min(offered, wanted) if offered and wanted else (offered or wanted)
-        self._send(
+        self.send(
             0,
             commands.Connection.TuneOk(
                 channel_max=tune.channel_max or 2047,
@@ -156,17 +149,20 @@ class Wire(asyncio.Protocol):
                 heartbeat=self._heartbeat_s,
             ),
         )
-        await self._call(
+        await self.call(
             0, commands.Connection.Open(virtual_host=endpoint.vhost), commands.Connection.OpenOk
         )
         if self._heartbeat_s:
             self._timer = self.loop.call_later(self._heartbeat_s / 2, self._beat)
-        await self._open_channel(PUBLISH_CHANNEL)
-        await self._call(PUBLISH_CHANNEL, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        if not publish:
+            self.publishing = ChannelClosed(0, "this connection does not publish")
+            return
+        await self.open_channel(PUBLISH_CHANNEL)
+        await self.call(PUBLISH_CHANNEL, commands.Confirm.Select(), commands.Confirm.SelectOk)
         self.publishing = None
 
-    async def _open_channel(self, channel: int) -> None:
-        await self._call(channel, commands.Channel.Open(), commands.Channel.OpenOk)
+    async def open_channel(self, channel: int) -> None:
+        await self.call(channel, commands.Channel.Open(), commands.Channel.OpenOk)
         self._open_channels.add(channel)
 
     # Calls -------------------------------------------------------------------
@@ -179,10 +175,13 @@ class Wire(asyncio.Protocol):
             self._waiters.setdefault(channel, deque()).append((kinds, future))
         return future
 
-    async def _call(self, channel: int, method: Any, *replies: type) -> Any:
+    async def call(self, channel: int, method: Any, *replies: type) -> Any:
+        """Send ``method`` on ``channel`` and wait for one of ``replies``: raises
+        :class:`ChannelClosed` if the broker closes the channel instead,
+        :class:`WireClosed` if the connection goes."""
         reply = self._expect(channel, *replies)
         try:
-            self._send(channel, method)
+            self.send(channel, method)
         except BaseException:
             reply.cancel()
             raise
@@ -192,12 +191,24 @@ class Wire(asyncio.Protocol):
         """A passive declare on the probe channel: raises :class:`ChannelClosed` (404) if
         ``name`` does not exist (that channel is opened again at the next call)."""
         if PROBE_CHANNEL not in self._open_channels:
-            await self._open_channel(PROBE_CHANNEL)
-        await self._call(
+            await self.open_channel(PROBE_CHANNEL)
+        await self.call(
             PROBE_CHANNEL,
             commands.Exchange.Declare(exchange=name, passive=True),
             commands.Exchange.DeclareOk,
         )
+
+    async def queue_depth(self, name: str) -> int:
+        """Messages ready in queue ``name`` (a passive declare on the probe channel:
+        :class:`ChannelClosed` 404 if it does not exist)."""
+        if PROBE_CHANNEL not in self._open_channels:
+            await self.open_channel(PROBE_CHANNEL)
+        ok = await self.call(
+            PROBE_CHANNEL,
+            commands.Queue.Declare(queue=name, passive=True),
+            commands.Queue.DeclareOk,
+        )
+        return int(ok.message_count or 0)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Close politely (``Connection.Close``, waiting up to ``timeout_s`` for its answer)."""
@@ -205,7 +216,7 @@ class Wire(asyncio.Protocol):
             return
         try:
             await asyncio.wait_for(
-                self._call(
+                self.call(
                     0,
                     commands.Connection.Close(
                         reply_code=200, reply_text="bye", class_id=0, method_id=0
@@ -240,65 +251,11 @@ class Wire(asyncio.Protocol):
         if self.publishing is not None:
             raise self.publishing
         self.confirms.add(sink, token, route)
-        self._out.append(frames)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        out, self._out = self._out, []
-        if out and self.transport is not None and self.closed is None:
-            self.transport.write(b"".join(out))
-            self._written_at = time.monotonic()
-
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None and self.closed is None:
-            if self._out:  # keep the order of frames
-                self._flush()
-            self.transport.write(data)
-            self._written_at = time.monotonic()
-
-    def _send(self, channel: int, method: Any) -> None:
-        self._write(frame.marshal(method, channel))
+        self.send_frames(frames)
 
     @property
     def unconfirmed(self) -> int:
         return len(self.confirms.pending)
-
-    # asyncio.Protocol --------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        lost = WireClosed(0, f"connection lost ({type(exc).__name__ if exc else 'EOF'})")
-        lost.__cause__ = exc  # what the socket or TLS layer said (a TLS refusal names it)
-        self._lost(lost)
-
-    def data_received(self, data: bytes) -> None:
-        self._read_at = time.monotonic()
-        buffer = self._buffer
-        buffer += data
-        offset = 0
-        size = len(buffer)
-        try:
-            while size - offset >= 8:
-                length = int.from_bytes(buffer[offset + 3 : offset + 7], "big") + 8
-                if size - offset < length:
-                    break
-                consumed, channel, value = frame.unmarshal(bytes(buffer[offset : offset + length]))
-                offset += consumed
-                self._dispatch(channel, value)
-                if self.closed is not None:
-                    return
-        except PAMQPException as exc:
-            self._lost(WireClosed(0, f"unreadable frame from the broker: {exc}"))
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        del buffer[:offset]
 
     # Incoming frames ---------------------------------------------------------
 
@@ -316,6 +273,8 @@ class Wire(asyncio.Protocol):
                 self._return = None
         elif kind is commands.Basic.Return:
             self._return = [value, 0]
+        elif kind is commands.Basic.Cancel and channel in self.readers:  # the broker's
+            self.readers[channel].cancelled(value.consumer_tag)
         elif kind is heartbeat.Heartbeat:
             pass
         elif kind is commands.Connection.Blocked:
@@ -323,12 +282,12 @@ class Wire(asyncio.Protocol):
         elif kind is commands.Connection.Unblocked:
             self.blocked = False
         elif kind is commands.Connection.Close:
-            self._send(0, commands.Connection.CloseOk())
+            self.send(0, commands.Connection.CloseOk())
             self._lost(WireClosed(value.reply_code, value.reply_text))
             if self.transport is not None:
                 self.transport.close()
         elif kind is commands.Channel.Close:
-            self._send(channel, commands.Channel.CloseOk())
+            self.send(channel, commands.Channel.CloseOk())
             self._channel_closed(channel, ChannelClosed(value.reply_code, value.reply_text))
         else:
             waiting = self._waiters.get(channel)
@@ -356,16 +315,14 @@ class Wire(asyncio.Protocol):
         for _, future in self._waiters.pop(channel, ()):
             if not future.done():
                 future.set_exception(exc)
+        reader = self.readers.pop(channel, None)
+        if reader is not None:
+            reader.closed(exc)
         if channel == PUBLISH_CHANNEL:
             self.publishing = exc
             self.confirms.fail_all(exc)
 
-    def _lost(self, exc: WireClosed) -> None:
-        if self.closed is not None:
-            return
-        self.closed = exc
-        if self._timer is not None:
-            self._timer.cancel()
+    def _on_lost(self, exc: WireClosed) -> None:
         waiters, self._waiters = self._waiters, {}
         for queue in waiters.values():
             for _, future in queue:
@@ -374,16 +331,3 @@ class Wire(asyncio.Protocol):
         self.confirms.fail_all(exc)
         for hook in self.on_close:
             hook(exc)
-
-    def _beat(self) -> None:
-        if self.closed is not None:
-            return
-        now = time.monotonic()
-        if now - self._read_at > 2 * self._heartbeat_s:
-            if self.transport is not None:
-                self.transport.abort()
-            self._lost(WireClosed(0, f"no heartbeat from the broker for {2 * self._heartbeat_s} s"))
-            return
-        if now - self._written_at >= self._heartbeat_s / 2:
-            self._write(_HEARTBEAT)
-        self._timer = self.loop.call_later(self._heartbeat_s / 2, self._beat)

@@ -1,4 +1,4 @@
-"""The asyncio consumer (aio-pika): performs what the delivery planner decides.
+"""The asyncio consumer: performs what the delivery planner decides.
 
 See :class:`~delayq.consume.planner.DeliveryPlanner`.
 

@@ -1,0 +1,264 @@
+"""The frame feed: :class:`~delayq.aio.AsyncConsumer`'s deliveries read from AMQP frames.
+
+The default asyncio feed for ``amqp://`` and ``amqps://`` (:data:`delayq.links.ASYNC_FEEDS`).
+Deliveries arrive on :mod:`delayq.aio._wire`, delayq's own AMQP client, whose
+framing hands a consuming channel's ``Basic.Deliver``, content header and body
+frames over as bytes: :mod:`delayq.aio._deliveries` reads the few fields a
+:class:`~delayq.consume.delivery.Delivery` needs straight from them. No stream
+reader, no pamqp objects, no aiormq message per delivery: receiving took over
+half of a no-op consumer's time through aiormq. Acks and nacks are frames
+encoded by hand, queued on the same wire in the order they are given and
+written once per loop turn.
+
+What it keeps from the aio-pika feed (:mod:`delayq.aio._feed`, still there for
+``feed=AioPikaFeed(url)``): the topology is applied (or checked, for a user who
+may not declare) through aio-pika at every opening; each delivery is handed over
+in a task of its own with a :class:`FrameDelivery` that settles it; a connection
+or channel that closes under the feed, or a consumer the broker cancels (its
+queue went away, a quorum queue lost its leader), is reported once through
+``on_lost``, and the consumer opens the feed again, on a new connection. A
+delivery of an earlier connection is never settled on a later one: its ack
+fails (the broker requeued it already).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from pamqp import commands
+
+from delayq.aio._connection import close_quietly, connect
+from delayq.aio._deliveries import ack_frame, content_header, deliver_fields, nack_frame
+from delayq.aio._framebatch import channel_error
+from delayq.aio._framelink import open_wire
+from delayq.aio._wire import CONSUME_CHANNEL, ChannelClosed, Wire, WireClosed
+from delayq.aio.ensure import ensure_topology
+from delayq.consume.delivery import Delivery
+from delayq.errors import ConnectionFailed
+from delayq.links import AsyncOnDelivery, FeedLost
+from delayq.topology.model import Topology
+from delayq.urls import redact
+
+__all__ = ["FrameDelivery", "FrameFeed"]
+
+log = logging.getLogger("delayq.consumer")
+
+_DELIVER, _HEADER, _BODY = 1, 2, 3
+"""Frame types: a method (here always ``Basic.Deliver``), a content header, a body."""
+
+
+class FrameDelivery:
+    """A :class:`~delayq.links.Settleable`: one delivery's tag on its consuming channel."""
+
+    __slots__ = ("_channel", "delivery_tag")
+
+    def __init__(self, channel: _Consuming, tag: int) -> None:
+        self._channel = channel
+        self.delivery_tag: int | None = tag
+
+    async def ack(self, multiple: bool = False) -> None:
+        assert self.delivery_tag is not None
+        self._channel.settle(ack_frame(CONSUME_CHANNEL, self.delivery_tag, multiple))
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        assert self.delivery_tag is not None
+        self._channel.settle(nack_frame(CONSUME_CHANNEL, self.delivery_tag, multiple, requeue))
+
+
+class _Consuming:
+    """The consuming channel's reader (:class:`~delayq.aio._wire.ChannelReader`): puts
+    each delivery together from its frames and hands it over."""
+
+    def __init__(self, feed: FrameFeed, wire: Wire, on_delivery: AsyncOnDelivery) -> None:
+        self.feed = feed
+        self.wire = wire
+        self.queue = feed.queue
+        self.on_delivery = on_delivery
+        self.gone: Exception | None = None
+        """Why the channel is closed (``None`` while open)."""
+        self._loop = wire.loop
+        self._deliver: tuple[int, bool, str] | None = None  # the delivery being read
+        self._header: tuple[str | None, dict[str, object], str | None] = (None, {}, None)
+        self._left = 0
+        self._chunks: list[bytes] = []
+
+    def settle(self, frame: bytes) -> None:
+        """Queue an ack or a nack; raises if this channel is gone (the broker requeued
+        its unsettled deliveries: a tag of it means nothing on another channel)."""
+        if self.gone is not None:
+            raise self.gone
+        self.wire.send_frames(frame)
+
+    def content(self, kind: int, payload: bytes) -> None:
+        if kind == _DELIVER:
+            self._deliver = deliver_fields(payload)
+            return
+        if self._deliver is None:
+            raise ValueError(f"a content frame (type {kind}) outside a delivery")
+        if kind == _HEADER:
+            size, content_type, headers, message_id = content_header(payload)
+            self._header = (content_type, headers, message_id)
+            self._left, self._chunks = size, []
+            if size == 0:
+                self._hand_over(b"")
+            return
+        if kind != _BODY:
+            raise ValueError(f"a frame of type {kind} inside a delivery")
+        self._left -= len(payload)
+        if self._left > 0:
+            self._chunks.append(payload)
+            return
+        if self._left < 0:
+            raise ValueError("a delivery's body is longer than its header said")
+        chunks = self._chunks
+        self._hand_over(b"".join((*chunks, payload)) if chunks else payload)
+
+    def _hand_over(self, body: bytes) -> None:
+        deliver = self._deliver
+        assert deliver is not None
+        self._deliver = None
+        tag, redelivered, routing_key = deliver
+        content_type, headers, message_id = self._header
+        delivery = Delivery(
+            self.queue, body, routing_key, message_id, content_type, headers, redelivered
+        )
+        self._loop.create_task(self.on_delivery(FrameDelivery(self, tag), delivery))
+
+    def cancelled(self, consumer_tag: str) -> None:
+        self.feed.broker_cancelled(self, consumer_tag)
+
+    def closed(self, exc: Exception) -> None:
+        self.gone = exc
+        self.feed.channel_lost(self, exc)
+
+
+class FrameFeed:
+    """An :class:`~delayq.links.AsyncFeed` from RabbitMQ on delayq's own AMQP client."""
+
+    inline = False
+    clock_ms: Callable[[], int] | None = None
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.queue = ""
+        self._wire: Wire | None = None
+        self._reader: _Consuming | None = None
+        self._tag: str | None = None
+        self._subscribed = False
+        self._consuming = False  # until the broker confirmed a cancel
+        self._on_lost: Callable[[BaseException], None] = lambda exc: None
+
+    def __repr__(self) -> str:
+        return f"FrameFeed({redact(self._url)!r})"
+
+    async def open(
+        self,
+        topology: Topology,
+        queue: str,
+        prefetch: int,
+        on_delivery: AsyncOnDelivery,
+        on_lost: Callable[[BaseException], None],
+    ) -> None:
+        name = f"delayq-consumer {queue}"
+        admin = await connect(self._url, name=name)
+        try:
+            await ensure_topology(topology, admin)  # or check it, if refused
+        finally:
+            await close_quietly(admin)
+        wire = await open_wire(self._url, attempts=3, name=name, publish=False)
+        self.queue, self._on_lost = queue, on_lost
+        reader = _Consuming(self, wire, on_delivery)
+        try:
+            await wire.open_channel(CONSUME_CHANNEL)
+            wire.readers[CONSUME_CHANNEL] = reader
+            self._wire, self._reader, self._subscribed = wire, reader, True
+            await self._qos(wire, prefetch)
+            self._tag = await self._consume(wire)
+            self._consuming = True
+        except BaseException as exc:
+            self._wire = self._reader = None
+            wire.abort()
+            if isinstance(exc, ChannelClosed):  # e.g. may not read it (see delayq.ops.grant)
+                raise channel_error(exc) from exc
+            if isinstance(exc, WireClosed):
+                raise ConnectionFailed(
+                    f"lost the broker at {redact(self._url)} while subscribing to {queue!r}: {exc}"
+                ) from exc
+            raise
+
+    async def _qos(self, wire: Wire, prefetch: int) -> None:
+        await wire.call(
+            CONSUME_CHANNEL, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk
+        )
+
+    async def _consume(self, wire: Wire) -> str:
+        """Subscribe to the queue; its consumer tag."""
+        ok = await wire.call(
+            CONSUME_CHANNEL, commands.Basic.Consume(queue=self.queue), commands.Basic.ConsumeOk
+        )
+        return str(ok.consumer_tag)
+
+    async def _cancel(self, wire: Wire, tag: str) -> None:
+        """Cancel the consumer ``tag``; returns once the broker confirmed it."""
+        await wire.call(
+            CONSUME_CHANNEL, commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk
+        )
+
+    @property
+    def consuming(self) -> bool:
+        return self._consuming
+
+    def broker_cancelled(self, reader: _Consuming, consumer_tag: str) -> None:
+        if reader is self._reader and self._tag is not None and consumer_tag == self._tag:
+            self._on_lost(RuntimeError("the broker cancelled the consumer"))
+
+    def channel_lost(self, reader: _Consuming, exc: Exception) -> None:
+        if reader is self._reader:  # not one this feed closed itself
+            self._on_lost(exc)
+
+    async def resubscribe(self, prefetch: int) -> None:
+        """A consumer's prefetch cannot change once it consumes, and quorum queues
+        refuse a channel-wide one: cancel, then consume again."""
+        wire, reader, old_tag = self._wire, self._reader, self._tag
+        if wire is None or old_tag is None:
+            return
+        try:
+            self._tag = None  # the cancel below is ours, not the broker's
+            await self._cancel(wire, old_tag)
+            await self._qos(wire, prefetch)
+            if not self._subscribed or reader is not self._reader:
+                return  # unsubscribed or reopened meanwhile
+            self._tag = await self._consume(wire)
+        except (WireClosed, ChannelClosed) as exc:
+            raise FeedLost(repr(exc)) from exc
+
+    async def unsubscribe(self) -> None:
+        self._subscribed = False
+        wire, tag = self._wire, self._tag
+        self._tag = None
+        if wire is None or tag is None:
+            self._consuming = False
+            return
+        try:  # returns once the broker confirmed it: nothing more is delivered
+            await self._cancel(wire, tag)
+        except (WireClosed, ChannelClosed) as exc:
+            log.debug("cancel failed: %r", exc)
+        self._consuming = False
+
+    async def ready(self) -> int:
+        wire = self._wire
+        if wire is None:
+            return 0
+        try:
+            return await wire.queue_depth(self.queue)
+        except (WireClosed, ChannelClosed) as exc:
+            raise FeedLost(repr(exc)) from exc
+
+    async def close(self) -> None:
+        wire = self._wire
+        self._wire = self._reader = None  # what closes now is not lost
+        self._tag = None
+        self._consuming = False
+        if wire is not None:
+            await wire.close()

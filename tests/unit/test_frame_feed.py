@@ -1,0 +1,340 @@
+"""The frame feed's pure parts: deliveries read from frame bytes, acks encoded by hand,
+the framing's delivery path and write flow control (no network).
+
+Its real-broker counterpart is tests/integration/test_frame_feed.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import body, commands, decode, encode, frame, header
+
+from delayq.aio._deliveries import (
+    ack_frame,
+    content_header,
+    deliver_fields,
+    field_table,
+    nack_frame,
+)
+from delayq.aio._framefeed import FrameDelivery, _Consuming
+from delayq.aio._wire import CONSUME_CHANNEL, Wire, WireClosed
+from delayq.consume.delivery import Delivery
+
+# Field-table values of every type pamqp encodes (its own encoder picks the type).
+_scalars = st.one_of(
+    st.text(max_size=30),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.booleans(),
+    st.floats(width=32, allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.decimals(places=2, min_value=-1000, max_value=1000, allow_nan=False),
+    st.datetimes(
+        min_value=datetime.datetime(2000, 1, 1), max_value=datetime.datetime(2100, 1, 1)
+    ).map(lambda d: d.replace(microsecond=0, tzinfo=datetime.UTC)),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=20), _values, max_size=8))
+def test_a_field_table_reads_as_pamqp_reads_it(table: dict[str, Any]) -> None:
+    raw = b"pad" + encode.field_table(table) + b"tail"
+    consumed, expected = decode.field_table(raw[3:])
+    got, end = field_table(raw, 3)
+    assert got == expected
+    assert end == 3 + consumed
+
+
+def test_every_field_type_pamqp_knows_reads_the_same() -> None:
+    """Types pamqp's encoder never picks (unsigned, 8/16-bit, 'f', 'x', 'V') from raw bytes."""
+    items = [
+        (b"b", b"\xff"),
+        (b"B", b"\xff"),
+        (b"s", b"\xff\xfe"),
+        (b"u", b"\xff\xfe"),
+        (b"I", b"\xff\xff\xff\xfe"),
+        (b"i", b"\xff\xff\xff\xfe"),
+        (b"l", b"\xff" * 8),
+        (b"L", b"\xff" * 8),
+        (b"f", b"\x3f\xc0\x00\x00"),
+        (b"d", b"\x3f\xf8" + b"\x00" * 6),
+        (b"D", b"\x02\x00\x00\x01\x00"),
+        (b"T", b"\x00\x00\x00\x00\x65\x00\x00\x00"),
+        (b"x", b"\x00\x00\x00\x03abc"),
+        (b"V", b""),
+        (b"t", b"\x02"),
+        (b"S", b"\x00\x00\x00\x02\xff\xfe"),  # not UTF-8: bytes, as pamqp gives
+        (b"A", b"\x00\x00\x00\x04t\x01V\x00"[:8]),
+    ]
+    content = b"".join(bytes((len(k),)) + k + kind + value for k, (kind, value) in _named(items))
+    raw = len(content).to_bytes(4, "big") + content
+    assert field_table(raw, 0) == (decode.field_table(raw)[1], len(raw))
+
+
+def _named(items: list[tuple[bytes, bytes]]) -> list[tuple[bytes, tuple[bytes, bytes]]]:
+    return [(b"k%d" % n, item) for n, item in enumerate(items)]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x00\x00\x00\x10\x01a",  # the table runs past the frame
+        b"\x00\x00\x00\x03\x05abc",  # a key runs past the table
+        b"\x00\x00\x00\x03\x01aZ",  # no such type
+        b"\x00\x00\x00\x04\x01aS\x00",  # a string's length cut short
+    ],
+)
+def test_a_malformed_field_table_is_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        field_table(raw, 0)
+
+
+def _payload(value: Any) -> bytes:
+    """A frame's payload (what the framing hands a reader)."""
+    return frame.marshal(value, 3)[7:-1]
+
+
+@given(
+    tag=st.integers(min_value=1, max_value=2**63 - 1),
+    redelivered=st.booleans(),
+    exchange=st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True),
+    routing_key=st.text(max_size=60),
+    consumer_tag=st.text(min_size=1, max_size=40),
+)
+def test_deliver_fields_read_as_pamqp(
+    tag: int, redelivered: bool, exchange: str, routing_key: str, consumer_tag: str
+) -> None:
+    if max(len(s.encode()) for s in (exchange, routing_key, consumer_tag)) > 255:
+        return
+    method = commands.Basic.Deliver(consumer_tag, tag, redelivered, exchange, routing_key)
+    assert deliver_fields(_payload(method)) == (tag, redelivered, routing_key)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(min_value=0, max_value=2**40),
+    props=st.fixed_dictionaries(
+        {},
+        optional={
+            "content_type": st.text(max_size=30),
+            "content_encoding": st.text(max_size=10),
+            "headers": st.dictionaries(st.text(max_size=10), _values, max_size=5),
+            "delivery_mode": st.integers(1, 2),
+            "priority": st.integers(0, 9),
+            "correlation_id": st.text(max_size=20),
+            "reply_to": st.text(max_size=20),
+            "expiration": st.integers(0, 10**6).map(str),
+            "message_id": st.text(max_size=60),
+            "timestamp": st.datetimes(
+                min_value=datetime.datetime(2000, 1, 1), max_value=datetime.datetime(2100, 1, 1)
+            ).map(lambda d: d.replace(microsecond=0, tzinfo=datetime.UTC)),
+            "message_type": st.text(max_size=10),
+            "user_id": st.text(max_size=10),
+            "app_id": st.text(max_size=10),
+        },
+    ),
+)
+def test_a_content_header_reads_as_pamqp(size: int, props: dict[str, Any]) -> None:
+    properties = commands.Basic.Properties(**props)
+    raw = _payload(header.ContentHeader(0, size, properties))
+    parsed = frame.unmarshal(frame.marshal(header.ContentHeader(0, size, properties), 3))[2]
+    want = parsed.properties
+    assert content_header(raw) == (size, want.content_type, want.headers or {}, want.message_id)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 13, 16])
+def test_truncated_deliveries_and_headers_are_value_errors(cut: int) -> None:
+    props = commands.Basic.Properties(content_type="a/b", message_id="m" * 10, headers={"k": 1})
+    raw = _payload(header.ContentHeader(0, 5, props))
+    with pytest.raises(ValueError):
+        content_header(raw[:cut])
+    deliver = _payload(commands.Basic.Deliver("ctag", 7, False, "ex", "rk.long.key"))
+    with pytest.raises(ValueError):
+        deliver_fields(deliver[:cut] if cut < 16 else deliver[:-3])
+
+
+@pytest.mark.parametrize("multiple", [False, True])
+@pytest.mark.parametrize("requeue", [False, True])
+def test_acks_and_nacks_are_the_frames_pamqp_encodes(multiple: bool, requeue: bool) -> None:
+    tag = 2**40 + 3
+    assert ack_frame(5, tag, multiple) == frame.marshal(commands.Basic.Ack(tag, multiple), 5)
+    assert nack_frame(5, tag, multiple, requeue) == frame.marshal(
+        commands.Basic.Nack(tag, multiple, requeue), 5
+    )
+
+
+# The framing, fed bytes by hand -----------------------------------------------------------
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Feed:
+    """What a consuming channel's reader reports to (the FrameFeed's side)."""
+
+    def __init__(self) -> None:
+        self.lost: list[Exception] = []
+        self.cancelled: list[str] = []
+
+    def broker_cancelled(self, reader: Any, tag: str) -> None:
+        self.cancelled.append(tag)
+
+    def channel_lost(self, reader: Any, exc: Exception) -> None:
+        self.lost.append(exc)
+
+
+def consuming() -> tuple[Wire, Transport, Feed, list[tuple[FrameDelivery, Delivery]]]:
+    wire, transport, feed = Wire(), Transport(), Feed()
+    wire.transport = transport  # type: ignore[assignment]
+    got: list[tuple[FrameDelivery, Delivery]] = []
+
+    async def on_delivery(message: Any, delivery: Delivery) -> None:
+        got.append((message, delivery))
+
+    feed.queue = "ns.q"  # type: ignore[attr-defined]
+    wire.readers[CONSUME_CHANNEL] = _Consuming(feed, wire, on_delivery)  # type: ignore[arg-type]
+    return wire, transport, feed, got
+
+
+def delivery_frames(tag: int, payload: bytes, frame_max: int = 4096, **props: Any) -> bytes:
+    out = frame.marshal(commands.Basic.Deliver("ctag", tag, tag % 2 == 0, "ex", "rk"), 3)
+    out += frame.marshal(
+        header.ContentHeader(0, len(payload), commands.Basic.Properties(**props)), 3
+    )
+    step = frame_max - 8
+    for start in range(0, len(payload), step):
+        out += frame.marshal(body.ContentBody(payload[start : start + step]), 3)
+    return out
+
+
+@pytest.mark.parametrize("split", [0, 1, 7, 100])
+def test_deliveries_are_put_together_from_frames_however_the_bytes_arrive(split: int) -> None:
+    async def scenario() -> None:
+        wire, _, feed, got = consuming()
+        payloads = [b"", b"x" * 10, bytes(range(256)) * 40]  # none, one, several body frames
+        data = b"".join(
+            delivery_frames(
+                n + 1,
+                p,
+                message_id=f"m{n}",
+                content_type="application/json",
+                headers={"n": n, "deep": {"list": [1, "a"]}},
+            )
+            for n, p in enumerate(payloads)
+        )
+        data += frame.marshal(commands.Basic.QosOk(), 3)  # not a delivery: the wire's
+        pieces = [data] if not split else [data[i : i + split] for i in range(0, len(data), split)]
+        for piece in pieces:
+            wire.data_received(piece)
+        await asyncio.sleep(0)
+        assert [d.body for _, d in got] == payloads
+        assert [m.delivery_tag for m, _ in got] == [1, 2, 3]
+        assert [d.redelivered for _, d in got] == [False, True, False]
+        assert [d.message_id for _, d in got] == ["m0", "m1", "m2"]
+        assert got[2][1].headers == {"n": 2, "deep": {"list": [1, "a"]}}
+        assert got[0][1].content_type == "application/json" and got[0][1].queue == "ns.q"
+        assert wire.closed is None and not feed.lost
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame.marshal(body.ContentBody(b"stray"), 3),  # a body outside a delivery
+        delivery_frames(1, b"abc")[:-12] + frame.marshal(body.ContentBody(b"too long!"), 3),
+        delivery_frames(1, b"abc")[:-1] + b"\x00",  # no frame end
+    ],
+    ids=["stray-body", "body-longer-than-header", "no-frame-end"],
+)
+def test_a_malformed_delivery_ends_the_connection_and_tells_the_feed(bad: bytes) -> None:
+    async def scenario() -> None:
+        wire, transport, feed, got = consuming()
+        wire.data_received(bad)
+        await asyncio.sleep(0)
+        assert not got and transport.closed
+        assert isinstance(wire.closed, WireClosed) and "unreadable frame" in str(wire.closed)
+        assert len(feed.lost) == 1 and feed.lost[0] is wire.closed
+
+    asyncio.run(scenario())
+
+
+def test_acks_go_out_in_order_and_never_on_a_closed_channel() -> None:
+    async def scenario() -> None:
+        wire, transport, feed, got = consuming()
+        wire.data_received(delivery_frames(1, b"a") + delivery_frames(2, b"b"))
+        await asyncio.sleep(0)
+        (first, _), (second, _) = got
+        await first.nack(requeue=True)
+        await second.ack(multiple=True)
+        await asyncio.sleep(0)  # written at the end of the loop turn, in one write
+        assert transport.written == nack_frame(3, 1, False, True) + ack_frame(3, 2, True)
+        wire.data_received(
+            frame.marshal(commands.Basic.Cancel("ctag"), 3)
+            + frame.marshal(commands.Channel.Close(406, "PRECONDITION_FAILED", 60, 80), 3)
+        )
+        assert feed.cancelled == ["ctag"] and "406" in str(feed.lost[0])
+        assert isinstance(frame.unmarshal(transport.written[-12:])[2], commands.Channel.CloseOk)
+        with pytest.raises(Exception, match="406"):
+            await first.ack()  # its channel is gone: the broker requeued it already
+
+    asyncio.run(scenario())
+
+
+def test_a_full_transport_holds_writers_until_it_drains_or_the_connection_goes() -> None:
+    async def scenario() -> None:
+        wire, _, _, _ = consuming()
+        await wire.drained()  # not paused: at once
+        assert wire.writable
+        wire.pause_writing()
+        assert not wire.writable
+        woken: list[str] = []
+        wire.when_writable(lambda: woken.append("callback"))
+        waiter = asyncio.ensure_future(wire.drained())
+        await asyncio.sleep(0)
+        assert not waiter.done() and not woken
+        wire.resume_writing()
+        await asyncio.wait_for(waiter, 5)
+        assert woken == ["callback"]
+
+        wire.pause_writing()
+        waiter = asyncio.ensure_future(wire.drained())
+        await asyncio.sleep(0)
+        wire.connection_lost(None)
+        with pytest.raises(WireClosed):
+            await waiter
+
+    asyncio.run(scenario())
+
+
+def test_decimal_and_timestamp_headers_keep_pamqps_types() -> None:
+    table = {"d": decimal.Decimal("1.25"), "t": datetime.datetime(2030, 1, 2, tzinfo=datetime.UTC)}
+    raw = encode.field_table(table)
+    got, _ = field_table(raw, 0)
+    assert got == decode.field_table(raw)[1]
+    assert isinstance(got["d"], decimal.Decimal) and isinstance(got["t"], datetime.datetime)
