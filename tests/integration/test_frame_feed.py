@@ -256,16 +256,19 @@ def test_the_consumer_survives_connections_closed_under_it(
         )
     connection.close()
     seen: list[int] = []
+    closers: list[threading.Thread] = []
 
     async def scenario() -> None:
         async def handler(body: Any) -> None:
             seen.append(body["n"])
             if len(seen) in (300, 1200):  # mid-stream, twice
-                threading.Thread(
+                closer = threading.Thread(
                     target=local_rabbitmq_node.ctl,
                     args=("close_all_connections", "frame feed test"),
                     kwargs={"check": False},
-                ).start()
+                )
+                closers.append(closer)
+                closer.start()
 
         consumer = AsyncConsumer(url, topo, queue, handler)
         assert isinstance(consumer.feed, FrameFeed)
@@ -274,8 +277,12 @@ def test_the_consumer_survives_connections_closed_under_it(
             await wait_for_async(
                 lambda: set(seen) == set(range(2000)), 60, lambda: f"2000 handled, {len(set(seen))}"
             )
+            # Both closes done before the test ends (the node serves the next test too).
+            await wait_for_async(lambda: not any(c.is_alive() for c in closers), 60, "the closes")
             await wait_for_async(lambda: consumer.stats.reconnects >= 1, 30, "a reconnect")
         finally:
             await consumer.stop()
+            for closer in closers:
+                closer.join()
 
     run(scenario())
