@@ -26,6 +26,7 @@ from delayq.aio._deliveries import (
 from delayq.aio._framefeed import FrameDelivery, _Consuming
 from delayq.aio._wire import CONSUME_CHANNEL, Wire, WireClosed
 from delayq.consume.delivery import Delivery
+from tests.unit.wire_fakes import Transport
 
 # Field-table values of every type pamqp encodes (its own encoder picks the type).
 _scalars = st.one_of(
@@ -177,21 +178,6 @@ def test_acks_and_nacks_are_the_frames_pamqp_encodes(multiple: bool, requeue: bo
 
 
 # The framing, fed bytes by hand -----------------------------------------------------------
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Feed:

@@ -20,6 +20,7 @@ from delayq.aio._link import aio_message
 from delayq.aio._wire import ChannelClosed, Wire, WireClosed
 from delayq.message.factory import MessageFactory
 from delayq.urls import parse_url
+from tests.unit.wire_fakes import Transport
 
 TOPO = Topology(namespace="frames", ladder=["1s", "1h"], external_bindings=["job.#"])
 FACTORY = MessageFactory(TOPO)
@@ -111,21 +112,6 @@ def test_a_closed_channel_fails_everything_unconfirmed_once() -> None:
     book.fail_all(WireClosed(0, "lost"))
     book.confirm(3, multiple=True, acked=True)  # a late ack after the loss: ignored
     assert sink.seen == [(0, True, False), (1, "WireClosed"), (2, "WireClosed")]
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def opened() -> tuple[Wire, Transport]:

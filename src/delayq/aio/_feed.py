@@ -27,6 +27,7 @@ from pamqp.commands import Basic
 
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
+from delayq.aio._subscription import Subscription
 from delayq.aio.ensure import ensure_topology
 from delayq.consume.delivery import Delivery
 from delayq.links import AsyncOnDelivery, FeedLost
@@ -62,22 +63,20 @@ class AmqpDelivery:
         )
 
 
-class AioPikaFeed:
+class AioPikaFeed(Subscription):
     """An :class:`~delayq.links.AsyncFeed` from RabbitMQ through aio-pika."""
 
     inline = False
     clock_ms: Callable[[], int] | None = None
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self._url = url
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._amqp: AmqpChannel | None = None
         """The channel's aiormq channel, which deliveries come from."""
         self._queue = ""
-        self._tag: str | None = None
-        self._subscribed = False
-        self._consuming = False  # until the broker confirmed a cancel
         self._on_delivery: AsyncOnDelivery | None = None
         self._on_lost: Callable[[BaseException], None] = lambda exc: None
 
@@ -97,10 +96,8 @@ class AioPikaFeed:
             amqp = await channel.get_underlay_channel()
             self._queue, self._on_delivery, self._on_lost = queue, on_delivery, on_lost
             self._connection, self._channel, self._amqp = connection, channel, amqp
-            self._subscribed = True
             try:
-                self._tag = await self._consume(amqp)
-                self._consuming = True
+                await self._subscribe()
             except CHANNEL_CLOSED as exc:  # e.g. may not read it (see delayq.ops.grant)
                 raise channel_error(exc) from exc
         except BaseException:
@@ -113,15 +110,22 @@ class AioPikaFeed:
         # queue losing its leader): the channel stays open but nothing arrives any more.
         amqp.on_consumer_cancel_callbacks.add(self._cancelled)
 
-    async def _consume(self, amqp: AmqpChannel) -> str:
-        """Subscribe to the queue; its consumer tag."""
-        ok = await amqp.basic_consume(self._queue, self._on_message, no_ack=False)
+    def _channel_now(self) -> object | None:
+        return self._amqp
+
+    async def _cancel(self, tag: str) -> None:
+        assert self._amqp is not None
+        await self._amqp.basic_cancel(tag)
+
+    async def _qos(self, prefetch: int) -> None:
+        assert self._channel is not None
+        await self._channel.set_qos(prefetch_count=prefetch)
+
+    async def _consume(self) -> str:
+        assert self._amqp is not None
+        ok = await self._amqp.basic_consume(self._queue, self._on_message, no_ack=False)
         assert ok.consumer_tag is not None
         return ok.consumer_tag
-
-    @property
-    def consuming(self) -> bool:
-        return self._consuming
 
     async def _on_message(self, message: DeliveredMessage) -> None:
         deliver = cast(Basic.Deliver, message.delivery)  # a consumer's delivery
@@ -143,37 +147,8 @@ class AioPikaFeed:
             self._on_lost(exc or RuntimeError("the connection closed"))
 
     def _cancelled(self, frame: Any) -> None:
-        if self._tag is not None and getattr(frame, "consumer_tag", None) == self._tag:
+        if self._is_ours(getattr(frame, "consumer_tag", None)):
             self._on_lost(RuntimeError("the broker cancelled the consumer"))
-
-    async def resubscribe(self, prefetch: int) -> None:
-        """A consumer's prefetch cannot change once it consumes, and quorum queues
-        refuse a channel-wide one: cancel, then consume again."""
-        channel, amqp, old_tag = self._channel, self._amqp, self._tag
-        if channel is None or amqp is None or old_tag is None:
-            return
-        try:
-            self._tag = None  # the cancel below is ours, not the broker's
-            await amqp.basic_cancel(old_tag)
-            await channel.set_qos(prefetch_count=prefetch)
-            if not self._subscribed or channel is not self._channel:
-                return  # unsubscribed or reopened meanwhile
-            self._tag = await self._consume(amqp)
-        except Exception as exc:
-            raise FeedLost(repr(exc)) from exc
-
-    async def unsubscribe(self) -> None:
-        self._subscribed = False
-        amqp, tag = self._amqp, self._tag
-        self._tag = None
-        if amqp is None or tag is None:
-            self._consuming = False
-            return
-        try:
-            await amqp.basic_cancel(tag)  # returns once the broker confirmed it
-        except Exception as exc:
-            log.debug("cancel failed: %r", exc)
-        self._consuming = False
 
     async def ready(self) -> int:
         channel = self._channel
@@ -188,7 +163,6 @@ class AioPikaFeed:
     async def close(self) -> None:
         connection, channel = self._connection, self._channel
         self._connection = self._channel = self._amqp = None  # what closes now is not lost
-        self._tag = None
-        self._consuming = False
+        self._forget()
         await close_quietly(channel)
         await close_quietly(connection)

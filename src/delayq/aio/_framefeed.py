@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from pamqp import commands
 
@@ -32,6 +33,7 @@ from delayq.aio._connection import close_quietly, connect
 from delayq.aio._deliveries import ack_frame, content_header, deliver_fields, nack_frame
 from delayq.aio._framebatch import channel_error
 from delayq.aio._framelink import open_wire
+from delayq.aio._subscription import Subscription
 from delayq.aio._wire import CONSUME_CHANNEL, ChannelClosed, Wire, WireClosed
 from delayq.aio.ensure import ensure_topology
 from delayq.consume.delivery import Delivery
@@ -133,20 +135,22 @@ class _Consuming:
         self.feed.channel_lost(self, exc)
 
 
-class FrameFeed:
+class FrameFeed(Subscription):
     """An :class:`~delayq.links.AsyncFeed` from RabbitMQ on delayq's own AMQP client."""
 
     inline = False
     clock_ms: Callable[[], int] | None = None
 
+    _lost_errors = (WireClosed, ChannelClosed)
+
     def __init__(self, url: str) -> None:
+        super().__init__()
         self._url = url
         self.queue = ""
         self._wire: Wire | None = None
         self._reader: _Consuming | None = None
-        self._tag: str | None = None
-        self._subscribed = False
-        self._consuming = False  # until the broker confirmed a cancel
+        self._live = False
+        """Opened and not closed since: only then is a lost channel reported."""
         self._on_lost: Callable[[BaseException], None] = lambda exc: None
 
     def __repr__(self) -> str:
@@ -172,10 +176,10 @@ class FrameFeed:
         try:
             await wire.open_channel(CONSUME_CHANNEL)
             wire.readers[CONSUME_CHANNEL] = reader
-            self._wire, self._reader, self._subscribed = wire, reader, True
-            await self._qos(wire, prefetch)
-            self._tag = await self._consume(wire)
-            self._consuming = True
+            self._wire, self._reader = wire, reader
+            await self._qos(prefetch)
+            await self._subscribe()
+            self._live = True
         except BaseException as exc:
             self._wire = self._reader = None
             wire.abort()
@@ -187,64 +191,32 @@ class FrameFeed:
                 ) from exc
             raise
 
-    async def _qos(self, wire: Wire, prefetch: int) -> None:
-        await wire.call(
-            CONSUME_CHANNEL, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk
-        )
+    def _channel_now(self) -> object | None:
+        return self._reader
 
-    async def _consume(self, wire: Wire) -> str:
-        """Subscribe to the queue; its consumer tag."""
-        ok = await wire.call(
-            CONSUME_CHANNEL, commands.Basic.Consume(queue=self.queue), commands.Basic.ConsumeOk
-        )
+    async def _cancel(self, tag: str) -> None:
+        await self._call(commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk)
+
+    async def _qos(self, prefetch: int) -> None:
+        await self._call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+
+    async def _consume(self) -> str:
+        ok = await self._call(commands.Basic.Consume(queue=self.queue), commands.Basic.ConsumeOk)
         return str(ok.consumer_tag)
 
-    async def _cancel(self, wire: Wire, tag: str) -> None:
-        """Cancel the consumer ``tag``; returns once the broker confirmed it."""
-        await wire.call(
-            CONSUME_CHANNEL, commands.Basic.Cancel(consumer_tag=tag), commands.Basic.CancelOk
-        )
-
-    @property
-    def consuming(self) -> bool:
-        return self._consuming
+    async def _call(self, method: Any, reply: type) -> Any:
+        wire = self._wire
+        if wire is None:
+            raise WireClosed(0, "the feed is closed")
+        return await wire.call(CONSUME_CHANNEL, method, reply)
 
     def broker_cancelled(self, reader: _Consuming, consumer_tag: str) -> None:
-        if reader is self._reader and self._tag is not None and consumer_tag == self._tag:
+        if self._live and reader is self._reader and self._is_ours(consumer_tag):
             self._on_lost(RuntimeError("the broker cancelled the consumer"))
 
     def channel_lost(self, reader: _Consuming, exc: Exception) -> None:
-        if reader is self._reader:  # not one this feed closed itself
+        if self._live and reader is self._reader:  # not one this feed closed itself
             self._on_lost(exc)
-
-    async def resubscribe(self, prefetch: int) -> None:
-        """A consumer's prefetch cannot change once it consumes, and quorum queues
-        refuse a channel-wide one: cancel, then consume again."""
-        wire, reader, old_tag = self._wire, self._reader, self._tag
-        if wire is None or old_tag is None:
-            return
-        try:
-            self._tag = None  # the cancel below is ours, not the broker's
-            await self._cancel(wire, old_tag)
-            await self._qos(wire, prefetch)
-            if not self._subscribed or reader is not self._reader:
-                return  # unsubscribed or reopened meanwhile
-            self._tag = await self._consume(wire)
-        except (WireClosed, ChannelClosed) as exc:
-            raise FeedLost(repr(exc)) from exc
-
-    async def unsubscribe(self) -> None:
-        self._subscribed = False
-        wire, tag = self._wire, self._tag
-        self._tag = None
-        if wire is None or tag is None:
-            self._consuming = False
-            return
-        try:  # returns once the broker confirmed it: nothing more is delivered
-            await self._cancel(wire, tag)
-        except (WireClosed, ChannelClosed) as exc:
-            log.debug("cancel failed: %r", exc)
-        self._consuming = False
 
     async def ready(self) -> int:
         wire = self._wire
@@ -258,7 +230,7 @@ class FrameFeed:
     async def close(self) -> None:
         wire = self._wire
         self._wire = self._reader = None  # what closes now is not lost
-        self._tag = None
-        self._consuming = False
+        self._live = False
+        self._forget()
         if wire is not None:
             await wire.close()
