@@ -12,7 +12,8 @@ written once per loop turn.
 
 What it keeps from the aio-pika feed (:mod:`delayq.aio._feed`, still there for
 ``feed=AioPikaFeed(url)``): the topology is applied (or checked, for a user who
-may not declare) through aio-pika at every opening; each delivery is handed over
+may not declare) through aio-pika at every opening, on the node the feed consumes
+from (a multi-host URL's hosts are tried in turn); each delivery is handed over
 in a task of its own with a :class:`FrameDelivery` that settles it; a connection
 or channel that closes under the feed, or a consumer the broker cancels (its
 queue went away, a quorum queue lost its leader), is reported once through
@@ -165,15 +166,17 @@ class FrameFeed(Subscription):
         on_lost: Callable[[BaseException], None],
     ) -> None:
         name = f"delayq-consumer {queue}"
-        admin = await connect(self._url, name=name)
-        try:
-            await ensure_topology(topology, admin)  # or check it, if refused
-        finally:
-            await close_quietly(admin)
         wire = await open_wire(self._url, attempts=3, name=name, publish=False)
         self.queue, self._on_lost = queue, on_lost
         reader = _Consuming(self, wire, on_delivery)
         try:
+            # Declared through the node it consumes from (of a multi-host URL's), so the
+            # queues a first start declares are led where their consumer is.
+            admin = await connect(wire.url or self._url, name=name)
+            try:
+                await ensure_topology(topology, admin)  # or check it, if refused
+            finally:
+                await close_quietly(admin)
             await wire.open_channel(CONSUME_CHANNEL)
             wire.readers[CONSUME_CHANNEL] = reader
             self._wire, self._reader = wire, reader

@@ -73,7 +73,8 @@ async def open_wire(
 ) -> Wire:
     """A connection to the first host of ``url`` that takes one, ``attempts`` rounds over
     them; refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`).
-    Without ``publish``, it has no publish channel (a consumer's)."""
+    Without ``publish``, it has no publish channel (a consumer's). ``wire.url`` is the
+    single-host URL it connected to."""
     broker = parse_url(url)
     last: BaseException | None = None
     for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s):
@@ -81,7 +82,9 @@ async def open_wire(
             await asyncio.sleep(pause_s)
         broker = parse_url(one)
         try:
-            return await Wire.open(endpoint_of(broker, name), CONNECT_TIMEOUT_S, publish=publish)
+            wire = await Wire.open(endpoint_of(broker, name), CONNECT_TIMEOUT_S, publish=publish)
+            wire.url = one
+            return wire
         except WireClosed as exc:
             if exc.reply_code == 403:
                 raise ConnectionFailed(

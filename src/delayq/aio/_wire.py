@@ -76,6 +76,8 @@ class Wire(Framing):
     def __init__(self) -> None:
         super().__init__()
         self.frame_max = constants.FRAME_MAX_SIZE
+        self.url = ""
+        """The single-host URL this connection went to (set by whoever opened it)."""
         self.blocked = False
         self.on_close: list[Callable[[Exception], None]] = []
         self.publishing: ChannelClosed | None = None
