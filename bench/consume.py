@@ -49,7 +49,7 @@ starts; stopping happens after it stops.
 Every mode runs ``--rounds`` times, in reverse order every other round, and
 the table shows the median per mode. Besides msg/s, the report shows the
 client's CPU time per message (this process's ``time.process_time``, all
-threads: SQLite calls run in asyncio's default thread pool): it moves much
+threads: the store's calls run in a thread of its own): it moves much
 less than wall-clock time on a busy machine and is what the framework itself
 adds. The broker runs on the same machine when it is a local node, so on a
 machine with few CPUs client and broker compete; look at the per-round figures

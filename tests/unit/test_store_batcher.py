@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from delayq.aio._store import StoreBatcher
+from delayq.aio._store import GATHER_TURNS, StoreBatcher
 from delayq.errors import StoreError
 from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp
 from delayq.stores.memory import InMemoryStore
@@ -243,3 +244,111 @@ def test_an_in_memory_store_is_answered_at_once_even_through_answer():
         ]
 
     assert asyncio.run(main()) == [ClaimStatus.CLAIMED, None, ClaimStatus.DONE]
+
+
+# --- gathering over busy loop turns; the store's thread ----------------------------------------
+
+
+async def claim_after_turns(batcher: StoreBatcher, key: str, turns: int) -> ClaimStatus:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    return await batcher.claim(key, lease_ms=LEASE, now_ms=0)
+
+
+def test_calls_arriving_in_consecutive_turns_wait_for_one_another(tmp_path):
+    """Deliveries arriving a few per loop turn (a busy consumer) share one commit: the
+    batch waits while each turn adds to it."""
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> list[ClaimStatus]:
+        turns = (0, 0, 1, 2)  # two calls in the first turn, then one a turn
+        calls = (claim_after_turns(batcher, f"k{n}", t) for n, t in enumerate(turns))
+        return await asyncio.gather(*calls)
+
+    assert asyncio.run(main()) == [ClaimStatus.CLAIMED] * 4
+    assert store.batches == [4]
+    batcher.close()
+    store.close()
+
+
+def test_a_batch_waits_at_most_gather_turns(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> None:
+        turns = (0, *range(GATHER_TURNS + 3))  # calls in every turn, for longer
+        await asyncio.gather(*(claim_after_turns(batcher, f"k{n}", t) for n, t in enumerate(turns)))
+
+    asyncio.run(main())
+    assert store.batches[0] == 2 + GATHER_TURNS
+    assert sum(store.batches) == GATHER_TURNS + 4
+    batcher.close()
+    store.close()
+
+
+def test_a_lone_call_goes_on_the_next_turn(tmp_path):
+    """An idle loop waits for nothing: a call made alone is sent on the next loop turn."""
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+
+    async def main() -> ClaimStatus:
+        claim = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
+        await asyncio.sleep(0)  # the claim is queued
+        await asyncio.sleep(0)  # the next turn sends it
+        assert batcher.batches == 1
+        return await claim
+
+    assert asyncio.run(main()) is ClaimStatus.CLAIMED
+    batcher.close()
+    store.close()
+
+
+def test_the_store_thread_ends_on_close_and_a_new_one_serves_after(tmp_path):
+    store = CountingSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+    assert asyncio.run(batcher.claim("a", lease_ms=LEASE, now_ms=0)) is ClaimStatus.CLAIMED
+    thread = batcher._thread
+    assert thread is not None
+    batcher.close()
+    assert not thread._thread.is_alive()
+    assert asyncio.run(batcher.prune(older_than_ms=LEASE + 1)) == 1  # in a new thread
+    batcher.close()
+    store.close()
+
+
+class BlockedSQLite(CountingSQLite):
+    """A store whose batch runs until the test lets it finish."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.entered, self.go_on = threading.Event(), threading.Event()
+
+    def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
+        self.entered.set()
+        assert self.go_on.wait(10), "the test never let the batch finish"
+        return super().run_batch(ops)
+
+
+def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly(tmp_path):
+    """The loop ends (``asyncio.run`` returns) while a batch is in the store: its answer
+    has nowhere to go; the thread drops it, reports nothing, and ends on close."""
+    store = BlockedSQLite(tmp_path / "keys.db")
+    batcher = StoreBatcher(store)
+    failures: list[threading.ExceptHookArgs] = []
+    hook, threading.excepthook = threading.excepthook, failures.append
+
+    async def main() -> None:
+        stranded = asyncio.ensure_future(batcher.claim("k", lease_ms=LEASE, now_ms=0))
+        await asyncio.to_thread(store.entered.wait, 10)
+        assert not stranded.done()  # asyncio.run cancels it on the way out
+
+    try:
+        asyncio.run(main())
+        store.go_on.set()
+        batcher.close()  # joins the thread: it finished the batch and ended
+    finally:
+        threading.excepthook = hook
+    assert failures == []
+    assert store.batches == [1]
+    store.close()

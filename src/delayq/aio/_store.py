@@ -13,7 +13,9 @@ before its key is recorded.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from delayq.errors import StoreError
@@ -32,6 +34,10 @@ from delayq.stores.base import (
 __all__ = ["StoreBatcher"]
 
 MAX_BATCH = 500
+GATHER_OPS = 64
+"""A batch smaller than this waits for the next loop turn while turns keep adding to it."""
+GATHER_TURNS = 4
+"""At most this many loop turns of waiting (a turn of an idle loop costs microseconds)."""
 
 
 class StoreBatcher:
@@ -40,10 +46,12 @@ class StoreBatcher:
     def __init__(self, store: IdempotencyStore) -> None:
         self.store = store
         self._blocking = bool(store.blocking)
-        self._executor_: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread: _StoreThread | None = None
         self._pending: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]] = []
         self._scheduled = False
         self._running = False
+        self._seen = 0  # ops pending when the batch was last looked at
+        self._waited = 0  # loop turns the next batch waited so far
         self.batches = 0
         """Batches sent to the store: with :attr:`ops`, how well its calls batch."""
         self.ops = 0
@@ -93,16 +101,19 @@ class StoreBatcher:
 
         One coroutine per step, awaiting the batch's future itself (this runs twice per
         delivery with a store that does I/O); a claim is given back as :meth:`_claimed`
-        says.
+        says (its code is repeated here: a coroutine less per delivery).
         """
         if not self._blocking:
             return self.answer_now(op)
+        answered = self._enqueue(op)
         try:
-            if type(op) is Claim:
-                return await self._claimed(op)
-            return await self._enqueue(op)
+            return await answered
         except StoreError as exc:
             return exc
+        except asyncio.CancelledError:
+            if type(op) is Claim and answered.done() and not answered.cancelled():
+                self._give_back(op.key, answered)
+            raise
 
     async def complete(self, key: str, *, now_ms: int) -> None:
         await self._submit(Complete(key, now_ms))
@@ -110,24 +121,32 @@ class StoreBatcher:
     async def release(self, key: str) -> None:
         await self._submit(Release(key))
 
-    @property
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The one thread all I/O goes through (made again after :meth:`close`)."""
-        if self._executor_ is None:
-            self._executor_ = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="delayq-store"
-            )
-        return self._executor_
+    def _in_thread(
+        self, call: Callable[[], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> None:
+        """``call()`` in the store's one thread (made again after :meth:`close`), then
+        ``done(result, error)`` in the running loop."""
+        if self._thread is None:
+            self._thread = _StoreThread()
+        self._thread.put(call, asyncio.get_running_loop(), done)
 
     async def prune(self, *, older_than_ms: int) -> int:
         """Run in the store's thread, between batches."""
         try:
             if not self._blocking:
                 return self.store.prune(older_than_ms=older_than_ms)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, lambda: self.store.prune(older_than_ms=older_than_ms)
-            )
+            pruned: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+            def done(result: Any, error: BaseException | None) -> None:
+                if pruned.done():
+                    return
+                if error is not None:
+                    pruned.set_exception(error)
+                else:
+                    pruned.set_result(result)
+
+            self._in_thread(lambda: self.store.prune(older_than_ms=older_than_ms), done)
+            return await pruned
         except Exception as exc:
             raise store_error(self.store, exc) from exc
 
@@ -149,6 +168,7 @@ class StoreBatcher:
         self._pending.append((op, future))
         if not self._scheduled and not self._running:
             self._scheduled = True
+            self._seen, self._waited = len(self._pending), 0
             loop.call_soon(self._flush)
         return future
 
@@ -159,34 +179,40 @@ class StoreBatcher:
             self._enqueue(Release(key))
 
     def _flush(self) -> None:
+        """Send the pending operations, unless the last loop turn added to them: a busy
+        loop (deliveries arriving each turn) then gathers a few turns' worth first, up
+        to :data:`GATHER_OPS` or :data:`GATHER_TURNS`. A commit and a thread hop per
+        batch cost more than its rows; a loop with nothing else to do sends at once."""
         self._scheduled = False
         if self._running or not self._pending:
+            return
+        pending = len(self._pending)
+        if self._seen < pending < GATHER_OPS and self._waited < GATHER_TURNS:
+            self._seen = pending
+            self._waited += 1
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
             return
         batch = self._pending[:MAX_BATCH]
         del self._pending[:MAX_BATCH]
         self._running = True
-        loop = asyncio.get_running_loop()
         ops = [op for op, _ in batch]
         self.batches += 1
         self.ops += len(ops)
-        done = loop.run_in_executor(self._executor, run_ops, self.store, ops)
-        done.add_done_callback(lambda f: self._settle(batch, f))
+        store = self.store
+        self._in_thread(
+            lambda: run_ops(store, ops),
+            lambda results, error: self._settle(batch, results, error),
+        )
 
     def _settle(
         self,
         batch: list[tuple[StoreOp, asyncio.Future[ClaimStatus | None]]],
-        done: asyncio.Future[list[ClaimStatus | None]],
+        results: list[ClaimStatus | None],
+        error: BaseException | None,
     ) -> None:
         self._running = False
         loop = asyncio.get_running_loop()
-        error: BaseException | None = None
-        results: list[Any] = []
-        if done.cancelled():
-            error = StoreError(f"idempotency store {self.store!r}: the batch was cancelled")
-        elif done.exception() is not None:
-            error = done.exception()
-        else:
-            results = done.result()
         for index, (op, future) in enumerate(batch):
             if future.done():  # cancelled: nobody waits for it
                 if error is None and type(op) is Claim and results[index] is ClaimStatus.CLAIMED:
@@ -199,9 +225,58 @@ class StoreBatcher:
             else:
                 future.set_result(results[index])
         if self._pending:
+            self._seen, self._waited = 0, 0
             self._flush()
 
     def close(self) -> None:
-        if self._executor_ is not None:
-            self._executor_.shutdown(wait=True)
-            self._executor_ = None
+        """Let the store's thread finish what it was given, then end it."""
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+
+class _StoreThread:
+    """One thread that runs calls in order and hands each result to its loop.
+
+    Lighter than an executor's: no ``concurrent.futures.Future`` and no chained asyncio
+    future per call, one ``call_soon_threadsafe`` back (the hop is paid per batch, and
+    the Python it runs holds the GIL the loop needs).
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="delayq-store", daemon=True)
+        self._thread.start()
+
+    def put(
+        self,
+        call: Callable[[], Any],
+        loop: asyncio.AbstractEventLoop,
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        self._calls.put((call, loop, done))
+
+    def stop(self) -> None:
+        self._calls.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, loop, done = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = call()
+            except BaseException as exc:  # handed to the loop, like an executor's
+                error = exc
+            try:
+                loop.call_soon_threadsafe(done, result, error)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+            del call, done, item, result, error
+
+
+_Call = tuple[
+    Callable[[], Any], asyncio.AbstractEventLoop, Callable[[Any, BaseException | None], None]
+]

@@ -84,6 +84,7 @@ class SQLiteStore:
             timeout=self._busy_timeout_s,
             isolation_level=None,  # explicit transactions only
             check_same_thread=False,
+            cached_statements=_STATEMENTS,
         )
         db.execute("PRAGMA synchronous=NORMAL")
         self._connections.append(db)
@@ -189,6 +190,9 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35)
 """Whether this SQLite has ``RETURNING`` (the grouped batch needs it)."""
 _ROWS = 300
 """Rows per grouped statement: under the 999 variables of SQLite before 3.32."""
+_STATEMENTS = 256
+"""Prepared statements a connection keeps: the 4 grouped kinds in each of their 29
+sizes (see :func:`_padded`), the rest, and room to spare (the default is 128)."""
 
 
 def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus | None] | None:
@@ -250,8 +254,24 @@ def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus
 
 
 def _chunks(items: list[_T]) -> Iterator[list[_T]]:
+    """``items`` by :data:`_ROWS`, each chunk padded to a size of :func:`_padded` with
+    copies of its last item: a statement's text depends on its number of rows, and the
+    module's statement cache (by text) then holds every size there is. A repeated row
+    changes nothing: a claim's copy finds the row its original just leased (a lease
+    of 0 leases it again, to the same values), a completion's sets the same time, and
+    ``IN`` takes a key once."""
     for start in range(0, len(items), _ROWS):
-        yield items[start : start + _ROWS]
+        chunk = items[start : start + _ROWS]
+        yield chunk + chunk[-1:] * (_padded(len(chunk)) - len(chunk))
+
+
+def _padded(rows: int) -> int:
+    """The statement size for ``rows`` rows: exact to 8, then in steps of an eighth of
+    the next power of two (at most a quarter more rows; 29 sizes up to 300)."""
+    if rows <= 8:
+        return rows
+    step = 1 << (rows - 1).bit_length() - 3
+    return min(-(-rows // step) * step, _ROWS)
 
 
 def _sqlite_apply(db: sqlite3.Connection, op: StoreOp) -> ClaimStatus | None:
