@@ -60,7 +60,7 @@ from delayq.errors import (
     UnboundRoutingKey,
     Unroutable,
 )
-from delayq.message.cancel import CancelReceipt
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt
 from delayq.message.envelope import Message, Receipt
 from delayq.message.inflight import InFlightLimit
 from delayq.message.limits import MessageLimits
@@ -157,6 +157,7 @@ __all__ = [
     "RecordsLost",
     "RedisStore",
     "Reject",
+    "RescheduleReceipt",
     "Retry",
     "RetryPolicy",
     "RowsRejected",

@@ -17,7 +17,17 @@ from delayq.aio._admission import Admission
 from delayq.errors import DelayqError, PublishBatchError, PublishError
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
 from delayq.message import outcomes
-from delayq.message.cancel import CancelReceipt, one_of, plan_cancels, store_for_cancels
+from delayq.message.cancel import (
+    CancelReceipt,
+    Generations,
+    RescheduleReceipt,
+    new_copy_id,
+    one_of,
+    plan_cancels,
+    reschedule_plan,
+    stamped,
+    store_for_cancels,
+)
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default, size_of
@@ -91,6 +101,7 @@ class AsyncPublisher:
         if clock_ms is epoch_ms and link.clock_ms is not None:
             clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
         self._clock_ms = clock_ms
+        self._generations = Generations()
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
         )
@@ -246,3 +257,58 @@ class AsyncPublisher:
         else:
             answers = run_cancels(store, plan.ops)
         return plan.receipts(answers)
+
+    async def reschedule(
+        self,
+        body: object,
+        routing_key: str,
+        delay: object,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        queues: Iterable[str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+        headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
+        generation: int | None = None,
+    ) -> RescheduleReceipt:
+        """Move a scheduled message to ``delay`` from now: its older copies are cancelled
+        and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
+        back) is published, so exactly one copy is handled, also when the new time is
+        earlier. Nothing is published when no queue took the mark (the receipt's
+        ``marks`` says why). If the publish fails after the marks, the older copies stay
+        cancelled: reschedule again. ``generation`` defaults to this publisher's clock
+        (kept increasing). See ``docs/concepts/cancel.md``.
+        """
+        store = store_for_cancels(self.store)
+        one_of(message_id, key)
+        message = self._factory.build(
+            body,
+            routing_key,
+            delay,
+            message_id=new_copy_id(self.topology, message_id, key),
+            headers=headers,
+            strategy=strategy,
+        )
+        now_ms = self._clock_ms()
+        chosen = self._generations.next(now_ms, generation)
+        plan = reschedule_plan(
+            self.topology,
+            message,
+            now_ms=now_ms,
+            generation=chosen,
+            message_id=message_id,
+            key=key,
+            queues=queues,
+            key_scope=key_scope,
+        )
+        answers = (
+            await asyncio.to_thread(run_cancels, store, plan.ops)
+            if getattr(store, "blocking", True)
+            else run_cancels(store, plan.ops)
+        )
+        marks = plan.receipts(answers)[0]
+        if not any(status.marked for status in marks.queues.values()):
+            return RescheduleReceipt(marks, chosen, None)
+        sent = await self._send(stamped(message, chosen))
+        return RescheduleReceipt(marks, chosen, sent.receipt)

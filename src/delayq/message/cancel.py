@@ -17,12 +17,20 @@ one batch, and read the answers back into :class:`CancelReceipt` objects.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from delayq.errors import InvalidInput
 from delayq.message.bulk import key_message_id
-from delayq.stores.base import Cancel, CancellingStore, CancelStatus
+from delayq.message.envelope import H_GENERATION, OutgoingMessage, Receipt
+from delayq.stores.base import (
+    CANCELLED_GENERATION,
+    Cancel,
+    CancellingStore,
+    CancelStatus,
+    check_generation,
+)
 from delayq.stores.key_scope import KeyScope, scoped_key
 from delayq.topology.model import Topology
 from delayq.topology.topic import topic_matches
@@ -31,8 +39,13 @@ __all__ = [
     "SHARED_QUEUE",
     "CancelPlan",
     "CancelReceipt",
+    "Generations",
+    "RescheduleReceipt",
+    "new_copy_id",
     "one_of",
     "plan_cancels",
+    "reschedule_plan",
+    "stamped",
     "store_for_cancels",
     "summarise",
     "target_queues",
@@ -146,10 +159,14 @@ def plan_cancels(
     routing_key: str | None = None,
     queues: Iterable[str] | None = None,
     key_scope: KeyScope | str = KeyScope.QUEUE,
+    generation: int = CANCELLED_GENERATION,
 ) -> CancelPlan:
     """The marks that cancel ``message_ids`` (for consumers keyed by message id) or
     ``keys`` (business keys: for consumers with a ``key=`` function, and for messages
-    scheduled in bulk, whose id derives from the key), exactly one of the two given."""
+    scheduled in bulk, whose id derives from the key), exactly one of the two given.
+    With a ``generation`` below :data:`~delayq.stores.base.CANCELLED_GENERATION`, the
+    marks are a reschedule's: copies below it are cancelled."""
+    check_generation(generation, cancel=True)
     ids, business = _names(message_ids, "message_ids"), _names(keys, "keys")
     if (message_ids is None) == (keys is None):
         raise InvalidInput("give either message_ids or keys (not both, not neither)")
@@ -172,7 +189,7 @@ def plan_cancels(
             identities = [key, key_message_id(topology.namespace, key)]
         for queue in targets:
             for identity in identities:
-                ops.append(Cancel(scoped_key(identity, queue, scope), now_ms))
+                ops.append(Cancel(scoped_key(identity, queue, scope), now_ms, generation))
                 slots.append((index, queue))
     return CancelPlan(ops, slots, requests)
 
@@ -200,3 +217,76 @@ def store_for_cancels(store: object) -> CancellingStore:
             "delayq's stores (InMemoryStore, SQLiteStore, RedisStore, PostgresStore)"
         )
     return store
+
+
+@dataclass(frozen=True)
+class RescheduleReceipt:
+    """What a reschedule did: the older copies' answers queue by queue (``marks``), the
+    new copy's ``generation``, and its publish ``receipt`` (``None``: not published, as
+    no queue took the mark: already handled, in progress, cancelled, or outdated)."""
+
+    marks: CancelReceipt
+    generation: int
+    receipt: Receipt | None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the new copy was published: in the queues whose mark took
+        (``marks.queues`` says ``cancelled`` or ``unknown``) it is the one handled."""
+        return self.receipt is not None
+
+
+class Generations:
+    """A publisher's reschedule generations: its clock in ms, kept increasing (two
+    reschedules in one ms get two generations). Publishers on several hosts order
+    their reschedules by their clocks; the loser of a race is told ``outdated``."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self, now_ms: int, given: int | None = None) -> int:
+        """``given`` (checked), else the next generation at ``now_ms``."""
+        if given is not None:
+            return check_generation(given)
+        with self._lock:
+            self._last = max(int(now_ms), self._last + 1)
+            return check_generation(self._last)
+
+
+def stamped(message: OutgoingMessage, generation: int) -> OutgoingMessage:
+    """``message`` carrying ``generation`` (:data:`~delayq.message.envelope.H_GENERATION`)."""
+    message.headers[H_GENERATION] = generation
+    return message
+
+
+def reschedule_plan(
+    topology: Topology,
+    message: OutgoingMessage,
+    *,
+    now_ms: int,
+    generation: int,
+    message_id: str | None,
+    key: str | None,
+    queues: Iterable[str] | None,
+    key_scope: KeyScope | str,
+) -> CancelPlan:
+    """The marks of a reschedule of ``message`` (built, not yet sent) to ``generation``."""
+    return plan_cancels(
+        topology,
+        now_ms=now_ms,
+        routing_key=message.receipt.routing_key,
+        queues=queues,
+        key_scope=key_scope,
+        generation=generation,
+        **one_of(message_id, key),
+    )
+
+
+def new_copy_id(topology: Topology, message_id: str | None, key: str | None) -> str:
+    """The new copy's message id: the one asked for, or the id bulk scheduling derives
+    from the business key (consumers keyed by id then meet the same key)."""
+    if message_id is not None:
+        return message_id
+    assert key is not None
+    return key_message_id(topology.namespace, key)
