@@ -375,3 +375,13 @@ def test_sqlite_adds_the_cancellation_columns_to_an_older_file(tmp_path):
     again = SQLiteStore(path)  # opening it again finds the columns there
     assert again.claim("new", lease_ms=LEASE, now_ms=12) is CANCELLED
     again.close()
+
+
+def test_a_failing_store_raises_store_error_with_the_cause():
+    class Broken(InMemoryStore):
+        def cancel_batch(self, ops: Any) -> list[CancelStatus]:
+            raise OSError("disk on fire")
+
+    with pytest.raises(StoreError, match="disk on fire") as caught:
+        run_cancels(Broken(), [Cancel("k", 0)])
+    assert isinstance(caught.value.__cause__, OSError)
