@@ -60,13 +60,14 @@ from delayq.errors import (
     UnboundRoutingKey,
     Unroutable,
 )
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt
 from delayq.message.envelope import Message, Receipt
 from delayq.message.inflight import InFlightLimit
 from delayq.message.limits import MessageLimits
 from delayq.observe.deliveries import DeliveryObserver, Settled
 from delayq.observe.publishes import Published, PublishObserver, PublishOutcome
 from delayq.observe.stats import ConsumerStats
-from delayq.stores.base import ClaimStatus, IdempotencyStore
+from delayq.stores.base import CancelStatus, ClaimStatus, IdempotencyStore
 from delayq.stores.key_scope import KeyScope, copy_unscoped_keys
 from delayq.stores.memory import InMemoryStore
 from delayq.stores.sqlite import SQLiteStore
@@ -107,6 +108,8 @@ __all__ = [
     "AsyncPublisher",
     "BodyTooLarge",
     "BrokerError",
+    "CancelReceipt",
+    "CancelStatus",
     "ClaimLost",
     "ClaimStatus",
     "ConnectionFailed",
@@ -154,6 +157,7 @@ __all__ = [
     "RecordsLost",
     "RedisStore",
     "Reject",
+    "RescheduleReceipt",
     "Retry",
     "RetryPolicy",
     "RowsRejected",

@@ -305,6 +305,8 @@ def test_postgres_table_is_created_with_the_documented_columns(postgres_store, p
         ("key", "text", "NO"),
         ("done_at", "bigint", "YES"),
         ("lease_until", "bigint", "NO"),
+        ("generation", "bigint", "NO"),
+        ("marked_at", "bigint", "YES"),
     ]
     again = postgres_store(table=store.table)  # an existing table is used as it is
     assert again.claim("k", lease_ms=1_000, now_ms=0) is CLAIMED

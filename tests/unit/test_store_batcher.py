@@ -352,3 +352,30 @@ def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly(tmp_path):
     assert failures == []
     assert store.batches == [1]
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_claims_answered_through_the_batcher_meet_cancellations(tmp_path, kind):
+    """The cancel check rides on the claim: one batch, marked keys answer CANCELLED,
+    rescheduled copies are claimed by their generation."""
+    store: Any = InMemoryStore() if kind == "memory" else CountingSQLite(tmp_path / "keys.db")
+    store.cancel_batch([])
+    store.cancel("q:gone", now_ms=0)
+    store.cancel("q:moved", now_ms=0, generation=4)
+    batcher = StoreBatcher(store)
+    ops = [
+        Claim("q:gone", LEASE, 1),
+        Claim("q:moved", LEASE, 1),
+        Claim("q:moved", LEASE, 1, 4),
+        Claim("q:kept", LEASE, 1),
+    ]
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(batcher.answer(op) for op in ops))
+
+    C = ClaimStatus
+    assert asyncio.run(main()) == [C.CANCELLED, C.CANCELLED, C.CLAIMED, C.CLAIMED]
+    if kind == "sqlite":
+        assert store.batches == [4]
+    batcher.close()
+    store.close()

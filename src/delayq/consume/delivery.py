@@ -25,9 +25,11 @@ from delayq.message.envelope import (
     CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
+    H_GENERATION,
     H_ROUTING_KEY,
     OutgoingMessage,
 )
+from delayq.stores.base import CANCELLED_GENERATION as _CANCELLED_GENERATION
 from delayq.stores.key_scope import KeyScope, scoped_key
 
 __all__ = [
@@ -118,6 +120,9 @@ class DeadLetterReason(str, enum.Enum):
 class Action(str, enum.Enum):
     ACK = "ack"
     DUPLICATE = "duplicate"
+    CANCELLED = "cancelled"
+    """The message was cancelled (or rescheduled: this copy's generation is outdated)
+    before it was handled: acked, never handled, never dead-lettered."""
     RETRY = "retry"
     DEAD_LETTER = "dead-letter"
 
@@ -139,6 +144,16 @@ class Delivery:
         """Which delivery to a handler this is (1 for the first); bad values count as 1."""
         value = self.headers.get(H_ATTEMPT, 1)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+    @property
+    def generation(self) -> int:
+        """The copy's generation (:data:`~delayq.message.envelope.H_GENERATION`): 0 when
+        absent or malformed (a bool, a negative, not an int, too large), as if never
+        rescheduled, so such a copy is cancelled by any reschedule of its key."""
+        value = self.headers.get(H_GENERATION, 0)
+        if type(value) is not int or not 0 <= value < _CANCELLED_GENERATION:
+            return 0
+        return value
 
     @property
     def delivery_count(self) -> int:

@@ -150,11 +150,16 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
         return
     claim: Claim | None = None
     if ctx.keyed_store and key is not None:
-        claim = Claim(key, ctx.lease_ms, ctx.clock_ms())
+        # The cancel check rides on the claim: the store answers CANCELLED for a cancelled
+        # key, or for a copy older than the key's generation (see docs/concepts/cancel.md).
+        claim = Claim(key, ctx.lease_ms, ctx.clock_ms(), delivery.generation)
         status = yield claim
         if status is not ClaimStatus.CLAIMED:
             if status is ClaimStatus.DONE:
                 yield from _settle(planner.duplicate())
+            elif status is ClaimStatus.CANCELLED:
+                log.info("skipping %s: cancelled (key %r)", delivery.message_id, key)
+                yield from _settle(planner.cancelled())
             elif status is ClaimStatus.BUSY:
                 yield from _settle(planner.deferred(delivery))
             else:

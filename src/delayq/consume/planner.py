@@ -30,6 +30,7 @@ from delayq.consume.retry import RetryPolicy, check_policy, default_policy
 from delayq.errors import DelayTooLong, InvalidHeaders, InvalidInput
 from delayq.message.envelope import (
     CONTENT_BYTES,
+    H_GENERATION,
     HEADER_PREFIX,
     OutgoingMessage,
     Receipt,
@@ -62,6 +63,11 @@ unbounded traceback, as some frameworks send, can make the republish fail."""
 
 _SUCCESS = Decision(Action.ACK)
 """Every success's decision: decisions are immutable, one will do."""
+_CANCELLED = Decision(Action.CANCELLED, reason="cancelled")
+
+_CARRIED = (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT, H_GENERATION)
+"""delayq's headers a retry keeps: an earlier failure's record, and the copy's generation
+(a retry of a rescheduled copy is that copy, not an older one)."""
 
 
 def _user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,6 +135,10 @@ class DeliveryPlanner:
 
     def duplicate(self) -> Decision:
         return Decision(Action.DUPLICATE, reason="already handled")
+
+    def cancelled(self) -> Decision:
+        """Its key is cancelled, or this copy's generation is outdated: ack, never handle."""
+        return _CANCELLED
 
     def undecodable(self, delivery: Delivery, error: BaseException) -> Decision:
         return self._dead_letter(delivery, DeadLetterReason.UNDECODABLE, error, None)
@@ -206,7 +216,7 @@ class DeliveryPlanner:
                 delay_ms, wait.label, wait.ms, now, attempt, delivery.origin_routing_key
             )
         )
-        for key in (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT):
+        for key in _CARRIED:
             if key in delivery.headers:  # an earlier failure's record travels on
                 headers[key] = delivery.headers[key]
         return republished(
@@ -252,6 +262,8 @@ class DeliveryPlanner:
         failure = self._failure_headers(delivery, error, trace, now)
         headers.update(failure)
         headers[H_DEAD_LETTER_REASON] = reason.value
+        if H_GENERATION in delivery.headers:  # a replay from the DLQ is that copy again
+            headers[H_GENERATION] = delivery.headers[H_GENERATION]
         message = republished(
             delivery,
             self.topology.direct_exchange,

@@ -41,6 +41,7 @@ __all__ = [
     "H_ATTEMPT",
     "H_DELAY_MS",
     "H_DUE_AT",
+    "H_GENERATION",
     "H_PUBLISHED_AT",
     "H_ROUTING_KEY",
     "H_TIER",
@@ -88,6 +89,12 @@ H_ATTEMPT = "delayq-attempt"
 
 
 H_ROUTING_KEY = "delayq-routing-key"
+
+
+H_GENERATION = "delayq-generation"
+"""A rescheduled copy's generation (an int >= 1; absent: 0, never rescheduled). The
+idempotency store keeps each key's live generation: a copy below it is cancelled.
+Retries and dead letters carry it on (see ``docs/concepts/cancel.md``)."""
 
 
 IMMEDIATE = "immediate"

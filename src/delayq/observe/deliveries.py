@@ -75,7 +75,7 @@ class Settled:
 
     @property
     def outcome(self) -> str:
-        """``ack``, ``duplicate``, ``retry`` or ``dead-letter``."""
+        """``ack``, ``duplicate``, ``cancelled``, ``retry`` or ``dead-letter``."""
         return self.decision.action.value
 
     @property

@@ -73,8 +73,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "delayq_delivered_total": (
         "counter",
         ("queue", "outcome"),
-        "Deliveries settled by a consumer, by queue and outcome (ack, duplicate, retry, "
-        "dead-letter).",
+        "Deliveries settled by a consumer, by queue and outcome (ack, duplicate, cancelled, "
+        "retry, dead-letter).",
     ),
     "delayq_retried_total": (
         "counter",
@@ -92,6 +92,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         ("queue",),
         "Deliveries skipped because their idempotency key was already done.",
+    ),
+    "delayq_cancelled_total": (
+        "counter",
+        ("queue",),
+        "Deliveries skipped because their message was cancelled, or rescheduled (an "
+        "outdated copy).",
     ),
     "delayq_dead_letter_stalls_total": (
         "counter",
@@ -166,6 +172,7 @@ class PrometheusObserver:
         self.retried_total = make("delayq_retried_total")
         self.dead_lettered_total = make("delayq_dead_lettered_total")
         self.duplicates_total = make("delayq_duplicates_total")
+        self.cancelled_total = make("delayq_cancelled_total")
         self.dead_letter_stalls_total = make("delayq_dead_letter_stalls_total")
         self.handler_seconds = make(
             "delayq_handler_duration_seconds", buckets=tuple(handler_buckets_s)
@@ -182,6 +189,8 @@ class PrometheusObserver:
             self.dead_lettered_total.labels(queue, dead_letter_reason(event)).inc()
         elif action is Action.DUPLICATE:
             self.duplicates_total.labels(queue).inc()
+        elif action is Action.CANCELLED:
+            self.cancelled_total.labels(queue).inc()
         if event.handler_ms is not None:
             self.handler_seconds.labels(queue).observe(event.handler_ms / 1000)
         lateness_ms = event.lateness_ms

@@ -15,7 +15,7 @@ carry it, as one not published by delayq). Times are epoch milliseconds, UTC::
     routing_key          the routing key of the first publish
     queue                the destination queue that received it
     attempt              1 for the first delivery, 2 for the first retry...
-    outcome              "ack", "duplicate", "retry" or "dead-letter"
+    outcome              "ack", "duplicate", "cancelled", "retry" or "dead-letter"
     reason               why, for retry and dead-letter ("" otherwise)
     requested_delay_ms   the delay asked for (by the publisher or the retry)
     tier                 the tier it waited in ("immediate" for no delay)

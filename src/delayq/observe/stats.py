@@ -18,6 +18,8 @@ class ConsumerStats:
 
     handled: int = 0
     duplicates: int = 0
+    cancelled: int = 0
+    """Deliveries skipped because their message was cancelled (or rescheduled)."""
     retried: int = 0
     dead_lettered: int = 0
     returned: int = 0
@@ -33,6 +35,8 @@ class ConsumerStats:
             self.handled += 1
         elif decision.action is Action.DUPLICATE:
             self.duplicates += 1
+        elif decision.action is Action.CANCELLED:
+            self.cancelled += 1
         elif decision.action is Action.RETRY:
             self.retried += 1
             log.info("retrying %s (%s)", message_id, decision.reason)

@@ -7,6 +7,10 @@ afterwards; ``lease_until`` is when a claim expires. A claim is one
 locks the conflicting row and re-checks the condition on its newest version, so two
 consumers (any processes, any hosts) never both win a key.
 
+A cancelled or rescheduled key's row also holds ``generation`` (copies below it are
+cancelled) and ``marked_at``; a cancel takes the row's lock like a claim does
+(``INSERT ... ON CONFLICT``), so the two are atomic against each other.
+
 >>> store = PostgresStore("postgresql://app@db/app")        # doctest: +SKIP
 >>> store.claim("order-42", lease_ms=60_000, now_ms=now)    # doctest: +SKIP
 <ClaimStatus.CLAIMED: 'claimed'>
@@ -30,7 +34,18 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import ClaimLost
-from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
+from delayq.stores.base import (
+    CANCELLED_GENERATION,
+    Cancel,
+    CancelStatus,
+    Claim,
+    ClaimStatus,
+    Complete,
+    Release,
+    StoreOp,
+    check_cancel,
+    closed_error,
+)
 from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
@@ -77,10 +92,27 @@ def _table_name(table: str) -> sql.Identifier:
 def _claim_status(cursor: psycopg.Cursor[Any]) -> ClaimStatus:
     row = cursor.fetchone()
     assert row is not None
-    won, done = row
+    won, done, cancelled = row
     if won:
         return ClaimStatus.CLAIMED
+    if cancelled:
+        return ClaimStatus.CANCELLED
     return ClaimStatus.DONE if done else ClaimStatus.BUSY
+
+
+def _cancel_status(op: Cancel, marked: Any, state: Any) -> CancelStatus:
+    """What a cancel's INSERT returned (``(inserted,)`` when it marked the key) or, when
+    it did not, the row as its lock holds it (``(done_at, lease_until, generation)``)."""
+    if marked is not None:
+        return CancelStatus.UNKNOWN if marked[0] else CancelStatus.CANCELLED
+    done_at, lease_until, generation = state
+    if done_at is not None:
+        return CancelStatus.ALREADY_HANDLED
+    if lease_until > op.now_ms:
+        return CancelStatus.IN_PROGRESS
+    if generation >= CANCELLED_GENERATION:
+        return CancelStatus.ALREADY_CANCELLED
+    return CancelStatus.OUTDATED
 
 
 class PostgresStore:
@@ -110,27 +142,55 @@ class PostgresStore:
             "CREATE TABLE IF NOT EXISTS {t} ("
             " key TEXT PRIMARY KEY,"
             " done_at BIGINT NULL,"
-            " lease_until BIGINT NOT NULL)"
+            " lease_until BIGINT NOT NULL,"
+            " generation BIGINT NOT NULL DEFAULT 0,"
+            " marked_at BIGINT NULL)"
+        ).format(t=ident)
+        # A table made by an older delayq gets the cancellation columns.
+        self._sql_migrate = sql.SQL(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0,"
+            " ADD COLUMN IF NOT EXISTS marked_at BIGINT NULL"
         ).format(t=ident)
         # The claim and, from the statement's snapshot, whether a key it could not
-        # claim is done (else busy; a row completed by a racing consumer reads busy).
+        # claim is cancelled or done (else busy; a row completed or cancelled by a
+        # racing client reads busy: the copy is deferred, and meets it next time).
         self._sql_claim = sql.SQL(
             "WITH won AS ("
             " INSERT INTO {t} AS cur (key, done_at, lease_until)"
             " VALUES (%(key)s, NULL, %(until)s)"
             " ON CONFLICT (key) DO UPDATE SET done_at = NULL, lease_until = EXCLUDED.lease_until"
             " WHERE cur.done_at IS NULL AND cur.lease_until <= %(now)s"
+            " AND cur.generation <= %(gen)s"
             " RETURNING 1)"
-            " SELECT EXISTS (SELECT 1 FROM won),"
-            " EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND done_at IS NOT NULL)"
+            " SELECT EXISTS (SELECT 1 FROM won), was.done_at IS NOT NULL,"
+            " was.generation > %(gen)s"
+            " FROM (SELECT 1) AS one LEFT JOIN {t} AS was ON was.key = %(key)s"
+        ).format(t=ident)
+        # A cancel marks the key unless it is done, under a live claim, or already marked
+        # at or above its generation; ON CONFLICT locks the row either way (to the end of
+        # the batch's transaction), so the SELECT after it reads what kept it unmarked.
+        self._sql_cancel = sql.SQL(
+            "INSERT INTO {t} AS cur (key, done_at, lease_until, generation, marked_at)"
+            " VALUES (%(key)s, NULL, 0, %(gen)s, %(now)s)"
+            " ON CONFLICT (key) DO UPDATE SET lease_until = 0,"
+            " generation = EXCLUDED.generation, marked_at = EXCLUDED.marked_at"
+            " WHERE cur.done_at IS NULL AND cur.lease_until <= %(now)s"
+            " AND cur.generation < %(gen)s"
+            " RETURNING xmax = 0"
+        ).format(t=ident)
+        self._sql_cancel_state = sql.SQL(
+            "SELECT done_at, lease_until, generation FROM {t} WHERE key = %s"
         ).format(t=ident)
         self._sql_complete = sql.SQL(
             "INSERT INTO {t} (key, done_at, lease_until) VALUES (%s, %s, %s)"
             " ON CONFLICT (key) DO UPDATE SET done_at = EXCLUDED.done_at"
         ).format(t=ident)
-        self._sql_release = sql.SQL("DELETE FROM {t} WHERE key = %s AND done_at IS NULL").format(
-            t=ident
-        )
+        # A cancelled or rescheduled key keeps its mark.
+        self._sql_release = sql.SQL(
+            "WITH kept AS (UPDATE {t} SET lease_until = 0"
+            " WHERE key = %(key)s AND done_at IS NULL AND marked_at IS NOT NULL RETURNING 1)"
+            " DELETE FROM {t} WHERE key = %(key)s AND done_at IS NULL AND marked_at IS NULL"
+        ).format(t=ident)
         self._sql_finish = sql.SQL(
             "UPDATE {t} SET done_at = %s WHERE key = %s AND done_at IS NULL AND lease_until = %s"
         ).format(t=ident)
@@ -139,8 +199,9 @@ class PostgresStore:
             " ORDER BY key LIMIT 500"
         ).format(t=ident)
         self._sql_prune = sql.SQL(
-            "DELETE FROM {t} WHERE (done_at IS NOT NULL AND done_at < %s)"
-            " OR (done_at IS NULL AND lease_until < %s)"
+            "DELETE FROM {t} WHERE ((done_at IS NOT NULL AND done_at < %(cut)s)"
+            " OR (done_at IS NULL AND lease_until < %(cut)s))"
+            " AND COALESCE(marked_at, -1) < %(cut)s"
         ).format(t=ident)
         self._conn: psycopg.Connection[Any] | None = None
         self._idle: list[psycopg.Connection[Any]] = []
@@ -153,6 +214,14 @@ class PostgresStore:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"delayq:{table}",))
                 conn.execute(self._sql_create)
+                # Only when missing: ALTER TABLE locks out running consumers' claims.
+                marks = conn.execute(
+                    "SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass"
+                    " AND attname IN ('generation', 'marked_at') AND NOT attisdropped",
+                    (ident.as_string(conn),),
+                ).fetchone()
+                if marks is None or marks[0] != 2:
+                    conn.execute(self._sql_migrate)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact_dsn(self._dsn)!r}, table={self.table!r})"
@@ -183,10 +252,40 @@ class PostgresStore:
                 f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {message}"
             ) from None
 
-    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
+    def claim(self, key: str, *, lease_ms: int, now_ms: int, generation: int = 0) -> ClaimStatus:
         with self._lock:
-            cursor = self._execute(self._connection(), Claim(key, lease_ms, now_ms))
+            cursor = self._execute(self._connection(), Claim(key, lease_ms, now_ms, generation))
             return _claim_status(cursor)
+
+    def cancel(
+        self, key: str, *, now_ms: int, generation: int = CANCELLED_GENERATION
+    ) -> CancelStatus:
+        return self.cancel_batch([Cancel(key, now_ms, generation)])[0]
+
+    def cancel_batch(self, ops: Sequence[Cancel]) -> list[CancelStatus]:
+        """``ops`` in one transaction, pipelined (one round trip). Rows are locked in key
+        order, so two batches over the same keys wait for each other, never deadlock."""
+        for op in ops:
+            check_cancel(op)
+        order = sorted(range(len(ops)), key=lambda i: ops[i].key)
+        results: list[CancelStatus | None] = [None] * len(ops)
+        with self._lock:
+            conn = self._connection()
+            with conn.transaction(), conn.pipeline():
+                pending = []
+                for index in order:
+                    op = ops[index]
+                    params = {
+                        "key": op.key,
+                        "gen": op.generation,
+                        "now": int(op.now_ms),
+                    }
+                    marked = conn.execute(self._sql_cancel, params)
+                    state = conn.execute(self._sql_cancel_state, (op.key,))
+                    pending.append((index, op, marked, state))
+            for index, op, marked, state in pending:
+                results[index] = _cancel_status(op, marked.fetchone(), state.fetchone())
+        return [status for status in results if status is not None]
 
     def complete(self, key: str, *, now_ms: int) -> None:
         with self._lock:
@@ -209,11 +308,16 @@ class PostgresStore:
 
     def _execute(self, conn: psycopg.Connection[Any], op: StoreOp) -> psycopg.Cursor[Any]:
         if isinstance(op, Claim):
-            params = {"key": op.key, "until": op.lease_until_ms, "now": int(op.now_ms)}
+            params = {
+                "key": op.key,
+                "until": op.lease_until_ms,
+                "now": int(op.now_ms),
+                "gen": int(op.generation),
+            }
             return conn.execute(self._sql_claim, params)
         if isinstance(op, Complete):
             return conn.execute(self._sql_complete, (op.key, int(op.now_ms), int(op.now_ms)))
-        return conn.execute(self._sql_release, (op.key,))
+        return conn.execute(self._sql_release, {"key": op.key})
 
     @contextmanager
     def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
@@ -254,9 +358,7 @@ class PostgresStore:
 
     def prune(self, *, older_than_ms: int) -> int:
         with self._lock:
-            cursor = self._connection().execute(
-                self._sql_prune, (int(older_than_ms), int(older_than_ms))
-            )
+            cursor = self._connection().execute(self._sql_prune, {"cut": int(older_than_ms)})
             return cursor.rowcount
 
     def close(self) -> None:

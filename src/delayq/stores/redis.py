@@ -7,6 +7,10 @@ Each key is a Redis hash ``<prefix><key>`` with one of two shapes:
 * a completed key: ``{done_at: <epoch ms>}`` with no TTL (kept until :meth:`prune`),
   or with a TTL of ``retention_ms`` when one is given (Redis forgets it by itself).
 
+A cancelled or rescheduled key also holds ``generation`` (copies below it are
+cancelled) and ``marked_at`` (epoch ms of the mark); such a hash loses its lease TTL
+and is kept like a completed key (``retention_ms``, else until :meth:`prune`).
+
 Every operation is one Lua script, so a claim is atomic: a completed key answers
 DONE (never claimable again until it is pruned or its retention ends), a live lease
 answers BUSY, and an expired lease (past ``lease_until`` by the caller's clock, or
@@ -30,21 +34,41 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import InvalidInput
-from delayq.stores.base import Claim, ClaimStatus, Complete, StoreOp, closed_error
+from delayq.stores.base import (
+    CANCELLED_GENERATION,
+    Cancel,
+    CancelStatus,
+    Claim,
+    ClaimStatus,
+    Complete,
+    StoreOp,
+    check_cancel,
+    closed_error,
+)
 from delayq.urls import redact
 
 __all__ = ["RedisStore"]
 
 # Results of the claim script.
-_CLAIMED, _DONE, _BUSY = 0, 1, 2
-_STATUS = {_CLAIMED: ClaimStatus.CLAIMED, _DONE: ClaimStatus.DONE, _BUSY: ClaimStatus.BUSY}
+_STATUS = {
+    0: ClaimStatus.CLAIMED,
+    1: ClaimStatus.DONE,
+    2: ClaimStatus.BUSY,
+    3: ClaimStatus.CANCELLED,
+}
 
-# KEYS[1] = key; ARGV = now_ms, lease_until, ttl_ms. Times are passed as strings made by
-# Python and stored as given (Lua's number formatting would round large integers).
+# KEYS[1] = key; ARGV = now_ms, lease_until, ttl_ms, generation. Times are passed as
+# strings made by Python and stored as given (Lua's number formatting would round large
+# integers). A marked key keeps its mark (and its TTL, if any: none of the lease's).
 _CLAIM = """
-local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until')
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until', 'generation')
+if state[3] and tonumber(state[3]) > tonumber(ARGV[4]) then return 3 end
 if state[1] then return 1 end
 if state[2] and tonumber(state[2]) > tonumber(ARGV[1]) then return 2 end
+if state[3] then
+  redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+  return 0
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -53,23 +77,58 @@ return 0
 
 # KEYS[1] = key; ARGV = done_at, retention_ms (0: keep until pruned).
 _COMPLETE = """
+local mark = redis.call('HMGET', KEYS[1], 'generation', 'marked_at')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'done_at', ARGV[1])
+if mark[1] then redis.call('HSET', KEYS[1], 'generation', mark[1], 'marked_at', mark[2]) end
 if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
 
-# KEYS[1] = key. A completed key stays.
+# KEYS[1] = key. A completed key stays; a marked one keeps its mark.
 _RELEASE = """
-if redis.call('HEXISTS', KEYS[1], 'done_at') == 1 then return 0 end
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'generation')
+if state[1] then return 0 end
+if state[2] then
+  redis.call('HSET', KEYS[1], 'lease_until', '0')
+  return 1
+end
 return redis.call('DEL', KEYS[1])
 """
+
+# KEYS[1] = key; ARGV = now_ms, generation, retention_ms (0: keep until pruned),
+# CANCELLED_GENERATION. Results: the index in _CANCEL_STATUS.
+_CANCEL = """
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until', 'generation')
+if state[1] then return 4 end
+if state[2] and tonumber(state[2]) > tonumber(ARGV[1]) then return 3 end
+if state[3] and tonumber(state[3]) >= tonumber(ARGV[4]) then return 2 end
+if state[3] and tonumber(state[3]) >= tonumber(ARGV[2]) then return 5 end
+local known = state[2] or state[3]
+redis.call('HSET', KEYS[1], 'lease_until', '0', 'generation', ARGV[2], 'marked_at', ARGV[1])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('PERSIST', KEYS[1])
+end
+if known then return 0 end
+return 1
+"""
+_CANCEL_STATUS = (
+    CancelStatus.CANCELLED,
+    CancelStatus.UNKNOWN,
+    CancelStatus.ALREADY_CANCELLED,
+    CancelStatus.IN_PROGRESS,
+    CancelStatus.ALREADY_HANDLED,
+    CancelStatus.OUTDATED,
+)
 
 # KEYS[1] = key; ARGV[1] = older_than_ms. Keys of another type are left alone.
 _PRUNE = """
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
-local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until')
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until', 'marked_at')
 local cutoff = tonumber(ARGV[1])
+if state[3] and tonumber(state[3]) >= cutoff then return 0 end
 if state[1] then
   if tonumber(state[1]) < cutoff then return redis.call('DEL', KEYS[1]) end
   return 0
@@ -145,6 +204,7 @@ class RedisStore:
         self._complete = self._client.register_script(_COMPLETE)
         self._release = self._client.register_script(_RELEASE)
         self._prune = self._client.register_script(_PRUNE)
+        self._cancel = self._client.register_script(_CANCEL)
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
@@ -156,13 +216,30 @@ class RedisStore:
             raise closed_error(self)
         return self.prefix + key
 
-    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
-        result = self._claim(keys=[self._key(key)], args=self._claim_args(lease_ms, now_ms))
+    def claim(self, key: str, *, lease_ms: int, now_ms: int, generation: int = 0) -> ClaimStatus:
+        result = self._claim(
+            keys=[self._key(key)], args=self._claim_args(lease_ms, now_ms, generation)
+        )
         return _STATUS[int(result)]
 
     @staticmethod
-    def _claim_args(lease_ms: int, now_ms: int) -> list[int]:
-        return [int(now_ms), int(now_ms) + int(lease_ms), max(1, int(lease_ms))]
+    def _claim_args(lease_ms: int, now_ms: int, generation: int = 0) -> list[int]:
+        return [int(now_ms), int(now_ms) + int(lease_ms), max(1, int(lease_ms)), int(generation)]
+
+    def cancel(
+        self, key: str, *, now_ms: int, generation: int = CANCELLED_GENERATION
+    ) -> CancelStatus:
+        return self.cancel_batch([Cancel(key, now_ms, generation)])[0]
+
+    def cancel_batch(self, ops: Sequence[Cancel]) -> list[CancelStatus]:
+        """``ops`` in one pipeline (one round trip); each is its own atomic script."""
+        for op in ops:
+            check_cancel(op)
+        pipe = self._client.pipeline(transaction=False)
+        for op in ops:
+            args = [op.now_ms, op.generation, self.retention_ms or 0, CANCELLED_GENERATION]
+            self._cancel(keys=[self._key(op.key)], args=args, client=pipe)
+        return [_CANCEL_STATUS[int(reply)] for reply in pipe.execute()]
 
     def complete(self, key: str, *, now_ms: int) -> None:
         self._complete(keys=[self._key(key)], args=self._complete_args(now_ms))
@@ -179,7 +256,8 @@ class RedisStore:
         for op in ops:
             name = [self._key(op.key)]
             if isinstance(op, Claim):
-                self._claim(keys=name, args=self._claim_args(op.lease_ms, op.now_ms), client=pipe)
+                args = self._claim_args(op.lease_ms, op.now_ms, op.generation)
+                self._claim(keys=name, args=args, client=pipe)
             elif isinstance(op, Complete):
                 self._complete(keys=name, args=self._complete_args(op.now_ms), client=pipe)
             else:

@@ -10,7 +10,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from delayq.errors import ClaimLost, InvalidInput, StoreError
-from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp, closed_error
+from delayq.stores.base import (
+    CANCELLED_GENERATION,
+    Cancel,
+    CancelStatus,
+    Claim,
+    ClaimStatus,
+    Complete,
+    Release,
+    StoreOp,
+    check_cancel,
+    closed_error,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -21,9 +32,17 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayq_idempotency (
     key          TEXT PRIMARY KEY,
     done_at      INTEGER,          -- epoch ms when completed, NULL while claimed
-    lease_until  INTEGER NOT NULL  -- epoch ms when a claim expires
+    lease_until  INTEGER NOT NULL, -- epoch ms when a claim expires
+    generation   INTEGER NOT NULL DEFAULT 0,  -- copies below it are cancelled
+    marked_at    INTEGER           -- epoch ms of the last cancel or reschedule, else NULL
 )
 """
+
+_MARK_COLUMNS = (
+    ("generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("marked_at", "INTEGER"),
+)
+"""Columns added for cancellation: a file made by an older delayq gets them on open."""
 
 
 class SQLiteStore:
@@ -62,6 +81,7 @@ class SQLiteStore:
             with self._lock:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(_SCHEMA)
+                _add_mark_columns(self._db)
         except (OSError, sqlite3.Error) as exc:
             for db in self._connections:
                 db.close()
@@ -90,8 +110,8 @@ class SQLiteStore:
         self._connections.append(db)
         return db
 
-    def claim(self, key: str, *, lease_ms: int, now_ms: int) -> ClaimStatus:
-        status = self.run_batch([Claim(key, lease_ms, now_ms)])[0]
+    def claim(self, key: str, *, lease_ms: int, now_ms: int, generation: int = 0) -> ClaimStatus:
+        status = self.run_batch([Claim(key, lease_ms, now_ms, generation)])[0]
         assert status is not None
         return status
 
@@ -100,6 +120,27 @@ class SQLiteStore:
 
     def release(self, key: str) -> None:
         self.run_batch([Release(key)])
+
+    def cancel(
+        self, key: str, *, now_ms: int, generation: int = CANCELLED_GENERATION
+    ) -> CancelStatus:
+        return self.cancel_batch([Cancel(key, now_ms, generation)])[0]
+
+    def cancel_batch(self, ops: Sequence[Cancel]) -> list[CancelStatus]:
+        """``ops`` in one ``BEGIN IMMEDIATE`` transaction: atomic against every claim."""
+        for op in ops:
+            check_cancel(op)
+        with self._lock:
+            self._check_open()
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                results = [_sqlite_cancel(db, op) for op in ops]
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return results
 
     def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
         """``ops`` in one ``BEGIN IMMEDIATE`` transaction: one commit for the lot."""
@@ -171,9 +212,9 @@ class SQLiteStore:
         with self._lock:
             self._check_open()
             cursor = self._db.execute(
-                "DELETE FROM delayq_idempotency WHERE (done_at IS NOT NULL AND done_at < ?) "
-                "OR (done_at IS NULL AND lease_until < ?)",
-                (older_than_ms, older_than_ms),
+                "DELETE FROM delayq_idempotency WHERE ((done_at IS NOT NULL AND done_at < ?) "
+                "OR (done_at IS NULL AND lease_until < ?)) AND COALESCE(marked_at, -1) < ?",
+                (older_than_ms, older_than_ms, older_than_ms),
             )
             return cursor.rowcount
 
@@ -204,6 +245,8 @@ def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus
     claims = [op for op in ops if type(op) is Claim]
     if len(keys) != len(ops) or len({op.lease_ms for op in claims}) > 1:
         return None
+    if any(op.generation for op in claims):  # rescheduled copies: one by one
+        return None
     completes = [op for op in ops if type(op) is Complete]
     releases = [op.key for op in ops if type(op) is Release]
     won: set[str] = set()
@@ -214,20 +257,24 @@ def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus
             + ",".join(["(?, NULL, ?)"] * len(chunk))
             + " ON CONFLICT(key) DO UPDATE SET done_at = NULL, lease_until = "
             "excluded.lease_until WHERE delayq_idempotency.done_at IS NULL AND "
-            "delayq_idempotency.lease_until <= excluded.lease_until - ? RETURNING key",
+            "delayq_idempotency.lease_until <= excluded.lease_until - ? AND "
+            "delayq_idempotency.generation = 0 RETURNING key",
             [v for op in chunk for v in (op.key, op.lease_until_ms)] + [chunk[0].lease_ms],
         ).fetchall()
         won.update(row[0] for row in rows)
     lost = [op.key for op in claims if op.key not in won]
     done: set[str] = set()
+    cancelled: set[str] = set()
     for lost_keys in _chunks(lost):
         rows = db.execute(
-            "SELECT key FROM delayq_idempotency WHERE done_at IS NOT NULL AND key IN ("
+            "SELECT key, generation > 0 FROM delayq_idempotency WHERE "
+            "(done_at IS NOT NULL OR generation > 0) AND key IN ("
             + ",".join(["?"] * len(lost_keys))
             + ")",
             lost_keys,
         ).fetchall()
-        done.update(row[0] for row in rows)
+        done.update(row[0] for row in rows if not row[1])
+        cancelled.update(row[0] for row in rows if row[1])
     for finished in _chunks(completes):
         db.execute(
             "INSERT INTO delayq_idempotency (key, done_at, lease_until) VALUES "
@@ -236,10 +283,15 @@ def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus
             [v for op in finished for v in (op.key, op.now_ms, op.now_ms)],
         )
     for released in _chunks(releases):
+        marks = ",".join(["?"] * len(released))
+        db.execute(  # a cancelled or rescheduled key keeps its mark
+            "UPDATE delayq_idempotency SET lease_until = 0 WHERE done_at IS NULL AND "
+            f"marked_at IS NOT NULL AND key IN ({marks})",
+            released,
+        )
         db.execute(
-            "DELETE FROM delayq_idempotency WHERE done_at IS NULL AND key IN ("
-            + ",".join(["?"] * len(released))
-            + ")",
+            "DELETE FROM delayq_idempotency WHERE done_at IS NULL AND marked_at IS NULL "
+            "AND key IN (" + ",".join(["?"] * len(released)) + ")",
             released,
         )
     results: list[ClaimStatus | None] = []
@@ -248,6 +300,8 @@ def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus
             results.append(None)
         elif op.key in won:
             results.append(ClaimStatus.CLAIMED)
+        elif op.key in cancelled:
+            results.append(ClaimStatus.CANCELLED)
         else:
             results.append(ClaimStatus.DONE if op.key in done else ClaimStatus.BUSY)
     return results
@@ -277,8 +331,11 @@ def _padded(rows: int) -> int:
 def _sqlite_apply(db: sqlite3.Connection, op: StoreOp) -> ClaimStatus | None:
     if isinstance(op, Claim):
         row = db.execute(
-            "SELECT done_at, lease_until FROM delayq_idempotency WHERE key = ?", (op.key,)
+            "SELECT done_at, lease_until, generation FROM delayq_idempotency WHERE key = ?",
+            (op.key,),
         ).fetchone()
+        if row is not None and row[2] > op.generation:
+            return ClaimStatus.CANCELLED
         if row is not None and row[0] is not None:
             return ClaimStatus.DONE
         if row is not None and row[1] > op.now_ms:
@@ -297,5 +354,54 @@ def _sqlite_apply(db: sqlite3.Connection, op: StoreOp) -> ClaimStatus | None:
             (op.key, op.now_ms, op.now_ms),
         )
     else:
-        db.execute("DELETE FROM delayq_idempotency WHERE key = ? AND done_at IS NULL", (op.key,))
+        db.execute(  # a cancelled or rescheduled key keeps its mark
+            "UPDATE delayq_idempotency SET lease_until = 0 "
+            "WHERE key = ? AND done_at IS NULL AND marked_at IS NOT NULL",
+            (op.key,),
+        )
+        db.execute(
+            "DELETE FROM delayq_idempotency WHERE key = ? AND done_at IS NULL "
+            "AND marked_at IS NULL",
+            (op.key,),
+        )
     return None
+
+
+def _sqlite_cancel(db: sqlite3.Connection, op: Cancel) -> CancelStatus:
+    """One :class:`Cancel`, inside the caller's write transaction."""
+    row = db.execute(
+        "SELECT done_at, lease_until, generation FROM delayq_idempotency WHERE key = ?",
+        (op.key,),
+    ).fetchone()
+    if row is not None:
+        done_at, lease_until, generation = row
+        if done_at is not None:
+            return CancelStatus.ALREADY_HANDLED
+        if lease_until > op.now_ms:
+            return CancelStatus.IN_PROGRESS
+        if generation >= CANCELLED_GENERATION:
+            return CancelStatus.ALREADY_CANCELLED
+        if generation >= op.generation:
+            return CancelStatus.OUTDATED
+    db.execute(
+        "INSERT INTO delayq_idempotency (key, done_at, lease_until, generation, marked_at) "
+        "VALUES (?, NULL, 0, ?, ?) ON CONFLICT(key) DO UPDATE SET lease_until = 0, "
+        "generation = excluded.generation, marked_at = excluded.marked_at",
+        (op.key, op.generation, op.now_ms),
+    )
+    return CancelStatus.UNKNOWN if row is None else CancelStatus.CANCELLED
+
+
+def _add_mark_columns(db: sqlite3.Connection) -> None:
+    """Add the cancellation columns to a table made by an older delayq (in a write
+    transaction: several processes may open the file at once)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        have = {row[1] for row in db.execute("PRAGMA table_info(delayq_idempotency)")}
+        for name, kind in _MARK_COLUMNS:
+            if name not in have:
+                db.execute(f"ALTER TABLE delayq_idempotency ADD COLUMN {name} {kind}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise

@@ -12,10 +12,23 @@ from typing import Any
 
 from delayq.errors import PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
+from delayq.message.cancel import (
+    CancelReceipt,
+    Generations,
+    RescheduleReceipt,
+    new_copy_id,
+    one_of,
+    plan_cancels,
+    reschedule_plan,
+    stamped,
+    store_for_cancels,
+)
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
 from delayq.observe.publishes import PublishObserver, PublishObservers
+from delayq.stores.base import IdempotencyStore, run_cancels
+from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
@@ -60,8 +73,11 @@ class Publisher:
         observers: Iterable[PublishObserver] = (),
         link: Link | None = None,
         in_flight: InFlightLimit | None = None,
+        store: IdempotencyStore | None = None,
     ) -> None:
         self._url = resolve_url(url)
+        self.store = store
+        """The consumers' idempotency store, for :meth:`cancel` (``None``: cannot cancel)."""
         self._in_flight = limit_or_default(in_flight)
         self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
@@ -78,6 +94,8 @@ class Publisher:
         self._link = link
         if clock_ms is epoch_ms and link.clock_ms is not None:
             clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
+        self._clock_ms = clock_ms
+        self._generations = Generations()
         self._factory = MessageFactory(
             self.topology, max_body_bytes=max_body_bytes, clock_ms=clock_ms, new_id=new_id
         )
@@ -205,3 +223,100 @@ class Publisher:
     def factory(self) -> MessageFactory:
         """The pure builder this publisher validates and builds messages with."""
         return self._factory
+
+    # Cancelling ---------------------------------------------------------------
+
+    def cancel(
+        self,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        routing_key: str | None = None,
+        queues: Iterable[str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+    ) -> CancelReceipt:
+        """Cancel one scheduled message by ``message_id`` or by business ``key``, in the
+        store given as ``store=``: its handler will not run, unless the receipt says it
+        ran (``already handled``) or runs (``in progress``). See ``docs/concepts/cancel.md``.
+
+        >>> receipt = publisher.cancel(message_id="m-42")  # doctest: +SKIP
+        >>> receipt.status, receipt.cancelled               # doctest: +SKIP
+        (<CancelStatus.UNKNOWN: 'unknown'>, True)
+        """
+        found = self.cancel_many(
+            **one_of(message_id, key), routing_key=routing_key, queues=queues, key_scope=key_scope
+        )
+        return found[0]
+
+    def cancel_many(
+        self,
+        *,
+        message_ids: Iterable[str] | None = None,
+        keys: Iterable[str] | None = None,
+        routing_key: str | None = None,
+        queues: Iterable[str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+    ) -> list[CancelReceipt]:
+        """:meth:`cancel` for many messages, in one store round trip; a receipt each."""
+        store = store_for_cancels(self.store)
+        plan = plan_cancels(
+            self.topology,
+            now_ms=self._clock_ms(),
+            message_ids=message_ids,
+            keys=keys,
+            routing_key=routing_key,
+            queues=queues,
+            key_scope=key_scope,
+        )
+        return plan.receipts(run_cancels(store, plan.ops))
+
+    def reschedule(
+        self,
+        body: object,
+        routing_key: str,
+        delay: object,
+        *,
+        message_id: str | None = None,
+        key: str | None = None,
+        queues: Iterable[str] | None = None,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+        headers: Mapping[str, Any] | None = None,
+        strategy: Strategy | str | None = None,
+        generation: int | None = None,
+    ) -> RescheduleReceipt:
+        """Move a scheduled message to ``delay`` from now: its older copies are cancelled
+        and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
+        back) is published, so exactly one copy is handled, also when the new time is
+        earlier. Nothing is published when no queue took the mark (the receipt's
+        ``marks`` says why). If the publish fails after the marks, the older copies stay
+        cancelled: reschedule again. ``generation`` defaults to this publisher's clock
+        (kept increasing). See ``docs/concepts/cancel.md``.
+        """
+        store = store_for_cancels(self.store)
+        one_of(message_id, key)
+        message = self._factory.build(
+            body,
+            routing_key,
+            delay,
+            message_id=new_copy_id(self.topology, message_id, key),
+            headers=headers,
+            strategy=strategy,
+        )
+        now_ms = self._clock_ms()
+        chosen = self._generations.next(now_ms, generation)
+        plan = reschedule_plan(
+            self.topology,
+            message,
+            now_ms=now_ms,
+            generation=chosen,
+            message_id=message_id,
+            key=key,
+            queues=queues,
+            key_scope=key_scope,
+        )
+        answers = run_cancels(store, plan.ops)
+        marks = plan.receipts(answers)[0]
+        if not any(status.marked for status in marks.queues.values()):
+            return RescheduleReceipt(marks, chosen, None)
+        self.send(stamped(message, chosen))
+        return RescheduleReceipt(marks, chosen, message.receipt)
