@@ -15,6 +15,7 @@ import click
 
 from delayq import __version__
 from delayq.cli._common import Args
+from delayq.cli.cancel import cancel_commands
 from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     CONTEXT,
@@ -222,6 +223,7 @@ def build_cli() -> click.Group:
     for command in (
         topology_group(),
         *_run_commands(),
+        *cancel_commands(),
         parked_group("dlq", "a destination's dead-letter queue"),
         parked_group("unrouted", "<ns>.unrouted, where due messages nobody bound are parked"),
         spark_group(),
