@@ -48,6 +48,19 @@ def test_the_claim_carries_the_copys_generation() -> None:
     assert isinstance(steps[0], Claim) and steps[0].generation == 0
 
 
+def test_a_64_bit_generation_as_pika_decodes_it_is_the_copys_generation() -> None:
+    """pika decodes a header above 2**31 (a generation is epoch ms) as ``pika.compat.long``,
+    an int subclass: read as 0, every rescheduled copy met its own mark on RabbitMQ and was
+    cancelled (found by tests/integration/test_cli_cancel.py)."""
+    from pika.compat import long
+
+    generation = 1_795_600_550_213
+    steps, _ = _walk(_context(), _delivery(headers={H_GENERATION: long(generation)}), _answers())
+    claim = steps[0]
+    assert isinstance(claim, Claim) and claim.generation == generation
+    assert type(claim.generation) is int
+
+
 @pytest.mark.parametrize("bad", [True, -1, "7", 7.0, None, b"7", 2**53, 2**60])
 def test_a_malformed_generation_counts_as_never_rescheduled(bad: object) -> None:
     steps, _ = _walk(_context(), _delivery(headers={H_GENERATION: bad}), _answers())

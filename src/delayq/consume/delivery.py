@@ -151,9 +151,12 @@ class Delivery:
         absent or malformed (a bool, a negative, not an int, too large), as if never
         rescheduled, so such a copy is cancelled by any reschedule of its key."""
         value = self.headers.get(H_GENERATION, 0)
-        if type(value) is not int or not 0 <= value < _CANCELLED_GENERATION:
+        # pika decodes a 64-bit header value as its own int subclass (``long``): an int
+        # all the same (a generation is epoch ms, above 2**31); a bool is not one
+        if not isinstance(value, int) or isinstance(value, bool):
             return 0
-        return value
+        value = int(value)
+        return value if 0 <= value < _CANCELLED_GENERATION else 0
 
     @property
     def delivery_count(self) -> int:

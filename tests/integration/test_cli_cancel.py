@@ -1,0 +1,103 @@
+"""`delayq cancel` and `delayq reschedule` against a real broker (issue 15's CLI).
+
+Two queues bind the same routing key and share one SQLite store with their (sync)
+consumers. Of four parked messages, one is cancelled by id, one from a file, one is
+rescheduled to an earlier time with a new body through the command line: only the kept
+one and the new copy are handled, once in each queue; everything else is acked
+``cancelled``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import yaml
+
+from delayq import SQLiteStore
+from delayq.sync import Consumer, Publisher, apply_topology
+from tests.integration import test_key_scope as scope
+from tests.integration.conftest import SyncConsumerHandle
+
+ROUTING_KEY = scope.ROUTING_KEY
+
+
+def _delayq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "delayq", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_cli_cancel_and_reschedule_on_a_real_broker(make_topology, rabbitmq_url, tmp_path):
+    topology, queues = scope.fan_out_topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    db = tmp_path / "keys.db"
+    store = SQLiteStore(db)
+    common = ["--file", str(path), "--url", rabbitmq_url, "--store", f"sqlite:///{db}"]
+    ledger = scope.Ledger()
+    bodies: list[tuple[str, Any]] = []
+    handles = []
+    for queue in queues:
+
+        def handle(body: Any, queue: str = queue) -> None:
+            bodies.append((queue, body))
+            ledger.ran(f"{queue}:{body['name']}")
+
+        consumer = Consumer(rabbitmq_url, topology, queue, handle, store=store, observers=[ledger])
+        handles.append(SyncConsumerHandle(consumer))
+    run = uuid.uuid4().hex[:8]
+    ids = {name: f"{name}-{run}" for name in ("by-id", "by-file", "kept", "moved")}
+    try:
+        with Publisher(rabbitmq_url, topology) as publisher:
+            for name, message_id in ids.items():
+                publisher.publish({"name": name}, ROUTING_KEY, "8s", message_id=message_id)
+        listing = tmp_path / "ids.txt"
+        listing.write_text(f"{ids['by-file']}\n")
+        cancel = _delayq(
+            "cancel", "--message-id", ids["by-id"], "--from-file", str(listing), *common
+        )
+        assert cancel.returncode == 2  # --message-id and --from-file exclude each other
+        cancel = _delayq("cancel", "--message-id", ids["by-id"], "--json", *common)
+        assert cancel.returncode == 0, cancel.stderr
+        [receipt] = json.loads(cancel.stdout)["receipts"]
+        assert receipt["queues"] == {q: "unknown" for q in queues}
+        cancel = _delayq("cancel", "--from-file", str(listing), *common)
+        assert cancel.returncode == 0, cancel.stderr
+        assert ids["by-file"] in cancel.stdout
+        moved = _delayq(
+            "reschedule",
+            "--message-id",
+            ids["moved"],
+            "--delay",
+            "1s",
+            "--body",
+            '{"name": "moved-new"}',
+            "-k",
+            ROUTING_KEY,
+            "--json",
+            *common,
+        )
+        assert moved.returncode == 0, moved.stderr
+        assert json.loads(moved.stdout)["moved"] is True
+        # per queue: by-id, by-file and the old copy of moved cancelled; kept and the
+        # new copy handled
+        ledger.wait_settled(queues, 5, timeout_s=60)
+    finally:
+        for h in handles:
+            h.stop(10)
+        store.close()
+    said = [(e.queue, e.delivery.message_id, e.outcome) for e in ledger.events]
+    assert ledger.runs == {f"{q}:{n}": 1 for q in queues for n in ("kept", "moved-new")}, said
+    for queue in queues:
+        assert sorted(ledger.outcomes[queue]) == [
+            "ack",
+            "ack",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+        ]
