@@ -213,3 +213,22 @@ def test_reschedule_misuse_exits_2_and_marks_nothing(setup, extra, says, capsys)
     # nothing was marked: a cancel still finds the key unknown
     assert main(["cancel", "--message-id", "a", "--json", *base]) == EXIT_OK
     assert _json(capsys)["receipts"][0]["status"] == "unknown"
+
+
+def test_cancel_needs_no_broker_and_reads_stdin(setup, monkeypatch, capsys):
+    """A cancel only marks the store: a dead broker URL does not stop it."""
+    *_, base = setup
+    import io
+
+    dead = ["--url", "amqp://guest:guest@127.0.0.1:1/", *base[2:]]
+    monkeypatch.setattr("sys.stdin", io.StringIO("s-1\ns-2\n"))
+    assert main(["cancel", "--from-file", "-", "--json", *dead]) == EXIT_OK
+    assert [r["message_id"] for r in _json(capsys)["receipts"]] == ["s-1", "s-2"]
+
+
+def test_an_empty_file_is_refused(setup, tmp_path, capsys):
+    *_, base = setup
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n\n")
+    assert main(["cancel", "--from-file", str(empty), *base]) == EXIT_INPUT
+    assert "names no message" in capsys.readouterr().err
