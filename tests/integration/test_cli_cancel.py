@@ -1,7 +1,7 @@
 """`delayq cancel` and `delayq reschedule` against a real broker (issue 15's CLI).
 
-Two queues bind the same routing key and share one SQLite store with their (sync)
-consumers. Of four parked messages, one is cancelled by id, one from a file, one is
+Two queues bind the same routing key and share one SQLite store with their consumers
+(sync or async). Of four parked messages, one is cancelled by id, one from a file, one is
 rescheduled to an earlier time with a new body through the command line: only the kept
 one and the new copy are handled, once in each queue; everything else is acked
 ``cancelled``.
@@ -15,12 +15,14 @@ import sys
 import uuid
 from typing import Any
 
+import pytest
 import yaml
 
 from delayq import SQLiteStore
+from delayq.aio import AsyncConsumer
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration import test_key_scope as scope
-from tests.integration.conftest import SyncConsumerHandle
+from tests.integration.conftest import AsyncConsumerHandle, SyncConsumerHandle
 
 ROUTING_KEY = scope.ROUTING_KEY
 
@@ -31,7 +33,8 @@ def _delayq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_cli_cancel_and_reschedule_on_a_real_broker(make_topology, rabbitmq_url, tmp_path):
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_cli_cancel_and_reschedule_on_a_real_broker(kind, make_topology, rabbitmq_url, tmp_path):
     topology, queues = scope.fan_out_topology(make_topology)
     apply_topology(topology, rabbitmq_url)
     path = tmp_path / "topology.yaml"
@@ -41,15 +44,23 @@ def test_cli_cancel_and_reschedule_on_a_real_broker(make_topology, rabbitmq_url,
     common = ["--file", str(path), "--url", rabbitmq_url, "--store", f"sqlite:///{db}"]
     ledger = scope.Ledger()
     bodies: list[tuple[str, Any]] = []
-    handles = []
+    handles: list[Any] = []
     for queue in queues:
 
         def handle(body: Any, queue: str = queue) -> None:
             bodies.append((queue, body))
             ledger.ran(f"{queue}:{body['name']}")
 
-        consumer = Consumer(rabbitmq_url, topology, queue, handle, store=store, observers=[ledger])
-        handles.append(SyncConsumerHandle(consumer))
+        async def handle_async(body: Any, queue: str = queue) -> None:
+            handle(body, queue)
+
+        options: dict[str, Any] = {"store": store, "observers": [ledger]}
+        if kind == "sync":
+            consumer = Consumer(rabbitmq_url, topology, queue, handle, **options)
+            handles.append(SyncConsumerHandle(consumer))
+        else:
+            aconsumer = AsyncConsumer(rabbitmq_url, topology, queue, handle_async, **options)
+            handles.append(AsyncConsumerHandle(aconsumer))
     run = uuid.uuid4().hex[:8]
     ids = {name: f"{name}-{run}" for name in ("by-id", "by-file", "kept", "moved")}
     try:
