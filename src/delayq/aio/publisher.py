@@ -21,11 +21,9 @@ from delayq.message.cancel import (
     CancelReceipt,
     Generations,
     RescheduleReceipt,
-    new_copy_id,
     one_of,
     plan_cancels,
-    reschedule_plan,
-    stamped,
+    plan_reschedule,
     store_for_cancels,
 )
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
@@ -281,34 +279,28 @@ class AsyncPublisher:
         (kept increasing). See ``docs/concepts/cancel.md``.
         """
         store = store_for_cancels(self.store)
-        one_of(message_id, key)
-        message = self._factory.build(
+        todo = plan_reschedule(
+            self._factory,
+            self._generations,
+            self._clock_ms(),
             body,
             routing_key,
             delay,
-            message_id=new_copy_id(self.topology, message_id, key),
-            headers=headers,
-            strategy=strategy,
-        )
-        now_ms = self._clock_ms()
-        chosen = self._generations.next(now_ms, generation)
-        plan = reschedule_plan(
-            self.topology,
-            message,
-            now_ms=now_ms,
-            generation=chosen,
             message_id=message_id,
             key=key,
             queues=queues,
             key_scope=key_scope,
+            headers=headers,
+            strategy=strategy,
+            generation=generation,
         )
         answers = (
-            await asyncio.to_thread(run_cancels, store, plan.ops)
+            await asyncio.to_thread(run_cancels, store, todo.plan.ops)
             if getattr(store, "blocking", True)
-            else run_cancels(store, plan.ops)
+            else run_cancels(store, todo.plan.ops)
         )
-        marks = plan.receipts(answers)[0]
-        if not any(status.marked for status in marks.queues.values()):
-            return RescheduleReceipt(marks, chosen, None)
-        sent = await self._send(stamped(message, chosen))
-        return RescheduleReceipt(marks, chosen, sent.receipt)
+        marks, publishable = todo.marks(answers)
+        if not publishable:
+            return todo.receipt(marks, None)
+        sent = await self._send(todo.message)
+        return todo.receipt(marks, sent.receipt)

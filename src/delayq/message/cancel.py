@@ -18,8 +18,9 @@ one batch, and read the answers back into :class:`CancelReceipt` objects.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from delayq.errors import InvalidInput
 from delayq.message.bulk import key_message_id
@@ -35,16 +36,21 @@ from delayq.stores.key_scope import KeyScope, scoped_key
 from delayq.topology.model import Topology
 from delayq.topology.topic import topic_matches
 
+if TYPE_CHECKING:
+    from delayq.message.factory import MessageFactory
+    from delayq.topology.model import Strategy
+
 __all__ = [
     "SHARED_QUEUE",
     "CancelPlan",
     "CancelReceipt",
     "Generations",
     "RescheduleReceipt",
+    "Rescheduling",
     "new_copy_id",
     "one_of",
     "plan_cancels",
-    "reschedule_plan",
+    "plan_reschedule",
     "stamped",
     "store_for_cancels",
     "summarise",
@@ -260,27 +266,64 @@ def stamped(message: OutgoingMessage, generation: int) -> OutgoingMessage:
     return message
 
 
-def reschedule_plan(
-    topology: Topology,
-    message: OutgoingMessage,
-    *,
+@dataclass(frozen=True)
+class Rescheduling:
+    """A reschedule planned, before any I/O: the new copy, its generation, the marks."""
+
+    message: OutgoingMessage
+    generation: int
+    plan: CancelPlan
+
+    def marks(self, answers: Sequence[CancelStatus]) -> tuple[CancelReceipt, bool]:
+        """The store's answers to the marks, and whether the new copy may be published
+        (some queue took the mark; if none did, the receipt says why)."""
+        marks = self.plan.receipts(answers)[0]
+        return marks, any(status.marked for status in marks.queues.values())
+
+    def receipt(self, marks: CancelReceipt, sent: Receipt | None) -> RescheduleReceipt:
+        return RescheduleReceipt(marks, self.generation, sent)
+
+
+def plan_reschedule(
+    factory: MessageFactory,
+    generations: Generations,
     now_ms: int,
-    generation: int,
+    body: object,
+    routing_key: str,
+    delay: object,
+    *,
     message_id: str | None,
     key: str | None,
     queues: Iterable[str] | None,
     key_scope: KeyScope | str,
-) -> CancelPlan:
-    """The marks of a reschedule of ``message`` (built, not yet sent) to ``generation``."""
-    return plan_cancels(
+    headers: Mapping[str, Any] | None,
+    strategy: Strategy | str | None,
+    generation: int | None,
+) -> Rescheduling:
+    """Both publishers' ``reschedule`` before the store and the broker: the new copy built
+    (the id asked for, or the one derived from the business key) and stamped with its
+    generation, and the marks its older copies get in every queue it reaches."""
+    one_of(message_id, key)
+    topology = factory.topology
+    message = factory.build(
+        body,
+        routing_key,
+        delay,
+        message_id=new_copy_id(topology, message_id, key),
+        headers=headers,
+        strategy=strategy,
+    )
+    chosen = generations.next(now_ms, generation)
+    plan = plan_cancels(
         topology,
         now_ms=now_ms,
         routing_key=message.receipt.routing_key,
         queues=queues,
         key_scope=key_scope,
-        generation=generation,
+        generation=chosen,
         **one_of(message_id, key),
     )
+    return Rescheduling(stamped(message, chosen), chosen, plan)
 
 
 def new_copy_id(topology: Topology, message_id: str | None, key: str | None) -> str:
