@@ -21,6 +21,7 @@ from delayq.consume.delivery import Action
 from delayq.consume.flow import Ack, Publish
 from delayq.message.envelope import H_GENERATION
 from delayq.observe.deliveries import Settled
+from delayq.observe.metrics import PrometheusObserver
 from delayq.observe.records import DeliveryRecorder
 from delayq.stores.base import Claim, ClaimStatus
 from delayq.stores.key_scope import KeyScope, scoped_key
@@ -192,8 +193,7 @@ def test_a_cancelled_message_is_never_handled_parked_or_retrying(
 
 
 def test_the_metrics_count_cancelled_deliveries(memory_broker: MemoryBroker) -> None:
-    metrics = pytest.importorskip("delayq.observe.metrics")
-    observer = metrics.PrometheusObserver()
+    observer = PrometheusObserver()
     store = InMemoryStore()
     memory_broker.consumer(TOPOLOGY, "orders", lambda body: None, store=store, observers=[observer])
     store.cancel(scoped_key("gone", "orders", KeyScope.QUEUE), now_ms=memory_broker.now_ms)
