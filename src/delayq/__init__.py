@@ -64,6 +64,7 @@ from delayq.message.cancel import CancelReceipt, RescheduleReceipt
 from delayq.message.envelope import Message, Receipt
 from delayq.message.inflight import InFlightLimit
 from delayq.message.limits import MessageLimits
+from delayq.message.reschedule import Reschedule
 from delayq.observe.deliveries import DeliveryObserver, Settled
 from delayq.observe.publishes import Published, PublishObserver, PublishOutcome
 from delayq.observe.stats import ConsumerStats
@@ -157,6 +158,7 @@ __all__ = [
     "RecordsLost",
     "RedisStore",
     "Reject",
+    "Reschedule",
     "RescheduleReceipt",
     "Retry",
     "RetryPolicy",

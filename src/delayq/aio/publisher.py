@@ -29,8 +29,15 @@ from delayq.message.cancel import (
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default, size_of
+from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
-from delayq.stores.base import IdempotencyStore, run_cancels
+from delayq.stores.base import (
+    Cancel,
+    CancellingStore,
+    CancelStatus,
+    IdempotencyStore,
+    run_cancels,
+)
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
@@ -192,7 +199,13 @@ class AsyncPublisher:
         order, or raises :class:`~delayq.errors.PublishBatchError` naming each
         message that was not confirmed (the others were).
         """
-        built = self._factory.build_many(messages)
+        return [
+            m.receipt for m in await self._send_batch(self._factory.build_many(messages), window)
+        ]
+
+    async def _send_batch(self, built: list[OutgoingMessage], window: int) -> list[OutgoingMessage]:
+        """Send built messages with pipelined confirms; returns them as sent (restamped
+        if they waited for room)."""
         if not built:
             return []
         # The batch reserves room for what it keeps unconfirmed at once (its window,
@@ -210,7 +223,7 @@ class AsyncPublisher:
                 except Exception as exc:
                     failures = {i: self._unexpected(exc, m) for i, m in enumerate(built)}
                     raise PublishBatchError([None] * len(built), failures) from exc
-        return [m.receipt for m in built]
+        return built
 
     # Cancelling ---------------------------------------------------------------
 
@@ -250,11 +263,7 @@ class AsyncPublisher:
             queues=queues,
             key_scope=key_scope,
         )
-        if getattr(store, "blocking", True):
-            answers = await asyncio.to_thread(run_cancels, store, plan.ops)
-        else:
-            answers = run_cancels(store, plan.ops)
-        return plan.receipts(answers)
+        return plan.receipts(await self._run_cancels(store, plan.ops))
 
     async def reschedule(
         self,
@@ -294,13 +303,38 @@ class AsyncPublisher:
             strategy=strategy,
             generation=generation,
         )
-        answers = (
-            await asyncio.to_thread(run_cancels, store, todo.plan.ops)
-            if getattr(store, "blocking", True)
-            else run_cancels(store, todo.plan.ops)
-        )
-        marks, publishable = todo.marks(answers)
+        marks, publishable = todo.marks(await self._run_cancels(store, todo.plan.ops))
         if not publishable:
             return todo.receipt(marks, None)
         sent = await self._send(todo.message)
         return todo.receipt(marks, sent.receipt)
+
+    async def reschedule_many(
+        self,
+        items: Iterable[Reschedule],
+        *,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+        window: int = 1000,
+    ) -> list[RescheduleReceipt]:
+        """:meth:`Publisher.reschedule_many <delayq.sync.Publisher.reschedule_many>` on
+        asyncio (a store that does I/O is called in a thread)."""
+        store = store_for_cancels(self.store)
+        todo = plan_reschedules(
+            self._factory, self._generations, self._clock_ms(), items, key_scope=key_scope
+        )
+        if not todo.items:
+            return []
+        marks = todo.marks(await self._run_cancels(store, todo.ops))
+        indices = todo.publishable(marks)
+        try:
+            sent = await self._send_batch(todo.messages(indices), window)
+        except PublishBatchError as exc:
+            raise todo.failed(marks, indices, exc) from exc
+        return todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
+
+    @staticmethod
+    async def _run_cancels(store: CancellingStore, ops: list[Cancel]) -> list[CancelStatus]:
+        """``ops`` in one store batch, in a thread for a store that does I/O."""
+        if getattr(store, "blocking", True):
+            return await asyncio.to_thread(run_cancels, store, ops)
+        return run_cancels(store, ops)

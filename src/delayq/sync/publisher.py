@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from delayq.errors import PublishError
+from delayq.errors import PublishBatchError, PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
 from delayq.message.cancel import (
     CancelReceipt,
@@ -24,6 +24,7 @@ from delayq.message.cancel import (
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
+from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
@@ -169,13 +170,15 @@ class Publisher:
         order, or raises :class:`~delayq.errors.PublishBatchError` naming each
         message that was not confirmed (the others were).
         """
-        built = self._factory.build_many(messages)
-        if not built:
-            return []
-        window = batch_window(self._in_flight, built, max(1, window))
-        with self._observers.reporting(built):
-            self._link.send_batch(built, window)
-        return [m.receipt for m in built]
+        return [m.receipt for m in self._send_batch(self._factory.build_many(messages), window)]
+
+    def _send_batch(self, built: list[OutgoingMessage], window: int) -> list[OutgoingMessage]:
+        """Send built messages with pipelined confirms; returns them as sent."""
+        if built:
+            window = batch_window(self._in_flight, built, max(1, window))
+            with self._observers.reporting(built):
+                self._link.send_batch(built, window)
+        return built
 
     def send_many(
         self,
@@ -312,3 +315,32 @@ class Publisher:
             return todo.receipt(marks, None)
         self.send(todo.message)
         return todo.receipt(marks, todo.message.receipt)
+
+    def reschedule_many(
+        self,
+        items: Iterable[Reschedule],
+        *,
+        key_scope: KeyScope | str = KeyScope.QUEUE,
+        window: int = 1000,
+    ) -> list[RescheduleReceipt]:
+        """:meth:`reschedule` for many messages (:class:`~delayq.Reschedule` items): every
+        item checked first (bad input anywhere marks nothing), the marks in one store round
+        trip, then the new copies whose mark took in one pipelined batch (up to ``window``
+        unconfirmed). Returns a receipt per item in input order (``moved`` false: nothing
+        published, ``marks`` says why), or raises :class:`~delayq.errors.PublishBatchError`
+        whose ``receipts`` hold the others' receipts and ``failures`` each item whose new
+        copy was not confirmed (its older copies stay cancelled: reschedule it again).
+        """
+        store = store_for_cancels(self.store)
+        todo = plan_reschedules(
+            self._factory, self._generations, self._clock_ms(), items, key_scope=key_scope
+        )
+        if not todo.items:
+            return []
+        marks = todo.marks(run_cancels(store, todo.ops))
+        indices = todo.publishable(marks)
+        try:
+            sent = self._send_batch(todo.messages(indices), window)
+        except PublishBatchError as exc:
+            raise todo.failed(marks, indices, exc) from exc
+        return todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
