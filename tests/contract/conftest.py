@@ -58,6 +58,9 @@ class Bench(Protocol):
     def topology(self, ladder: tuple[str, ...] = ..., **kwargs: Any) -> Topology: ...
     def apply(self, topology: Topology) -> None: ...
     def publish(self, topology: Topology, *args: Any, **kwargs: Any) -> Receipt: ...
+    def publisher(self, topology: Topology, **options: Any) -> BenchPublisher:
+        """A publisher of its own (``store=``: the consumers' store, to cancel with)."""
+
     def consume(
         self, topology: Topology, queue: str, handler: Callable[[Any], Any], **kwargs: Any
     ) -> Any: ...
@@ -83,6 +86,23 @@ def _topology(ladder: tuple[str, ...], **kwargs: Any) -> Topology:
     else:
         destinations = [{**d, "queue": f"{ns}.{d['queue']}"} for d in destinations]
     return Topology(namespace=ns, ladder=list(ladder), destinations=destinations, **kwargs)
+
+
+class BenchPublisher:
+    """A bench's ``Publisher`` or ``AsyncPublisher``, called alike: each method runs to
+    its end (an async one on the bench's loop) and returns what the publisher returns."""
+
+    def __init__(self, bench: _Base, publisher: Any) -> None:
+        self._bench, self.publisher = bench, publisher
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.publisher, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            return self._bench.run(result) if self._bench.asynchronous else result
+
+        return call
 
 
 class _Base:
@@ -119,6 +139,12 @@ class _Base:
             return receipt
         result: Receipt = pub.publish(*args, **kwargs)
         return result
+
+    def publisher(self, topology: Topology, **options: Any) -> BenchPublisher:
+        factory = AsyncPublisher if self.asynchronous else Publisher
+        made = factory(self.url, topology, **options)
+        self.publishers[f"{topology.namespace}#{len(self.publishers)}"] = made
+        return BenchPublisher(self, made)
 
 
 class MemoryBench(_Base):
