@@ -8,18 +8,37 @@ consumers, on virtual time and on a real broker (ladders of 1-2 s). See
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from delayq import CancelStatus, Reschedule
+from delayq import CancelStatus, Reschedule, Topology
 from delayq.consume.retry import FixedBackoff
 from delayq.stores.memory import InMemoryStore
 
-from .conftest import Bench
+from .conftest import Bench, BenchPublisher
 from .test_contract import Recorder
 
 S = CancelStatus
+
+
+@dataclass
+class Setup:
+    """A topology's first queue with a consumer, and a publisher, sharing one store."""
+
+    queue: str
+    store: InMemoryStore
+    recorder: Recorder
+    consumer: Any
+    publisher: BenchPublisher
+
+
+def _setup(bench: Bench, topology: Topology, fail: Any = None, **options: Any) -> Setup:
+    queue = topology.destinations[0].queue
+    store, recorder = InMemoryStore(), Recorder(bench, fail=fail)
+    consumer = bench.consume(topology, queue, recorder, store=store, **options)
+    return Setup(queue, store, recorder, consumer, bench.publisher(topology, store=store))
 
 
 def _quiet(bench: Bench, consumer: Any, *, cancelled: int, within: str = "15s") -> None:
@@ -30,10 +49,8 @@ def _quiet(bench: Bench, consumer: Any, *, cancelled: int, within: str = "15s") 
 
 def test_a_message_cancelled_while_parked_is_never_handled(bench: Bench) -> None:
     topology = bench.topology(("1s", "2s"))
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     publisher.publish({"order": 1}, "job.expire", "2s", message_id="order-1")
     publisher.publish({"order": 2}, "job.expire", "2s", message_id="order-2")
 
@@ -49,10 +66,8 @@ def test_a_message_cancelled_while_parked_is_never_handled(bench: Bench) -> None
 
 def test_a_cancel_before_the_publish_waits_for_the_message(bench: Bench) -> None:
     topology = bench.topology(("1s", "2s"))
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
 
     receipt = publisher.cancel(message_id="later-1")
     assert receipt.status is S.UNKNOWN and receipt.cancelled
@@ -65,12 +80,9 @@ def test_a_cancel_before_the_publish_waits_for_the_message(bench: Bench) -> None
 
 def test_a_message_cancelled_in_a_retry_tier_is_not_retried(bench: Bench) -> None:
     topology = bench.topology(("1s", "2s"))
-    queue = topology.destinations[0].queue
-    store = InMemoryStore()
-    recorder = Recorder(bench, fail=lambda body, n: RuntimeError("first attempt"))
     policy = FixedBackoff(delay="2s", max_attempts=3)
-    consumer = bench.consume(topology, queue, recorder, store=store, policy=policy)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology, lambda body, n: RuntimeError("first attempt"), policy=policy)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     publisher.publish({"bill": 9}, "job.bill", "0s", message_id="bill-9")
 
     assert bench.run_until(lambda: consumer.stats.retried == 1, within="10s")
@@ -89,10 +101,8 @@ def test_a_rescheduled_message_is_handled_once_at_its_new_time(
     bench: Bench, how: str, old: str, new: str
 ) -> None:
     topology = bench.topology(("1s", "2s"))
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     first = publisher.publish("old", "job.remind", old, message_id="remind-1")
 
     if how == "reschedule":
@@ -118,10 +128,8 @@ def test_a_rescheduled_message_is_handled_once_at_its_new_time(
 
 def test_reschedule_many_moves_several_messages_in_one_batch(bench: Bench) -> None:
     topology = bench.topology(("1s", "2s"))
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     for n, delay in enumerate(["1s", "2s", "2s"]):
         publisher.publish(f"old-{n}", "job.remind", delay, message_id=f"r-{n}")
     publisher.cancel(message_id="r-2")
@@ -143,10 +151,8 @@ def test_reschedule_many_moves_several_messages_in_one_batch(bench: Bench) -> No
 
 def test_a_cancel_after_the_handler_ran_says_already_handled(bench: Bench) -> None:
     topology = bench.topology(("1s",))
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     publisher.publish("done", "job.run", "0s", message_id="done-1")
 
     assert bench.run_until(lambda: consumer.stats.handled == 1, within="10s")
@@ -160,10 +166,8 @@ def test_a_cancel_after_the_handler_ran_says_already_handled(bench: Bench) -> No
 
 def test_a_cancel_stops_an_exact_strategy_message_mid_cascade(bench: Bench) -> None:
     topology = bench.topology(("1s", "2s"), strategy="exact", exact={"unit": "250ms"})
-    queue = topology.destinations[0].queue
-    store, recorder = InMemoryStore(), Recorder(bench)
-    consumer = bench.consume(topology, queue, recorder, store=store)
-    publisher = bench.publisher(topology, store=store)
+    s = _setup(bench, topology)
+    queue, recorder, consumer, publisher = s.queue, s.recorder, s.consumer, s.publisher
     sent = publisher.publish("tick", "job.tick", "1750ms", message_id="tick-1")
     kept = publisher.publish("tock", "job.tick", "1250ms", message_id="tick-2")
     assert sent.hops == 3 and kept.hops == 2

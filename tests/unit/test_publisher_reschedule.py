@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from delayq import CancelStatus, RescheduleReceipt, Topology
+from delayq import CancelStatus, Reschedule, RescheduleReceipt, Topology
 from delayq.errors import InvalidInput
 from delayq.message.envelope import H_GENERATION
 from delayq.stores.memory import InMemoryStore
@@ -28,10 +28,17 @@ KINDS = pytest.mark.parametrize("kind", ["sync", "async"])
 
 
 class Harness:
-    def __init__(self, broker: MemoryBroker, kind: str, *, fail_first: bool = False) -> None:
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        kind: str,
+        *,
+        fail_first: bool = False,
+        store: InMemoryStore | None = None,
+    ) -> None:
         self.broker, self.kind = broker, kind
         broker.apply(TOPOLOGY)
-        self.store = InMemoryStore()
+        self.store = InMemoryStore() if store is None else store
         self.handled: list[tuple[int, Any]] = []
         self.failed = not fail_first
         self.consumer: Any = None
@@ -197,5 +204,10 @@ def test_a_publisher_without_a_store_cannot_reschedule(memory_broker, kind):
     )
     with pytest.raises(InvalidInput, match="needs the consumers' idempotency store"):
         result = publisher.reschedule("x", "remind.call", "5m", message_id="r")
+        if kind == "async":
+            asyncio.run(result)
+    item = Reschedule("x", "remind.call", "5m", message_id="r")
+    with pytest.raises(InvalidInput, match="needs the consumers' idempotency store"):
+        result = publisher.reschedule_many([item])
         if kind == "async":
             asyncio.run(result)

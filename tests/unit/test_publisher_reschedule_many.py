@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
-from delayq import CancelStatus, PublishBatchError, Reschedule, RescheduleReceipt, Topology
+from delayq import CancelStatus, PublishBatchError, Reschedule, RescheduleReceipt
 from delayq.errors import InvalidBody, InvalidInput, PublishRejected, StoreError
 from delayq.message.envelope import H_GENERATION
 from delayq.stores.base import Cancel
 from delayq.stores.memory import InMemoryStore
 from delayq.testing import MemoryBroker
+from tests.unit import test_publisher_reschedule as reschedule
 
-TOPOLOGY = Topology(
-    namespace="shop",
-    ladder=["1m", "5m", "15m", "1h"],
-    destinations=[{"queue": "reminders", "bindings": ["remind.*"]}],
-)
+TOPOLOGY = reschedule.TOPOLOGY
 S = CancelStatus
 KINDS = pytest.mark.parametrize("kind", ["sync", "async"])
 
@@ -45,38 +41,11 @@ class CountingStore(InMemoryStore):
         return super().cancel_batch(ops)
 
 
-class Harness:
+class Harness(reschedule.Harness):
+    store: CountingStore
+
     def __init__(self, broker: MemoryBroker, kind: str) -> None:
-        self.broker, self.kind = broker, kind
-        broker.apply(TOPOLOGY)
-        self.store = CountingStore()
-        self.handled: list[tuple[int, Any]] = []
-        self.consumer: Any = None
-        if kind == "sync":
-            self.publisher: Any = broker.publisher(TOPOLOGY, store=self.store)
-        else:
-            self.publisher = broker.async_publisher(TOPOLOGY, store=self.store)
-
-    def _handle(self, body: Any) -> None:
-        self.handled.append((self.broker.elapsed_ms // 60_000, body))
-
-    async def start(self) -> None:
-        if self.kind == "sync":
-            self.consumer = self.broker.consumer(
-                TOPOLOGY, "reminders", self._handle, store=self.store
-            )
-        else:
-
-            async def handle(body: Any) -> None:
-                self._handle(body)
-
-            self.consumer = await self.broker.async_consumer(
-                TOPOLOGY, "reminders", handle, store=self.store
-            )
-
-    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.publisher, name)(*args, **kwargs)
-        return await result if self.kind == "async" else result
+        super().__init__(broker, kind, store=CountingStore())
 
     def parked(self) -> int:
         return sum(len(self.broker.messages(f"shop.tier.{t}")) for t in ("1m", "5m", "15m", "1h"))
@@ -227,17 +196,3 @@ def test_a_store_failure_publishes_nothing(memory_broker, kind):
     with pytest.raises(StoreError, match="the store is down"):
         asyncio.run(h.call("reschedule_many", [GOOD]))
     assert h.parked() == 0
-
-
-@KINDS
-def test_a_publisher_without_a_store_cannot_reschedule_many(memory_broker, kind):
-    memory_broker.apply(TOPOLOGY)
-    publisher: Any = (
-        memory_broker.publisher(TOPOLOGY)
-        if kind == "sync"
-        else memory_broker.async_publisher(TOPOLOGY)
-    )
-    with pytest.raises(InvalidInput, match="needs the consumers' idempotency store"):
-        result = publisher.reschedule_many([GOOD])
-        if kind == "async":
-            asyncio.run(result)
