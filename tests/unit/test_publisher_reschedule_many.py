@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from delayq import CancelStatus, PublishBatchError, Reschedule, RescheduleReceipt
-from delayq.errors import InvalidBody, InvalidInput, PublishRejected, StoreError
+from delayq.errors import (
+    InvalidBody,
+    InvalidInput,
+    PublishRejected,
+    StoreError,
+    TopologyNotApplied,
+)
 from delayq.message.envelope import H_GENERATION
 from delayq.stores.base import Cancel
 from delayq.stores.memory import InMemoryStore
@@ -196,3 +203,26 @@ def test_a_store_failure_publishes_nothing(memory_broker, kind):
     with pytest.raises(StoreError, match="the store is down"):
         asyncio.run(h.call("reschedule_many", [GOOD]))
     assert h.parked() == 0
+
+
+@KINDS
+@pytest.mark.parametrize("how", ["reschedule", "reschedule_many"])
+def test_a_topology_not_applied_is_refused_before_anything_is_marked(memory_broker, kind, how):
+    store = CountingStore()
+    publisher: Any = (
+        memory_broker.publisher(TOPOLOGY, store=store)
+        if kind == "sync"
+        else memory_broker.async_publisher(TOPOLOGY, store=store)
+    )
+
+    async def call() -> Any:
+        if how == "reschedule":
+            result = publisher.reschedule("x", "remind.call", "5m", message_id="ok")
+        else:
+            result = publisher.reschedule_many([GOOD])
+        return await result if kind == "async" else result
+
+    with pytest.raises(TopologyNotApplied, match="topology apply"):
+        asyncio.run(call())
+    assert store.batches == 0
+    assert store.claim("q:reminders:ok", lease_ms=1, now_ms=0).value == "claimed"

@@ -283,8 +283,9 @@ class AsyncPublisher:
         and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
         back) is published, so exactly one copy is handled, also when the new time is
         earlier. Nothing is published when no queue took the mark (the receipt's
-        ``marks`` says why). If the publish fails after the marks, the older copies stay
-        cancelled: reschedule again. ``generation`` defaults to this publisher's clock
+        ``marks`` says why). The broker is reached (and the topology's apply checked)
+        before anything is marked; if the publish fails after the marks, the older copies
+        stay cancelled: reschedule again. ``generation`` defaults to this publisher's clock
         (kept increasing). See ``docs/concepts/cancel.md``.
         """
         store = store_for_cancels(self.store)
@@ -303,6 +304,7 @@ class AsyncPublisher:
             strategy=strategy,
             generation=generation,
         )
+        await self._link.connect()  # an unreachable broker or unapplied topology: no marks
         marks, publishable = todo.marks(await self._run_cancels(store, todo.plan.ops))
         if not publishable:
             return todo.receipt(marks, None)
@@ -324,6 +326,7 @@ class AsyncPublisher:
         )
         if not todo.items:
             return []
+        await self._link.connect()  # an unreachable broker or unapplied topology: no marks
         marks = todo.marks(await self._run_cancels(store, todo.ops))
         indices = todo.publishable(marks)
         try:

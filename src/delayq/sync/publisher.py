@@ -289,8 +289,9 @@ class Publisher:
         and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
         back) is published, so exactly one copy is handled, also when the new time is
         earlier. Nothing is published when no queue took the mark (the receipt's
-        ``marks`` says why). If the publish fails after the marks, the older copies stay
-        cancelled: reschedule again. ``generation`` defaults to this publisher's clock
+        ``marks`` says why). The broker is reached (and the topology's apply checked)
+        before anything is marked; if the publish fails after the marks, the older copies
+        stay cancelled: reschedule again. ``generation`` defaults to this publisher's clock
         (kept increasing). See ``docs/concepts/cancel.md``.
         """
         store = store_for_cancels(self.store)
@@ -309,8 +310,8 @@ class Publisher:
             strategy=strategy,
             generation=generation,
         )
-        answers = run_cancels(store, todo.plan.ops)
-        marks, publishable = todo.marks(answers)
+        self._link.connect()  # an unreachable broker or unapplied topology: nothing marked
+        marks, publishable = todo.marks(run_cancels(store, todo.plan.ops))
         if not publishable:
             return todo.receipt(marks, None)
         self.send(todo.message)
@@ -329,7 +330,8 @@ class Publisher:
         unconfirmed). Returns a receipt per item in input order (``moved`` false: nothing
         published, ``marks`` says why), or raises :class:`~delayq.errors.PublishBatchError`
         whose ``receipts`` hold the others' receipts and ``failures`` each item whose new
-        copy was not confirmed (its older copies stay cancelled: reschedule it again).
+        copy was not confirmed (its older copies stay cancelled: reschedule it again). As
+        for :meth:`reschedule`, an unreachable broker raises before anything is marked.
         """
         store = store_for_cancels(self.store)
         todo = plan_reschedules(
@@ -337,6 +339,7 @@ class Publisher:
         )
         if not todo.items:
             return []
+        self._link.connect()  # an unreachable broker or unapplied topology: nothing marked
         marks = todo.marks(run_cancels(store, todo.ops))
         indices = todo.publishable(marks)
         try:
