@@ -5,7 +5,8 @@ cancelled (`delayq cancel`). Replayed with `--store` alone, the first one's copy
 skipped as cancelled and the replay says so; replayed with `--uncancel`, the second
 one's cancel is cleared first and its copy is handled, once. Misuse first: `--uncancel`
 without `--store` is a usage error (exit 2), an unreachable or missing store a clear
-error; neither replays anything.
+error; neither replays anything. Last, through the library: a store failing half-way
+stops the replay, and what was not replayed stays parked.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import sys
 import uuid
 from typing import Any
 
+import pika
+import pytest
 import yaml
 
 from delayq import FixedBackoff, SQLiteStore
+from delayq.errors import StoreError
+from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync import Consumer, Publisher, apply_topology, parking
 from tests.integration.conftest import SyncConsumerHandle
 from tests.waiting import wait_for
@@ -118,3 +123,45 @@ def test_dlq_replay_skips_a_cancelled_message_unless_uncancelled(
         handle.stop(10)
         store.close()
     assert (handle.stats.handled, handle.stats.cancelled, handle.stats.duplicates) == (1, 1, 0)
+
+
+class FailingSecond:
+    """A store whose second uncancel fails as a server going away would."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def uncancel_batch(self, keys: Any, *, now_ms: int, look_only: bool = False) -> Any:
+        self.calls += 1
+        if self.calls == 2:
+            raise ConnectionError("store server gone")
+        return self.inner.uncancel_batch(keys, now_ms=now_ms, look_only=look_only)
+
+
+def test_a_store_failing_half_way_stops_the_replay_and_leaves_the_rest_parked(
+    make_topology, rabbitmq_url, tmp_path
+):
+    topology = make_topology(["1s"])
+    queue = f"{topology.namespace}.work"
+    apply_topology(topology, rabbitmq_url)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        channel = connection.channel()
+        for message_id in ("first", "second", "third"):
+            props = pika.BasicProperties(message_id=message_id, content_type="application/json")
+            channel.basic_publish("", f"{queue}.dlq", b"{}", properties=props)
+    finally:
+        connection.close()
+    store = SQLiteStore(tmp_path / "keys.db")
+    marks = ReplayMarks(FailingSecond(store), queue, uncancel=True)
+    try:
+        with pytest.raises(StoreError, match="before second: 1 were replayed") as caught:
+            parking.replay(
+                rabbitmq_url, f"{queue}.dlq", topology, target=lambda p: ("", queue), marks=marks
+            )
+    finally:
+        store.close()
+    assert "store server gone" in str(caught.value)
+    left = sorted(p.message_id for p in parking.browse(rabbitmq_url, f"{queue}.dlq"))
+    assert left == ["second", "third"]
