@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -19,6 +19,9 @@ from delayq.message.envelope import epoch_ms
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 from delayq.wording import counted
+
+if TYPE_CHECKING:
+    from delayq.ops.replay_marks import ReplayMarks
 
 
 def _parking(args: Args) -> tuple[Topology, str, str]:
@@ -76,6 +79,34 @@ def _print_parked(args: Args, queue: str, label: str) -> int:
     return EXIT_OK
 
 
+def _replay_marks(args: Args) -> ReplayMarks | None:
+    """``dlq replay --store URL [--uncancel]``: the store opened (reached now, before
+    anything is replayed), as a :class:`~delayq.ops.replay_marks.ReplayMarks`."""
+    store_url = getattr(args, "store", None)
+    if getattr(args, "uncancel", False) and store_url is None:
+        raise InvalidInput(
+            "--uncancel needs --store URL: the consumers' idempotency store, where the "
+            "cancels to clear are"
+        )
+    if store_url is None:
+        return None
+    from delayq.cli.store_url import open_store
+    from delayq.ops.replay_marks import ReplayMarks
+
+    store = open_store(store_url)
+    try:
+        return ReplayMarks(store, args.queue, uncancel=args.uncancel, key_scope=args.key_scope)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _close(store: object) -> None:
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
+
+
 def cmd_parked(args: Args) -> int:
     from delayq.sync import parking
 
@@ -99,16 +130,22 @@ def cmd_parked(args: Args) -> int:
         def target(parked: Any) -> tuple[str, str]:
             return topology.ready_exchange, parked.delivery.origin_routing_key
 
-    with progress_bar("replaying") as progress:
-        report = parking.replay(
-            url,
-            queue,
-            topology,
-            target=target,
-            ids=None if args.all else list(args.ids),
-            rate_per_s=args.rate,
-            progress=progress,
-        )
+    marks = _replay_marks(args)
+    try:
+        with progress_bar("replaying") as progress:
+            report = parking.replay(
+                url,
+                queue,
+                topology,
+                target=target,
+                ids=None if args.all else list(args.ids),
+                rate_per_s=args.rate,
+                progress=progress,
+                marks=marks,
+            )
+    finally:
+        if marks is not None:
+            _close(marks.store)
     if report.seen == 0:
         print(f"{label} is empty: nothing to replay")
     else:
@@ -116,6 +153,9 @@ def cmd_parked(args: Args) -> int:
             f"replayed {len(report.replayed)} of {counted(report.seen, 'parked message')} "
             f"from {queue}"
         )
+    if marks is not None:
+        for line in marks.summary(report.replayed):
+            print(line)
     if report.returned:
         print(
             f"delayq: {len(report.returned)} came straight back to {label}, their routing "

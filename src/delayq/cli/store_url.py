@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from delayq.errors import InvalidInput
+from delayq.errors import DelayqError, InvalidInput, StoreError
+from delayq.scrub import scrub
 from delayq.stores.base import IdempotencyStore
 from delayq.urls import redact
 
@@ -27,7 +28,26 @@ STORE_FORMS = (
 
 
 def open_store(url: str) -> IdempotencyStore:
-    """The store ``url`` names, opened (a server store is reached now)."""
+    """The store ``url`` names, opened (a server store is reached now).
+
+    A malformed URL is :class:`~delayq.errors.InvalidInput`; a store that cannot be
+    opened (server unreachable, no such database, refused credentials) is
+    :class:`~delayq.errors.StoreError`, with the password scrubbed, never the client's
+    own exception."""
+    try:
+        return _open(url)
+    except DelayqError:
+        raise
+    except ValueError as exc:  # redis-py's word for a malformed URL
+        raise InvalidInput(scrub(f"--store: {exc}; write one of {STORE_FORMS}")) from None
+    except Exception as exc:
+        where = redact(url) if isinstance(url, str) and "://" in url else "the store"
+        raise StoreError(
+            scrub(f"cannot open the store at {where}: {type(exc).__name__}: {exc}")
+        ) from None
+
+
+def _open(url: str) -> IdempotencyStore:
     text = url.strip() if isinstance(url, str) else ""
     scheme = text.partition("://")[0].lower() if "://" in text else ""
     if scheme == "sqlite":
@@ -45,10 +65,7 @@ def open_store(url: str) -> IdempotencyStore:
     if scheme in ("redis", "rediss", "unix"):
         from delayq.stores.redis import RedisStore
 
-        try:
-            return RedisStore(text)
-        except ValueError as exc:
-            raise InvalidInput(f"--store: {exc}") from None
+        return RedisStore(text)
     if scheme in ("postgresql", "postgres"):
         from delayq.stores.postgres import PostgresStore
 

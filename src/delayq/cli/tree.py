@@ -128,6 +128,31 @@ def topology_group() -> click.Group:
     )
 
 
+def replay_store_options() -> list[click.Parameter]:
+    """``dlq replay``'s cancel options (see docs/concepts/cancel.md)."""
+    from delayq.cli.store_url import STORE_FORMS
+
+    return [
+        once(
+            "--store",
+            metavar="URL",
+            help="the queue's consumers' idempotency store: each message's cancel is looked "
+            f"up first and the copies that will be skipped are named; {STORE_FORMS}",
+        ),
+        flag(
+            "--uncancel",
+            help="clear each replayed message's cancel first (needs --store), so its copy is "
+            "handled: the operator's override of a cancel",
+        ),
+        once(
+            "--key-scope",
+            type=click.Choice(["queue", "shared"]),
+            default="queue",
+            help="the consumers' key_scope (default queue)",
+        ),
+    ]
+
+
 def parked_group(name: str, what: str) -> click.Group:
     takes_queue = name == "dlq"
 
@@ -200,6 +225,7 @@ def parked_group(name: str, what: str) -> click.Group:
                         metavar="N",
                         help="at most N messages per second",
                     ),
+                    *(replay_store_options() if takes_queue else []),
                 ],
                 one_of=[("ids", "all")],
             ),

@@ -22,12 +22,13 @@ from delayq.consume.delivery import Delivery
 from delayq.consume.flow import Ack, FlowContext
 from delayq.consume.handlers import check_handler
 from delayq.consume.planner import DeliveryPlanner
+from delayq.consume.retention import check_mark_retention
 from delayq.consume.retry import RetryPolicy
 from delayq.consume.settings import ConsumeSettings
 from delayq.message.envelope import epoch_ms
 from delayq.observe.deliveries import DeliveryObserver, Observers
 from delayq.observe.stats import ConsumerStats
-from delayq.stores.base import IdempotencyStore, check_transactional
+from delayq.stores.base import CancellingStore, IdempotencyStore, check_transactional
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url
@@ -56,6 +57,21 @@ class PruneSchedule:
         return now_ms - self._retention_ms
 
 
+def _check_marks_outlive_copies(
+    store: object, retention_ms: int, planner: DeliveryPlanner, queue: str
+) -> None:
+    """Refuse a retention (the consumer's, a RedisStore's TTL) that would prune a cancel
+    mark before the last copy it stops can arrive (see :mod:`delayq.consume.retention`).
+    Without a store, or with one that keeps no marks, there is nothing to outlive."""
+    if store is None or not isinstance(store, CancellingStore):
+        return
+    topology, policy = planner.topology, planner.policy
+    check_mark_retention(retention_ms, topology, policy, queue=queue)
+    ttl = getattr(store, "retention_ms", None)
+    if isinstance(ttl, int) and not isinstance(ttl, bool):
+        check_mark_retention(ttl, topology, policy, what=f"{store!r} retention_ms", queue=queue)
+
+
 class ConsumerBase:
     """The shared part of the consumers; subclasses set ``_sync`` and ``_adapt``."""
 
@@ -82,6 +98,7 @@ class ConsumerBase:
         handler_timeout: object = "5m",
         lease: object = None,
         retention: object = "7d",
+        check_retention: bool = True,
         non_retryable: tuple[type[BaseException], ...] = (),
         transactional: bool = False,
         observers: Iterable[DeliveryObserver] = (),
@@ -117,6 +134,8 @@ class ConsumerBase:
             rng=rng,
             scrubber=scrubber,  # error text is scrubbed of credentials (delayq.scrub)
         )
+        if check_retention:
+            _check_marks_outlive_copies(store, settings.retention_ms, self._planner, queue)
         self._transactional = transactional
         self._prefetch = prefetch
         self._settings = settings

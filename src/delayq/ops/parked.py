@@ -13,7 +13,13 @@ from delayq.consume.delivery import (
     Delivery,
 )
 from delayq.consume.planner import republished
-from delayq.message.envelope import H_PUBLISHED_AT, HEADER_PREFIX, OutgoingMessage, envelope_headers
+from delayq.message.envelope import (
+    H_GENERATION,
+    H_PUBLISHED_AT,
+    HEADER_PREFIX,
+    OutgoingMessage,
+    envelope_headers,
+)
 
 __all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
 
@@ -125,7 +131,9 @@ def replay_message(
     parked: Delivery, *, exchange: str, routing_key: str, now_ms: int
 ) -> OutgoingMessage:
     """The parked message, sent again: same id and body, attempt counter reset to 1,
-    failure headers dropped (``delayq-replayed-at`` says when)."""
+    failure headers dropped (``delayq-replayed-at`` says when). A rescheduled copy keeps
+    its generation: replayed, it is that copy again, not an older one (which its own
+    mark would cancel)."""
     headers: dict[str, Any] = {
         k: v
         for k, v in parked.headers.items()
@@ -133,4 +141,6 @@ def replay_message(
     }
     headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
     headers[H_REPLAYED_AT] = now_ms
+    if H_GENERATION in parked.headers:
+        headers[H_GENERATION] = parked.headers[H_GENERATION]
     return republished(parked, exchange, routing_key, headers, now_ms)

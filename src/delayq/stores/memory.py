@@ -13,6 +13,7 @@ from delayq.stores.base import (
     check_cancel,
     closed_error,
 )
+from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 
 __all__ = ["InMemoryStore"]
 
@@ -91,6 +92,27 @@ class InMemoryStore:
         known = mark is not None or lease is not None
         self._leases.pop(key, None)  # a run-out claim: its consumer is presumed gone
         return CancelStatus.CANCELLED if known else CancelStatus.UNKNOWN
+
+    def uncancel_batch(
+        self, keys: Sequence[str], *, now_ms: int, look_only: bool = False
+    ) -> list[UncancelStatus]:
+        """Remove cancels' marks of ``keys``, under the claims' lock (see
+        :mod:`delayq.stores.uncancel`); ``look_only``: say what each key is, remove nothing."""
+        check_uncancel(keys, now_ms)
+        with self._lock:
+            self._check_open()
+            return [self._uncancel(key, now_ms, look_only) for key in keys]
+
+    def _uncancel(self, key: str, now_ms: int, look_only: bool) -> UncancelStatus:
+        generation = self._marks.get(key, (0, 0))[0]
+        done = self._done.get(key)
+        status = uncancel_status(
+            done, self._leases.get(key, 0), generation, now_ms=now_ms, look_only=look_only
+        )
+        if status is UncancelStatus.UNCANCELLED:
+            self._marks.pop(key, None)
+            self._leases.pop(key, None)
+        return status
 
     def done_keys(self) -> Iterator[tuple[str, int]]:
         """Every completed key and when (see :func:`delayq.stores.key_scope.copy_unscoped_keys`)."""

@@ -46,6 +46,7 @@ from delayq.stores.base import (
     check_cancel,
     closed_error,
 )
+from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
@@ -181,6 +182,11 @@ class PostgresStore:
         self._sql_cancel_state = sql.SQL(
             "SELECT done_at, lease_until, generation FROM {t} WHERE key = %s"
         ).format(t=ident)
+        # An uncancel removes the row of a cancelled key (not done): the DELETE locks it,
+        # the SELECT after it reads what any other key is (see delayq.stores.uncancel).
+        self._sql_uncancel = sql.SQL(
+            "DELETE FROM {t} WHERE key = %s AND done_at IS NULL AND generation >= %s RETURNING 1"
+        ).format(t=ident)
         self._sql_complete = sql.SQL(
             "INSERT INTO {t} (key, done_at, lease_until) VALUES (%s, %s, %s)"
             " ON CONFLICT (key) DO UPDATE SET done_at = EXCLUDED.done_at"
@@ -286,6 +292,34 @@ class PostgresStore:
             for index, op, marked, state in pending:
                 results[index] = _cancel_status(op, marked.fetchone(), state.fetchone())
         return [status for status in results if status is not None]
+
+    def uncancel_batch(
+        self, keys: Sequence[str], *, now_ms: int, look_only: bool = False
+    ) -> list[UncancelStatus]:
+        """Remove cancels' marks in one transaction, pipelined, rows in key order (see
+        :mod:`delayq.stores.uncancel`); ``look_only``: remove nothing."""
+        check_uncancel(keys, now_ms)
+        with self._lock:
+            conn = self._connection()
+            with conn.transaction(), conn.pipeline():
+                pending = {}
+                for key in sorted(set(keys)):
+                    gone = (
+                        None
+                        if look_only
+                        else conn.execute(self._sql_uncancel, (key, CANCELLED_GENERATION))
+                    )
+                    pending[key] = (gone, conn.execute(self._sql_cancel_state, (key,)))
+            found = {}
+            for key, (gone, state) in pending.items():
+                row = state.fetchone()
+                if gone is not None and gone.fetchone() is not None:
+                    found[key] = UncancelStatus.UNCANCELLED
+                elif row is None:
+                    found[key] = UncancelStatus.NOT_CANCELLED
+                else:
+                    found[key] = uncancel_status(*row, now_ms=now_ms, look_only=True)
+        return [found[key] for key in keys]
 
     def complete(self, key: str, *, now_ms: int) -> None:
         with self._lock:

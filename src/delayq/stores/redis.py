@@ -45,6 +45,7 @@ from delayq.stores.base import (
     check_cancel,
     closed_error,
 )
+from delayq.stores.uncancel import UncancelStatus, check_uncancel
 from delayq.urls import redact
 
 __all__ = ["RedisStore"]
@@ -121,6 +122,29 @@ _CANCEL_STATUS = (
     CancelStatus.IN_PROGRESS,
     CancelStatus.ALREADY_HANDLED,
     CancelStatus.OUTDATED,
+)
+
+# KEYS[1] = key; ARGV = now_ms, CANCELLED_GENERATION, look_only (1/0). Results: the index
+# in _UNCANCEL_STATUS. Only a cancel's mark goes (see delayq.stores.uncancel).
+_UNCANCEL = """
+local state = redis.call('HMGET', KEYS[1], 'done_at', 'lease_until', 'generation')
+if state[1] then return 4 end
+if state[3] and tonumber(state[3]) >= tonumber(ARGV[2]) then
+  if ARGV[3] == '1' then return 1 end
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+if state[2] and tonumber(state[2]) > tonumber(ARGV[1]) then return 3 end
+if state[3] and tonumber(state[3]) > 0 then return 2 end
+return 5
+"""
+_UNCANCEL_STATUS = (
+    UncancelStatus.UNCANCELLED,
+    UncancelStatus.CANCELLED,
+    UncancelStatus.RESCHEDULED,
+    UncancelStatus.IN_PROGRESS,
+    UncancelStatus.ALREADY_HANDLED,
+    UncancelStatus.NOT_CANCELLED,
 )
 
 # KEYS[1] = key; ARGV[1] = older_than_ms. Keys of another type are left alone.
@@ -205,6 +229,7 @@ class RedisStore:
         self._release = self._client.register_script(_RELEASE)
         self._prune = self._client.register_script(_PRUNE)
         self._cancel = self._client.register_script(_CANCEL)
+        self._uncancel = self._client.register_script(_UNCANCEL)
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
@@ -240,6 +265,18 @@ class RedisStore:
             args = [op.now_ms, op.generation, self.retention_ms or 0, CANCELLED_GENERATION]
             self._cancel(keys=[self._key(op.key)], args=args, client=pipe)
         return [_CANCEL_STATUS[int(reply)] for reply in pipe.execute()]
+
+    def uncancel_batch(
+        self, keys: Sequence[str], *, now_ms: int, look_only: bool = False
+    ) -> list[UncancelStatus]:
+        """Remove cancels' marks in one pipeline, each key its own atomic script (see
+        :mod:`delayq.stores.uncancel`); ``look_only``: remove nothing."""
+        check_uncancel(keys, now_ms)
+        pipe = self._client.pipeline(transaction=False)
+        args = [int(now_ms), CANCELLED_GENERATION, 1 if look_only else 0]
+        for key in keys:
+            self._uncancel(keys=[self._key(key)], args=args, client=pipe)
+        return [_UNCANCEL_STATUS[int(reply)] for reply in pipe.execute()]
 
     def complete(self, key: str, *, now_ms: int) -> None:
         self._complete(keys=[self._key(key)], args=self._complete_args(now_ms))

@@ -22,6 +22,7 @@ from delayq.stores.base import (
     check_cancel,
     closed_error,
 )
+from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 
 __all__ = ["SQLiteStore"]
 
@@ -136,6 +137,24 @@ class SQLiteStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 results = [_sqlite_cancel(db, op) for op in ops]
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return results
+
+    def uncancel_batch(
+        self, keys: Sequence[str], *, now_ms: int, look_only: bool = False
+    ) -> list[UncancelStatus]:
+        """Remove cancels' marks in one ``BEGIN IMMEDIATE`` transaction (see
+        :mod:`delayq.stores.uncancel`); ``look_only``: remove nothing."""
+        check_uncancel(keys, now_ms)
+        with self._lock:
+            self._check_open()
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                results = [_sqlite_uncancel(db, key, now_ms, look_only) for key in keys]
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -390,6 +409,18 @@ def _sqlite_cancel(db: sqlite3.Connection, op: Cancel) -> CancelStatus:
         (op.key, op.generation, op.now_ms),
     )
     return CancelStatus.UNKNOWN if row is None else CancelStatus.CANCELLED
+
+
+def _sqlite_uncancel(db: sqlite3.Connection, key: str, now_ms: int, look: bool) -> UncancelStatus:
+    row = db.execute(
+        "SELECT done_at, lease_until, generation FROM delayq_idempotency WHERE key = ?", (key,)
+    ).fetchone()
+    if row is None:
+        return UncancelStatus.NOT_CANCELLED
+    status = uncancel_status(*row, now_ms=now_ms, look_only=look)
+    if status is UncancelStatus.UNCANCELLED:
+        db.execute("DELETE FROM delayq_idempotency WHERE key = ?", (key,))
+    return status
 
 
 def _add_mark_columns(db: sqlite3.Connection) -> None:

@@ -16,9 +16,10 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.consume.delivery import Delivery
-from delayq.errors import ConnectionFailed, InvalidInput, TopologyMissing
+from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMissing
 from delayq.message.envelope import epoch_ms
 from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, replay_message
+from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error
 from delayq.sync.publisher import Publisher
@@ -103,6 +104,7 @@ def replay(
     ids: Collection[str] | None = None,
     rate_per_s: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    marks: ReplayMarks | None = None,
 ) -> ReplayReport:
     """Send parked messages again and remove them from ``queue`` once confirmed.
 
@@ -114,6 +116,12 @@ def replay(
     its copy is confirmed: a replay that stops half-way (connection lost:
     :class:`~delayq.errors.ConnectionFailed`; destination gone:
     :class:`~delayq.errors.Unroutable`) leaves the others parked.
+
+    ``marks``: the consumers' store, consulted for each message before it is sent (see
+    :mod:`delayq.ops.replay_marks`): its cancel is looked up, or cleared with
+    ``marks.uncancel``; the answers land in ``marks.found``. A store failure stops the
+    replay (:class:`~delayq.errors.StoreError`): the message it was for and the rest
+    stay parked.
     """
     if rate_per_s is not None and not 0 < rate_per_s < float("inf"):
         raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
@@ -134,6 +142,8 @@ def replay(
                     continue  # held unacked, returned at the end
                 exchange, routing_key = target(parked)
                 started = time.monotonic()
+                if marks is not None:
+                    _consult(marks, parked, queue, report)
                 copy = replay_message(
                     parked.delivery, exchange=exchange, routing_key=routing_key, now_ms=epoch_ms()
                 )
@@ -165,6 +175,17 @@ def replay(
     if wanted is not None:
         report.missing = sorted(wanted - set(report.replayed) - set(report.returned))
     return report
+
+
+def _consult(marks: ReplayMarks, parked: ParkedMessage, queue: str, report: ReplayReport) -> None:
+    try:
+        marks.before_send(parked.delivery, now_ms=epoch_ms())
+    except StoreError as exc:
+        raise StoreError(
+            f"the store failed while replaying from {queue}, before {parked.message_id}: "
+            f"{len(report.replayed)} were replayed, the others are still parked ({exc}); "
+            "run the replay again"
+        ) from exc
 
 
 def _returned(channel: BlockingChannel, queue: str, stamps: dict[str, object]) -> set[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from delayq.consume.delivery import Delivery
 from delayq.message.envelope import OutgoingMessage
 from delayq.ops.parked import H_REPLAYED_AT, replay_message
+from delayq.ops.replay_marks import ReplayMarks
 from delayq.testing.clock import VirtualClock
 from delayq.testing.dispatch import Dispatch
 from delayq.testing.entities import Entities
@@ -67,10 +68,18 @@ class BrokerViews:
         q.messages.clear()
         return taken
 
-    def replay_dlq(self, queue: str, ids: Collection[str] | None = None) -> list[str]:
+    def replay_dlq(
+        self,
+        queue: str,
+        ids: Collection[str] | None = None,
+        *,
+        marks: ReplayMarks | None = None,
+    ) -> list[str]:
         """Send ``<queue>.dlq``'s messages (those in ``ids``, else all) back to ``queue``
-        alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids."""
-        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue))
+        alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids.
+        ``marks``: each message's cancel is looked up (or cleared) first, as
+        ``delayq dlq replay --store`` (``--uncancel``) does."""
+        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue), marks)
 
     def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
         """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
@@ -87,6 +96,7 @@ class BrokerViews:
         queue: str,
         ids: Collection[str] | None,
         target: Callable[[StoredMessage], tuple[str, str]],
+        marks: ReplayMarks | None = None,
     ) -> list[str]:
         parked = self._world.queue(queue)
         replayed: list[str] = []
@@ -94,6 +104,8 @@ class BrokerViews:
             if ids is not None and message.message_id not in ids:
                 continue
             exchange, routing_key = target(message)
+            if marks is not None:
+                marks.before_send(_delivery(message), now_ms=self.clock.now_ms())
             copy = replay_message(
                 _delivery(message),
                 exchange=exchange,
