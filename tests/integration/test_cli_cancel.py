@@ -45,28 +45,12 @@ def test_cli_cancel_and_reschedule_on_a_real_broker(kind, make_topology, rabbitm
     ledger = scope.Ledger()
     bodies: list[tuple[str, Any]] = []
     handles: list[Any] = []
-    for queue in queues:
-
-        def handle(body: Any, queue: str = queue) -> None:
-            bodies.append((queue, body))
-            ledger.ran(f"{queue}:{body['name']}")
-
-        async def handle_async(body: Any, queue: str = queue) -> None:
-            handle(body, queue)
-
-        options: dict[str, Any] = {"store": store, "observers": [ledger]}
-        if kind == "sync":
-            consumer = Consumer(rabbitmq_url, topology, queue, handle, **options)
-            handles.append(SyncConsumerHandle(consumer))
-        else:
-            aconsumer = AsyncConsumer(rabbitmq_url, topology, queue, handle_async, **options)
-            handles.append(AsyncConsumerHandle(aconsumer))
     run = uuid.uuid4().hex[:8]
     ids = {name: f"{name}-{run}" for name in ("by-id", "by-file", "kept", "moved")}
     try:
         with Publisher(rabbitmq_url, topology) as publisher:
             for name, message_id in ids.items():
-                publisher.publish({"name": name}, ROUTING_KEY, "8s", message_id=message_id)
+                publisher.publish({"name": name}, ROUTING_KEY, "2s", message_id=message_id)
         listing = tmp_path / "ids.txt"
         listing.write_text(f"{ids['by-file']}\n")
         cancel = _delayq(
@@ -95,6 +79,24 @@ def test_cli_cancel_and_reschedule_on_a_real_broker(kind, make_topology, rabbitm
         )
         assert moved.returncode == 0, moved.stderr
         assert json.loads(moved.stdout)["moved"] is True
+        # The consumers start only now: however slow the commands were, nothing was
+        # delivered before its cancel (the copies due meanwhile wait in the queues).
+        for queue in queues:
+
+            def handle(body: Any, queue: str = queue) -> None:
+                bodies.append((queue, body))
+                ledger.ran(f"{queue}:{body['name']}")
+
+            async def handle_async(body: Any, queue: str = queue) -> None:
+                handle(body, queue)
+
+            options: dict[str, Any] = {"store": store, "observers": [ledger]}
+            if kind == "sync":
+                consumer = Consumer(rabbitmq_url, topology, queue, handle, **options)
+                handles.append(SyncConsumerHandle(consumer))
+            else:
+                aconsumer = AsyncConsumer(rabbitmq_url, topology, queue, handle_async, **options)
+                handles.append(AsyncConsumerHandle(aconsumer))
         # per queue: by-id, by-file and the old copy of moved cancelled; kept and the
         # new copy handled
         ledger.wait_settled(queues, 5, timeout_s=60)
