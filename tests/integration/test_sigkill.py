@@ -48,16 +48,19 @@ def _depth(url: str, queue: str) -> int:
 class Target:
     """The consumer process under test."""
 
-    def __init__(self, args: list[str], out: Path) -> None:
+    def __init__(
+        self, args: list[str], out: Path, module: str = "tests.integration.kill_target"
+    ) -> None:
         self.args = args
         self.out = out
+        self.module = module
         self.process: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []
 
     def start(self) -> None:
         with open(self.out, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.kill_target", *self.args],
+                [sys.executable, "-m", self.module, *self.args],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=out,
