@@ -32,7 +32,15 @@ from typing import Any
 
 import pytest
 
-from delayq import CancelStatus, FixedBackoff, Message, Settled, SQLiteStore, Topology
+from delayq import (
+    CancelStatus,
+    FixedBackoff,
+    Message,
+    Reschedule,
+    Settled,
+    SQLiteStore,
+    Topology,
+)
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.message.cancel import CancelReceipt
 from delayq.message.envelope import H_GENERATION
@@ -396,9 +404,7 @@ def test_two_thousand_rescheduled_each_handled_once_at_its_new_time(
 
     db = tmp_path / "store.db"
     consumer_store, publisher_store = SQLiteStore(db), SQLiteStore(db)
-    consumer = _start(
-        kind, rabbitmq_url, topology, handle, store=consumer_store, observers=[record]
-    )
+    consumer: ConsumerHandle | None = None
     old: dict[str, Any] = {}
     moved: dict[str, Any] = {}
     try:
@@ -406,8 +412,10 @@ def test_two_thousand_rescheduled_each_handled_once_at_its_new_time(
             publisher.publish_many(
                 [Message({"id": m}, ROUTING_KEY, "2s", message_id=m) for m in controls]
             )
-            # A chunk at a time, each moved right after it is published: long before
-            # its old due time, however loaded the machine.
+            # A chunk at a time, moved (one store round trip) right after it is published.
+            # The later group is moved before the consumer starts, so however slow the
+            # machine, no old copy of it can be handled first; the earlier group's old
+            # copies are due 16 s after their publish, long after their move.
             for group, before, after in ((later, "8s", "16s"), (earlier, "16s", "2s")):
                 for start in range(0, len(group), 100):
                     chunk = group[start : start + 100]
@@ -415,8 +423,20 @@ def test_two_thousand_rescheduled_each_handled_once_at_its_new_time(
                         [Message({"id": m}, ROUTING_KEY, before, message_id=m) for m in chunk]
                     )
                     old.update(zip(chunk, sent, strict=True))
-                    for m in chunk:
-                        moved[m] = publisher.reschedule({"id": m}, ROUTING_KEY, after, message_id=m)
+                    found = publisher.reschedule_many(
+                        [Reschedule({"id": m}, ROUTING_KEY, after, message_id=m) for m in chunk]
+                    )
+                    moved.update(zip(chunk, found, strict=True))
+                if consumer is None:
+                    consumer = _start(
+                        kind,
+                        rabbitmq_url,
+                        topology,
+                        handle,
+                        store=consumer_store,
+                        observers=[record],
+                    )
+        assert consumer is not None
         stats = consumer.stats
         wanted = len(earlier) + len(later) + len(controls)
         wait_for(  # every copy settled for good, one way or another
@@ -430,7 +450,8 @@ def test_two_thousand_rescheduled_each_handled_once_at_its_new_time(
             lambda: f"every queue empty: {depths(rabbitmq_url, topology)}",
         )
     finally:
-        consumer.stop(10)
+        if consumer is not None:
+            consumer.stop(10)
         consumer_store.close()
         publisher_store.close()
     assert {r.marks.status for r in moved.values()} == {CancelStatus.UNKNOWN}
