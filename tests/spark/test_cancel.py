@@ -219,7 +219,10 @@ def test_cli_misuse_is_refused_with_a_delayq_error_and_no_java_traceback(
     rows = [{"id": "a1"}, {"id": None}, {"other": 1}, {"id": "a2"}]
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     db = tmp_path / "keys.db"
-    SQLiteStore(db).close()
+    done = SQLiteStore(db)  # a1 was handled in queue a: its cancel comes too late
+    done.claim(scoped_key("a1", "a", KeyScope.QUEUE), lease_ms=1000, now_ms=NOW_MS)
+    done.complete(scoped_key("a1", "a", KeyScope.QUEUE), now_ms=NOW_MS)
+    done.close()
     base = ["spark", "cancel", str(source), "--file", str(topo)]
     store = ["--store", f"sqlite:///{db}"]
 
@@ -246,12 +249,17 @@ def test_cli_misuse_is_refused_with_a_delayq_error_and_no_java_traceback(
     # null ids: answered rows counted, the rejected ones shown with their reason, exit 1
     code, out, err = run(*store, "--id-column", "id")
     assert code == 1, err
-    assert "unknown          2" in out and "rejected: 2 InvalidMessageId" in out
+    assert "unknown          1" in out and "rejected: 2 InvalidMessageId" in out
+    assert "already handled          1" in out and "NOT cancelled: 1" in out
     assert "rejected None: InvalidMessageId: the message id is null" in out
     assert "delayq: error: 2 of 4 rows were rejected (2 InvalidMessageId)" in err
+    # a lost race is an answer, not an error: exit 0, and a warning that it was not cancelled
     code, out, err = run(*store, "--id-column", "id", "--allow-rejected", "--json")
     assert code == 0, err
-    assert json.loads(out)["statuses"]["already cancelled"] == 2
+    assert "delayq: warning: 1 message was NOT cancelled" in err
+    doc = json.loads(out)
+    assert doc["statuses"]["already cancelled"] == 1 and doc["statuses"]["already handled"] == 1
+    assert (doc["cancelled"], doc["not_cancelled"], doc["rejected"]) == (1, 1, 2)
 
 
 def test_library_misuse_is_refused_before_any_task(spark: Any, tmp_path: Path) -> None:
@@ -301,3 +309,17 @@ def test_whole_number_keys_derive_the_ids_bulk_scheduling_gave_them_in_redis(
         assert claim(prefix_free, other, "b") is ClaimStatus.CANCELLED
     finally:
         prefix_free.close()
+
+
+def test_a_task_s_store_error_is_raised_again_saying_what_stays_marked() -> None:
+    from delayq.spark._checks import task_error
+
+    text = (
+        "An exception was thrown from the Python worker: Traceback (most recent call last):\n"
+        "delayq.errors.StoreError: idempotency store RedisStore('redis://h:6379/0') failed: "
+        "ConnectionError: connection lost\n"
+    )
+    note = " (raised in a Spark task; the marks made before it stay)"
+    error = task_error(RuntimeError(text), note=note)
+    assert isinstance(error, StoreError)
+    assert str(error).endswith("ConnectionError: connection lost" + note)

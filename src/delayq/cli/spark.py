@@ -17,6 +17,7 @@ from delayq.cli._console import progress_bar
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
+from delayq.wording import counted
 
 
 def _spark_session(args: Args) -> Any:
@@ -153,7 +154,8 @@ def cmd_spark_cancel(args: Args) -> int:
             print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
     if summary.not_cancelled:
         print(
-            f"delayq: warning: {summary.not_cancelled:,} messages were NOT cancelled: the "
+            f"delayq: warning: {counted(summary.not_cancelled, 'message')} "
+            f"{'was' if summary.not_cancelled == 1 else 'were'} NOT cancelled: the "
             "cancel came too late (in progress: a handler is running; already handled: "
             "done) or met a newer reschedule (outdated)",
             file=sys.stderr,
