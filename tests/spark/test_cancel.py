@@ -286,29 +286,31 @@ def test_library_misuse_is_refused_before_any_task(spark: Any, tmp_path: Path) -
         cancel_from_dataframe(df, Topology(namespace="empty", ladder=["1m"]), url, id_column="id")
 
 
-def test_whole_number_keys_derive_the_ids_bulk_scheduling_gave_them_in_redis(
-    spark: Any, redis_url: str
+@pytest.mark.parametrize("server", ["redis_url", "postgres_dsn"])
+def test_whole_number_keys_derive_the_ids_bulk_scheduling_gave_them_on_a_server_store(
+    spark: Any, server: str, request: pytest.FixtureRequest
 ) -> None:
-    from delayq.stores.redis import RedisStore
+    from delayq.stores.url import open_store
 
+    url = request.getfixturevalue(server)
     topology = two_queues(f"spc{uuid.uuid4().hex[:8]}")  # a server shared by the session
-    prefix_free = RedisStore(redis_url)
+    store = open_store(url)
     try:
         key = "4242"  # scheduled from an integer column: the job cast it to this text
         derived = key_message_id(topology.namespace, key)
-        # a claim whose lease ran out long ago (the record lives on: Redis expires it
-        # after lease_ms)
-        prefix_free.claim(scoped_key(derived, "a", KeyScope.QUEUE), lease_ms=60_000, now_ms=1)
+        # a claim whose lease ran out long ago (its record lives on: Redis keeps it for
+        # lease_ms)
+        store.claim(scoped_key(derived, "a", KeyScope.QUEUE), lease_ms=60_000, now_ms=1)
         df = spark.createDataFrame([(4242,), (4243,)], "k long")
-        summary = cancel_from_dataframe(df, topology, redis_url, key_column="k")
+        summary = cancel_from_dataframe(df, topology, url, key_column="k")
         # 4242: known in a (its lease ran out), so cancelled; 4243 unknown everywhere
         assert summary.statuses == {"cancelled": 1, "unknown": 1}
-        assert claim(prefix_free, derived, "a") is ClaimStatus.CANCELLED
-        assert claim(prefix_free, derived, "b") is ClaimStatus.CANCELLED
+        assert claim(store, derived, "a") is ClaimStatus.CANCELLED
+        assert claim(store, derived, "b") is ClaimStatus.CANCELLED
         other = key_message_id(topology.namespace, "4243")
-        assert claim(prefix_free, other, "b") is ClaimStatus.CANCELLED
+        assert claim(store, other, "b") is ClaimStatus.CANCELLED
     finally:
-        prefix_free.close()
+        store.close()
 
 
 def test_a_task_s_store_error_is_raised_again_saying_what_stays_marked() -> None:
