@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from delayq import SQLiteStore, Topology
+from delayq import InvalidInput, SQLiteStore, Topology
 from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
 from delayq.stores.base import ClaimStatus
 from delayq.testing import MemoryBroker
@@ -232,3 +232,26 @@ def test_an_empty_file_is_refused(setup, tmp_path, capsys):
     empty.write_text("# nothing\n\n")
     assert main(["cancel", "--from-file", str(empty), *base]) == EXIT_INPUT
     assert "names no message" in capsys.readouterr().err
+
+
+def test_an_unreachable_store_server_is_a_delayq_error_exit_1(setup, capsys):
+    # Before: redis-py's ConnectionError escaped with its traceback.
+    *_, base = setup
+    argv = ["cancel", "--message-id", "a", *base[:4], "--store", "redis://u:pw@127.0.0.1:1/0"]
+    assert main(argv) == EXIT_BROKER
+    err = capsys.readouterr().err
+    assert "delayq: error: cannot open the store at redis://u:***@127.0.0.1:1/0" in err
+    assert "Traceback" not in err and "pw" not in err
+
+
+def test_a_relative_sqlite_url_is_made_absolute_for_other_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from delayq.stores.url import absolute_store_url
+
+    monkeypatch.chdir(tmp_path)
+    SQLiteStore("idem.db").close()
+    assert absolute_store_url("sqlite:///idem.db") == f"sqlite:///{tmp_path / 'idem.db'}"
+    assert absolute_store_url("redis://h:1/0") == "redis://h:1/0"
+    with pytest.raises(InvalidInput, match="no SQLite file"):
+        absolute_store_url("sqlite:///typo.db")

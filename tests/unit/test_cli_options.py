@@ -93,7 +93,7 @@ def test_the_walk_finds_every_command_path():
     assert {
         f"{p} {a}" for p in ("dlq", "unrouted") for a in ("list", "show", "replay", "purge")
     } <= found
-    assert {"spark schedule", "spark report"} <= found
+    assert {"spark schedule", "spark cancel", "spark report"} <= found
     assert all(isinstance(leaf, Command) for _, leaf in LEAVES)
 
 

@@ -31,6 +31,7 @@ def test_the_spark_commands_say_which_extra_to_install(tmp_path: Path) -> None:
     for argv in (
         ["spark", "report", str(tmp_path), "--out", str(tmp_path / "out")],
         ["spark", "schedule", str(tmp_path / "in.csv"), "--delay-col", "delay"],
+        ["spark", "cancel", str(tmp_path / "in.csv"), "--store", "redis://h/0", "--id-col", "id"],
     ):
         done = run(f"from delayq.cli import main; raise SystemExit(main({argv!r}))")
         assert done.returncode == 1, done.stderr

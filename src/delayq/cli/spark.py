@@ -1,4 +1,4 @@
-"""``delayq spark schedule | report``: the Spark jobs (extra ``delayq[spark]``)."""
+"""``delayq spark schedule | cancel | report``: the Spark jobs (extra ``delayq[spark]``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from delayq.cli._console import progress_bar
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
+from delayq.wording import counted
 
 
 def _spark_session(args: Args) -> Any:
@@ -27,18 +28,13 @@ def _spark_session(args: Args) -> Any:
     return session
 
 
-def cmd_spark_schedule(args: Args) -> int:
-    from delayq.errors import RowsRejected
-    from delayq.message.bulk import RejectionLimit
-    from delayq.spark import schedule
-
-    max_rejected = None if args.allow_rejected else args.max_rejected
-    RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+def _check_input(args: Args) -> None:
     if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
         raise InvalidInput(f"no input at {args.input}: no such file or directory")
-    session = _spark_session(args)
+
+
+def _read_input(session: Any, args: Args) -> tuple[Any, str]:
+    """INPUT as a DataFrame (its format from ``--format`` or its extension), and the format."""
     fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(
         Path(args.input).suffix, "jsonl"
     )
@@ -50,6 +46,21 @@ def cmd_spark_schedule(args: Args) -> int:
     except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidInput(f"cannot read {args.input} as {fmt}: {first}") from exc
+    return df, fmt
+
+
+def cmd_spark_schedule(args: Args) -> int:
+    from delayq.errors import RowsRejected
+    from delayq.message.bulk import RejectionLimit
+    from delayq.spark import schedule
+
+    max_rejected = None if args.allow_rejected else args.max_rejected
+    RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    _check_input(args)
+    session = _spark_session(args)
+    df, fmt = _read_input(session, args)
     body_col = None if args.body_col == "none" else args.body_col
     print(
         f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
@@ -86,6 +97,69 @@ def cmd_spark_schedule(args: Args) -> int:
             print(f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}")
         if len(summary.rejections) > 50:
             print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    if failure is not None:
+        print(f"delayq: error: {failure}", file=sys.stderr)
+        return EXIT_BROKER
+    return EXIT_OK
+
+
+def cmd_spark_cancel(args: Args) -> int:
+    from delayq.errors import RowsRejected
+    from delayq.message.bulk import RejectionLimit
+    from delayq.spark.cancel import cancel_from_dataframe, check_store_url
+    from delayq.stores.url import open_store
+
+    max_rejected = None if args.allow_rejected else args.max_rejected
+    RejectionLimit.parse(max_rejected)  # bad values are refused before Spark starts
+    topology = load_cli_topology(args)
+    store_url = check_store_url(args.store, what="--store")
+    _check_input(args)
+    open_store(store_url).close()  # an unreachable store fails before Spark starts
+    session = _spark_session(args)
+    df, fmt = _read_input(session, args)
+    what = f"ids of column {args.id_col!r}" if args.id_col else f"keys of column {args.key_col!r}"
+    print(
+        f"cancelling the {what} of {args.input} ({fmt}) in namespace "
+        f"{topology.namespace!r}; store {redact(store_url)}",
+        file=sys.stderr,
+    )
+    failure: RowsRejected | None = None
+    with progress_bar("cancelling (Spark tasks done)") as progress:
+        try:
+            summary = cancel_from_dataframe(
+                df,
+                topology,
+                store_url,
+                id_column=args.id_col,
+                key_column=args.key_col,
+                routing_key_column=args.routing_key_col,
+                key_scope=args.key_scope,
+                queues=args.queues or None,
+                errors_path=args.errors,
+                errors_format=args.errors_format,
+                partitions=args.partitions,
+                progress=progress,
+                max_rejected=max_rejected,
+            )
+        except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+            failure, summary = exc, exc.summary
+    if args.json:
+        print(json.dumps(summary.to_json(), default=str))
+    else:
+        sys.stdout.write(summary.render())
+        for rejection in summary.rejections[:50]:
+            name = rejection["message_id"] if summary.by == "message_ids" else rejection["key"]
+            print(f"rejected {name!r}: {rejection['error']}: {rejection['reason']}")
+        if len(summary.rejections) > 50:
+            print(f"... and {len(summary.rejections) - 50} more (use --errors DIR)")
+    if summary.not_cancelled:
+        print(
+            f"delayq: warning: {counted(summary.not_cancelled, 'message')} "
+            f"{'was' if summary.not_cancelled == 1 else 'were'} NOT cancelled: the "
+            "cancel came too late (in progress: a handler is running; already handled: "
+            "done) or met a newer reschedule (outdated)",
+            file=sys.stderr,
+        )
     if failure is not None:
         print(f"delayq: error: {failure}", file=sys.stderr)
         return EXIT_BROKER

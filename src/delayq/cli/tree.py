@@ -20,9 +20,10 @@ from delayq.cli.options import (
     once,
 )
 from delayq.cli.parked import cmd_parked
-from delayq.cli.spark import cmd_spark_report, cmd_spark_schedule
+from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
+from delayq.stores.url import STORE_FORMS
 
 __all__ = ["parked_group", "spark_group", "topology_group"]
 
@@ -286,6 +287,79 @@ def spark_group() -> click.Group:
         one_of=[("delay_col", "due_col")],
         exclusive=[("max_rejected", "allow_rejected")],
     )
+    cancel = leaf(
+        "cancel",
+        cmd_spark_cancel,
+        "cancel the scheduled message of every row (message ids or business keys) of a "
+        "Parquet, CSV or JSON-lines input",
+        [
+            click.Argument(["input"], metavar="INPUT"),
+            master(),
+            once(
+                "--format",
+                type=click.Choice(["parquet", "csv", "jsonl"]),
+                help="default: from INPUT's extension",
+            ),
+            once(
+                "--store",
+                required=True,
+                metavar="URL",
+                help=f"the consumers' idempotency store: {STORE_FORMS} (SQLite: executors "
+                "on this machine only)",
+            ),
+            once("--id-col", "--id-column", "id_col", help="a column of message ids"),
+            once(
+                "--key-col",
+                "--key-column",
+                "key_col",
+                help="a column of business keys (consumers with key=, and the key column "
+                "of delayq spark schedule)",
+            ),
+            once(
+                "--routing-key-col",
+                "--routing-key-column",
+                "routing_key_col",
+                help="mark only the queues each row's routing key reaches (default: every "
+                "destination of the topology)",
+            ),
+            click.Option(
+                ["--queue", "queues"],
+                multiple=True,
+                metavar="Q",
+                help="also mark this queue (bound outside the topology file); repeatable",
+            ),
+            once(
+                "--key-scope",
+                type=click.Choice(["queue", "shared"]),
+                default="queue",
+                help="the consumers' key_scope (default queue)",
+            ),
+            once("--errors", metavar="DIR", help="write rejected rows here (default: print them)"),
+            once(
+                "--errors-format",
+                type=click.Choice(["json", "csv", "parquet"]),
+                default="json",
+                help="default json",
+            ),
+            once("--partitions", type=PositiveInt(), help="repartition first (a store each)"),
+            json_flag("print the summary as JSON"),
+            once(
+                "--max-rejected",
+                default="0",
+                metavar="N|P%",
+                help="rejected rows the job accepts: a count, or a percentage of the rows "
+                "(default 0: any rejected row makes the job exit 1)",
+            ),
+            flag(
+                "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
+            ),
+        ],
+        url=False,
+        file=True,
+        names={"spark_command": "cancel"},
+        one_of=[("id_col", "key_col")],
+        exclusive=[("id_col", "key_col"), ("max_rejected", "allow_rejected")],
+    )
     report = leaf(
         "report",
         cmd_spark_report,
@@ -317,6 +391,6 @@ def spark_group() -> click.Group:
     )
     return group(
         "spark",
-        "Spark jobs: bulk scheduling and delivery reports (extra delayq[spark])",
-        [schedule, report],
+        "Spark jobs: bulk scheduling, bulk cancel and delivery reports (extra delayq[spark])",
+        [schedule, cancel, report],
     )

@@ -1,4 +1,5 @@
-"""delayq on Spark (PySpark): bulk scheduling from DataFrames and delivery analytics.
+"""delayq on Spark (PySpark): bulk scheduling and cancelling from DataFrames, and
+delivery analytics.
 
 Needs the ``spark`` extra (``pip install 'delayq[spark]'``): PySpark, and
 matplotlib for the report's plots. Importing :mod:`delayq` never needs them.
@@ -18,7 +19,16 @@ from delayq.spark._session import require_pyspark
 require_pyspark()
 
 from delayq.spark._session import local_session  # noqa: E402
+from delayq.spark.cancel import CancelSummary, cancel_from_dataframe  # noqa: E402
 from delayq.spark.report import ReportSummary, report  # noqa: E402
 from delayq.spark.schedule import ScheduleSummary, schedule  # noqa: E402
 
-__all__ = ["ReportSummary", "ScheduleSummary", "local_session", "report", "schedule"]
+__all__ = [
+    "CancelSummary",
+    "ReportSummary",
+    "ScheduleSummary",
+    "cancel_from_dataframe",
+    "local_session",
+    "report",
+    "schedule",
+]

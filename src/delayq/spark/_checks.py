@@ -52,15 +52,18 @@ _RAISED = re.compile(r"^delayq\.(?:errors\.)?(\w+): (.*)$", re.MULTILINE)
 """A delayq error in a traceback (shown as ``delayq.X``, see ``delayq.__init__``)."""
 
 
-def task_error(exc: BaseException) -> DelayqError | None:
+def task_error(
+    exc: BaseException,
+    note: str = " (raised in a Spark task; messages confirmed before it stay published)",
+) -> DelayqError | None:
     """The delayq error a failed Spark job's task raised (the last one in its text), as a
-    delayq error the caller can catch; ``None`` when the job failed for another reason."""
+    delayq error the caller can catch, its message ending in ``note`` (what the job did
+    before); ``None`` when the job failed for another reason."""
     found = _RAISED.findall(str(exc))
     if not found:
         return None
     name, message = found[-1]
     kind = getattr(errors, name, None)
-    note = " (raised in a Spark task; messages confirmed before it stay published)"
     if isinstance(kind, type) and issubclass(kind, DelayqError):
         try:
             return kind(message + note)
