@@ -8,12 +8,14 @@ See ``docs/concepts/cancel.md``.
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from delayq import CancelStatus, Reschedule, RescheduleReceipt, Topology
-from delayq.errors import InvalidInput
+from delayq.errors import InvalidDelay, InvalidInput
 from delayq.message.envelope import H_GENERATION
 from delayq.stores.memory import InMemoryStore
 from delayq.testing import MemoryBroker
@@ -211,3 +213,70 @@ def test_a_publisher_without_a_store_cannot_reschedule(memory_broker, kind):
         result = publisher.reschedule_many([item])
         if kind == "async":
             asyncio.run(result)
+
+
+@KINDS
+def test_due_at_moves_a_message_to_that_moment_on_the_publishers_clock(memory_broker, kind):
+    h = Harness(memory_broker, kind)
+    now = datetime.fromtimestamp(memory_broker.clock_ms() / 1000, tz=timezone.utc)
+
+    async def scenario() -> RescheduleReceipt:
+        await h.start()
+        await h.call("publish", "call Ann", "remind.call", "1h", message_id="r-1")
+        due = (now + timedelta(minutes=15)).astimezone(timezone(timedelta(hours=-5)))
+        moved = await h.call("reschedule", "call Ann", "remind.call", due_at=due, message_id="r-1")
+        await memory_broker.advance_async("3h")
+        return moved  # type: ignore[no-any-return]
+
+    moved = asyncio.run(scenario())
+    assert moved.moved and moved.receipt is not None
+    assert moved.receipt.delay_ms == 15 * 60_000  # the time left until due_at
+    assert h.handled == [(15, "call Ann")]
+
+
+@KINDS
+def test_due_at_in_a_batch_and_in_the_past(memory_broker, kind):
+    h = Harness(memory_broker, kind)
+    now = datetime.fromtimestamp(memory_broker.clock_ms() / 1000, tz=timezone.utc)
+
+    async def scenario() -> list[RescheduleReceipt]:
+        await h.start()
+        for n in (1, 2):
+            await h.call("publish", f"v{n}", "remind.call", "1h", message_id=f"r-{n}")
+        items = [
+            Reschedule("v1", "remind.call", due_at=now + timedelta(minutes=5), message_id="r-1"),
+            Reschedule("v2", "remind.call", due_at=now - timedelta(days=1), message_id="r-2"),
+        ]
+        found = await h.call("reschedule_many", items)
+        await memory_broker.advance_async("3h")
+        return found  # type: ignore[no-any-return]
+
+    found = asyncio.run(scenario())
+    assert [r.receipt.delay_ms for r in found] == [5 * 60_000, 0]  # past: due now
+    assert sorted(h.handled) == [(0, "v2"), (5, "v1")]
+
+
+@KINDS
+@pytest.mark.parametrize(
+    ("delay", "due_at", "said"),
+    [
+        ("5m", datetime(2030, 1, 1, tzinfo=timezone.utc), "exactly one of delay= and due_at="),
+        (None, None, "exactly one of delay= and due_at="),
+        (None, datetime(2030, 1, 1), "has no time zone"),
+        (None, "2030-01-01T00:00:00Z", "due_at must be a datetime, not str"),
+    ],
+)
+def test_due_at_misuse_is_refused_before_anything_is_marked(
+    memory_broker, kind, delay, due_at, said
+):
+    h = Harness(memory_broker, kind)
+
+    async def scenario() -> None:
+        await h.start()
+        await h.call("publish", "x", "remind.call", "1h", message_id="r-1")
+        with pytest.raises(InvalidDelay, match=re.escape(said)):
+            await h.call("reschedule", "x", "remind.call", delay, due_at=due_at, message_id="r-1")
+        await memory_broker.advance_async("3h")
+
+    asyncio.run(scenario())
+    assert h.handled == [(60, "x")]  # nothing marked: the old copy runs at its time

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -269,8 +270,9 @@ class AsyncPublisher:
         self,
         body: object,
         routing_key: str,
-        delay: object,
+        delay: object = None,
         *,
+        due_at: datetime | None = None,
         message_id: str | None = None,
         key: str | None = None,
         queues: Iterable[str] | None = None,
@@ -279,7 +281,8 @@ class AsyncPublisher:
         strategy: Strategy | str | None = None,
         generation: int | None = None,
     ) -> RescheduleReceipt:
-        """Move a scheduled message to ``delay`` from now: its older copies are cancelled
+        """Move a scheduled message to ``delay`` from now (or to ``due_at``, a ``datetime``
+        with its time zone): its older copies are cancelled
         and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
         back) is published, so exactly one copy is handled, also when the new time is
         earlier. Nothing is published when no queue took the mark (the receipt's
@@ -303,6 +306,7 @@ class AsyncPublisher:
             headers=headers,
             strategy=strategy,
             generation=generation,
+            due_at=due_at,
         )
         await self._link.connect()  # an unreachable broker or unapplied topology: no marks
         marks, publishable = todo.marks(await self._run_cancels(store, todo.plan.ops))

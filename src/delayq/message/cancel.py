@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import InvalidInput
+from delayq.errors import InvalidDelay, InvalidInput
 from delayq.message.bulk import key_message_id
 from delayq.message.envelope import H_GENERATION, OutgoingMessage, Receipt
 from delayq.stores.base import (
@@ -284,6 +285,25 @@ class Rescheduling:
         return RescheduleReceipt(marks, self.generation, sent)
 
 
+def delay_until(delay: object, due_at: object, now_ms: int) -> object:
+    """The delay a reschedule asks for: ``delay`` as given, or the time from ``now_ms``
+    (the publisher's clock, epoch ms) to ``due_at``, a :class:`~datetime.datetime` with
+    its time zone (a moment already past: no delay). Exactly one of the two."""
+    if (delay is None) == (due_at is None):
+        raise InvalidDelay("give exactly one of delay= and due_at=")
+    if due_at is None:
+        return delay
+    if not isinstance(due_at, datetime):
+        raise InvalidDelay(f"due_at must be a datetime, not {type(due_at).__name__}")
+    if due_at.tzinfo is None or due_at.utcoffset() is None:
+        raise InvalidDelay(
+            f"due_at {due_at.isoformat()} has no time zone: give it one (timezone.utc, "
+            "ZoneInfo(...)) so it means one moment wherever it runs"
+        )
+    left_ms = round(due_at.timestamp() * 1000) - now_ms
+    return timedelta(milliseconds=max(0, left_ms))
+
+
 def plan_reschedule(
     factory: MessageFactory,
     generations: Generations,
@@ -299,16 +319,18 @@ def plan_reschedule(
     headers: Mapping[str, Any] | None,
     strategy: Strategy | str | None,
     generation: int | None,
+    due_at: datetime | None = None,
 ) -> Rescheduling:
     """Both publishers' ``reschedule`` before the store and the broker: the new copy built
-    (the id asked for, or the one derived from the business key) and stamped with its
-    generation, and the marks its older copies get in every queue it reaches."""
+    (the id asked for, or the one derived from the business key; its delay ``delay``, or
+    until ``due_at``) and stamped with its generation, and the marks its older copies get
+    in every queue it reaches."""
     one_of(message_id, key)
     topology = factory.topology
     message = factory.build(
         body,
         routing_key,
-        delay,
+        delay_until(delay, due_at, now_ms),
         message_id=new_copy_id(topology, message_id, key),
         headers=headers,
         strategy=strategy,

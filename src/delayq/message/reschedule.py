@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from delayq.errors import InvalidInput, PublishBatchError
@@ -53,7 +54,8 @@ class Reschedule:
 
     body: object
     routing_key: str
-    delay: object
+    delay: object = None
+    """From now (``"90s"``, a ``timedelta``); or give ``due_at``."""
     message_id: str | None = None
     key: str | None = None
     queues: Iterable[str] | None = None
@@ -62,6 +64,8 @@ class Reschedule:
     strategy: Strategy | str | None = None
     generation: int | None = None
     """``None``: the publisher's clock in ms, kept increasing."""
+    due_at: datetime | None = None
+    """The new due time, with its time zone (instead of ``delay``)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,7 @@ def plan_reschedules(
                     key_scope=key_scope,
                     headers=item.headers,
                     strategy=item.strategy,
+                    due_at=item.due_at,
                     generation=item.generation,
                 )
             )

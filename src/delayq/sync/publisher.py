@@ -7,6 +7,7 @@ The publisher builds and checks messages and reports their outcomes; its link
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -275,8 +276,9 @@ class Publisher:
         self,
         body: object,
         routing_key: str,
-        delay: object,
+        delay: object = None,
         *,
+        due_at: datetime | None = None,
         message_id: str | None = None,
         key: str | None = None,
         queues: Iterable[str] | None = None,
@@ -285,7 +287,8 @@ class Publisher:
         strategy: Strategy | str | None = None,
         generation: int | None = None,
     ) -> RescheduleReceipt:
-        """Move a scheduled message to ``delay`` from now: its older copies are cancelled
+        """Move a scheduled message to ``delay`` from now (or to ``due_at``, a ``datetime``
+        with its time zone): its older copies are cancelled
         and a new one (``body`` and ``routing_key`` again: a parked message cannot be read
         back) is published, so exactly one copy is handled, also when the new time is
         earlier. Nothing is published when no queue took the mark (the receipt's
@@ -309,6 +312,7 @@ class Publisher:
             headers=headers,
             strategy=strategy,
             generation=generation,
+            due_at=due_at,
         )
         self._link.connect()  # an unreachable broker or unapplied topology: nothing marked
         marks, publishable = todo.marks(run_cancels(store, todo.plan.ops))
