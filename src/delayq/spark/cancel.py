@@ -29,6 +29,7 @@ from delayq.message.bulk import RejectionLimit
 from delayq.message.cancel import plan_cancels
 from delayq.spark._cancel_task import BATCH, REJECTED, STATUS, cancel_partition
 from delayq.spark._checks import task_error
+from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark.schedule import Progress, _watch_progress
 from delayq.stores.base import CancelStatus
 from delayq.stores.key_scope import KeyScope
@@ -126,20 +127,11 @@ class CancelSummary:
                 "already handled: done; outdated: a newer reschedule): those messages are "
                 "handled"
             )
-        for error, count in sorted(self.errors.items()):
-            lines.append(f"rejected: {count} {error}")
-        if self.errors_path and self.rejected:
-            lines.append(f"rejections written to {self.errors_path}")
+        lines.extend(rejection_lines(self.errors, self.errors_path, self.rejected))
         return "\n".join(lines) + "\n"
 
     def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
-        causes = ", ".join(f"{n:,} {error}" for error, n in sorted(self.errors.items()))
-        where = (
-            f"they are in {self.errors_path}"
-            if self.errors_path
-            else "they are in the summary's rejections (give errors_path / --errors DIR "
-            "to write them out)"
-        )
+        causes, where = rejections_said(self.errors, self.errors_path)
         return RowsRejected(
             f"{self.rejected:,} of {self.rows:,} rows were rejected ({causes}), more than "
             f"max_rejected={limit} allows; {where}. The other rows were answered (see the "

@@ -28,6 +28,7 @@ from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejec
 from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
 from delayq.message.envelope import OutgoingMessage
 from delayq.spark._checks import preflight, task_error
+from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
@@ -83,21 +84,12 @@ class ScheduleSummary:
                 f"{tier:>10}  {self.published.get(tier, 0):>10}  {self.rejected.get(tier, 0):>9}"
             )
         lines.append(f"{'total':>10}  {self.total_published:>10}  {self.total_rejected:>9}")
-        for error, count in sorted(self.errors.items()):
-            lines.append(f"rejected: {count} {error}")
-        if self.errors_path and self.total_rejected:
-            lines.append(f"rejections written to {self.errors_path}")
+        lines.extend(rejection_lines(self.errors, self.errors_path, self.total_rejected))
         return "\n".join(lines) + "\n"
 
     def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
         """The error of a job whose rejections exceed ``limit``: counts, causes, where they are."""
-        causes = ", ".join(f"{n:,} {error}" for error, n in sorted(self.errors.items()))
-        where = (
-            f"they are in {self.errors_path}"
-            if self.errors_path
-            else "they are in the summary's rejections (give errors_path / --errors DIR "
-            "to write them out)"
-        )
+        causes, where = rejections_said(self.errors, self.errors_path)
         return RowsRejected(
             f"{self.total_rejected:,} of {self.rows:,} rows were rejected ({causes}), more "
             f"than max_rejected={limit} allows; {where}. The other {self.total_published:,} "
