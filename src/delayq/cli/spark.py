@@ -211,7 +211,7 @@ def cmd_spark_report(args: Args) -> int:
             file=sys.stderr,
         )
     if summary.current_from:
-        print(f"current ladder: from {summary.current_from}")
+        print(f"the current ladder is from {summary.current_from}")
     for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
         if fit is not None:
             print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from delayq.durations import format_ms
 from delayq.spark._summary import ALL, LatenessHistogram, ReportSummary
@@ -151,28 +151,39 @@ def _save(fig: Figure, path: Path) -> None:
     plt.close(fig)
 
 
-def _duration_tick(value: float, _position: object) -> str:
+def _duration_tick(value: float) -> str:
     return format_ms(round(value)) if value >= 1 else f"{value:g}ms"
+
+
+def _duration_formatter(*, minor: bool) -> Any:
+    """Log-axis tick labels as durations (``1m40s``, not ``10^5``), on the ticks
+    matplotlib's own log formatter would label."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class DurationLog(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return _duration_tick(x) if super().__call__(x, pos) else ""
+
+    return DurationLog(labelOnlyBase=not minor)
 
 
 def _lateness_figure(summary: ReportSummary, hist: LatenessHistogram) -> Figure:
     """One panel per tier, each on a log axis (a 30 s tier and a 3 h one both readable)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
     tiers = [t.tier for t in summary.tiers if t.tier in hist.counts or t.tier in hist.on_time]
     fig, axes = plt.subplots(len(tiers), 1, figsize=(8, 1.9 * len(tiers) + 1), squeeze=False)
-    edges = hist.edges_ms
     for ax, tier in zip(axes[:, 0], tiers, strict=True):
         counts = hist.counts.get(tier)
         if counts:
+            edges = hist.edges_ms[tier]
             ax.stairs(counts, edges, fill=True)
-            used = [i for i, n in enumerate(counts) if n]
-            ax.set_xlim(edges[used[0]], edges[used[-1] + 1])
+            ax.set_xlim(edges[0], edges[-1])
         else:
             ax.set_xlim(1, 10)
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(_duration_tick))
+        ax.xaxis.set_major_formatter(_duration_formatter(minor=False))
+        ax.xaxis.set_minor_formatter(_duration_formatter(minor=True))
         ax.set_ylabel("records")
         early = hist.on_time.get(tier, 0)
         ax.set_title(

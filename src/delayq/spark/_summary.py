@@ -44,8 +44,8 @@ class TierStats:
 class LatenessHistogram:
     """Lateness per tier: positive values in log-spaced bins, the rest counted apart."""
 
-    edges_ms: list[float]
-    """Bin edges (ms), log-spaced, shared by every tier; empty if nothing was late."""
+    edges_ms: dict[str, list[float]]
+    """Tier -> bin edges (ms), log-spaced over the tier's own range of positive lateness."""
     counts: dict[str, list[int]]
     """Tier -> records per bin (tiers with no late record left out)."""
     on_time: dict[str, int]

@@ -257,9 +257,10 @@ def compute(
     )
 
 
-def lateness_histograms(records: DataFrame, bins: int = 60) -> LatenessHistogram:
-    """Per tier, counts of positive lateness in ``bins`` log-spaced bins (edges in ms,
-    shared), and of lateness at or below 0 (on time, or early by the clocks)."""
+def lateness_histograms(records: DataFrame, bins: int = 40) -> LatenessHistogram:
+    """Per tier, counts of positive lateness in ``bins`` log-spaced bins spanning that
+    tier's own range (a 30 s tier's milliseconds and a 3 h tier's minutes both resolved),
+    and of lateness at or below 0 (on time, or early by the clocks)."""
     from pyspark.sql import functions as F
 
     df = (
@@ -272,18 +273,22 @@ def lateness_histograms(records: DataFrame, bins: int = 60) -> LatenessHistogram
         for r in df.where(F.col("lateness_ms") <= 0).groupBy("tier").count().collect()
     }
     late = df.where(F.col("lateness_ms") > 0)
-    span = late.agg(F.min("lateness_ms"), F.max("lateness_ms")).first()
-    if span is None or span[0] is None:
-        return LatenessHistogram([], {}, on_time)
-    low, high = float(span[0]), float(span[1])
-    if high == low:
-        bins, low, high = 1, low / 1.1, high * 1.1
-    edges = [low * (high / low) ** (i / bins) for i in range(bins + 1)]
-    scale = bins / math.log(high / low)
-    index = F.least(
-        F.greatest(F.floor(F.log(F.col("lateness_ms") / F.lit(low)) * scale), F.lit(0)),
-        F.lit(bins - 1),
-    )
+    spans = late.groupBy("tier").agg(F.min("lateness_ms"), F.max("lateness_ms")).collect()
+    if not spans:
+        return LatenessHistogram({}, {}, on_time)
+    edges: dict[str, list[float]] = {}
+    low: list[Any] = []
+    scale: list[Any] = []
+    for tier, first, last in spans:
+        lo, hi = float(first), float(last)
+        if hi == lo:  # one value: one bin around it
+            lo, hi = lo / 1.1, hi * 1.1
+        edges[tier] = [lo * (hi / lo) ** (i / bins) for i in range(bins + 1)]
+        low += [F.lit(tier), F.lit(lo)]
+        scale += [F.lit(tier), F.lit(bins / math.log(hi / lo))]
+    tier = F.col("tier")
+    position = F.log(F.col("lateness_ms") / F.create_map(*low)[tier]) * F.create_map(*scale)[tier]
+    index = F.least(F.greatest(F.floor(position), F.lit(0)), F.lit(bins - 1))
     counts: dict[str, list[int]] = {}
     for row in late.groupBy("tier", index.alias("bin")).count().collect():
         counts.setdefault(row["tier"], [0] * bins)[int(row["bin"])] += row["count"]
