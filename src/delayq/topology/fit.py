@@ -264,7 +264,9 @@ def recommend_on_grid(
             + ("the longest delay" if need == pairs[-1][0] else "the current ladder's top")
             + "): add a longer value to the grid"
         )
-    tiers = _GridProblem(pairs, grid[: top + 1], min(max_tiers, top + 1))
+    # A grid value below the shortest delay would serve nothing: left out.
+    first = min(bisect.bisect_left(grid, pairs[0][0]), top)
+    tiers = _GridProblem(pairs, grid[first : top + 1], min(max_tiers, top + 1 - first))
     _, chosen = tiers.solve(None if objective == "mean" else tiers.least_p99())
     return ladder_overshoot(delays, chosen)
 
