@@ -166,11 +166,27 @@ def cmd_spark_cancel(args: Args) -> int:
     return EXIT_OK
 
 
+def _current_ladder(args: Args) -> tuple[Any, str]:
+    """The current ladder and where it came from: ``--ladder``, else the topology file
+    (``--file``, or the default one when it exists), else none (the records' tiers)."""
+    from delayq.topology.ladder import Ladder
+    from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
+
+    if args.ladder:
+        return Ladder.parse(args.ladder.split()), "--ladder"
+    if Path(args.file) == DEFAULT_TOPOLOGY_FILE and not Path(args.file).exists():
+        return None, ""
+    return load_cli_topology(args).ladder, f"the topology file {args.file}"
+
+
 def cmd_spark_report(args: Args) -> int:
     from delayq.spark import report
-    from delayq.topology.ladder import Ladder
+    from delayq.topology.fit import DEFAULT_GRID_MS
 
-    ladder = Ladder.parse(args.ladder.split()) if args.ladder else None
+    ladder, source = _current_ladder(args)
+    grid = tuple(to_ms(g, what="--grid value") for g in args.grid.split()) if args.grid else None
+    if args.grid is not None and not grid:
+        raise InvalidInput('--grid needs at least one duration, e.g. "30s 1m 5m 1h 24h"')
     bucket_ms = to_ms(args.bucket, what="--bucket") if args.bucket else None
     session = _spark_session(args)
     summary = report(
@@ -178,8 +194,11 @@ def cmd_spark_report(args: Args) -> int:
         args.out,
         spark=session,
         ladder=ladder,
+        ladder_from=source,
         max_tiers=args.max_tiers,
         bucket_ms=bucket_ms,
+        grid_ms=grid or DEFAULT_GRID_MS,
+        objective=args.objective,
     )
     print(
         f"{summary.records:,} records ({summary.skipped:,} skipped); wrote "
@@ -191,10 +210,16 @@ def cmd_spark_report(args: Args) -> int:
             "(malformed, or another record version): the report leaves them out",
             file=sys.stderr,
         )
+    if summary.current_from:
+        print(f"the current ladder is from {summary.current_from}")
     for fit, label in ((summary.current, "current"), (summary.recommended, "recommended")):
         if fit is not None:
             print(
                 f"{label:>12} ladder: {' '.join(format_ms(t) for t in fit.tiers_ms)} "
-                f"(mean relative overshoot {fit.mean_relative_overshoot:.1%})"
+                f"(mean relative overshoot {fit.mean_relative_overshoot:.1%}; tier / delay "
+                f"p99 {fit.p99_ratio:.2f}x, max {fit.max_ratio:.2f}x; "
+                f"{fit.over_2x:.1%} wait over 2x)"
             )
+    if summary.not_recommended:
+        print(f"delayq: warning: no ladder recommended: {summary.not_recommended}", file=sys.stderr)
     return EXIT_OK

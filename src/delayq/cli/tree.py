@@ -376,17 +376,30 @@ def spark_group() -> click.Group:
             ),
             once(
                 "--ladder",
-                help='the current ladder, e.g. "30s 1m 5m" (default: tiers in the records)',
+                help='the current ladder, e.g. "30s 1m 5m" (default: the topology file\'s, '
+                "if there is one; else the tiers seen in the records)",
             ),
             once(
                 "--max-tiers",
                 type=PositiveInt(),
                 help="tiers of the recommended ladder (default: as now)",
             ),
+            once(
+                "--grid",
+                help="round values the recommended tiers are taken from "
+                '(default "15s 30s 1m 2m 5m 10m 15m 30m 1h 2h 3h 6h 12h 24h")',
+            ),
+            once(
+                "--objective",
+                type=click.Choice(["mean", "p99"]),
+                default="mean",
+                help="what the recommendation minimises: mean relative overshoot, or the p99 "
+                "of tier / delay (default mean)",
+            ),
             once("--bucket", help='throughput bucket, e.g. "1m" (default: about 60 buckets)'),
         ],
         url=False,
-        file=False,
+        file=True,
         names={"spark_command": "report"},
     )
     return group(

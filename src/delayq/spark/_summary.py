@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PERCENTILES",
+    "LatenessHistogram",
     "ReportSummary",
     "TierStats",
 ]
@@ -40,6 +41,18 @@ class TierStats:
 
 
 @dataclass(frozen=True)
+class LatenessHistogram:
+    """Lateness per tier: positive values in log-spaced bins, the rest counted apart."""
+
+    edges_ms: dict[str, list[float]]
+    """Tier -> bin edges (ms), log-spaced over the tier's own range of positive lateness."""
+    counts: dict[str, list[int]]
+    """Tier -> records per bin (tiers with no late record left out)."""
+    on_time: dict[str, int]
+    """Tier -> records with a lateness of 0 ms or less (early by the clocks), off the log axis."""
+
+
+@dataclass(frozen=True)
 class ReportSummary:
     """Everything ``report`` computed; ``summary.json`` is this, as JSON."""
 
@@ -62,6 +75,17 @@ class ReportSummary:
     recommended: LadderFit | None
     recommended_same_tiers: LadderFit | None = None
     files: list[str] = field(default_factory=list)
+    current_from: str = ""
+    """Where the current ladder came from: ``--ladder``, a topology file, or the tiers
+    seen in the records (which misses tiers no record went through)."""
+    objective: str = "mean"
+    """What the recommendation minimises: ``mean`` relative overshoot, or its ``p99``."""
+    grid_ms: tuple[int, ...] = ()
+    """The round values the recommended tiers were taken from."""
+    empty_buckets: int = 0
+    """Throughput buckets between the first and the last with no delivery (plot gaps)."""
+    not_recommended: str = ""
+    """Why there is no recommendation though delays were requested (the grid too short)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

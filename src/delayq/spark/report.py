@@ -14,10 +14,11 @@ and overall:
   the dead-letter rate (dead-letter / (ack + dead-letter)) and the throughput
   per time bucket.
 
-It writes ``summary.json``, ``report.md`` and PNG plots (lateness histogram per
-tier, requested-delay distribution against the ladder, throughput), and
-recommends a ladder (:func:`delayq.topology.fit.recommend_ladder`) shown beside
-the current one.
+It writes ``summary.json``, ``report.md`` and PNG plots (lateness per tier, one
+panel each on a log axis; requested-delay distribution against the ladder;
+throughput, empty buckets left as gaps), and recommends a ladder of round tiers
+(:func:`delayq.topology.fit.recommend_on_grid`: tiers from a grid, the top at or
+above the current ladder's) shown beside the current one, both with their tail.
 """
 
 from __future__ import annotations
@@ -28,19 +29,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from delayq.durations import format_ms
 from delayq.errors import InvalidInput
 from delayq.observe.records import RECORD_VERSION
-from delayq.topology.fit import ladder_overshoot, recommend_ladder
-from delayq.topology.ladder import Ladder
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
 from delayq.spark._render import _plot, render_markdown
-from delayq.spark._summary import ALL, OUTCOMES, PERCENTILES, ReportSummary, TierStats
+from delayq.spark._summary import (
+    ALL,
+    OUTCOMES,
+    PERCENTILES,
+    LatenessHistogram,
+    ReportSummary,
+    TierStats,
+)
+from delayq.topology.fit import DEFAULT_GRID_MS, OBJECTIVES, ladder_overshoot, recommend_on_grid
+from delayq.topology.ladder import Ladder
 
 __all__ = ["PERCENTILES", "RECORDS_SCHEMA", "ReportSummary", "TierStats", "report"]
 
+SEEN = "the tiers seen in the records"
+"""Where the current ladder comes from when none is given (``ReportSummary.current_from``)."""
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -118,8 +125,11 @@ def compute(
     *,
     skipped: int = 0,
     ladder: Ladder | None = None,
+    ladder_from: str = "the ladder given",
     max_tiers: int | None = None,
     bucket_ms: int | None = None,
+    grid_ms: tuple[int, ...] = DEFAULT_GRID_MS,
+    objective: str = "mean",
 ) -> ReportSummary:
     """The figures of a report from a DataFrame of version-1 records."""
     from pyspark.sql import functions as F
@@ -192,6 +202,7 @@ def compute(
         .count()
         .collect()
     )
+    spanned = (throughput[-1][0] - throughput[0][0]) // bucket_ms + 1 if throughput else 0
     requested = {
         r["requested_delay_ms"]: r["count"]
         for r in df.where(
@@ -201,17 +212,28 @@ def compute(
         .count()
         .collect()
     }
-    if ladder is None and tier_ms:
-        ladder = Ladder(sorted(v for v in set(tier_ms.values()) if v > 0) or [1])
+    if ladder is None:
+        ladder_from = SEEN
+        if tier_ms:
+            ladder = Ladder(sorted(v for v in set(tier_ms.values()) if v > 0) or [1])
     current = (
         ladder_overshoot(requested, [t.ttl_ms for t in ladder]) if ladder and requested else None
     )
     recommended = same = None
+    refused = ""
     if any(d > 0 for d in requested):
         tiers_wanted = max_tiers or (len(ladder) if ladder else 9)
-        recommended = recommend_ladder(requested, tiers_wanted)
-        if ladder is not None and tiers_wanted != len(ladder):
-            same = recommend_ladder(requested, len(ladder))
+        top = ladder.max_ms if ladder else 0
+        try:
+            recommended = recommend_on_grid(
+                requested, tiers_wanted, grid_ms=grid_ms, min_top_ms=top, objective=objective
+            )
+            if ladder is not None and tiers_wanted != len(ladder):
+                same = recommend_on_grid(
+                    requested, len(ladder), grid_ms=grid_ms, min_top_ms=top, objective=objective
+                )
+        except InvalidInput as exc:  # a delay beyond the grid: the rest of the report stands
+            refused = str(exc)
     df.unpersist()
     return ReportSummary(
         records=overall.count,
@@ -227,34 +249,50 @@ def compute(
         current=current,
         recommended=recommended,
         recommended_same_tiers=same,
+        current_from=ladder_from if ladder is not None else "",
+        objective=objective,
+        grid_ms=grid_ms,
+        empty_buckets=spanned - len(throughput),
+        not_recommended=refused,
     )
 
 
-def lateness_histograms(
-    records: DataFrame, bins: int = 40
-) -> tuple[list[float], dict[str, list[int]]]:
-    """Bin edges (ms) and, per tier, counts of lateness in each bin (shared edges)."""
+def lateness_histograms(records: DataFrame, bins: int = 40) -> LatenessHistogram:
+    """Per tier, counts of positive lateness in ``bins`` log-spaced bins spanning that
+    tier's own range (a 30 s tier's milliseconds and a 3 h tier's minutes both resolved),
+    and of lateness at or below 0 (on time, or early by the clocks)."""
     from pyspark.sql import functions as F
 
-    df = records.withColumn("lateness_ms", F.col("delivered_at_ms") - F.col("due_at_ms")).where(
-        F.col("lateness_ms").isNotNull()
+    df = (
+        records.withColumn("lateness_ms", F.col("delivered_at_ms") - F.col("due_at_ms"))
+        .where(F.col("lateness_ms").isNotNull())
+        .withColumn("tier", F.coalesce(F.col("tier"), F.lit("(none)")))
     )
-    span = df.agg(F.min("lateness_ms"), F.max("lateness_ms")).first()
-    if span is None or span[0] is None:
-        return [], {}
-    low, high = float(span[0]), float(span[1])
-    width = max(1.0, (high - low) / bins)
-    edges = [low + i * width for i in range(bins + 1)]
-    index = F.least(F.floor((F.col("lateness_ms") - F.lit(low)) / width), F.lit(bins - 1))
+    on_time = {
+        r["tier"]: r["count"]
+        for r in df.where(F.col("lateness_ms") <= 0).groupBy("tier").count().collect()
+    }
+    late = df.where(F.col("lateness_ms") > 0)
+    spans = late.groupBy("tier").agg(F.min("lateness_ms"), F.max("lateness_ms")).collect()
+    if not spans:
+        return LatenessHistogram({}, {}, on_time)
+    edges: dict[str, list[float]] = {}
+    low: list[Any] = []
+    scale: list[Any] = []
+    for tier, first, last in spans:
+        lo, hi = float(first), float(last)
+        if hi == lo:  # one value: one bin around it
+            lo, hi = lo / 1.1, hi * 1.1
+        edges[tier] = [lo * (hi / lo) ** (i / bins) for i in range(bins + 1)]
+        low += [F.lit(tier), F.lit(lo)]
+        scale += [F.lit(tier), F.lit(bins / math.log(hi / lo))]
+    tier = F.col("tier")
+    position = F.log(F.col("lateness_ms") / F.create_map(*low)[tier]) * F.create_map(*scale)[tier]
+    index = F.least(F.greatest(F.floor(position), F.lit(0)), F.lit(bins - 1))
     counts: dict[str, list[int]] = {}
-    for row in (
-        df.withColumn("tier", F.coalesce(F.col("tier"), F.lit("(none)")))
-        .groupBy("tier", index.alias("bin"))
-        .count()
-        .collect()
-    ):
+    for row in late.groupBy("tier", index.alias("bin")).count().collect():
         counts.setdefault(row["tier"], [0] * bins)[int(row["bin"])] += row["count"]
-    return edges, counts
+    return LatenessHistogram(edges, counts, on_time)
 
 
 def report(
@@ -263,14 +301,22 @@ def report(
     *,
     spark: SparkSession | None = None,
     ladder: Ladder | None = None,
+    ladder_from: str = "the ladder given",
     max_tiers: int | None = None,
     bucket_ms: int | None = None,
+    grid_ms: tuple[int, ...] = DEFAULT_GRID_MS,
+    objective: str = "mean",
 ) -> ReportSummary:
     """Compute the report of ``records`` (a path or a DataFrame) and write it to ``out``.
 
-    ``ladder`` is the current ladder (default: the tiers seen in the records);
-    ``max_tiers`` the tiers of the recommended ladder (default: as many as now).
-    Writes ``report.md``, ``summary.json`` and PNG plots into ``out``.
+    ``ladder`` is the current ladder, the configured one (pass the topology's,
+    ``topology.ladder``; default: the tiers seen in the records, which misses tiers
+    no record went through), and ``ladder_from`` says where it came from in the
+    report. The recommendation takes its tiers from ``grid_ms`` (round values), keeps
+    its top at or above the current ladder's top, has ``max_tiers`` tiers at most
+    (default: as many as now) and minimises ``objective``: ``"mean"`` relative
+    overshoot or its ``"p99"``. Writes ``report.md``, ``summary.json`` and PNG plots
+    into ``out``.
     """
     from delayq.spark._session import local_session
 
@@ -278,6 +324,17 @@ def report(
         raise InvalidInput(f"bucket_ms must be at least 1, got {bucket_ms}")
     if max_tiers is not None and max_tiers < 1:
         raise InvalidInput(f"max_tiers must be at least 1, got {max_tiers}")
+    if objective not in OBJECTIVES:
+        raise InvalidInput(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    grid_ms = tuple(sorted(set(grid_ms)))
+    if not grid_ms or grid_ms[0] <= 0:
+        raise InvalidInput("the grid needs at least one value, each longer than 0 ms")
+    if ladder is not None and ladder.max_ms > grid_ms[-1]:
+        raise InvalidInput(
+            f"the grid's longest value {format_ms(grid_ms[-1])} is below the current "
+            f"ladder's top tier {format_ms(ladder.max_ms)}: a recommendation from it would "
+            "refuse delays the ladder takes; add a longer value to the grid"
+        )
     if Path(out).exists() and not Path(out).is_dir():
         raise InvalidInput(f"cannot write the report to {out}: it is a file, not a directory")
     skipped = 0
@@ -290,7 +347,15 @@ def report(
     else:
         frame = records
     try:
-        return _write_report(frame, skipped, Path(out), ladder, max_tiers, bucket_ms)
+        options = {
+            "ladder": ladder,
+            "ladder_from": ladder_from,
+            "max_tiers": max_tiers,
+            "bucket_ms": bucket_ms,
+            "grid_ms": grid_ms,
+            "objective": objective,
+        }
+        return _write_report(frame, skipped, Path(out), options)
     finally:
         if loaded:
             # Left cached, the next report of the same path in this session would be
@@ -299,22 +364,15 @@ def report(
 
 
 def _write_report(
-    frame: DataFrame,
-    skipped: int,
-    target: Path,
-    ladder: Ladder | None,
-    max_tiers: int | None,
-    bucket_ms: int | None,
+    frame: DataFrame, skipped: int, target: Path, options: dict[str, Any]
 ) -> ReportSummary:
-    summary = compute(
-        frame, skipped=skipped, ladder=ladder, max_tiers=max_tiers, bucket_ms=bucket_ms
-    )
-    edges, hist = lateness_histograms(frame)
+    summary = compute(frame, skipped=skipped, **options)
+    hist = lateness_histograms(frame)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(f"cannot write the report to {target}: {exc}") from exc
-    plots = _plot(summary, edges, hist, target)
+    plots = _plot(summary, hist, target)
     for stale in _PLOTS - set(plots.values()):  # an earlier report's, not this one's
         (target / stale).unlink(missing_ok=True)
     (target / "report.md").write_text(render_markdown(summary, plots), encoding="utf-8")
