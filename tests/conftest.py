@@ -1,0 +1,29 @@
+"""What every test gets back after it: the root logger as it found it.
+
+``delayq run`` / ``delayq worker --heal`` run in-process by some tests call
+``configure_logging``, which replaces the root logger's handlers with one on the
+stderr of that moment (pytest's capture, closed after the test) and sets INFO. Left
+so, every later INFO record of the worker process (py4j's among them) is written to
+a closed stream and prints a "Logging error" traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
