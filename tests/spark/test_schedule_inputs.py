@@ -222,3 +222,28 @@ def test_cli_table_and_dry_run(
     assert "give INPUT (a file or directory) or --table NAME" in capsys.readouterr().err
     assert main([*base, "--table", "delayq_inputs_good", "--id-column", "ref"]) == 2
     assert "no column 'ref'" in capsys.readouterr().err
+
+
+def test_tasks_tell_the_driver_their_rows_and_a_listener_out_of_reach_changes_nothing() -> None:
+    from types import SimpleNamespace
+
+    from delayq.cli.spark_inputs import progress_line
+    from delayq.spark._progress import RowCounter, counting
+
+    conf = SimpleNamespace(get=lambda name: "127.0.0.1")
+    fake = SimpleNamespace(sparkContext=SimpleNamespace(getConf=lambda: conf))
+    counter = RowCounter(fake)
+
+    def task(rows: Any) -> Any:
+        yield ("n", sum(1 for _ in rows))
+
+    told: list[tuple[int, int]] = []
+    with counter.watching(1000, lambda done, total: told.append((done, total))):
+        assert list(counting(task, counter)(iter(range(600)))) == [("n", 600)]
+        assert list(counting(task, counter)(iter(range(400)))) == [("n", 400)]
+    assert told[-1] == (1000, 1000)
+    # the listener gone (a firewall, say): the rows are all read, uncounted
+    assert list(counting(task, counter)(iter(range(10)))) == [("n", 10)]
+    assert counting(task, None) is task
+    assert progress_line("publishing", 0, 10, 0.0) == "publishing: 0/10 rows (0%)"
+    assert progress_line("checking", 10, 10, 2.0) == "checking: 10/10 rows (100%), 5 rows/s"

@@ -57,7 +57,6 @@ def schedule_input_options() -> list[click.Parameter]:
         ),
         once(
             "--id-column",
-            "--id-col",
             "id_column",
             metavar="C",
             help="an input column written beside each rejected row in the errors output",
