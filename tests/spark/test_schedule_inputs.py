@@ -216,6 +216,8 @@ def test_cli_table_and_dry_run(
 
     assert main([*base, "--table", "no_such_table"]) == 2
     assert "cannot read table 'no_such_table'" in capsys.readouterr().err
+    assert main([*base, "--table", "delayq_inputs_good", "--option", "sep=;"]) == 2
+    assert "--option is for INPUT's reader" in capsys.readouterr().err
     assert main([*base, "some.jsonl", "--table", "delayq_inputs_good"]) == 2
     assert "give INPUT or --table, not both" in capsys.readouterr().err
     assert main(base) == 2
