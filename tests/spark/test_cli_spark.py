@@ -40,7 +40,7 @@ def test_schedule_a_json_lines_file_then_report_records(
     code = main(command)
     out, err = capsys.readouterr()
     assert code == 1, err  # one rejected row fails the job, by default
-    assert "publishing (Spark tasks done): " in err
+    assert "publishing: 101/101 rows (100%)" in err
     assert "2s         100          0" in out  # the summary is printed all the same
     assert "rejected: 1 DelayTooLong" in out
     assert "delayq: error: 1 of 101 rows were rejected (1 DelayTooLong)" in err

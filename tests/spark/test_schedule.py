@@ -14,7 +14,6 @@ import pytest
 
 from delayq import (
     ConnectionFailed,
-    InvalidInput,
     PublishUnconfirmed,
     RowsRejected,
     Settled,
@@ -271,7 +270,7 @@ def test_rejected_rows_fail_the_job_once_the_rest_is_published_and_stale_errors_
     assert clean.total_rejected == 0 and read_errors(errors) == []
 
 
-def test_two_rows_with_one_key_are_refused_before_anything_is_sent(
+def test_every_row_of_a_repeated_key_is_rejected_and_the_rest_published(
     spark: Any, rabbitmq_url: str, make_topology: Any
 ) -> None:
     topology = make_topology()
@@ -286,13 +285,19 @@ def test_two_rows_with_one_key_are_refused_before_anything_is_sent(
         ],
         "key string, routing_key string, delay string, body string",
     )
-    with pytest.raises(
-        InvalidInput,
-        match=r"1 keys of column 'key' are on more than one row"
-        r" \(e\.g\. 'cust-1' \(2 rows\)\).*Nothing was sent",
-    ):
+    with pytest.raises(RowsRejected, match=r"2 of 3 rows were rejected \(2 DuplicateKey\)"):
         schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
-    assert [depth(rabbitmq_url, f"{topology.namespace}.tier.{t}") for t in ("1s", "2s")] == [0, 0]
+    summary = schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay", max_rejected=2)
+    assert summary.published == {"1s": 1} and summary.duplicate_in_input == 2
+    assert {r["key"] for r in summary.rejections} == {"cust-1"}
+    assert "keep-last" in summary.rejections[0]["reason"]
+    ns = topology.namespace
+    wait_until(  # cust-2 once per run, through its tier; cust-1 never sent
+        lambda: [depth(rabbitmq_url, q) for q in (f"{ns}.tier.1s", f"{ns}.tier.2s", f"{ns}.work")]
+        == [0, 0, 2],
+        30,
+        "the two runs' copies of cust-2 in the work queue",
+    )
 
 
 def test_a_wrong_url_or_an_unapplied_topology_is_a_delayq_error_before_any_task(

@@ -14,6 +14,7 @@ from delayq.cli._common import (
     load_cli_topology,
 )
 from delayq.cli._console import progress_bar
+from delayq.cli.spark_inputs import check_source, read_source, rows_progress
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
@@ -58,17 +59,18 @@ def cmd_spark_schedule(args: Args) -> int:
     RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
-    _check_input(args)
+    check_source(args)
     session = _spark_session(args)
-    df, fmt = _read_input(session, args)
+    df, source = read_source(session, args)
     body_col = None if args.body_col == "none" else args.body_col
     print(
-        f"scheduling {args.input} ({fmt}) into namespace {topology.namespace!r} on {redact(url)}",
+        f"{'checking (dry run)' if args.dry_run else 'scheduling'} {source} into namespace "
+        f"{topology.namespace!r} on {redact(url)}",
         file=sys.stderr,
     )
 
     failure: RowsRejected | None = None
-    with progress_bar("publishing (Spark tasks done)") as progress:
+    with rows_progress("checking" if args.dry_run else "publishing") as progress:
         try:
             summary = schedule(
                 df,
@@ -86,6 +88,9 @@ def cmd_spark_schedule(args: Args) -> int:
                 window=args.window,
                 progress=progress,
                 max_rejected=max_rejected,
+                dry_run=args.dry_run,
+                duplicates=args.duplicates,
+                id_col=args.id_column,
             )
         except RowsRejected as exc:  # the summary is still the job's outcome: print it first
             failure, summary = exc, exc.summary

@@ -21,6 +21,7 @@ from delayq.cli.options import (
 )
 from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
+from delayq.cli.spark_inputs import schedule_input_options
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
 from delayq.stores.url import STORE_FORMS
@@ -245,9 +246,10 @@ def spark_group() -> click.Group:
     schedule = leaf(
         "schedule",
         cmd_spark_schedule,
-        "publish one delayed message per row of a Parquet, CSV or JSON-lines input",
+        "publish one delayed message per row of a Parquet, CSV or JSON-lines input "
+        "(or of a --table)",
         [
-            click.Argument(["input"], metavar="INPUT"),
+            click.Argument(["input"], metavar="[INPUT]", required=False),
             master(),
             once(
                 "--format",
@@ -267,7 +269,8 @@ def spark_group() -> click.Group:
                 default="json",
                 help="default json",
             ),
-            once("--partitions", type=PositiveInt(), help="repartition first (a connection each)"),
+            once("--partitions", type=PositiveInt(), help="a connection each (default: the "
+                 "input's, at least its session's defaultParallelism)"),
             once("--window", type=PositiveInt(), default=1000, help="unconfirmed per connection"),
             json_flag("print the summary as JSON"),
             once(
@@ -280,6 +283,7 @@ def spark_group() -> click.Group:
             flag(
                 "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
             ),
+            *schedule_input_options(),
         ],
         url=True,
         file=True,

@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
-from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
+from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, tier_of
 from delayq.message.envelope import OutgoingMessage
 from delayq.spark._checks import preflight, task_error
+from delayq.spark._inputs import input_columns, prepare
+from delayq.spark._plan_task import plan_partition, rejected_tuple, task_row
+from delayq.spark._progress import RowCounter, counting
 from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -43,7 +46,7 @@ ERRORS_SCHEMA = (
 """The errors output: one line per row not published (DDL of its Spark schema)."""
 
 Progress = Callable[[int, int], None]
-"""Told (tasks done, tasks in all) while the job runs."""
+"""Told (done, in all) while the job runs: Spark tasks (cancel), rows read (schedule)."""
 
 _PUBLISHED, _REJECTED = "published", "rejected"
 
@@ -61,6 +64,11 @@ class ScheduleSummary:
     errors_path: str | None
     rejections: list[dict[str, Any]] = field(default_factory=list)
     """The rejections themselves when no ``errors_path`` was given."""
+    duplicate_in_input: int = 0
+    """Rows whose key is on another row of the input too (rejected, or left out by
+    ``duplicates="keep-last"``)."""
+    dry_run: bool = False
+    """Nothing was published: ``published`` counts what would have been."""
 
     @property
     def total_published(self) -> int:
@@ -78,13 +86,18 @@ class ScheduleSummary:
     def render(self) -> str:
         """A small table: published and rejected per tier, then rejections per error."""
         tiers = sorted(set(self.published) | set(self.rejected), key=_tier_order)
-        lines = [f"{'tier':>10}  {'published':>10}  {'rejected':>9}"]
+        done = "would publish" if self.dry_run else "published"
+        lines = [f"{'tier':>10}  {done:>10}  {'rejected':>9}"]
         for tier in tiers:
             lines.append(
                 f"{tier:>10}  {self.published.get(tier, 0):>10}  {self.rejected.get(tier, 0):>9}"
             )
         lines.append(f"{'total':>10}  {self.total_published:>10}  {self.total_rejected:>9}")
+        if self.duplicate_in_input:
+            lines.append(f"duplicate-in-input: {self.duplicate_in_input}")
         lines.extend(rejection_lines(self.errors, self.errors_path, self.total_rejected))
+        if self.dry_run:
+            lines.append("dry run: nothing was published")
         return "\n".join(lines) + "\n"
 
     def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
@@ -120,9 +133,9 @@ def publish_partition(
 ) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
     """The function each Spark task runs over its rows (plain data in, tuples out).
 
-    Rows are ``(key, routing_key, delay, due_at_us, due_text, body)``. It yields
-    one ``("rejected", key, routing_key, delay, tier, error, reason, 1)`` per
-    rejection and one ``("published", None, None, None, tier, None, None, n)``
+    Rows are ``(key, routing_key, delay, due_at_us, due_text, body, id)``. It yields
+    one ``("rejected", key, routing_key, delay, tier, error, reason, 1, id)`` per
+    rejection and one ``("published", None, None, None, tier, None, None, n, None)``
     per tier.
     """
 
@@ -130,38 +143,30 @@ def publish_partition(
         from delayq.sync.publisher import Publisher
 
         topology = Topology.model_validate(topology_data)
-        rejections: list[Rejection] = []
+        rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()
-        keys: dict[int, str] = {}  # at most `window` entries: those not yet settled
+        keys: dict[int, tuple[str, str | None]] = {}  # at most `window`: not yet settled
         sent = itertools.count()
         unconfirmed: list[PublishError] = []
         with Publisher(url, topology) as publisher:
             planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
 
             def stream() -> Iterator[OutgoingMessage]:
-                for key, routing_key, delay, due_us, due_text, body in rows:
-                    planned = planner.plan(
-                        Row(
-                            key=key,
-                            routing_key=routing_key,
-                            body=body,
-                            delay=delay,
-                            due_at_ms=None if due_us is None else -(-int(due_us) // 1000),
-                            due_text=due_text,
-                        )
-                    )
+                for values in rows:
+                    row, row_id = task_row(values)
+                    planned = planner.plan(row)
                     if isinstance(planned, Rejection):
-                        rejections.append(planned)
-                    else:
-                        keys[next(sent)] = str(key)  # the stream's index of this message
+                        rejections.append((planned, row_id))
+                    else:  # by the stream's index of this message
+                        keys[next(sent)] = (str(row.key), row_id)
                         yield planned
 
             def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
-                key = keys.pop(index, None)
+                key, row_id = keys.pop(index, (None, None))
                 if error is None:
                     published[tier_of(msg)] += 1
                 elif isinstance(error, (PublishRejected, Unroutable)):
-                    rejections.append(planner.rejected(msg, error, key))
+                    rejections.append((planner.rejected(msg, error, key), row_id))
                 else:
                     unconfirmed.append(error)
 
@@ -169,64 +174,12 @@ def publish_partition(
         if unconfirmed:
             # Spark retries the task; what was confirmed is sent again as duplicates.
             raise unconfirmed[0]
-        for r in rejections:
-            yield (_REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
+        for r, row_id in rejections:
+            yield rejected_tuple(r, row_id)
         for tier, count in published.items():
-            yield (_PUBLISHED, None, None, None, tier, None, None, count)
+            yield (_PUBLISHED, None, None, None, tier, None, None, count, None)
 
     return run
-
-
-def _input_columns(
-    df: DataFrame,
-    key_col: str,
-    routing_key_col: str,
-    delay_col: str | None,
-    due_col: str | None,
-    body_col: str | None,
-) -> DataFrame:
-    """The six columns a task reads, due times already turned into epoch microseconds."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
-
-    if (delay_col is None) == (due_col is None):
-        raise InvalidInput("give exactly one of delay_col and due_col")
-    missing = [
-        c
-        for c in (key_col, routing_key_col, delay_col, due_col, body_col)
-        if c and c not in df.columns
-    ]
-    if missing:
-        raise InvalidInput(
-            f"the input has no column {', '.join(map(repr, missing))}; "
-            f"its columns: {', '.join(df.columns)}"
-        )
-    null_str = F.lit(None).cast("string")
-    if due_col is not None:
-        kind = df.schema[due_col].dataType
-        raw = F.col(due_col)
-        if isinstance(kind, (TimestampType, TimestampNTZType, DateType)):
-            stamp = raw.cast("timestamp")
-        elif isinstance(kind, StringType):
-            stamp = F.try_to_timestamp(raw)
-        else:  # a number has no unit (seconds? ms?): rejected as not a timestamp
-            stamp = F.lit(None).cast("timestamp")
-        due_us = F.unix_micros(stamp)
-        due_text = raw.cast("string")
-        delay = F.lit(None)
-    else:
-        due_us = F.lit(None).cast("long")
-        due_text = null_str
-        assert delay_col is not None
-        delay = F.col(delay_col)
-    return df.select(
-        F.col(key_col).cast("string").alias("key"),
-        F.col(routing_key_col).cast("string").alias("routing_key"),
-        delay.alias("delay"),
-        due_us.alias("due_us"),
-        due_text.alias("due_text"),
-        (F.col(body_col) if body_col else F.lit(None)).alias("body"),
-    )
 
 
 def _watch_progress(spark: Any, group: str, progress: Progress, done: threading.Event) -> None:
@@ -266,6 +219,9 @@ def schedule(
     window: int = 1000,
     progress: Progress | None = None,
     max_rejected: int | str | None = 0,
+    dry_run: bool = False,
+    duplicates: str = "reject",
+    id_col: str | None = None,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -282,10 +238,22 @@ def schedule(
     ``max_rejected`` rejections (a row count, ``"P%"`` of the rows read, or
     ``None`` for any number; default 0) raise
     :class:`~delayq.errors.RowsRejected` (its ``summary`` is the job's) after
-    the rest was published. Two rows with the same key would be one message id,
-    and an idempotent consumer would skip the second: such an input is refused
-    before anything is sent. ``partitions`` repartitions the input first (one
-    connection per partition). The topology must be applied.
+    the rest was published. ``id_col`` names a column carried into the errors
+    output (rows without a usable key stay identifiable).
+
+    Two rows with the same key would be one message id, and an idempotent
+    consumer would skip the second: ``duplicates="reject"`` (default) rejects
+    every row of such a key (``DuplicateKey``), ``"keep-last"`` publishes the
+    last row of each key in input order (see :mod:`delayq.spark._inputs`); the
+    summary counts them as ``duplicate_in_input``.
+
+    ``partitions`` repartitions the input first (one connection per
+    partition); by default an input of fewer partitions than the session's
+    ``defaultParallelism`` is spread over that many. ``progress`` is told (rows
+    read, rows in all). ``dry_run`` plans every row against the topology and
+    publishes nothing (the broker is still checked: reachable, topology
+    applied); ``published`` then counts what would be, and the rejections and
+    ``max_rejected`` are as in a real run. The topology must be applied.
     """
     from pyspark import StorageLevel
 
@@ -296,30 +264,32 @@ def schedule(
     for name, value in (("window", window), ("partitions", partitions)):
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InvalidInput(f"{name} must be at least 1, got {value!r}")
-    selected = _input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col)
-    _refuse_duplicate_keys(selected, key_col)
+    selected = input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col, id_col)
     preflight(url, topology)
-    if partitions is not None:
-        selected = selected.repartition(partitions)
-    task = publish_partition(
-        url, topology.model_dump(mode="json"), window=window, body_json=body_json
-    )
+    prepared = prepare(selected, duplicates=duplicates, partitions=partitions, key_col=key_col)
     spark = df.sparkSession
-    results = selected.rdd.mapPartitions(task).persist(StorageLevel.MEMORY_AND_DISK)
+    counter = RowCounter(spark) if progress is not None else None
+    data = topology.model_dump(mode="json")
+    task = (
+        plan_partition(data, body_json=body_json)
+        if dry_run
+        else publish_partition(url, data, window=window, body_json=body_json)
+    )
+    results = prepared.rows.rdd.mapPartitions(counting(task, counter))
+    if prepared.rejected is not None:
+        results = results.union(prepared.rejected.rdd.map(tuple))
+    results = results.persist(StorageLevel.MEMORY_AND_DISK)
     group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
     spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
-    done = threading.Event()
-    watcher = None
-    if progress is not None:
-        watcher = threading.Thread(
-            target=_watch_progress, args=(spark, group, progress, done), daemon=True
-        )
-        watcher.start()
     try:
         # The one action that publishes; the persisted results feed what follows.
         # Were a cached partition lost, recomputing it re-sends its rows:
         # duplicates only, by the key-derived ids.
-        results.count()
+        if counter is not None and progress is not None:
+            with counter.watching(prepared.to_tasks, progress):
+                results.count()
+        else:
+            results.count()
     except Exception as exc:
         results.unpersist()
         error = task_error(exc)
@@ -327,9 +297,6 @@ def schedule(
             raise
         raise error from exc
     finally:
-        done.set()
-        if watcher is not None:
-            watcher.join()
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     try:
         counts = (
@@ -347,17 +314,20 @@ def schedule(
                 rejected[tier] += count
                 errors[error] += count
         rejections: list[dict[str, Any]] = []
-        rows = results.filter(lambda r: r[0] == _REJECTED).map(lambda r: tuple(r[1:7]))
+        schema = ERRORS_SCHEMA + (f", `{id_col}` string" if id_col else "")
+        rows = results.filter(lambda r: r[0] == _REJECTED).map(
+            (lambda r: (*r[1:7], r[8])) if id_col else (lambda r: tuple(r[1:7]))
+        )
         if errors_path is not None:
             # Written even when empty: rejections of an earlier run left there would
             # pass for this run's.
-            out = spark.createDataFrame(rows, ERRORS_SCHEMA).coalesce(1)
+            out = spark.createDataFrame(rows, schema).coalesce(1)
             writer = out.write.mode("overwrite")
             if errors_format == "csv":
                 writer = writer.option("header", "true")
             writer.format(errors_format).save(errors_path)
         elif rejected:
-            names = [c.split()[0] for c in ERRORS_SCHEMA.split(", ")]
+            names = [c.split()[0].strip("`") for c in schema.split(", ")]
             rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
     finally:
         results.unpersist()
@@ -367,34 +337,9 @@ def schedule(
         errors=dict(errors),
         errors_path=errors_path,
         rejections=rejections,
+        duplicate_in_input=prepared.duplicate_in_input,
+        dry_run=dry_run,
     )
     if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
         raise summary.rejected_error(limit)
     return summary
-
-
-def _refuse_duplicate_keys(selected: DataFrame, key_col: str) -> None:
-    """Raise :class:`~delayq.errors.InvalidInput` when a key is on several rows (nothing sent)."""
-    from pyspark.sql import functions as F
-
-    repeated = (
-        selected.where(F.col("key").isNotNull())
-        .groupBy("key")
-        .count()
-        .where(F.col("count") > 1)
-        .cache()
-    )
-    try:
-        sample = repeated.limit(3).collect()
-        if not sample:
-            return
-        shown = ", ".join(f"{row['key']!r} ({row['count']} rows)" for row in sample)
-        raise InvalidInput(
-            f"{repeated.count():,} keys of column {key_col!r} are on more than one row "
-            f"(e.g. {shown}): a key is the message id, so an idempotent consumer would "
-            "handle the first of them and skip the others as duplicates. Nothing was sent. "
-            "Make the key unique (e.g. the key and the due time together), or drop "
-            "repeated rows (DataFrame.dropDuplicates) if they are the same message."
-        )
-    finally:
-        repeated.unpersist()
