@@ -280,6 +280,25 @@ def spark_group() -> click.Group:
             flag(
                 "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
             ),
+            once(
+                "--retry-for",
+                default="60s",
+                metavar="DURATION",
+                help="how long a partition waits out a broker that confirms nothing, "
+                "reconnecting and sending again what was unconfirmed (default 60s)",
+            ),
+            once(
+                "--backoff",
+                default="200ms",
+                metavar="DURATION",
+                help="the first pause between reconnects, doubled up to 5s (default 200ms)",
+            ),
+            once(
+                "--resume",
+                metavar="DIR",
+                help="send only the rows a previous run's errors output (--errors DIR, in "
+                "--errors-format) names as unconfirmed",
+            ),
         ],
         url=True,
         file=True,

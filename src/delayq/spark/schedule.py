@@ -16,19 +16,27 @@ rejections than ``max_rejected`` (default 0) make the job fail with
 
 from __future__ import annotations
 
-import itertools
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
-from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, Row, tier_of
-from delayq.message.envelope import OutgoingMessage
+from delayq.errors import InvalidInput, RowsRejected
+from delayq.message.bulk import RejectionLimit
 from delayq.spark._checks import preflight, task_error
 from delayq.spark._rejections import rejection_lines, rejections_said
+from delayq.spark._resilient import RetryPolicy
+from delayq.spark._schedule_task import (
+    FAILED,
+    PUBLISHED,
+    REJECTED,
+    RETRIED,
+    UNCONFIRMED,
+    publish_partition,
+)
+from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
@@ -45,8 +53,6 @@ ERRORS_SCHEMA = (
 Progress = Callable[[int, int], None]
 """Told (tasks done, tasks in all) while the job runs."""
 
-_PUBLISHED, _REJECTED = "published", "rejected"
-
 
 @dataclass(frozen=True)
 class ScheduleSummary:
@@ -61,6 +67,12 @@ class ScheduleSummary:
     errors_path: str | None
     rejections: list[dict[str, Any]] = field(default_factory=list)
     """The rejections themselves when no ``errors_path`` was given."""
+    unconfirmed: dict[str, int] = field(default_factory=dict)
+    """Rows per tier the broker did not confirm (never counted as published; in the
+    errors output with error ``PublishUnconfirmed``, reason ``unconfirmed: ...``)."""
+    retried: int = 0
+    """Published rows confirmed only after being sent again over a new connection: at
+    most this many duplicates at the broker, which idempotent consumers skip."""
 
     @property
     def total_published(self) -> int:
@@ -71,9 +83,13 @@ class ScheduleSummary:
         return sum(self.rejected.values())
 
     @property
+    def total_unconfirmed(self) -> int:
+        return sum(self.unconfirmed.values())
+
+    @property
     def rows(self) -> int:
-        """Rows read: published plus rejected."""
-        return self.total_published + self.total_rejected
+        """Rows read: published, rejected and unconfirmed."""
+        return self.total_published + self.total_rejected + self.total_unconfirmed
 
     def render(self) -> str:
         """A small table: published and rejected per tier, then rejections per error."""
@@ -85,6 +101,7 @@ class ScheduleSummary:
             )
         lines.append(f"{'total':>10}  {self.total_published:>10}  {self.total_rejected:>9}")
         lines.extend(rejection_lines(self.errors, self.errors_path, self.total_rejected))
+        lines.extend(outage_lines(self))
         return "\n".join(lines) + "\n"
 
     def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
@@ -109,72 +126,6 @@ def _tier_order(label: str) -> tuple[int, int]:
         return (1, to_ms(label))
     except InvalidInput:
         return (2, 0)
-
-
-def publish_partition(
-    url: str,
-    topology_data: dict[str, Any],
-    *,
-    window: int,
-    body_json: bool,
-) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
-    """The function each Spark task runs over its rows (plain data in, tuples out).
-
-    Rows are ``(key, routing_key, delay, due_at_us, due_text, body)``. It yields
-    one ``("rejected", key, routing_key, delay, tier, error, reason, 1)`` per
-    rejection and one ``("published", None, None, None, tier, None, None, n)``
-    per tier.
-    """
-
-    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-        from delayq.sync.publisher import Publisher
-
-        topology = Topology.model_validate(topology_data)
-        rejections: list[Rejection] = []
-        published: Counter[str] = Counter()
-        keys: dict[int, str] = {}  # at most `window` entries: those not yet settled
-        sent = itertools.count()
-        unconfirmed: list[PublishError] = []
-        with Publisher(url, topology) as publisher:
-            planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
-
-            def stream() -> Iterator[OutgoingMessage]:
-                for key, routing_key, delay, due_us, due_text, body in rows:
-                    planned = planner.plan(
-                        Row(
-                            key=key,
-                            routing_key=routing_key,
-                            body=body,
-                            delay=delay,
-                            due_at_ms=None if due_us is None else -(-int(due_us) // 1000),
-                            due_text=due_text,
-                        )
-                    )
-                    if isinstance(planned, Rejection):
-                        rejections.append(planned)
-                    else:
-                        keys[next(sent)] = str(key)  # the stream's index of this message
-                        yield planned
-
-            def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
-                key = keys.pop(index, None)
-                if error is None:
-                    published[tier_of(msg)] += 1
-                elif isinstance(error, (PublishRejected, Unroutable)):
-                    rejections.append(planner.rejected(msg, error, key))
-                else:
-                    unconfirmed.append(error)
-
-            publisher.send_many(stream(), settle=settle, window=window)
-        if unconfirmed:
-            # Spark retries the task; what was confirmed is sent again as duplicates.
-            raise unconfirmed[0]
-        for r in rejections:
-            yield (_REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
-        for tier, count in published.items():
-            yield (_PUBLISHED, None, None, None, tier, None, None, count)
-
-    return run
 
 
 def _input_columns(
@@ -266,6 +217,9 @@ def schedule(
     window: int = 1000,
     progress: Progress | None = None,
     max_rejected: int | str | None = 0,
+    retry_for: object = "60s",
+    backoff: object = "200ms",
+    resume_from: str | None = None,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -286,6 +240,17 @@ def schedule(
     and an idempotent consumer would skip the second: such an input is refused
     before anything is sent. ``partitions`` repartitions the input first (one
     connection per partition). The topology must be applied.
+
+    A partition whose connection drops sends what was not confirmed again on a new
+    one, pausing ``backoff`` (doubled each time, up to 5 s) between attempts, for as
+    long as the broker confirms nothing for less than ``retry_for`` (durations; a
+    confirm resets the clock). Rows still unconfirmed then are neither published nor
+    rejected: the summary's ``unconfirmed``, written to the errors output (error
+    ``PublishUnconfirmed``, reason ``unconfirmed: ...``), and the job raises
+    :class:`~delayq.errors.RowsUnconfirmed` (its ``summary`` the job's) once every
+    partition is accounted for. ``resume_from`` (a previous run's errors output, in
+    ``errors_format``) keeps only the rows it names as unconfirmed: the same input
+    and ``resume_from`` send just what that run left unconfirmed.
     """
     from pyspark import StorageLevel
 
@@ -296,17 +261,27 @@ def schedule(
     for name, value in (("window", window), ("partitions", partitions)):
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InvalidInput(f"{name} must be at least 1, got {value!r}")
+    policy = RetryPolicy.parse(retry_for, backoff)
     selected = _input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col)
+    if resume_from is not None:
+        selected = only_unconfirmed(
+            selected, resume_from, errors_format, errors_path, ERRORS_SCHEMA
+        )
     _refuse_duplicate_keys(selected, key_col)
     preflight(url, topology)
     if partitions is not None:
         selected = selected.repartition(partitions)
+    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
     task = publish_partition(
-        url, topology.model_dump(mode="json"), window=window, body_json=body_json
+        url,
+        topology.model_dump(mode="json"),
+        window=window,
+        body_json=body_json,
+        policy=policy,
+        job=group,
     )
     spark = df.sparkSession
     results = selected.rdd.mapPartitions(task).persist(StorageLevel.MEMORY_AND_DISK)
-    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
     spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
     done = threading.Event()
     watcher = None
@@ -340,14 +315,23 @@ def schedule(
         published: Counter[str] = Counter()
         rejected: Counter[str] = Counter()
         errors: Counter[str] = Counter()
+        unconfirmed: Counter[str] = Counter()
+        retried = 0
         for (kind, tier, error), count in counts:
-            if kind == _PUBLISHED:
+            if kind == PUBLISHED:
                 published[tier] += count
-            else:
+            elif kind == REJECTED:
                 rejected[tier] += count
                 errors[error] += count
+            elif kind == UNCONFIRMED:
+                unconfirmed[tier] += count
+            elif kind == RETRIED:
+                retried += count
+        failures = results.filter(lambda r: r[0] == FAILED).map(lambda r: r[5:7]).collect()
         rejections: list[dict[str, Any]] = []
-        rows = results.filter(lambda r: r[0] == _REJECTED).map(lambda r: tuple(r[1:7]))
+        rows = results.filter(lambda r: r[0] in (REJECTED, UNCONFIRMED)).map(
+            lambda r: tuple(r[1:7])
+        )
         if errors_path is not None:
             # Written even when empty: rejections of an earlier run left there would
             # pass for this run's.
@@ -356,7 +340,7 @@ def schedule(
             if errors_format == "csv":
                 writer = writer.option("header", "true")
             writer.format(errors_format).save(errors_path)
-        elif rejected:
+        elif rejected or unconfirmed:
             names = [c.split()[0] for c in ERRORS_SCHEMA.split(", ")]
             rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
     finally:
@@ -367,7 +351,11 @@ def schedule(
         errors=dict(errors),
         errors_path=errors_path,
         rejections=rejections,
+        unconfirmed=dict(unconfirmed),
+        retried=retried,
     )
+    if unconfirmed or failures:
+        raise unconfirmed_error(summary, failures, policy)
     if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
         raise summary.rejected_error(limit)
     return summary

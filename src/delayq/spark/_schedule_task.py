@@ -1,0 +1,148 @@
+"""What each Spark task of a scheduling job runs: plan its rows, publish them through
+outages (:mod:`delayq.spark._resilient`), and account for every row.
+
+A task never fails for the broker: a row is published (confirmed), rejected (bad
+input, nacked, unroutable) or unconfirmed (the broker stayed silent past the
+job's ``retry_for``, or refused for good mid-job), and the task says so in its
+output, which the driver turns into the summary and the errors output. Spark
+therefore never retries a task over a broker outage, and never re-sends what a
+task had confirmed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from delayq.durations import format_ms
+from delayq.errors import PublishError, PublishUnconfirmed
+from delayq.message.bulk import BulkPlanner, Rejection, Row, tier_of
+from delayq.message.envelope import OutgoingMessage
+from delayq.spark._resilient import RetryPolicy, Stalled, send_resilient
+from delayq.topology.model import Topology
+
+__all__ = [
+    "FAILED",
+    "PUBLISHED",
+    "REJECTED",
+    "RETRIED",
+    "UNCONFIRMED",
+    "UNCONFIRMED_ERROR",
+    "publish_partition",
+]
+
+PUBLISHED, REJECTED, UNCONFIRMED, RETRIED, FAILED = (
+    "published",
+    "rejected",
+    "unconfirmed",
+    "retried",
+    "failed",
+)
+UNCONFIRMED_ERROR = PublishUnconfirmed.__name__
+"""The ``error`` of an unconfirmed row in the errors output (its reason: ``unconfirmed: ...``)."""
+
+_GAVE_UP: set[str] = set()
+"""Jobs a task of this Python worker gave up on: the next tasks of the job try once,
+instead of each waiting ``retry_for`` for a broker that is gone."""
+
+
+def unconfirmed_reason(stalled: Stalled[Any], policy: RetryPolicy) -> str:
+    cause = stalled.cause
+    if stalled.fatal:
+        return f"unconfirmed: {type(cause).__name__}: {cause}"
+    return (
+        f"unconfirmed: the broker confirmed nothing for {format_ms(policy.retry_for_ms)} "
+        f"(retry_for; {type(cause).__name__})"
+    )
+
+
+def publish_partition(
+    url: str,
+    topology_data: dict[str, Any],
+    *,
+    window: int,
+    body_json: bool,
+    policy: RetryPolicy,
+    job: str,
+) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
+    """The function each Spark task runs over its rows (plain data in, tuples out).
+
+    Rows are ``(key, routing_key, delay, due_at_us, due_text, body)``. It yields
+    ``(kind, key, routing_key, delay, tier, error, reason, n)``: one per rejected
+    or unconfirmed row (``n`` 1), one ``published`` and one ``retried`` count per
+    tier, and one ``failed`` line (``error``, ``reason``) when the broker refused
+    for good.
+    """
+
+    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        from delayq.sync.publisher import Publisher
+
+        topology = Topology.model_validate(topology_data)
+        rejections: list[Rejection] = []
+        published: Counter[str] = Counter()
+        with Publisher(
+            url,
+            topology,
+            publish_attempts=1,  # the waiting is send_resilient's
+            connect_attempts=1,
+            retry_backoff_s=policy.backoff_ms / 1000,
+        ) as publisher:
+            planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
+
+            def stream() -> Iterator[tuple[str, OutgoingMessage]]:
+                for key, routing_key, delay, due_us, due_text, body in rows:
+                    planned = planner.plan(
+                        Row(
+                            key=key,
+                            routing_key=routing_key,
+                            body=body,
+                            delay=delay,
+                            due_at_ms=None if due_us is None else -(-int(due_us) // 1000),
+                            due_text=due_text,
+                        )
+                    )
+                    if isinstance(planned, Rejection):
+                        rejections.append(planned)
+                    else:
+                        yield str(key), planned
+
+            def settle(key: str, msg: OutgoingMessage, error: PublishError | None) -> None:
+                if error is None:
+                    published[tier_of(msg)] += 1
+                else:  # nacked or unroutable: unconfirmed ones are send_resilient's
+                    rejections.append(planner.rejected(msg, error, key))
+
+            rest = stream()
+            outcome = send_resilient(
+                publisher,
+                rest,
+                settle,
+                window=window,
+                policy=policy,
+                give_up_at_once=job in _GAVE_UP,
+            )
+            stalled = outcome.stalled
+            unconfirmed: list[Rejection] = []
+            if stalled is None:
+                _GAVE_UP.discard(job)
+            else:
+                if not stalled.fatal:
+                    _GAVE_UP.add(job)
+                said = PublishUnconfirmed(unconfirmed_reason(stalled, policy))
+                for key, msg in [*stalled.left, *rest]:  # the rest is planned, not sent
+                    unconfirmed.append(planner.rejected(msg, said, key))
+        for r in rejections:
+            yield (REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
+        for r in unconfirmed:
+            yield (UNCONFIRMED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
+        for tier, count in published.items():
+            yield (PUBLISHED, None, None, None, tier, None, None, count)
+        if outcome.retried:
+            yield (RETRIED, None, None, None, None, None, None, outcome.retried)
+        if stalled is not None:
+            cause = stalled.cause
+            reason = unconfirmed_reason(stalled, policy)
+            yield (FAILED, None, None, None, None, type(cause).__name__, reason, 1)
+
+    return run
