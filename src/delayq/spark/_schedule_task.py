@@ -11,6 +11,7 @@ task had confirmed.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -123,26 +124,23 @@ def publish_partition(
                 give_up_at_once=job in _GAVE_UP,
             )
             stalled = outcome.stalled
-            unconfirmed: list[Rejection] = []
             if stalled is None:
                 _GAVE_UP.discard(job)
-            else:
-                if not stalled.fatal:
-                    _GAVE_UP.add(job)
-                said = PublishUnconfirmed(unconfirmed_reason(stalled, policy))
-                for key, msg in [*stalled.left, *rest]:  # the rest is planned, not sent
-                    unconfirmed.append(planner.rejected(msg, said, key))
+            elif not stalled.fatal:
+                _GAVE_UP.add(job)
+        if stalled is not None:
+            said = PublishUnconfirmed(unconfirmed_reason(stalled, policy))
+            # What was left unconfirmed, then the rest, planned (a bad row is still a
+            # rejection) and not sent: streamed out, never all held at once.
+            for key, msg in itertools.chain(stalled.left, rest):
+                r = planner.rejected(msg, said, key)
+                yield (UNCONFIRMED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
+            yield (FAILED, None, None, None, None, type(stalled.cause).__name__, str(said), 1)
         for r in rejections:
             yield (REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
-        for r in unconfirmed:
-            yield (UNCONFIRMED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1)
         for tier, count in published.items():
             yield (PUBLISHED, None, None, None, tier, None, None, count)
         if outcome.retried:
             yield (RETRIED, None, None, None, None, None, None, outcome.retried)
-        if stalled is not None:
-            cause = stalled.cause
-            reason = unconfirmed_reason(stalled, policy)
-            yield (FAILED, None, None, None, None, type(cause).__name__, reason, 1)
 
     return run

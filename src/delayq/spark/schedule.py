@@ -6,8 +6,12 @@ pipelined confirms. Message ids are derived from the key column, so a retried
 task, a recomputed partition or a re-run job sends only duplicates, which
 idempotent consumers skip.
 
-A task whose messages the broker did not confirm (connection lost for good,
-publishers blocked) fails, and Spark retries it. Rows the broker refused
+A partition whose connection drops reconnects and sends again only what was not
+confirmed, while the broker has been silent for less than ``retry_for``
+(:mod:`delayq.spark._resilient`); rows still unconfirmed then are counted apart,
+never as published, written to the errors output, and the job raises
+:class:`~delayq.errors.RowsUnconfirmed` with its summary. A task never fails for
+the broker, so Spark never re-runs one over an outage. Rows the broker refused
 (nacked, unroutable) and rows that cannot be sent are rejections: counted per
 tier in the summary and written to the errors output with the reason. More
 rejections than ``max_rejected`` (default 0) make the job fail with
