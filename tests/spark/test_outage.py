@@ -182,7 +182,7 @@ def test_a_broker_stopped_mid_job_is_waited_out_and_each_row_is_handled_once(
     try:
         wait_for(
             lambda: len(handled.counts) >= ROWS,
-            60,
+            120,
             lambda: f"{ROWS} rows handled (now {len(handled.counts)})",
         )
         # Duplicates of the rows sent again are skipped: the queue drains, nothing twice.
@@ -244,7 +244,7 @@ def test_a_broker_gone_longer_than_retry_for_fails_the_job_with_its_summary_then
         published = {n for n in range(ROWS) if f"k{n}" not in unconfirmed}
         wait_for(
             lambda: published <= set(handled.counts),
-            60,
+            120,
             lambda: f"the {len(published)} published rows handled",
         )
         # The same input, resumed from that errors output: only the unconfirmed rows go.
@@ -260,7 +260,7 @@ def test_a_broker_gone_longer_than_retry_for_fails_the_job_with_its_summary_then
         assert again.total_rejected == 0 and again.total_unconfirmed == 0
         wait_for(
             lambda: len(handled.counts) >= ROWS,
-            60,
+            120,
             lambda: f"{ROWS} rows handled (now {len(handled.counts)})",
         )
         wait_for(lambda: depth(node.url, queue) == 0, 30, "the work queue to drain")
