@@ -13,7 +13,9 @@ resets that clock, so a job survives several short outages, each shorter than
 A message sent again may reach the broker twice (its first copy may have
 arrived, unconfirmed): the ids derived from the keys make that a duplicate an
 idempotent consumer skips. Such a message is counted once: published, and
-``retried``. When the budget is spent, what is still unconfirmed is handed
+``retried``. (A lost connection whose immediate reconnect succeeds, the broker
+still up, is re-sent inside ``send_many`` unseen here: ``retried`` is then a lower
+bound.) When the budget is spent, what is still unconfirmed is handed
 back with the cause (:class:`Stalled`) and the rest of the stream is left
 unread for the caller to account for.
 """
