@@ -47,8 +47,13 @@ class RowCounter:
 
     def _serve(self) -> None:
         buffers: dict[socket.socket, bytes] = {}
-        while not self._closed.is_set():
-            for key, _ in self._selector.select(timeout=0.2):
+        while True:
+            events = self._selector.select(timeout=0.2)
+            if not events and self._closed.is_set():
+                # Closed, and nothing left to take: a task that ended just before the
+                # close may still wait in the backlog, or its last count in a buffer.
+                break
+            for key, _ in events:
                 if key.fileobj is self._server:
                     with contextlib.suppress(OSError):
                         conn, _addr = self._server.accept()
