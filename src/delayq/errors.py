@@ -24,6 +24,7 @@ and aiormq are translated at one place per adapter, its error map
     │   ├── TopologyMissing
     │   │   └── TopologyNotApplied: no completed apply of this topology is recorded
     │   ├── TopologyConflict
+    │   ├── RowsUnconfirmed: a bulk job ended with rows the broker did not confirm
     │   └── PublishError: the fate of a message is not "confirmed"
     │       ├── Unroutable
     │       │   └── UnboundRoutingKey (also an InvalidInput): no binding matches; not sent
@@ -72,6 +73,7 @@ __all__ = [
     "PublishUnconfirmed",
     "RecordsLost",
     "RowsRejected",
+    "RowsUnconfirmed",
     "StoreError",
     "TopologyConflict",
     "TopologyMissing",
@@ -290,6 +292,24 @@ class RowsRejected(DelayqError):
     The rows that were not rejected were published (running the job again sends
     them as duplicates only); ``summary`` is the job's
     :class:`~delayq.spark.ScheduleSummary`, with the rejections or where they went.
+    """
+
+    def __init__(self, message: str, summary: Any = None) -> None:
+        self.summary = summary
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.summary))
+
+
+class RowsUnconfirmed(BrokerError):
+    """A bulk job (``delayq.spark.schedule``) ended with rows the broker did not confirm:
+    it stayed silent longer than the job's ``retry_for``, or refused for good mid-job.
+
+    Nothing unconfirmed is counted as published; ``summary`` is the job's
+    :class:`~delayq.spark.ScheduleSummary` (its ``unconfirmed`` counts), and the errors
+    output names each such row (reason ``unconfirmed: ...``): run again with
+    ``resume_from=`` (``--resume``) to send just them.
     """
 
     def __init__(self, message: str, summary: Any = None) -> None:

@@ -25,6 +25,7 @@ from delayq.spark import schedule
 from delayq.stores.memory import InMemoryStore
 from delayq.sync import apply_topology
 from tests.amqp import depth
+from tests.spark.outputs import read_errors
 from tests.waiting import wait_for as wait_until
 
 ROWS = 10_000
@@ -211,12 +212,6 @@ def test_due_times_become_delays_at_publish_and_the_past_is_immediate(
     assert reasons["later"]["error"] == "DelayTooLong"
     assert reasons["garbage"]["error"] == "InvalidDelay"
     assert "not a timestamp" in reasons["garbage"]["reason"]
-
-
-def read_errors(path: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(line) for part in path.glob("part-*") for line in part.read_text().splitlines()
-    ]
 
 
 def test_rejected_rows_fail_the_job_once_the_rest_is_published_and_stale_errors_go(

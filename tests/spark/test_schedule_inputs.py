@@ -19,6 +19,7 @@ from delayq.spark import schedule
 from delayq.spark._inputs import input_columns, prepare
 from delayq.sync import apply_topology
 from tests.amqp import depth
+from tests.spark.outputs import read_errors
 from tests.waiting import wait_for
 
 SCHEMA = "key string, routing_key string, delay string, body string, ref string"
@@ -36,12 +37,6 @@ def first_body(url: str, queue: str) -> bytes:
         connection.close()
     assert body is not None
     return bytes(body)
-
-
-def read_errors(path: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(line) for part in path.glob("part-*") for line in part.read_text().splitlines()
-    ]
 
 
 def test_a_dry_run_plans_every_row_publishes_nothing_and_fails_as_a_real_run(

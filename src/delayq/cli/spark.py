@@ -51,12 +51,14 @@ def _read_input(session: Any, args: Args) -> tuple[Any, str]:
 
 
 def cmd_spark_schedule(args: Args) -> int:
-    from delayq.errors import RowsRejected
+    from delayq.errors import RowsRejected, RowsUnconfirmed
     from delayq.message.bulk import RejectionLimit
     from delayq.spark import schedule
+    from delayq.spark._resilient import RetryPolicy
 
     max_rejected = None if args.allow_rejected else args.max_rejected
     RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
+    RetryPolicy.parse(args.retry_for, args.backoff)  # so are bad durations
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
     check_source(args)
@@ -69,7 +71,7 @@ def cmd_spark_schedule(args: Args) -> int:
         file=sys.stderr,
     )
 
-    failure: RowsRejected | None = None
+    failure: RowsRejected | RowsUnconfirmed | None = None
     with rows_progress("checking" if args.dry_run else "publishing") as progress:
         try:
             summary = schedule(
@@ -91,8 +93,11 @@ def cmd_spark_schedule(args: Args) -> int:
                 dry_run=args.dry_run,
                 duplicates=args.duplicates,
                 id_col=args.id_column,
+                retry_for=args.retry_for,
+                backoff=args.backoff,
+                resume_from=args.resume,
             )
-        except RowsRejected as exc:  # the summary is still the job's outcome: print it first
+        except (RowsRejected, RowsUnconfirmed) as exc:  # the summary first, then the error
             failure, summary = exc, exc.summary
     if args.json:
         print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))

@@ -1,5 +1,5 @@
 """``delayq spark schedule``'s input side: INPUT or ``--table``, ``--option`` for the Spark
-reader, and progress in rows with a rate and an ETA."""
+reader, ``--resume`` and the outage options, and progress in rows with a rate and an ETA."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _reader_options(ctx: click.Context, param: click.Parameter, values: Sequence
 
 
 def schedule_input_options() -> list[click.Parameter]:
-    """The options of ``delayq spark schedule`` for its input and its checks."""
+    """The options of ``delayq spark schedule`` for its input, its checks and outages."""
     return [
         once(
             "--table",
@@ -72,6 +72,25 @@ def schedule_input_options() -> list[click.Parameter]:
             "--dry-run",
             help="read and check every row, print the plan and the rejections; publish "
             "nothing (exit code as a real run)",
+        ),
+        once(
+            "--retry-for",
+            default="60s",
+            metavar="DURATION",
+            help="how long a partition waits out a broker that confirms nothing, "
+            "reconnecting and sending again what was unconfirmed (default 60s)",
+        ),
+        once(
+            "--backoff",
+            default="200ms",
+            metavar="DURATION",
+            help="the first pause between reconnects, doubled up to 5s (default 200ms)",
+        ),
+        once(
+            "--resume",
+            metavar="DIR",
+            help="send only the rows a previous run's errors output (--errors DIR, in "
+            "--errors-format) names as unconfirmed",
         ),
     ]
 

@@ -10,7 +10,14 @@ from typing import Any
 from delayq.message.bulk import BulkPlanner, Rejection, Row, tier_of
 from delayq.topology.model import Topology
 
-__all__ = ["PUBLISHED", "REJECTED", "plan_partition", "rejected_tuple", "task_row"]
+__all__ = [
+    "PUBLISHED",
+    "REJECTED",
+    "count_tuple",
+    "plan_partition",
+    "rejected_tuple",
+    "task_row",
+]
 
 PUBLISHED, REJECTED = "published", "rejected"
 
@@ -30,9 +37,15 @@ def task_row(values: Any) -> tuple[Row, str | None]:
     return row, row_id
 
 
-def rejected_tuple(r: Rejection, row_id: str | None) -> tuple[Any, ...]:
-    """A rejection as a task's result tuple."""
-    return (REJECTED, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1, row_id)
+def rejected_tuple(r: Rejection, row_id: str | None, kind: str = REJECTED) -> tuple[Any, ...]:
+    """A rejection (or, ``kind`` unconfirmed, a row not confirmed) as a task's result
+    tuple ``(kind, key, routing_key, delay, tier, error, reason, 1, id)``."""
+    return (kind, r.key, r.routing_key, r.delay, r.tier, r.error, r.reason, 1, row_id)
+
+
+def count_tuple(kind: str, count: int, tier: str | None = None) -> tuple[Any, ...]:
+    """A count of a task's (``published`` per tier, ``retried``) as a result tuple."""
+    return (kind, None, None, None, tier, None, None, count, None)
 
 
 def plan_partition(
@@ -52,6 +65,6 @@ def plan_partition(
             else:
                 would[tier_of(planned)] += 1
         for tier, count in would.items():
-            yield (PUBLISHED, None, None, None, tier, None, None, count, None)
+            yield count_tuple(PUBLISHED, count, tier)
 
     return run

@@ -7,6 +7,8 @@ driver itself: it connects to a small TCP listener the driver opens on a free po
 (``spark.driver.host``), sends a token, then the rows it read, at most twice a second.
 This is progress only: a task that cannot reach the listener (a firewall between the
 executors and the driver) schedules its rows all the same, uncounted.
+
+A bulk cancel counts Spark tasks instead (:func:`watch_tasks`, from Spark's status tracker).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["RowCounter", "counting"]
+__all__ = ["RowCounter", "counting", "watch_tasks"]
 
 Task = Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]
 _CONNECT_TIMEOUT_S = 1.0
@@ -160,3 +162,27 @@ def _told(rows: Iterable[Any], address: tuple[str, int, str]) -> Iterator[Any]:
         say()
         if sock is not None:
             sock.close()
+
+
+def watch_tasks(
+    spark: Any, group: str, progress: Callable[[int, int], None], done: threading.Event
+) -> None:
+    """Tell ``progress(tasks done, tasks in all)`` of the jobs of ``group`` when it changes,
+    until ``done`` is set (a bulk cancel's progress: its tasks are few and short)."""
+    tracker = spark.sparkContext.statusTracker()
+    last = (-1, -1)
+    while True:
+        stopping = done.wait(0.5)  # one more poll once the job is done: the final count
+        finished = total = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    finished += stage.numCompletedTasks
+                    total += stage.numTasks
+        if total and (finished, total) != last:
+            last = (finished, total)
+            progress(finished, total)
+        if stopping:
+            return

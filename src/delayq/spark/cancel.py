@@ -29,8 +29,9 @@ from delayq.message.bulk import RejectionLimit
 from delayq.message.cancel import plan_cancels
 from delayq.spark._cancel_task import BATCH, REJECTED, STATUS, cancel_partition
 from delayq.spark._checks import task_error
+from delayq.spark._progress import watch_tasks
 from delayq.spark._rejections import rejection_lines, rejections_said
-from delayq.spark.schedule import Progress, _watch_progress
+from delayq.spark.schedule import Progress
 from delayq.stores.base import CancelStatus
 from delayq.stores.key_scope import KeyScope
 from delayq.stores.url import absolute_store_url, open_store
@@ -261,7 +262,7 @@ def cancel_from_dataframe(
     watcher = None
     if progress is not None:
         watcher = threading.Thread(
-            target=_watch_progress, args=(spark, group, progress, done), daemon=True
+            target=watch_tasks, args=(spark, group, progress, done), daemon=True
         )
         watcher.start()
     try:

@@ -6,8 +6,12 @@ pipelined confirms. Message ids are derived from the key column, so a retried
 task, a recomputed partition or a re-run job sends only duplicates, which
 idempotent consumers skip.
 
-A task whose messages the broker did not confirm (connection lost for good,
-publishers blocked) fails, and Spark retries it. Rows the broker refused
+A partition whose connection drops reconnects and sends again only what was not
+confirmed, while the broker has been silent for less than ``retry_for``
+(:mod:`delayq.spark._resilient`); rows still unconfirmed then are counted apart,
+never as published, written to the errors output, and the job raises
+:class:`~delayq.errors.RowsUnconfirmed` with its summary. A task never fails for
+the broker, so Spark never re-runs one over an outage. Rows the broker refused
 (nacked, unroutable) and rows that cannot be sent are rejections: counted per
 tier in the summary and written to the errors output with the reason. More
 rejections than ``max_rejected`` (default 0) make the job fail with
@@ -16,22 +20,22 @@ rejections than ``max_rejected`` (default 0) make the job fail with
 
 from __future__ import annotations
 
-import itertools
-import threading
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import InvalidInput, PublishError, PublishRejected, RowsRejected, Unroutable
-from delayq.message.bulk import BulkPlanner, Rejection, RejectionLimit, tier_of
-from delayq.message.envelope import OutgoingMessage
+from delayq.errors import InvalidInput, RowsRejected
+from delayq.message.bulk import RejectionLimit
 from delayq.spark._checks import preflight, task_error
 from delayq.spark._inputs import input_columns, prepare
-from delayq.spark._plan_task import plan_partition, rejected_tuple, task_row
+from delayq.spark._plan_task import plan_partition
 from delayq.spark._progress import RowCounter, counting
 from delayq.spark._rejections import rejection_lines, rejections_said
+from delayq.spark._resilient import RetryPolicy
+from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema, gather
+from delayq.spark._schedule_task import publish_partition
+from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
@@ -40,15 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ERRORS_SCHEMA", "ScheduleSummary", "publish_partition", "schedule"]
 
-ERRORS_SCHEMA = (
-    "key string, routing_key string, delay string, tier string, error string, reason string"
-)
-"""The errors output: one line per row not published (DDL of its Spark schema)."""
-
 Progress = Callable[[int, int], None]
 """Told (done, in all) while the job runs: Spark tasks (cancel), rows read (schedule)."""
-
-_PUBLISHED, _REJECTED = "published", "rejected"
 
 
 @dataclass(frozen=True)
@@ -69,6 +66,12 @@ class ScheduleSummary:
     ``duplicates="keep-last"``)."""
     dry_run: bool = False
     """Nothing was published: ``published`` counts what would have been."""
+    unconfirmed: dict[str, int] = field(default_factory=dict)
+    """Rows per tier the broker did not confirm (never counted as published; in the
+    errors output with error ``PublishUnconfirmed``, reason ``unconfirmed: ...``)."""
+    retried: int = 0
+    """Published rows confirmed only after being sent again over a new connection: at
+    most this many duplicates at the broker, which idempotent consumers skip."""
 
     @property
     def total_published(self) -> int:
@@ -79,9 +82,13 @@ class ScheduleSummary:
         return sum(self.rejected.values())
 
     @property
+    def total_unconfirmed(self) -> int:
+        return sum(self.unconfirmed.values())
+
+    @property
     def rows(self) -> int:
-        """Rows read: published plus rejected."""
-        return self.total_published + self.total_rejected
+        """Rows read: published, rejected and unconfirmed."""
+        return self.total_published + self.total_rejected + self.total_unconfirmed
 
     def render(self) -> str:
         """A small table: published and rejected per tier, then rejections per error."""
@@ -96,6 +103,7 @@ class ScheduleSummary:
         if self.duplicate_in_input:
             lines.append(f"duplicate-in-input: {self.duplicate_in_input}")
         lines.extend(rejection_lines(self.errors, self.errors_path, self.total_rejected))
+        lines.extend(outage_lines(self))
         if self.dry_run:
             lines.append("dry run: nothing was published")
         return "\n".join(lines) + "\n"
@@ -124,84 +132,6 @@ def _tier_order(label: str) -> tuple[int, int]:
         return (2, 0)
 
 
-def publish_partition(
-    url: str,
-    topology_data: dict[str, Any],
-    *,
-    window: int,
-    body_json: bool,
-) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
-    """The function each Spark task runs over its rows (plain data in, tuples out).
-
-    Rows are ``(key, routing_key, delay, due_at_us, due_text, body, id)``. It yields
-    one ``("rejected", key, routing_key, delay, tier, error, reason, 1, id)`` per
-    rejection and one ``("published", None, None, None, tier, None, None, n, None)``
-    per tier.
-    """
-
-    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-        from delayq.sync.publisher import Publisher
-
-        topology = Topology.model_validate(topology_data)
-        rejections: list[tuple[Rejection, str | None]] = []
-        published: Counter[str] = Counter()
-        keys: dict[int, tuple[str, str | None]] = {}  # at most `window`: not yet settled
-        sent = itertools.count()
-        unconfirmed: list[PublishError] = []
-        with Publisher(url, topology) as publisher:
-            planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
-
-            def stream() -> Iterator[OutgoingMessage]:
-                for values in rows:
-                    row, row_id = task_row(values)
-                    planned = planner.plan(row)
-                    if isinstance(planned, Rejection):
-                        rejections.append((planned, row_id))
-                    else:  # by the stream's index of this message
-                        keys[next(sent)] = (str(row.key), row_id)
-                        yield planned
-
-            def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
-                key, row_id = keys.pop(index, (None, None))
-                if error is None:
-                    published[tier_of(msg)] += 1
-                elif isinstance(error, (PublishRejected, Unroutable)):
-                    rejections.append((planner.rejected(msg, error, key), row_id))
-                else:
-                    unconfirmed.append(error)
-
-            publisher.send_many(stream(), settle=settle, window=window)
-        if unconfirmed:
-            # Spark retries the task; what was confirmed is sent again as duplicates.
-            raise unconfirmed[0]
-        for r, row_id in rejections:
-            yield rejected_tuple(r, row_id)
-        for tier, count in published.items():
-            yield (_PUBLISHED, None, None, None, tier, None, None, count, None)
-
-    return run
-
-
-def _watch_progress(spark: Any, group: str, progress: Progress, done: threading.Event) -> None:
-    tracker = spark.sparkContext.statusTracker()
-    last = (-1, -1)
-    while True:
-        stopping = done.wait(0.5)  # one more poll once the job is done: the final count
-        finished = total = 0
-        for job_id in tracker.getJobIdsForGroup(group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job else ():
-                stage = tracker.getStageInfo(stage_id)
-                if stage is not None:
-                    finished += stage.numCompletedTasks
-                    total += stage.numTasks
-        if total and (finished, total) != last:
-            last = (finished, total)
-            progress(finished, total)
-        if stopping:
-            return
-
-
 def schedule(
     df: DataFrame,
     *,
@@ -222,6 +152,9 @@ def schedule(
     dry_run: bool = False,
     duplicates: str = "reject",
     id_col: str | None = None,
+    retry_for: object = "60s",
+    backoff: object = "200ms",
+    resume_from: str | None = None,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -254,6 +187,17 @@ def schedule(
     publishes nothing (the broker is still checked: reachable, topology
     applied); ``published`` then counts what would be, and the rejections and
     ``max_rejected`` are as in a real run. The topology must be applied.
+
+    A partition whose connection drops sends what was not confirmed again on a new
+    one, pausing ``backoff`` (doubled each time, up to 5 s) between attempts, for as
+    long as the broker confirms nothing for less than ``retry_for`` (durations; a
+    confirm resets the clock). Rows still unconfirmed then are neither published nor
+    rejected: the summary's ``unconfirmed``, written to the errors output (error
+    ``PublishUnconfirmed``, reason ``unconfirmed: ...``, the ``id_col`` too), and the job raises
+    :class:`~delayq.errors.RowsUnconfirmed` (its ``summary`` the job's) once every
+    partition is accounted for. ``resume_from`` (a previous run's errors output, in
+    ``errors_format``) keeps only the rows it names as unconfirmed: the same input
+    and ``resume_from`` send just what that run left unconfirmed.
     """
     from pyspark import StorageLevel
 
@@ -264,22 +208,28 @@ def schedule(
     for name, value in (("window", window), ("partitions", partitions)):
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InvalidInput(f"{name} must be at least 1, got {value!r}")
+    policy = RetryPolicy.parse(retry_for, backoff)
     selected = input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col, id_col)
+    if resume_from is not None:
+        schema = errors_schema(id_col)
+        selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
     preflight(url, topology)
     prepared = prepare(selected, duplicates=duplicates, partitions=partitions, key_col=key_col)
     spark = df.sparkSession
     counter = RowCounter(spark) if progress is not None else None
     data = topology.model_dump(mode="json")
+    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
     task = (
         plan_partition(data, body_json=body_json)
         if dry_run
-        else publish_partition(url, data, window=window, body_json=body_json)
+        else publish_partition(
+            url, data, window=window, body_json=body_json, policy=policy, job=group
+        )
     )
     results = prepared.rows.rdd.mapPartitions(counting(task, counter))
     if prepared.rejected is not None:
         results = results.union(prepared.rejected.rdd.map(tuple))
     results = results.persist(StorageLevel.MEMORY_AND_DISK)
-    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
     spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
     try:
         # The one action that publishes; the persisted results feed what follows.
@@ -299,47 +249,24 @@ def schedule(
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     try:
-        counts = (
-            results.map(lambda r: ((r[0], r[4], r[5]), r[7]))
-            .reduceByKey(lambda a, b: a + b)
-            .collect()
+        got = gather(
+            spark, results, errors_path=errors_path, errors_format=errors_format, id_col=id_col
         )
-        published: Counter[str] = Counter()
-        rejected: Counter[str] = Counter()
-        errors: Counter[str] = Counter()
-        for (kind, tier, error), count in counts:
-            if kind == _PUBLISHED:
-                published[tier] += count
-            else:
-                rejected[tier] += count
-                errors[error] += count
-        rejections: list[dict[str, Any]] = []
-        schema = ERRORS_SCHEMA + (f", `{id_col}` string" if id_col else "")
-        rows = results.filter(lambda r: r[0] == _REJECTED).map(
-            (lambda r: (*r[1:7], r[8])) if id_col else (lambda r: tuple(r[1:7]))
-        )
-        if errors_path is not None:
-            # Written even when empty: rejections of an earlier run left there would
-            # pass for this run's.
-            out = spark.createDataFrame(rows, schema).coalesce(1)
-            writer = out.write.mode("overwrite")
-            if errors_format == "csv":
-                writer = writer.option("header", "true")
-            writer.format(errors_format).save(errors_path)
-        elif rejected:
-            names = [c.split()[0].strip("`") for c in schema.split(", ")]
-            rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
     finally:
         results.unpersist()
     summary = ScheduleSummary(
-        published=dict(published),
-        rejected=dict(rejected),
-        errors=dict(errors),
+        published=dict(got.published),
+        rejected=dict(got.rejected),
+        errors=dict(got.errors),
         errors_path=errors_path,
-        rejections=rejections,
+        rejections=got.rejections,
         duplicate_in_input=prepared.duplicate_in_input,
         dry_run=dry_run,
+        unconfirmed=dict(got.unconfirmed),
+        retried=got.retried,
     )
+    if got.unconfirmed or got.failures:
+        raise unconfirmed_error(summary, got.failures, policy)
     if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
         raise summary.rejected_error(limit)
     return summary

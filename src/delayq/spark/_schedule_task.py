@@ -1,0 +1,137 @@
+"""What each Spark task of a scheduling job runs: plan its rows, publish them through
+outages (:mod:`delayq.spark._resilient`), and account for every row.
+
+A task never fails for the broker: a row is published (confirmed), rejected (bad
+input, nacked, unroutable) or unconfirmed (the broker stayed silent past the
+job's ``retry_for``, or refused for good mid-job), and the task says so in its
+output, which the driver turns into the summary and the errors output. Spark
+therefore never retries a task over a broker outage, and never re-sends what a
+task had confirmed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from delayq.durations import format_ms
+from delayq.errors import PublishError, PublishUnconfirmed
+from delayq.message.bulk import BulkPlanner, Rejection, tier_of
+from delayq.message.envelope import OutgoingMessage
+from delayq.spark._plan_task import PUBLISHED, REJECTED, count_tuple, rejected_tuple, task_row
+from delayq.spark._resilient import RetryPolicy, Stalled, send_resilient
+from delayq.topology.model import Topology
+
+__all__ = [
+    "FAILED",
+    "PUBLISHED",
+    "REJECTED",
+    "RETRIED",
+    "UNCONFIRMED",
+    "UNCONFIRMED_ERROR",
+    "publish_partition",
+]
+
+UNCONFIRMED, RETRIED, FAILED = "unconfirmed", "retried", "failed"
+UNCONFIRMED_ERROR = PublishUnconfirmed.__name__
+"""The ``error`` of an unconfirmed row in the errors output (its reason: ``unconfirmed: ...``)."""
+
+Tag = tuple[str, str | None]
+"""What a message of the stream carries for its row: the key and the row's id (``id_col``)."""
+
+_GAVE_UP: set[str] = set()
+"""Jobs a task of this Python worker gave up on: the next tasks of the job try once,
+instead of each waiting ``retry_for`` for a broker that is gone."""
+
+
+def unconfirmed_reason(stalled: Stalled[Any], policy: RetryPolicy) -> str:
+    cause = stalled.cause
+    if stalled.fatal:
+        return f"unconfirmed: {type(cause).__name__}: {cause}"
+    return (
+        f"unconfirmed: the broker confirmed nothing for {format_ms(policy.retry_for_ms)} "
+        f"(retry_for; {type(cause).__name__})"
+    )
+
+
+def publish_partition(
+    url: str,
+    topology_data: dict[str, Any],
+    *,
+    window: int,
+    body_json: bool,
+    policy: RetryPolicy,
+    job: str,
+) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
+    """The function each Spark task runs over its rows (plain data in, tuples out).
+
+    Rows are ``(key, routing_key, delay, due_at_us, due_text, body, id)``
+    (:func:`~delayq.spark._plan_task.task_row`). It yields ``(kind, key,
+    routing_key, delay, tier, error, reason, n, id)``: one per rejected or
+    unconfirmed row (``n`` 1, ``id`` the row's), one ``published`` count per tier
+    and one ``retried`` count, and one ``failed`` line (``error``, ``reason``) when
+    the broker stayed silent or refused for good.
+    """
+
+    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        from delayq.sync.publisher import Publisher
+
+        topology = Topology.model_validate(topology_data)
+        rejections: list[tuple[Rejection, str | None]] = []
+        published: Counter[str] = Counter()
+        with Publisher(
+            url,
+            topology,
+            publish_attempts=1,  # the waiting is send_resilient's
+            connect_attempts=1,
+            retry_backoff_s=policy.backoff_ms / 1000,
+        ) as publisher:
+            planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
+
+            def stream() -> Iterator[tuple[Tag, OutgoingMessage]]:
+                for values in rows:
+                    row, row_id = task_row(values)
+                    planned = planner.plan(row)
+                    if isinstance(planned, Rejection):
+                        rejections.append((planned, row_id))
+                    else:
+                        yield (str(row.key), row_id), planned
+
+            def settle(tag: Tag, msg: OutgoingMessage, error: PublishError | None) -> None:
+                if error is None:
+                    published[tier_of(msg)] += 1
+                else:  # nacked or unroutable: unconfirmed ones are send_resilient's
+                    key, row_id = tag
+                    rejections.append((planner.rejected(msg, error, key), row_id))
+
+            rest = stream()
+            outcome = send_resilient(
+                publisher,
+                rest,
+                settle,
+                window=window,
+                policy=policy,
+                give_up_at_once=job in _GAVE_UP,
+            )
+            stalled = outcome.stalled
+            if stalled is None:
+                _GAVE_UP.discard(job)
+            elif not stalled.fatal:
+                _GAVE_UP.add(job)
+        if stalled is not None:
+            said = PublishUnconfirmed(unconfirmed_reason(stalled, policy))
+            # What was left unconfirmed, then the rest, planned (a bad row is still a
+            # rejection) and not sent: streamed out, never all held at once.
+            for (key, row_id), msg in itertools.chain(stalled.left, rest):
+                yield rejected_tuple(planner.rejected(msg, said, key), row_id, UNCONFIRMED)
+            yield (FAILED, None, None, None, None, type(stalled.cause).__name__, str(said), 1, None)
+        for r, row_id in rejections:
+            yield rejected_tuple(r, row_id)
+        for tier, count in published.items():
+            yield count_tuple(PUBLISHED, count, tier)
+        if outcome.retried:
+            yield count_tuple(RETRIED, outcome.retried)
+
+    return run
