@@ -37,6 +37,7 @@ and aiormq are translated at one place per adapter, its error map
     │   └── ClaimLost
     ├── HandlerTimeout
     ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
+    ├── SparkJobFailed: Spark failed a bulk job (the finished partitions' figures kept)
     ├── RecordsLost: delivery records that could not be written
     └── MissingExtra (also an ImportError): an optional dependency is not installed
 """
@@ -74,6 +75,7 @@ __all__ = [
     "RecordsLost",
     "RowsRejected",
     "RowsUnconfirmed",
+    "SparkJobFailed",
     "StoreError",
     "TopologyConflict",
     "TopologyMissing",
@@ -310,6 +312,23 @@ class RowsUnconfirmed(BrokerError):
     :class:`~delayq.spark.ScheduleSummary` (its ``unconfirmed`` counts), and the errors
     output names each such row (reason ``unconfirmed: ...``): run again with
     ``resume_from=`` (``--resume``) to send just them.
+    """
+
+    def __init__(self, message: str, summary: Any = None) -> None:
+        self.summary = summary
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.summary))
+
+
+class SparkJobFailed(DelayqError):
+    """Spark failed a bulk job (``delayq.spark.schedule``) for a reason of its own: an
+    unreadable input file, a Python worker or executor lost more often than the task
+    retries allow. The message says the cause in one line; ``summary`` is the job's
+    :class:`~delayq.spark.ScheduleSummary` over the partitions that finished (its
+    ``unfinished`` counts the others, which may have published part of their rows).
+    Running the same input again sends what was published as duplicates only.
     """
 
     def __init__(self, message: str, summary: Any = None) -> None:

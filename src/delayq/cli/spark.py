@@ -51,7 +51,7 @@ def _read_input(session: Any, args: Args) -> tuple[Any, str]:
 
 
 def cmd_spark_schedule(args: Args) -> int:
-    from delayq.errors import RowsRejected, RowsUnconfirmed
+    from delayq.errors import RowsRejected, RowsUnconfirmed, SparkJobFailed
     from delayq.message.bulk import RejectionLimit
     from delayq.spark import schedule
     from delayq.spark._resilient import RetryPolicy
@@ -71,7 +71,7 @@ def cmd_spark_schedule(args: Args) -> int:
         file=sys.stderr,
     )
 
-    failure: RowsRejected | RowsUnconfirmed | None = None
+    failure: RowsRejected | RowsUnconfirmed | SparkJobFailed | None = None
     with rows_progress("checking" if args.dry_run else "publishing") as progress:
         try:
             summary = schedule(
@@ -97,7 +97,7 @@ def cmd_spark_schedule(args: Args) -> int:
                 backoff=args.backoff,
                 resume_from=args.resume,
             )
-        except (RowsRejected, RowsUnconfirmed) as exc:  # the summary first, then the error
+        except (RowsRejected, RowsUnconfirmed, SparkJobFailed) as exc:  # summary, then error
             failure, summary = exc, exc.summary
     if args.json:
         print(json.dumps({k: v for k, v in summary.__dict__.items()}, default=str))

@@ -4,13 +4,14 @@ the errors output (rejected and unconfirmed rows, with the ``id_col`` when given
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.spark._plan_task import PUBLISHED, REJECTED
 from delayq.spark._schedule_task import FAILED, RETRIED, UNCONFIRMED
 
-__all__ = ["ERRORS_SCHEMA", "Gathered", "errors_schema", "gather"]
+__all__ = ["ERRORS_SCHEMA", "Gathered", "errors_schema", "gather", "summed"]
 
 ERRORS_SCHEMA = (
     "key string, routing_key string, delay string, tier string, error string, reason string"
@@ -38,20 +39,9 @@ class Gathered:
     """The rejected and unconfirmed rows, when they were not written out."""
 
 
-def gather(
-    spark: Any,
-    results: Any,
-    *,
-    errors_path: str | None,
-    errors_format: str,
-    id_col: str | None,
-) -> Gathered:
-    """Sum the result tuples (an RDD of ``(kind, key, routing_key, delay, tier, error,
-    reason, n, id)``) and write the errors output to ``errors_path``, or keep its rows."""
+def summed(counts: Iterable[tuple[tuple[Any, ...], int]]) -> Gathered:
+    """The counts ``((kind, tier, error), n)`` of result tuples, summed by kind."""
     out = Gathered()
-    counts = (
-        results.map(lambda r: ((r[0], r[4], r[5]), r[7])).reduceByKey(lambda a, b: a + b).collect()
-    )
     for (kind, tier, error), count in counts:
         if kind == PUBLISHED:
             out.published[tier] += count
@@ -62,6 +52,23 @@ def gather(
             out.unconfirmed[tier] += count
         elif kind == RETRIED:
             out.retried += count
+    return out
+
+
+def gather(
+    spark: Any,
+    results: Any,
+    *,
+    errors_path: str | None,
+    errors_format: str,
+    id_col: str | None,
+) -> Gathered:
+    """Sum the result tuples (an RDD of ``(kind, key, routing_key, delay, tier, error,
+    reason, n, id)``) and write the errors output to ``errors_path``, or keep its rows."""
+    counts = (
+        results.map(lambda r: ((r[0], r[4], r[5]), r[7])).reduceByKey(lambda a, b: a + b).collect()
+    )
+    out = summed(counts)
     out.failures = results.filter(lambda r: r[0] == FAILED).map(lambda r: r[5:7]).collect()
     schema = errors_schema(id_col)
     rows = results.filter(lambda r: r[0] in (REJECTED, UNCONFIRMED)).map(

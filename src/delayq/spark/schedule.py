@@ -21,19 +21,21 @@ rejections than ``max_rejected`` (default 0) make the job fail with
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import InvalidInput, RowsRejected
+from delayq.errors import DelayqError, InvalidInput, RowsRejected
 from delayq.message.bulk import RejectionLimit
 from delayq.spark._checks import preflight, task_error
+from delayq.spark._failure import Tally, failed_job, tallied, tally
 from delayq.spark._inputs import input_columns, prepare
 from delayq.spark._plan_task import plan_partition
 from delayq.spark._progress import RowCounter, counting
 from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark._resilient import RetryPolicy
-from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema, gather
+from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema, gather, summed
 from delayq.spark._schedule_task import publish_partition
 from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
@@ -72,6 +74,9 @@ class ScheduleSummary:
     retried: int = 0
     """Published rows confirmed only after being sent again over a new connection: at
     most this many duplicates at the broker, which idempotent consumers skip."""
+    unfinished: int = 0
+    """Partitions Spark failed (:class:`~delayq.errors.SparkJobFailed`): the figures
+    count the finished ones only; these may have published part of their rows."""
 
     @property
     def total_published(self) -> int:
@@ -106,6 +111,11 @@ class ScheduleSummary:
         lines.extend(outage_lines(self))
         if self.dry_run:
             lines.append("dry run: nothing was published")
+        if self.unfinished:
+            lines.append(
+                f"job failed: {self.unfinished} partition(s) unfinished, counted nowhere "
+                "(the figures above are the finished partitions')"
+            )
         return "\n".join(lines) + "\n"
 
     def rejected_error(self, limit: RejectionLimit) -> RowsRejected:
@@ -130,6 +140,28 @@ def _tier_order(label: str) -> tuple[int, int]:
         return (1, to_ms(label))
     except InvalidInput:
         return (2, 0)
+
+
+def partial_summary(
+    duplicate_in_input: int, dry_run: bool
+) -> Callable[[Tally, int], ScheduleSummary]:
+    """How a failed job's summary is made from its finished partitions' counts."""
+
+    def make(counts: Tally, unfinished: int) -> ScheduleSummary:
+        got = summed(counts.items())
+        return ScheduleSummary(
+            published=dict(got.published),
+            rejected=dict(got.rejected),
+            errors=dict(got.errors),
+            errors_path=None,
+            duplicate_in_input=duplicate_in_input,
+            dry_run=dry_run,
+            unconfirmed=dict(got.unconfirmed),
+            retried=got.retried,
+            unfinished=unfinished,
+        )
+
+    return make
 
 
 def schedule(
@@ -198,6 +230,11 @@ def schedule(
     partition is accounted for. ``resume_from`` (a previous run's errors output, in
     ``errors_format``) keeps only the rows it names as unconfirmed: the same input
     and ``resume_from`` send just what that run left unconfirmed.
+
+    A job Spark fails for a reason of its own (an unreadable input file, a task's
+    Python worker or executor lost too often) raises
+    :class:`~delayq.errors.SparkJobFailed`: the cause in one line, and a ``summary``
+    of the partitions that finished (:mod:`delayq.spark._failure`).
     """
     from pyspark import StorageLevel
 
@@ -214,7 +251,12 @@ def schedule(
         schema = errors_schema(id_col)
         selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
     preflight(url, topology)
-    prepared = prepare(selected, duplicates=duplicates, partitions=partitions, key_col=key_col)
+    try:
+        prepared = prepare(selected, duplicates=duplicates, partitions=partitions, key_col=key_col)
+    except DelayqError:
+        raise
+    except Exception as exc:  # an unreadable input: one line, not pages of stack
+        raise failed_job(exc, Counter(), 0, partial_summary(0, dry_run)) from exc
     spark = df.sparkSession
     counter = RowCounter(spark) if progress is not None else None
     data = topology.model_dump(mode="json")
@@ -229,7 +271,8 @@ def schedule(
     results = prepared.rows.rdd.mapPartitions(counting(task, counter))
     if prepared.rejected is not None:
         results = results.union(prepared.rejected.rdd.map(tuple))
-    results = results.persist(StorageLevel.MEMORY_AND_DISK)
+    tallies = tally(spark.sparkContext)
+    results = results.mapPartitions(tallied(tallies)).persist(StorageLevel.MEMORY_AND_DISK)
     spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
     try:
         # The one action that publishes; the persisted results feed what follows.
@@ -244,7 +287,8 @@ def schedule(
         results.unpersist()
         error = task_error(exc)
         if error is None:
-            raise
+            partial = partial_summary(prepared.duplicate_in_input, dry_run)
+            raise failed_job(exc, tallies.value, results.getNumPartitions(), partial) from exc
         raise error from exc
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]

@@ -1,0 +1,116 @@
+"""What a scheduling job says when Spark itself fails it: the figures of the partitions
+that finished, and the cause in one line instead of pages of Java and Python stack.
+
+A Spark job can fail for reasons no task's delayq code sees: an unreadable input
+file, a Python worker that died, an executor lost more often than
+``spark.task.maxFailures`` allows. The results of the finished partitions are then
+out of reach (the action that would gather them failed), so each partition adds its
+counts to an accumulator as its last step: Spark merges the updates of finished
+tasks only, once each. A partition that did not finish may have published part of
+its rows; those are counted nowhere, and running the same input again sends them as
+duplicates only (the message ids derive from the key), which idempotent consumers skip.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from delayq.errors import SparkJobFailed
+
+if TYPE_CHECKING:
+    from pyspark import Accumulator, SparkContext
+
+__all__ = ["PARTITION", "Tally", "cause_line", "failed_job", "tallied", "tally"]
+
+Tally = Counter[tuple[Any, ...]]
+"""``(kind, tier, error) -> n`` summed over the finished partitions, and
+``(PARTITION, None, None) -> partitions finished``."""
+
+PARTITION = "partition"
+
+
+def tally(sc: SparkContext) -> Accumulator[Tally]:
+    """A new accumulator the partitions of one job add their counts to."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class _Param(AccumulatorParam[Tally]):
+        def zero(self, value: Tally) -> Tally:
+            return Counter()
+
+        def addInPlace(self, value1: Tally, value2: Tally) -> Tally:
+            value1.update(value2)
+            return value1
+
+    return sc.accumulator(Counter(), _Param())
+
+
+def tallied(
+    accumulator: Accumulator[Tally],
+) -> Callable[[Iterable[tuple[Any, ...]]], Iterator[tuple[Any, ...]]]:
+    """A partition function passing a task's result tuples ``(kind, key, routing_key,
+    delay, tier, error, reason, n, id)`` through, and adding their counts to
+    ``accumulator`` once the partition is done."""
+
+    def run(results: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        counts: Tally = Counter()
+        for result in results:
+            counts[(result[0], result[4], result[5])] += result[7]
+            yield result
+        counts[(PARTITION, None, None)] += 1
+        accumulator.add(counts)
+
+    return run
+
+
+_CAUSES = (
+    re.compile(r"^Job aborted due to stage failure: (.*?)(?: \(TID|$)", re.MULTILINE),
+    re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$", re.MULTILINE),
+)
+
+
+def cause_line(exc: BaseException, limit: int = 400) -> str:
+    """What failed the job, in one line: the last Python error of a task's traceback,
+    else Spark's "stage failure" line, else the exception's first line."""
+    text = str(exc)
+    python = _CAUSES[1].findall(text)
+    own = [f"{name}: {message}" for name, message in python if not name.startswith("py4j")]
+    if own:
+        line = own[-1]
+    else:
+        stage = _CAUSES[0].search(text)
+        line = stage.group(1) if stage else (text.strip().splitlines() or [type(exc).__name__])[0]
+    line = " ".join(line.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def failed_job(
+    exc: BaseException,
+    counts: Tally,
+    partitions: int,
+    summary: Callable[[Tally, int], Any],
+) -> SparkJobFailed:
+    """The error of a job Spark failed after ``counts`` (:func:`tallied`) of its
+    ``partitions`` were in (``partitions`` 0: while reading the input, before any
+    publishing); ``summary(counts, unfinished)`` builds the job's summary."""
+    if partitions == 0:
+        return SparkJobFailed(
+            f"the Spark job failed while reading the input, before publishing: "
+            f"{cause_line(exc)}. Nothing was published: fix the cause and run again",
+            summary(Counter(), 0),
+        )
+    finished = counts.get((PARTITION, None, None), 0)
+    unfinished = max(partitions - finished, 1)
+    said = summary(counts, unfinished)
+    published = getattr(said, "total_published", 0)
+    return SparkJobFailed(
+        f"the Spark job failed: {cause_line(exc)}. {finished} of {partitions} partitions "
+        f"finished and published {published:,} messages (counted in the summary); the "
+        f"other {unfinished} may have published part of their rows, counted nowhere. "
+        "The errors output was not written. Fix the cause and run the same input "
+        "again: what was already published is sent as duplicates only (the message ids "
+        "derive from the key), which idempotent consumers skip",
+        said,
+    )
