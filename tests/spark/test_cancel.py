@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from delayq import InvalidInput, RowsRejected, SQLiteStore, StoreError, Topology
+from delayq import InvalidInput, RowsRejected, SparkJobFailed, SQLiteStore, StoreError, Topology
 from delayq.cli import main
 from delayq.message.bulk import key_message_id
 from delayq.spark import cancel_from_dataframe, schedule
@@ -325,3 +325,24 @@ def test_a_task_s_store_error_is_raised_again_saying_what_stays_marked() -> None
     error = task_error(RuntimeError(text), note=note)
     assert isinstance(error, StoreError)
     assert str(error).endswith("ConnectionError: connection lost" + note)
+
+
+def test_a_cancel_job_spark_fails_is_one_line_saying_the_marks_made_stay(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    def key(n: int) -> str:
+        if n == 7:
+            raise RuntimeError("a user's UDF fails on row 7")
+        return f"k{n}"
+
+    df = spark.range(10).select(F.udf(key, "string")(F.col("id")).alias("key"))
+    SQLiteStore(tmp_path / "keys.db").close()
+    with pytest.raises(SparkJobFailed) as caught:
+        cancel_from_dataframe(
+            df, two_queues(), f"sqlite:///{tmp_path / 'keys.db'}", key_column="key"
+        )
+    message = str(caught.value)
+    assert "the Spark job failed: RuntimeError: a user's UDF fails on row 7" in message
+    assert "The marks made before it stay" in message and "\n" not in message

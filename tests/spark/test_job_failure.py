@@ -3,6 +3,9 @@ partitions that finished, never pages of Java and Python stack and never a green
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +121,46 @@ def test_the_cli_prints_the_summary_then_one_error_line_and_exits_non_zero_on_a_
     errors = [line for line in err.splitlines() if line.startswith("delayq: error:")]
     assert len(errors) == 1 and "the Spark job failed" in errors[0], err
     assert "total" in out  # the summary, then the error
+
+
+_RERUN = """
+import json, sys
+from delayq import Topology
+from delayq.spark import local_session, schedule
+from tests.spark.test_job_failure import _failing_frame
+from pathlib import Path
+
+url, topology, counter = sys.argv[1], Topology.model_validate_json(sys.argv[2]), sys.argv[3]
+spark = local_session("local[2,2]", app_name="delayq-rerun-test")  # a task may fail twice
+spark.sparkContext.setLogLevel("ERROR")
+try:
+    summary = schedule(_failing_frame(spark, Path(counter)), url=url,
+                       topology=topology, delay_col="delay", body_col="body")
+    print(json.dumps({"published": summary.total_published, "rerun": summary.rerun,
+                      "render": summary.render()}))
+finally:
+    spark.stop()
+"""
+
+
+def test_a_task_spark_runs_again_publishes_its_partition_again_and_counts_it_as_rerun(
+    rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    topology = make_topology()
+    apply_topology(topology, rabbitmq_url)
+    # Its own Spark (local[2,2]: a failed task is tried again), in a process of its own.
+    done = subprocess.run(
+        [sys.executable, "-c", _RERUN, rabbitmq_url, topology.model_dump_json(),
+         str(tmp_path / "reads")],
+        capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    # The last partition failed once on its last row, then ran again: every row is
+    # published once in the summary, and that partition's rows are counted as rerun.
+    assert said["published"] == ROWS and said["rerun"] == ROWS // PARTITIONS
+    assert "rerun: 1024 published rows of tasks Spark ran again" in said["render"]
+    work = f"{topology.namespace}.work"
+    wait_for(lambda: depth(rabbitmq_url, work) >= ROWS, 30, "every row in the work queue")
+    # The failed attempt's sends are the only duplicates: at most the rerun count.
+    assert depth(rabbitmq_url, work) <= ROWS + said["rerun"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.spark._plan_task import PUBLISHED, REJECTED
-from delayq.spark._schedule_task import FAILED, RETRIED, UNCONFIRMED
+from delayq.spark._schedule_task import FAILED, RERUN, RETRIED, UNCONFIRMED
 
 __all__ = ["ERRORS_SCHEMA", "Gathered", "errors_schema", "gather", "summed"]
 
@@ -33,6 +33,7 @@ class Gathered:
     errors: Counter[str] = field(default_factory=Counter)
     unconfirmed: Counter[str] = field(default_factory=Counter)
     retried: int = 0
+    rerun: int = 0
     failures: list[Any] = field(default_factory=list)
     """``(error, reason)`` of each task that stopped with rows unconfirmed."""
     rejections: list[dict[str, Any]] = field(default_factory=list)
@@ -52,6 +53,8 @@ def summed(counts: Iterable[tuple[tuple[Any, ...], int]]) -> Gathered:
             out.unconfirmed[tier] += count
         elif kind == RETRIED:
             out.retried += count
+        elif kind == RERUN:
+            out.rerun += count
     return out
 
 

@@ -5,8 +5,10 @@ A task never fails for the broker: a row is published (confirmed), rejected (bad
 input, nacked, unroutable) or unconfirmed (the broker stayed silent past the
 job's ``retry_for``, or refused for good mid-job), and the task says so in its
 output, which the driver turns into the summary and the errors output. Spark
-therefore never retries a task over a broker outage, and never re-sends what a
-task had confirmed.
+therefore never retries a task over a broker outage. A task Spark runs again for
+another reason (a lost executor, a failing UDF upstream) sends its whole partition
+again under the same key-derived ids, and counts what it published as ``rerun``:
+at most that many duplicates, which idempotent consumers skip.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ __all__ = [
     "FAILED",
     "PUBLISHED",
     "REJECTED",
+    "RERUN",
     "RETRIED",
     "UNCONFIRMED",
     "UNCONFIRMED_ERROR",
     "publish_partition",
 ]
 
-UNCONFIRMED, RETRIED, FAILED = "unconfirmed", "retried", "failed"
+UNCONFIRMED, RETRIED, RERUN, FAILED = "unconfirmed", "retried", "rerun", "failed"
 UNCONFIRMED_ERROR = PublishUnconfirmed.__name__
 """The ``error`` of an unconfirmed row in the errors output (its reason: ``unconfirmed: ...``)."""
 
@@ -133,5 +136,15 @@ def publish_partition(
             yield count_tuple(PUBLISHED, count, tier)
         if outcome.retried:
             yield count_tuple(RETRIED, outcome.retried)
+        if published and _attempt() > 0:  # an earlier attempt may have sent them too
+            yield count_tuple(RERUN, sum(published.values()))
 
     return run
+
+
+def _attempt() -> int:
+    """Which attempt of its task this is (0: the first), as Spark numbers them."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0

@@ -31,6 +31,9 @@ class _Counts(Protocol):
     def retried(self) -> int: ...
 
     @property
+    def rerun(self) -> int: ...
+
+    @property
     def total_published(self) -> int: ...
 
     @property
@@ -58,6 +61,11 @@ def outage_lines(summary: _Counts) -> list[str]:
         lines.append(
             f"retried: {counted(summary.retried, 'published row')} sent again after a lost "
             "connection (each counted once; consumers skip a duplicate)"
+        )
+    if summary.rerun:
+        lines.append(
+            f"rerun: {counted(summary.rerun, 'published row')} of tasks Spark ran again "
+            "(the failed attempt may have sent them too: consumers skip a duplicate)"
         )
     return lines
 

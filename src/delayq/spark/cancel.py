@@ -24,11 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import InvalidInput, RowsRejected
+from delayq.errors import InvalidInput, RowsRejected, SparkJobFailed
 from delayq.message.bulk import RejectionLimit
 from delayq.message.cancel import plan_cancels
 from delayq.spark._cancel_task import BATCH, REJECTED, STATUS, cancel_partition
 from delayq.spark._checks import task_error
+from delayq.spark._failure import cause_line
 from delayq.spark._progress import watch_tasks
 from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark.schedule import Progress
@@ -274,8 +275,12 @@ def cancel_from_dataframe(
             note=" (raised in a Spark task; the marks made before it stay: run the job "
             "again, a message cancelled then answers 'already cancelled')",
         )
-        if error is None:
-            raise
+        if error is None:  # Spark's own failure: one line, not pages of stack
+            raise SparkJobFailed(
+                f"the Spark job failed: {cause_line(exc)}. The marks made before it stay: "
+                "fix the cause and run the job again (a message cancelled then answers "
+                "'already cancelled')"
+            ) from exc
         raise error from exc
     finally:
         done.set()

@@ -74,6 +74,10 @@ class ScheduleSummary:
     retried: int = 0
     """Published rows confirmed only after being sent again over a new connection: at
     most this many duplicates at the broker, which idempotent consumers skip."""
+    rerun: int = 0
+    """Published rows of tasks Spark ran again (a lost executor, a failing UDF): the
+    failed attempt may have sent them too, so at most this many duplicates, which
+    idempotent consumers skip."""
     unfinished: int = 0
     """Partitions Spark failed (:class:`~delayq.errors.SparkJobFailed`): the figures
     count the finished ones only; these may have published part of their rows."""
@@ -158,6 +162,7 @@ def partial_summary(
             dry_run=dry_run,
             unconfirmed=dict(got.unconfirmed),
             retried=got.retried,
+            rerun=got.rerun,
             unfinished=unfinished,
         )
 
@@ -308,6 +313,7 @@ def schedule(
         dry_run=dry_run,
         unconfirmed=dict(got.unconfirmed),
         retried=got.retried,
+        rerun=got.rerun,
     )
     if got.unconfirmed or got.failures:
         raise unconfirmed_error(summary, got.failures, policy)
