@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -224,21 +224,16 @@ def cmd_cancel(args: Args) -> int:
 # reschedule --------------------------------------------------------------------------
 
 
-def _delay(args: Args, now: datetime) -> object:
-    if args.delay is not None:
-        return args.delay
+def _due_at(args: Args) -> datetime | None:
+    """``--due-at`` read as ISO 8601; its time zone is checked by the reschedule itself."""
+    if args.due_at is None:
+        return None
     try:
-        due = datetime.fromisoformat(args.due_at)
+        return datetime.fromisoformat(args.due_at)
     except ValueError as exc:
         raise InvalidDelay(
             f"--due-at {args.due_at!r} is not an ISO 8601 time (e.g. 2026-11-25T18:00:00Z)"
         ) from exc
-    if due.tzinfo is None:
-        raise InvalidDelay(
-            f"--due-at {args.due_at!r} has no time zone: add one (Z, +01:00) so it means "
-            "one moment wherever it runs"
-        )
-    return max(timedelta(0), due - now)
 
 
 def _reschedule_json(found: RescheduleReceipt) -> dict[str, Any]:
@@ -259,14 +254,15 @@ def cmd_reschedule(args: Args) -> int:
 
     topology = load_cli_topology(args)
     body = _body(args)
-    delay = _delay(args, datetime.now(timezone.utc))
+    due_at = _due_at(args)
     store = open_store(args.store)
     try:
         with Publisher(args.url, topology, store=store) as publisher:
             found = publisher.reschedule(
                 body,
                 args.routing_key,
-                delay,
+                args.delay,
+                due_at=due_at,
                 message_id=args.message_id,
                 key=args.key,
                 queues=args.queues,
