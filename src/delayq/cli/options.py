@@ -12,6 +12,8 @@
   instead of the last one silently winning (:func:`once`).
 * Options that exclude each other, or of which one is required, are declared on the
   :class:`Command` and checked before the command runs.
+* An option several commands take (``--store``, ``--key-scope``, the Spark jobs'
+  ``--master``, ``--errors``, ...) is declared once here, by a function that makes it.
 """
 
 from __future__ import annotations
