@@ -9,30 +9,25 @@ from separate processes. The servers come from the ``redis_url`` and
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import sys
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from delayq.stores.base import CancelStatus, ClaimStatus
-from tests.integration import test_idempotency_servers as servers
+from tests.integration import store_servers as servers
 from tests.unit import test_cancel_store as contract
 
-# The servers' store fixtures, shared with the idempotency suite.
+# the servers' store fixtures (tests/integration/store_servers.py)
+opener = servers.opener
+postgres_store = servers.postgres_store
 redis_client = servers.redis_client
 redis_store = servers.redis_store
-postgres_store = servers.postgres_store
-_client_module = servers._client_module
+store = servers.store
 
-CONTRACT = {
-    name: case
-    for name, case in vars(contract).items()
-    if name.startswith("test_") and {"store", "opener"} & set(inspect.signature(case).parameters)
-}
+CONTRACT = servers.contract_cases(contract, "store", "opener")
 globals().update(CONTRACT)
 
 
@@ -40,29 +35,8 @@ def test_the_contract_was_picked_up():
     assert len(CONTRACT) >= 15, sorted(CONTRACT)
 
 
-@pytest.fixture(params=["redis", "postgres"])
-def opener(request: pytest.FixtureRequest) -> Callable[[], Any]:
-    """Opens clients of one store: the same Redis prefix, the same table."""
-    factory: Callable[..., Any] = request.getfixturevalue(f"{request.param}_store")
-    first = factory()
-    place = {"prefix": first.prefix} if request.param == "redis" else {"table": first.table}
-    made = [first]
-
-    def open_store() -> Any:
-        if made:
-            return made.pop()
-        return factory(**place)
-
-    return open_store
-
-
-@pytest.fixture
-def store(opener: Callable[[], Any]) -> Any:
-    return opener()
-
-
 def test_postgres_adds_the_cancellation_columns_to_an_older_table(postgres_store, postgres_dsn):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     table = f"delayq_old_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(

@@ -10,8 +10,6 @@ else throwaway local servers).
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import multiprocessing
 import os
 import subprocess
@@ -20,7 +18,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,17 +26,19 @@ from delayq.errors import StoreError
 from delayq.local.node import free_port
 from delayq.pytest_plugin import _in_ci
 from delayq.stores.base import ClaimStatus, IdempotencyStore
+from tests.integration import store_servers as servers
 from tests.unit import test_idempotency as unit_suite
+
+# the servers' store fixtures (tests/integration/store_servers.py)
+postgres_store = servers.postgres_store
+redis_client = servers.redis_client
+redis_store = servers.redis_store
 
 CLAIMED, DONE, BUSY = ClaimStatus.CLAIMED, ClaimStatus.DONE, ClaimStatus.BUSY
 
 # --- the unit suite's behaviour cases, collected again in this module ----------------------------
 
-BEHAVIOUR = {
-    name: case
-    for name, case in vars(unit_suite).items()
-    if name.startswith("test_") and {"store", "tx_store"} & set(inspect.signature(case).parameters)
-}
+BEHAVIOUR = servers.contract_cases(unit_suite, "store", "tx_store")
 globals().update(BEHAVIOUR)
 
 
@@ -47,64 +46,8 @@ def test_the_shared_behaviour_suite_was_picked_up():
     assert len(BEHAVIOUR) >= 8, sorted(BEHAVIOUR)
 
 
-def _client_module(name: str, extra: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        message = f"{exc} (pip install 'delayq[{extra}]')"
-        if _in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@pytest.fixture
-def redis_client(redis_url: str) -> Iterator[Any]:
-    redis = _client_module("redis", "redis")
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def redis_store(redis_url: str, redis_client: Any) -> Iterator[Callable[..., Any]]:
-    """Make RedisStores under fresh prefixes; their keys are deleted afterwards."""
-    module = _client_module("delayq.stores.redis", "redis")
-    _glob_escape = module._glob_escape
-    made: list[Any] = []
-
-    def make(**kwargs: Any) -> Any:
-        kwargs.setdefault("prefix", f"delayq:test:{uuid.uuid4().hex[:12]}:")
-        made.append(module.RedisStore(redis_url, **kwargs))
-        return made[-1]
-
-    yield make
-    for store in made:
-        store.close()
-        for name in redis_client.scan_iter(match=_glob_escape(store.prefix) + "*"):
-            redis_client.delete(name)
-
-
-@pytest.fixture
-def postgres_store(postgres_dsn: str) -> Iterator[Callable[..., Any]]:
-    """Make PostgresStores on fresh tables; the tables are dropped afterwards."""
-    module = _client_module("delayq.stores.postgres", "postgres")
-    made: list[Any] = []
-
-    def make(**kwargs: Any) -> Any:
-        kwargs.setdefault("table", f"delayq_test_{uuid.uuid4().hex[:12]}")
-        made.append(module.PostgresStore(kwargs.pop("dsn", postgres_dsn), **kwargs))
-        return made[-1]
-
-    yield make
-    psycopg = _client_module("psycopg", "postgres")
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        for store in made:
-            store.close()
-            conn.execute(f"DROP TABLE IF EXISTS {store.table}")
 
 
 @pytest.fixture(params=["redis", "postgres"])
@@ -117,7 +60,7 @@ def store(request: pytest.FixtureRequest) -> IdempotencyStore:
 @pytest.fixture
 def tx_store(postgres_store: Callable[..., Any], postgres_dsn: str) -> Iterator[Any]:
     """The transactional cases on PostgreSQL (Redis cannot commit a handler's writes)."""
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     store = postgres_store()
     effects = f"effects_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
@@ -262,7 +205,7 @@ def test_redis_store_over_a_given_client_leaves_it_open(redis_url, redis_client)
 
 
 def test_redis_password_is_never_shown(redis_client):
-    redis = _client_module("redis", "redis")
+    redis = servers.client_module("redis", "redis")
     from delayq.stores.redis import RedisStore
 
     user = f"delayq-test-{uuid.uuid4().hex[:8]}"
@@ -293,7 +236,7 @@ def test_redis_password_is_never_shown(redis_client):
 
 
 def test_postgres_table_is_created_with_the_documented_columns(postgres_store, postgres_dsn):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     store = postgres_store()
     with psycopg.connect(postgres_dsn) as conn:
         rows = conn.execute(
@@ -314,7 +257,7 @@ def test_postgres_table_is_created_with_the_documented_columns(postgres_store, p
 
 
 def test_postgres_schema_qualified_table(postgres_store, postgres_dsn):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     schema = f"delayq_test_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
@@ -335,7 +278,7 @@ def test_postgres_rejects_unsafe_table_names(postgres_store, table):
 
 
 def test_postgres_reconnects_after_the_connection_is_killed(postgres_store, postgres_dsn):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     app = f"delayq-test-{uuid.uuid4().hex[:8]}"
     dsn = psycopg.conninfo.make_conninfo(postgres_dsn, application_name=app)
     store = postgres_store(dsn=dsn)
@@ -373,7 +316,7 @@ def test_postgres_closed_store_refuses_work(postgres_store):
     ],
 )
 def test_postgres_password_is_never_shown_in_errors(template):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     from delayq.stores.postgres import PostgresStore, redact_dsn
 
     dsn = template.format(port=free_port())  # nothing listens there
@@ -399,12 +342,12 @@ def test_postgres_password_is_never_shown_in_errors(template):
     ],
 )
 def test_redact_dsn(dsn, expected):
-    module = _client_module("delayq.stores.postgres", "postgres")
+    module = servers.client_module("delayq.stores.postgres", "postgres")
     assert module.redact_dsn(dsn) == expected
 
 
 def test_postgres_repr_shows_no_password(postgres_store, postgres_dsn):
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     store = postgres_store()
     password = psycopg.conninfo.conninfo_to_dict(postgres_dsn).get("password")
     assert store.table in repr(store)
@@ -448,7 +391,7 @@ def test_local_redis_starts_and_stops_only_its_own_process():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_local_postgres_runs_as_the_postgres_user_and_stops_with_its_children():
-    psycopg = _client_module("psycopg", "postgres")
+    psycopg = servers.client_module("psycopg", "postgres")
     from delayq.local.servers import LocalPostgres, LocalServerError
 
     try:

@@ -34,7 +34,7 @@ from delayq.aio import AsyncConsumer
 from delayq.stores.base import IdempotencyStore
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import AsyncConsumerHandle, ConsumerHandle, SyncConsumerHandle
-from tests.integration.test_idempotency_servers import (  # noqa: F401 (fixtures)
+from tests.integration.store_servers import (  # noqa: F401 (fixtures)
     postgres_store,
     redis_client,
     redis_store,

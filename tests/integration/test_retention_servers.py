@@ -9,8 +9,9 @@ import pytest
 from delayq import Topology
 from delayq.errors import InvalidInput
 from delayq.testing import MemoryBroker
-from tests.integration import test_idempotency_servers as servers
+from tests.integration import store_servers as servers
 
+# the servers' store fixtures (tests/integration/store_servers.py)
 redis_client = servers.redis_client
 redis_store = servers.redis_store
 

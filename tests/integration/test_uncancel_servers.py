@@ -8,24 +8,19 @@ with a retention TTL, which an uncancel removes with the rest of the key.
 
 from __future__ import annotations
 
-import inspect
-
 from delayq.stores.base import ClaimStatus
 from delayq.stores.uncancel import UncancelStatus
-from tests.integration import test_cancel_servers as servers
+from tests.integration import store_servers as servers
 from tests.unit import test_uncancel_store as contract
 
+# the servers' store fixtures (tests/integration/store_servers.py)
+opener = servers.opener
+postgres_store = servers.postgres_store
 redis_client = servers.redis_client
 redis_store = servers.redis_store
-postgres_store = servers.postgres_store
-opener = servers.opener
 store = servers.store
 
-CONTRACT = {
-    name: case
-    for name, case in vars(contract).items()
-    if name.startswith("test_") and {"store", "opener"} & set(inspect.signature(case).parameters)
-}
+CONTRACT = servers.contract_cases(contract, "store", "opener")
 globals().update(CONTRACT)
 
 

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Mapping
 
 import pytest
 
 from delayq.errors import InvalidInput
-from delayq.topology.fit import brute_force_ladder, ladder_overshoot, recommend_ladder
+from delayq.topology.fit import LadderFit, ladder_overshoot, recommend_ladder
+
+
+def brute_force_ladder(delays: Mapping[int, int], max_tiers: int) -> LadderFit:
+    """Every subset of the distinct delays (containing the largest): small inputs only."""
+    values = sorted(d for d, w in delays.items() if d > 0 and w > 0)
+    best: LadderFit | None = None
+    for size in range(1, min(max_tiers, len(values)) + 1):
+        for rest in itertools.combinations(values[:-1], size - 1):
+            fit = ladder_overshoot(delays, (*rest, values[-1]))
+            if best is None or fit.mean_relative_overshoot < best.mean_relative_overshoot - 1e-12:
+                best = fit
+    if best is None:
+        raise InvalidInput("no positive delays to fit a ladder to")
+    return best
 
 
 @pytest.mark.parametrize("seed", range(60))

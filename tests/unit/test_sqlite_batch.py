@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from delayq.stores import _sqlite_grouped as grouping
 from delayq.stores import sqlite as sqlite_store
 from delayq.stores.base import Claim, ClaimStatus, Complete, Release, StoreOp
 from delayq.stores.sqlite import SQLiteStore
@@ -82,7 +83,7 @@ def test_two_calls_on_one_key_keep_their_order(tmp_path: Path):
 
 def test_more_rows_than_one_statement_takes(tmp_path: Path):
     store = SQLiteStore(tmp_path / "k.db")
-    count = 2 * sqlite_store._ROWS + 7
+    count = 2 * grouping.ROWS + 7
     claims: list[StoreOp] = [Claim(f"k{n}", LEASE, 0) for n in range(count)]
     assert store.run_batch(claims) == [ClaimStatus.CLAIMED] * count
     store.run_batch([Complete(f"k{n}", 1) for n in range(count)])
@@ -112,7 +113,7 @@ def mixed_ops(
     return ops
 
 
-@pytest.mark.parametrize("count", [2, 3, 8, 9, 11, 17, 31, 33, 65, 129, 2 * sqlite_store._ROWS + 7])
+@pytest.mark.parametrize("count", [2, 3, 8, 9, 11, 17, 31, 33, 65, 129, 2 * grouping.ROWS + 7])
 @pytest.mark.parametrize(("distinct", "lease"), [(True, LEASE), (True, 0), (False, LEASE)])
 def test_batches_of_every_padded_size_answer_as_the_calls_one_by_one(
     tmp_path: Path, monkeypatch, count: int, distinct: bool, lease: int
@@ -141,13 +142,13 @@ def test_batches_of_every_padded_size_answer_as_the_calls_one_by_one(
 
 
 def test_padded_sizes_are_few_and_close_to_the_rows():
-    sizes = {sqlite_store._padded(rows) for rows in range(1, sqlite_store._ROWS + 1)}
-    assert max(sizes) == sqlite_store._ROWS
+    sizes = {grouping.padded(rows) for rows in range(1, grouping.ROWS + 1)}
+    assert max(sizes) == grouping.ROWS
     # 4 grouped statement kinds in every size, with room for the others, stay cached
-    assert 4 * len(sizes) + 20 <= sqlite_store._STATEMENTS
-    for rows in range(1, sqlite_store._ROWS + 1):
-        assert rows <= sqlite_store._padded(rows) <= rows + max(rows // 4, 0)
-        assert sqlite_store._padded(sqlite_store._padded(rows)) == sqlite_store._padded(rows)
+    assert 4 * len(sizes) + 20 <= grouping.STATEMENTS
+    for rows in range(1, grouping.ROWS + 1):
+        assert rows <= grouping.padded(rows) <= rows + max(rows // 4, 0)
+        assert grouping.padded(grouping.padded(rows)) == grouping.padded(rows)
 
 
 def test_without_returning_a_batch_goes_call_by_call(tmp_path: Path, monkeypatch):

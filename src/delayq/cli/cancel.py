@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,16 @@ import click
 
 from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
 from delayq.cli._console import show_table
-from delayq.cli.options import flag, json_flag, leaf, once
-from delayq.cli.store_url import STORE_FORMS, open_store
+from delayq.cli.options import (
+    flag,
+    json_flag,
+    key_scope_option,
+    leaf,
+    once,
+    queue_option,
+    store_option,
+)
+from delayq.cli.store_url import open_store
 from delayq.errors import InvalidDelay, InvalidInput, StoreError
 from delayq.message.cancel import CancelReceipt, RescheduleReceipt
 from delayq.tables import Column, Table
@@ -32,32 +40,6 @@ __all__ = ["BATCH", "cancel_commands", "cmd_cancel", "cmd_reschedule"]
 BATCH = 500
 """Messages per store round trip: a store failure stops at a batch, and what the batches
 before it did is printed."""
-
-
-def _store_option() -> click.Option:
-    return once(
-        "--store",
-        required=True,
-        metavar="URL",
-        help=f"the consumers' idempotency store: {STORE_FORMS}",
-    )
-
-
-def _target_options() -> list[click.Option]:
-    return [
-        click.Option(
-            ["--queue", "queues"],
-            multiple=True,
-            metavar="Q",
-            help="also mark this queue (bound outside the topology file); repeatable",
-        ),
-        once(
-            "--key-scope",
-            type=click.Choice(["queue", "shared"]),
-            default="queue",
-            help="the consumers' key_scope (default queue)",
-        ),
-    ]
 
 
 def cancel_commands() -> list[click.Command]:
@@ -94,8 +76,9 @@ def cancel_commands() -> list[click.Command]:
                     help="mark only the queues this routing key reaches (default: every "
                     "destination of the topology)",
                 ),
-                _store_option(),
-                *_target_options(),
+                store_option(),
+                queue_option(),
+                key_scope_option(),
                 json_flag("print the receipts as JSON"),
             ],
             url=True,
@@ -122,8 +105,9 @@ def cancel_commands() -> list[click.Command]:
                     help="the body as this file's bytes",
                 ),
                 once("--routing-key", "-k", required=True, help="the routing key, as published"),
-                _store_option(),
-                *_target_options(),
+                store_option(),
+                queue_option(),
+                key_scope_option(),
                 json_flag("print the receipt as JSON"),
             ],
             url=True,
@@ -240,21 +224,16 @@ def cmd_cancel(args: Args) -> int:
 # reschedule --------------------------------------------------------------------------
 
 
-def _delay(args: Args, now: datetime) -> object:
-    if args.delay is not None:
-        return args.delay
+def _due_at(args: Args) -> datetime | None:
+    """``--due-at`` read as ISO 8601; its time zone is checked by the reschedule itself."""
+    if args.due_at is None:
+        return None
     try:
-        due = datetime.fromisoformat(args.due_at)
+        return datetime.fromisoformat(args.due_at)
     except ValueError as exc:
         raise InvalidDelay(
             f"--due-at {args.due_at!r} is not an ISO 8601 time (e.g. 2026-11-25T18:00:00Z)"
         ) from exc
-    if due.tzinfo is None:
-        raise InvalidDelay(
-            f"--due-at {args.due_at!r} has no time zone: add one (Z, +01:00) so it means "
-            "one moment wherever it runs"
-        )
-    return max(timedelta(0), due - now)
 
 
 def _reschedule_json(found: RescheduleReceipt) -> dict[str, Any]:
@@ -275,14 +254,15 @@ def cmd_reschedule(args: Args) -> int:
 
     topology = load_cli_topology(args)
     body = _body(args)
-    delay = _delay(args, datetime.now(timezone.utc))
+    due_at = _due_at(args)
     store = open_store(args.store)
     try:
         with Publisher(args.url, topology, store=store) as publisher:
             found = publisher.reschedule(
                 body,
                 args.routing_key,
-                delay,
+                args.delay,
+                due_at=due_at,
                 message_id=args.message_id,
                 key=args.key,
                 queues=args.queues,

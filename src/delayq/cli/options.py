@@ -12,6 +12,8 @@
   instead of the last one silently winning (:func:`once`).
 * Options that exclude each other, or of which one is required, are declared on the
   :class:`Command` and checked before the command runs.
+* An option several commands take (``--store``, ``--key-scope``, the Spark jobs'
+  ``--master``, ``--errors``, ...) is declared once here, by a function that makes it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import click
 from click.core import ParameterSource
 
 from delayq.cli._common import Args
+from delayq.stores.url import STORE_FORMS
 from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
 from delayq.urls import redact
 
@@ -35,14 +38,22 @@ __all__ = [
     "Invocation",
     "PositiveFloat",
     "PositiveInt",
+    "errors_options",
     "flag",
+    "format_option",
     "global_options",
     "group",
     "json_flag",
+    "key_scope_option",
     "leaf",
     "management",
+    "master_option",
     "merge_globals",
     "once",
+    "partitions_option",
+    "queue_option",
+    "rejected_options",
+    "store_option",
 ]
 
 GLOBAL_DEFAULTS: dict[str, Any] = {"url": None, "file": DEFAULT_TOPOLOGY_FILE}
@@ -273,3 +284,86 @@ def management() -> list[click.Option]:
 def json_flag(what: str = "print JSON instead of text") -> click.Option:
     """``--json``: one JSON document on stdout instead of text."""
     return flag("--json", help=what)
+
+
+# options several commands declare alike --------------------------------------------
+
+
+def store_option(
+    *, where: str = "", help: str | None = None, required: bool = True
+) -> click.Option:
+    """``--store URL``: the consumers' idempotency store (``delayq cancel``, ``reschedule``,
+    ``dlq replay``, ``spark cancel``); ``where`` is added to the help."""
+    return once(
+        "--store",
+        required=required,
+        metavar="URL",
+        help=help or f"the consumers' idempotency store: {STORE_FORMS}{where}",
+    )
+
+
+def key_scope_option() -> click.Option:
+    """``--key-scope``: how the consumers scope their keys (queue or shared)."""
+    return once(
+        "--key-scope",
+        type=click.Choice(["queue", "shared"]),
+        default="queue",
+        help="the consumers' key_scope (default queue)",
+    )
+
+
+def queue_option() -> click.Option:
+    """``--queue Q`` (repeatable): a queue a cancel also marks."""
+    return click.Option(
+        ["--queue", "queues"],
+        multiple=True,
+        metavar="Q",
+        help="also mark this queue (bound outside the topology file); repeatable",
+    )
+
+
+def master_option() -> click.Option:
+    """``--master``: the Spark master of a ``delayq spark`` job."""
+    return once("--master", help="Spark master (default: local[*], or what spark-submit set)")
+
+
+def format_option() -> click.Option:
+    """``--format``: how a Spark job reads its INPUT."""
+    return once(
+        "--format",
+        type=click.Choice(["parquet", "csv", "jsonl"]),
+        help="default: from INPUT's extension",
+    )
+
+
+def partitions_option(help: str) -> click.Option:
+    """``--partitions N``: a Spark job's partitions (``help`` says what each one holds)."""
+    return once("--partitions", type=PositiveInt(), help=help)
+
+
+def errors_options() -> list[click.Option]:
+    """``--errors DIR`` and ``--errors-format``: where a Spark job writes rejected rows."""
+    return [
+        once("--errors", metavar="DIR", help="write rejected rows here (default: print them)"),
+        once(
+            "--errors-format",
+            type=click.Choice(["json", "csv", "parquet"]),
+            default="json",
+            help="default json",
+        ),
+    ]
+
+
+def rejected_options() -> list[click.Option]:
+    """``--max-rejected`` and ``--allow-rejected``: how many rejected rows a Spark job
+    accepts before it exits 1 (the two exclude each other)."""
+    return [
+        once(
+            "--max-rejected",
+            default="0",
+            metavar="N|P%",
+            help="rejected rows the job accepts: a count, or a percentage of the rows "
+            "(default 0: any rejected row makes the job exit 1)",
+        ),
+        flag("--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"),
+    ]

@@ -12,12 +12,20 @@ from delayq.cli.options import (
     Command,
     PositiveFloat,
     PositiveInt,
+    errors_options,
     flag,
+    format_option,
     group,
     json_flag,
+    key_scope_option,
     leaf,
     management,
+    master_option,
     once,
+    partitions_option,
+    queue_option,
+    rejected_options,
+    store_option,
 )
 from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
@@ -132,12 +140,9 @@ def topology_group() -> click.Group:
 
 def replay_store_options() -> list[click.Parameter]:
     """``dlq replay``'s cancel options (see docs/concepts/cancel.md)."""
-    from delayq.cli.store_url import STORE_FORMS
-
     return [
-        once(
-            "--store",
-            metavar="URL",
+        store_option(
+            required=False,
             help="the queue's consumers' idempotency store: each message's cancel is looked "
             f"up first and the copies that will be skipped are named; {STORE_FORMS}",
         ),
@@ -146,12 +151,7 @@ def replay_store_options() -> list[click.Parameter]:
             help="clear each replayed message's cancel first (needs --store), so its copy is "
             "handled: the operator's override of a cancel",
         ),
-        once(
-            "--key-scope",
-            type=click.Choice(["queue", "shared"]),
-            default="queue",
-            help="the consumers' key_scope (default queue)",
-        ),
+        key_scope_option(),
     ]
 
 
@@ -239,9 +239,6 @@ def parked_group(name: str, what: str) -> click.Group:
 
 
 def spark_group() -> click.Group:
-    def master() -> click.Option:
-        return once("--master", help="Spark master (default: local[*], or what spark-submit set)")
-
     names = {"spark_command": "schedule"}
     schedule = leaf(
         "schedule",
@@ -250,39 +247,22 @@ def spark_group() -> click.Group:
         "(or of a --table)",
         [
             click.Argument(["input"], metavar="[INPUT]", required=False),
-            master(),
-            once(
-                "--format",
-                type=click.Choice(["parquet", "csv", "jsonl"]),
-                help="default: from INPUT's extension",
-            ),
+            master_option(),
+            format_option(),
             once("--key-col", default="key", help="message ids derive from it (default key)"),
             once("--routing-key-col", default="routing_key", help="default routing_key"),
             once("--delay-col", help='delays like "90s", "15m"'),
             once("--due-col", help="absolute due times (timestamps or ISO 8601)"),
             once("--body-col", default="body", help="default body; 'none' for no body"),
             flag("--body-json", help="parse str bodies as JSON"),
-            once("--errors", metavar="DIR", help="write rejected rows here (default: print them)"),
-            once(
-                "--errors-format",
-                type=click.Choice(["json", "csv", "parquet"]),
-                default="json",
-                help="default json",
+            *errors_options(),
+            partitions_option(
+                "a connection each (default: the input's, at least its session's "
+                "defaultParallelism)"
             ),
-            once("--partitions", type=PositiveInt(), help="a connection each (default: the "
-                 "input's, at least its session's defaultParallelism)"),
             once("--window", type=PositiveInt(), default=1000, help="unconfirmed per connection"),
             json_flag("print the summary as JSON"),
-            once(
-                "--max-rejected",
-                default="0",
-                metavar="N|P%",
-                help="rejected rows the job accepts: a count, or a percentage of the rows "
-                "(default 0: any rejected row makes the job exit 1)",
-            ),
-            flag(
-                "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
-            ),
+            *rejected_options(),
             *schedule_input_options(),
         ],
         url=True,
@@ -298,19 +278,9 @@ def spark_group() -> click.Group:
         "Parquet, CSV or JSON-lines input",
         [
             click.Argument(["input"], metavar="INPUT"),
-            master(),
-            once(
-                "--format",
-                type=click.Choice(["parquet", "csv", "jsonl"]),
-                help="default: from INPUT's extension",
-            ),
-            once(
-                "--store",
-                required=True,
-                metavar="URL",
-                help=f"the consumers' idempotency store: {STORE_FORMS} (SQLite: executors "
-                "on this machine only)",
-            ),
+            master_option(),
+            format_option(),
+            store_option(where=" (SQLite: executors on this machine only)"),
             once("--id-col", "--id-column", "id_col", help="a column of message ids"),
             once(
                 "--key-col",
@@ -326,37 +296,12 @@ def spark_group() -> click.Group:
                 help="mark only the queues each row's routing key reaches (default: every "
                 "destination of the topology)",
             ),
-            click.Option(
-                ["--queue", "queues"],
-                multiple=True,
-                metavar="Q",
-                help="also mark this queue (bound outside the topology file); repeatable",
-            ),
-            once(
-                "--key-scope",
-                type=click.Choice(["queue", "shared"]),
-                default="queue",
-                help="the consumers' key_scope (default queue)",
-            ),
-            once("--errors", metavar="DIR", help="write rejected rows here (default: print them)"),
-            once(
-                "--errors-format",
-                type=click.Choice(["json", "csv", "parquet"]),
-                default="json",
-                help="default json",
-            ),
-            once("--partitions", type=PositiveInt(), help="repartition first (a store each)"),
+            queue_option(),
+            key_scope_option(),
+            *errors_options(),
+            partitions_option("repartition first (a store each)"),
             json_flag("print the summary as JSON"),
-            once(
-                "--max-rejected",
-                default="0",
-                metavar="N|P%",
-                help="rejected rows the job accepts: a count, or a percentage of the rows "
-                "(default 0: any rejected row makes the job exit 1)",
-            ),
-            flag(
-                "--allow-rejected", help="exit 0 however many rows were rejected (read the summary)"
-            ),
+            *rejected_options(),
         ],
         url=False,
         file=True,
@@ -370,7 +315,7 @@ def spark_group() -> click.Group:
         "lateness, overshoot, retries and a recommended ladder from delivery records",
         [
             click.Argument(["records"], metavar="RECORDS"),
-            master(),
+            master_option(),
             once(
                 "--out",
                 required=True,

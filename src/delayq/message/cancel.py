@@ -298,7 +298,7 @@ def delay_until(delay: object, due_at: object, now_ms: int) -> object:
     if due_at.tzinfo is None or due_at.utcoffset() is None:
         raise InvalidDelay(
             f"due_at {due_at.isoformat()} has no time zone: give it one (timezone.utc, "
-            "ZoneInfo(...)) so it means one moment wherever it runs"
+            "ZoneInfo(...); Z or +01:00 in ISO 8601) so it means one moment wherever it runs"
         )
     left_ms = round(due_at.timestamp() * 1000) - now_ms
     return timedelta(milliseconds=max(0, left_ms))

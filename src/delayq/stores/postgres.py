@@ -27,13 +27,13 @@ from typing import Any
 try:
     import psycopg
     from psycopg import sql
-    from psycopg.conninfo import conninfo_to_dict
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "delayq.stores.postgres needs psycopg 3: pip install 'delayq[postgres]'"
     ) from exc
 
 from delayq.errors import ClaimLost
+from delayq.stores._postgres_dsn import redact_dsn, scrub_dsn
 from delayq.stores.base import (
     CANCELLED_GENERATION,
     Cancel,
@@ -47,37 +47,10 @@ from delayq.stores.base import (
     closed_error,
 )
 from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
-from delayq.urls import redact
 
 __all__ = ["PostgresStore", "redact_dsn"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_PASSWORD_PARAM = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` (a ``postgresql://`` URL or a ``key=value`` string) with any password
-    (and ``sslpassword``) replaced by ``***``."""
-    if "://" in dsn:
-        dsn = redact(dsn)
-    return _PASSWORD_PARAM.sub(lambda m: m.group(1) + "***", dsn)
-
-
-def _secrets(dsn: str) -> list[str]:
-    found = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(dsn)]
-    try:
-        password = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        password = None
-    if isinstance(password, str):
-        found.append(password)
-    return sorted({s for s in found if s}, key=len, reverse=True)
-
-
-def _scrub(message: str, dsn: str) -> str:
-    for secret in _secrets(dsn):
-        message = message.replace(secret, "***")
-    return message
 
 
 def _table_name(table: str) -> sql.Identifier:
@@ -253,7 +226,7 @@ class PostgresStore:
                 connect_timeout=max(1, round(self._connect_timeout_s)),
             )
         except psycopg.Error as exc:
-            message = _scrub(str(exc).strip(), self._dsn)
+            message = scrub_dsn(str(exc).strip(), self._dsn)
             raise type(exc)(
                 f"cannot connect to PostgreSQL at {redact_dsn(self._dsn)}: {message}"
             ) from None

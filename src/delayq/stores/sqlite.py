@@ -7,9 +7,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from delayq.errors import ClaimLost, InvalidInput, StoreError
+from delayq.stores._sqlite_grouped import RETURNING as _RETURNING
+from delayq.stores._sqlite_grouped import STATEMENTS
+from delayq.stores._sqlite_grouped import grouped as _grouped
 from delayq.stores.base import (
     CANCELLED_GENERATION,
     Cancel,
@@ -25,9 +28,6 @@ from delayq.stores.base import (
 from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 
 __all__ = ["SQLiteStore"]
-
-_T = TypeVar("_T")
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayq_idempotency (
@@ -105,7 +105,7 @@ class SQLiteStore:
             timeout=self._busy_timeout_s,
             isolation_level=None,  # explicit transactions only
             check_same_thread=False,
-            cached_statements=_STATEMENTS,
+            cached_statements=STATEMENTS,
         )
         db.execute("PRAGMA synchronous=NORMAL")
         self._connections.append(db)
@@ -131,17 +131,8 @@ class SQLiteStore:
         """``ops`` in one ``BEGIN IMMEDIATE`` transaction: atomic against every claim."""
         for op in ops:
             check_cancel(op)
-        with self._lock:
-            self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                results = [_sqlite_cancel(db, op) for op in ops]
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            return results
+        with self._writing() as db:
+            return [_sqlite_cancel(db, op) for op in ops]
 
     def uncancel_batch(
         self, keys: Sequence[str], *, now_ms: int, look_only: bool = False
@@ -149,32 +140,24 @@ class SQLiteStore:
         """Remove cancels' marks in one ``BEGIN IMMEDIATE`` transaction (see
         :mod:`delayq.stores.uncancel`); ``look_only``: remove nothing."""
         check_uncancel(keys, now_ms)
-        with self._lock:
-            self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                results = [_sqlite_uncancel(db, key, now_ms, look_only) for key in keys]
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            return results
+        with self._writing() as db:
+            return [_sqlite_uncancel(db, key, now_ms, look_only) for key in keys]
 
     def run_batch(self, ops: Sequence[StoreOp]) -> list[ClaimStatus | None]:
         """``ops`` in one ``BEGIN IMMEDIATE`` transaction: one commit for the lot."""
+        with self._writing() as db:
+            grouped = _grouped(db, ops) if len(ops) > 1 and _RETURNING else None
+            return grouped or [_sqlite_apply(db, op) for op in ops]
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """The store's connection in a ``BEGIN IMMEDIATE`` transaction (the write lock
+        first, so a batch's reads and writes are atomic against every other client),
+        under the store's lock; committed, or rolled back on any error."""
         with self._lock:
             self._check_open()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                grouped = _grouped(db, ops) if len(ops) > 1 and _RETURNING else None
-                results = grouped or [_sqlite_apply(db, op) for op in ops]
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            return results
+            with _immediate(self._db) as db:
+                yield db
 
     @contextmanager
     def transaction(self, key: str, *, lease_until_ms: int, now_ms: int) -> Iterator[Any]:
@@ -244,107 +227,6 @@ class SQLiteStore:
             for db in self._connections:
                 db.close()
             self._connections.clear()
-
-
-_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
-"""Whether this SQLite has ``RETURNING`` (the grouped batch needs it)."""
-_ROWS = 300
-"""Rows per grouped statement: under the 999 variables of SQLite before 3.32."""
-_STATEMENTS = 256
-"""Prepared statements a connection keeps: the 4 grouped kinds in each of their 29
-sizes (see :func:`_padded`), the rest, and room to spare (the default is 128)."""
-
-
-def _grouped(db: sqlite3.Connection, ops: Sequence[StoreOp]) -> list[ClaimStatus | None] | None:
-    """``ops`` as a few statements of many rows each (the async consumer's batches: a
-    statement per call costs more than the rest of the store); ``None`` when they
-    cannot be: two on one key (their order then matters) or claims with different
-    leases. Each operation's result is what :func:`_sqlite_apply` would give."""
-    keys = {op.key for op in ops}
-    claims = [op for op in ops if type(op) is Claim]
-    if len(keys) != len(ops) or len({op.lease_ms for op in claims}) > 1:
-        return None
-    if any(op.generation for op in claims):  # rescheduled copies: one by one
-        return None
-    completes = [op for op in ops if type(op) is Complete]
-    releases = [op.key for op in ops if type(op) is Release]
-    won: set[str] = set()
-    for chunk in _chunks(claims):
-        # Claimed unless done, or leased beyond the claim's now (lease_until - lease).
-        rows = db.execute(
-            "INSERT INTO delayq_idempotency (key, done_at, lease_until) VALUES "
-            + ",".join(["(?, NULL, ?)"] * len(chunk))
-            + " ON CONFLICT(key) DO UPDATE SET done_at = NULL, lease_until = "
-            "excluded.lease_until WHERE delayq_idempotency.done_at IS NULL AND "
-            "delayq_idempotency.lease_until <= excluded.lease_until - ? AND "
-            "delayq_idempotency.generation = 0 RETURNING key",
-            [v for op in chunk for v in (op.key, op.lease_until_ms)] + [chunk[0].lease_ms],
-        ).fetchall()
-        won.update(row[0] for row in rows)
-    lost = [op.key for op in claims if op.key not in won]
-    done: set[str] = set()
-    cancelled: set[str] = set()
-    for lost_keys in _chunks(lost):
-        rows = db.execute(
-            "SELECT key, generation > 0 FROM delayq_idempotency WHERE "
-            "(done_at IS NOT NULL OR generation > 0) AND key IN ("
-            + ",".join(["?"] * len(lost_keys))
-            + ")",
-            lost_keys,
-        ).fetchall()
-        done.update(row[0] for row in rows if not row[1])
-        cancelled.update(row[0] for row in rows if row[1])
-    for finished in _chunks(completes):
-        db.execute(
-            "INSERT INTO delayq_idempotency (key, done_at, lease_until) VALUES "
-            + ",".join(["(?, ?, ?)"] * len(finished))
-            + " ON CONFLICT(key) DO UPDATE SET done_at = excluded.done_at",
-            [v for op in finished for v in (op.key, op.now_ms, op.now_ms)],
-        )
-    for released in _chunks(releases):
-        marks = ",".join(["?"] * len(released))
-        db.execute(  # a cancelled or rescheduled key keeps its mark
-            "UPDATE delayq_idempotency SET lease_until = 0 WHERE done_at IS NULL AND "
-            f"marked_at IS NOT NULL AND key IN ({marks})",
-            released,
-        )
-        db.execute(
-            "DELETE FROM delayq_idempotency WHERE done_at IS NULL AND marked_at IS NULL "
-            "AND key IN (" + ",".join(["?"] * len(released)) + ")",
-            released,
-        )
-    results: list[ClaimStatus | None] = []
-    for op in ops:
-        if type(op) is not Claim:
-            results.append(None)
-        elif op.key in won:
-            results.append(ClaimStatus.CLAIMED)
-        elif op.key in cancelled:
-            results.append(ClaimStatus.CANCELLED)
-        else:
-            results.append(ClaimStatus.DONE if op.key in done else ClaimStatus.BUSY)
-    return results
-
-
-def _chunks(items: list[_T]) -> Iterator[list[_T]]:
-    """``items`` by :data:`_ROWS`, each chunk padded to a size of :func:`_padded` with
-    copies of its last item: a statement's text depends on its number of rows, and the
-    module's statement cache (by text) then holds every size there is. A repeated row
-    changes nothing: a claim's copy finds the row its original just leased (a lease
-    of 0 leases it again, to the same values), a completion's sets the same time, and
-    ``IN`` takes a key once."""
-    for start in range(0, len(items), _ROWS):
-        chunk = items[start : start + _ROWS]
-        yield chunk + chunk[-1:] * (_padded(len(chunk)) - len(chunk))
-
-
-def _padded(rows: int) -> int:
-    """The statement size for ``rows`` rows: exact to 8, then in steps of an eighth of
-    the next power of two (at most a quarter more rows; 29 sizes up to 300)."""
-    if rows <= 8:
-        return rows
-    step = 1 << (rows - 1).bit_length() - 3
-    return min(-(-rows // step) * step, _ROWS)
 
 
 def _sqlite_apply(db: sqlite3.Connection, op: StoreOp) -> ClaimStatus | None:
@@ -426,12 +308,19 @@ def _sqlite_uncancel(db: sqlite3.Connection, key: str, now_ms: int, look: bool) 
 def _add_mark_columns(db: sqlite3.Connection) -> None:
     """Add the cancellation columns to a table made by an older delayq (in a write
     transaction: several processes may open the file at once)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with _immediate(db):
         have = {row[1] for row in db.execute("PRAGMA table_info(delayq_idempotency)")}
         for name, kind in _MARK_COLUMNS:
             if name not in have:
                 db.execute(f"ALTER TABLE delayq_idempotency ADD COLUMN {name} {kind}")
+
+
+@contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A ``BEGIN IMMEDIATE`` transaction on ``db``: committed, or rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

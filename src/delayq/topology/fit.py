@@ -46,7 +46,6 @@ __all__ = [
     "DEFAULT_GRID_MS",
     "OBJECTIVES",
     "LadderFit",
-    "brute_force_ladder",
     "ladder_overshoot",
     "recommend_ladder",
     "recommend_on_grid",
@@ -211,20 +210,6 @@ def _next_layer(
 
     solve(0, n - 1, 0, n - 1)
     return layer, split
-
-
-def brute_force_ladder(delays: Mapping[int, int], max_tiers: int) -> LadderFit:
-    """Every subset of the distinct delays (containing the largest): for tests, small inputs."""
-    values: Sequence[int] = [d for d, _ in _positive(delays)]
-    best: LadderFit | None = None
-    for size in range(1, min(max_tiers, len(values)) + 1):
-        for rest in itertools.combinations(values[:-1], size - 1):
-            fit = ladder_overshoot(delays, (*rest, values[-1]))
-            if best is None or fit.mean_relative_overshoot < best.mean_relative_overshoot - 1e-12:
-                best = fit
-    if best is None:
-        raise InvalidInput("no positive delays to fit a ladder to")
-    return best
 
 
 def recommend_on_grid(
