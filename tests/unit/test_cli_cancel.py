@@ -255,3 +255,16 @@ def test_a_relative_sqlite_url_is_made_absolute_for_other_processes(
     assert absolute_store_url("redis://h:1/0") == "redis://h:1/0"
     with pytest.raises(InvalidInput, match="no SQLite file"):
         absolute_store_url("sqlite:///typo.db")
+
+
+def test_a_due_at_without_a_time_zone_is_refused_before_the_store_is_opened(
+    setup, tmp_path, capsys
+):
+    *_, base = setup
+    store = tmp_path / "not-yet.db"
+    argv = ["reschedule", "--message-id", "a", "--due-at", "2030-01-01T00:00", "--body", "1"]
+    at = base.index("--store")
+    rest = [*base[:at], "--store", f"sqlite:///{store}", *base[at + 2 :]]
+    assert main([*argv, "-k", "order.x", *rest]) == EXIT_INPUT
+    assert "no time zone" in capsys.readouterr().err
+    assert not store.exists()  # nothing opened, nothing created

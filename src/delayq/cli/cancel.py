@@ -31,7 +31,7 @@ from delayq.cli.options import (
 )
 from delayq.cli.store_url import open_store
 from delayq.errors import InvalidDelay, InvalidInput, StoreError
-from delayq.message.cancel import CancelReceipt, RescheduleReceipt
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt, delay_until
 from delayq.tables import Column, Table
 from delayq.wording import counted
 
@@ -225,15 +225,18 @@ def cmd_cancel(args: Args) -> int:
 
 
 def _due_at(args: Args) -> datetime | None:
-    """``--due-at`` read as ISO 8601; its time zone is checked by the reschedule itself."""
+    """``--due-at`` read as ISO 8601, and checked as the reschedule will check it (its time
+    zone) before anything is opened: a bad value changes nothing, creates no store file."""
     if args.due_at is None:
         return None
     try:
-        return datetime.fromisoformat(args.due_at)
+        due_at = datetime.fromisoformat(args.due_at)
     except ValueError as exc:
         raise InvalidDelay(
             f"--due-at {args.due_at!r} is not an ISO 8601 time (e.g. 2026-11-25T18:00:00Z)"
         ) from exc
+    delay_until(None, due_at, now_ms=0)  # the core's one check, made early
+    return due_at
 
 
 def _reschedule_json(found: RescheduleReceipt) -> dict[str, Any]:

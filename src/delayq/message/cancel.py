@@ -48,6 +48,7 @@ __all__ = [
     "Generations",
     "RescheduleReceipt",
     "Rescheduling",
+    "delay_until",
     "new_copy_id",
     "one_of",
     "plan_cancels",
