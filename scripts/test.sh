@@ -16,7 +16,9 @@ rm -rf "$site"
 echo "==> pytest"
 # Most tests wait on broker timers, not the CPU: three workers (each with its own
 # local node) cut the wall time; DELAYQ_TEST_WORKERS=0 runs them in one process.
-workers=(-n "${DELAYQ_TEST_WORKERS:-3}")
+# --dist loadgroup: the Spark tests (one xdist group, tests/spark/conftest.py) share one
+# worker and its JVM; every other test goes to whichever worker is free.
+workers=(-n "${DELAYQ_TEST_WORKERS:-3}" --dist loadgroup)
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "${workers[@]}" "$@"
 fi

@@ -44,10 +44,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(LEFT_OUT)
 
 
+def _uses_spark(item: pytest.Item) -> bool:
+    return "spark" in item.path.parts or "spark.md" in item.nodeid
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the Spark tests, and keep them together at the front of the run: under
+    ``--dist loadgroup`` (scripts/test.sh) one worker runs them all in one JVM, starting
+    first so that its long share is not the run's tail, while the other workers share
+    the rest; each worker of a split would start a JVM of its own on two cores."""
     for item in items:
         if "spark" in item.path.parts:
             item.add_marker(pytest.mark.spark)
+        if _uses_spark(item):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+    items[:] = sorted(items, key=lambda item: not _uses_spark(item))  # stable
 
 
 @pytest.fixture(scope="session")
