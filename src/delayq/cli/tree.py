@@ -21,6 +21,7 @@ from delayq.cli.options import (
 )
 from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
+from delayq.cli.spark_cluster import cluster_commands, session_options
 from delayq.cli.spark_inputs import schedule_input_options
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
@@ -239,9 +240,6 @@ def parked_group(name: str, what: str) -> click.Group:
 
 
 def spark_group() -> click.Group:
-    def master() -> click.Option:
-        return once("--master", help="Spark master (default: local[*], or what spark-submit set)")
-
     names = {"spark_command": "schedule"}
     schedule = leaf(
         "schedule",
@@ -250,7 +248,7 @@ def spark_group() -> click.Group:
         "(or of a --table)",
         [
             click.Argument(["input"], metavar="[INPUT]", required=False),
-            master(),
+            *session_options(),
             once(
                 "--format",
                 type=click.Choice(["parquet", "csv", "jsonl"]),
@@ -298,7 +296,7 @@ def spark_group() -> click.Group:
         "Parquet, CSV or JSON-lines input",
         [
             click.Argument(["input"], metavar="INPUT"),
-            master(),
+            *session_options(),
             once(
                 "--format",
                 type=click.Choice(["parquet", "csv", "jsonl"]),
@@ -370,7 +368,7 @@ def spark_group() -> click.Group:
         "lateness, overshoot, retries and a recommended ladder from delivery records",
         [
             click.Argument(["records"], metavar="RECORDS"),
-            master(),
+            *session_options(),
             once(
                 "--out",
                 required=True,
@@ -409,5 +407,5 @@ def spark_group() -> click.Group:
     return group(
         "spark",
         "Spark jobs: bulk scheduling, bulk cancel and delivery reports (extra delayq[spark])",
-        [schedule, cancel, report],
+        [schedule, cancel, report, *cluster_commands()],
     )
