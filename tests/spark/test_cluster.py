@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from delayq.local.spark import LocalSparkCluster, spark_home
+from delayq.local.spark import QUICK_JVM, LocalSparkCluster, spark_home
 from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for
@@ -69,6 +69,9 @@ class Cluster:
                 str(spark_home() / "bin" / "spark-submit"),
                 "--master", self.spark.master_url,
                 "--executor-memory", "512m",
+                "--driver-memory", "512m",
+                "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
+                "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
                 "--conf", "spark.log.level=WARN",
                 "--conf", f"spark.pyspark.driver.python={sys.executable}",
                 *shipped,
@@ -174,3 +177,65 @@ def test_executors_without_delayq_fail_with_one_line_naming_what_is_missing(
     assert "Traceback" not in out
     assert "Spark UI: http://" in out  # the UI is on unless --no-ui
     assert depth(rabbitmq_url, job["work"]) == 0  # checked before any row was read
+
+
+# --- without a cluster -------------------------------------------------------------------------
+
+
+def test_submit_path_is_the_entry_point_and_runs_as_a_script_like_python_m() -> None:
+    from delayq.spark._cluster import entry_point
+
+    printed = _delayq_spark("submit-path")
+    assert printed.returncode == 0, printed.stderr
+    assert Path(printed.stdout.strip()) == entry_point() == SRC / "delayq/spark/__main__.py"
+    # spark-submit runs the file as a script: its directory (schedule.py, cancel.py, ...) is
+    # not left first on sys.path, and the commands are delayq spark's
+    code = "import runpy, sys; sys.argv = [sys.argv[0], 'submit-path']; "
+    as_script = subprocess.run(
+        [sys.executable, str(entry_point()), "schedule", "--help"],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )
+    assert as_script.returncode == 0, as_script.stderr
+    assert "--no-ui" in as_script.stdout and "--master" in as_script.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", code + f"runpy.run_path({str(entry_point())!r}, "
+         "run_name='__main__')"],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )
+    assert probe.stdout.strip() == str(entry_point()), probe.stderr
+
+
+def test_pack_env_refuses_a_bad_archive_name_or_source(tmp_path: Path) -> None:
+    done = _delayq_spark("pack-env", str(tmp_path / "env.zip"))
+    assert done.returncode == 2
+    assert "must be a .tar.gz or .tgz" in done.stderr and "Traceback" not in done.stderr
+    done = _delayq_spark("pack-env", str(tmp_path / "no" / "env.tar.gz"))
+    assert done.returncode == 2 and "no such directory" in done.stderr
+    done = _delayq_spark("pack-env", str(tmp_path / "env.tar.gz"), "--source", str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "pip install" in done.stderr and "failed" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "env.tar.gz").exists()
+
+
+@pytest.mark.parametrize(
+    ("master", "errors", "warned"),
+    [
+        ("local[2]", "out/rejected", False),
+        ("local", "file:///tmp/rejected", False),
+        ("spark://h:7077", "out/rejected", True),
+        ("spark://h:7077", "file:///mnt/rejected", True),
+        ("spark://h:7077", "hdfs:///out/rejected", False),
+        ("yarn", "s3a://bucket/rejected", False),
+        ("yarn", None, False),
+    ],
+)
+def test_a_local_errors_path_is_warned_about_on_a_cluster_master(
+    master: str, errors: str | None, warned: bool
+) -> None:
+    from delayq.spark._cluster import errors_path_warning
+
+    warning = errors_path_warning(master, errors)
+    assert (warning is not None) == warned
+    if warning:
+        assert "shared storage" in warning and master in warning
+
