@@ -141,34 +141,14 @@ def job(rabbitmq_url: str, make_topology: Any, tmp_path: Path) -> dict[str, Any]
     return {"args": args, "work": f"{topology.namespace}.work", "errors": tmp_path / "errors"}
 
 
-def test_spark_submit_schedules_on_a_standalone_cluster_with_the_packed_env(
+def test_spark_submit_on_a_standalone_cluster_with_and_without_the_packed_env(
     cluster: Cluster, job: dict[str, Any], rabbitmq_url: str
 ) -> None:
-    done = cluster.submit(*job["args"], "--max-rejected", "2", "--no-ui")
-    # spark-submit passes the driver's stdout and stderr on as its own stdout
-    out = done.stdout
-    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    assert re.search(r"^ +immediate +300 ", out, re.M), out[-3000:]
-    assert re.search(r"^ +total +300 +2$", out, re.M)
-    assert "1 DelayTooLong" in out and "1 InvalidDelay" in out
-    assert "Traceback" not in out
-    assert "Spark UI" not in out  # --no-ui
-    # a local --errors path on a cluster master: right here (one machine), said anyway
-    assert "is a local path while the master is spark://" in out
-    rejected = read_errors(job["errors"])
-    assert sorted((r["key"], r["error"]) for r in rejected) == [
-        ("300", "DelayTooLong"),
-        ("301", "InvalidDelay"),
-    ]
-    wait_for(lambda: depth(rabbitmq_url, job["work"]) == 300, 60, "the 300 valid rows")
-    assert depth(rabbitmq_url, job["work"]) == 300  # exactly the valid rows, no more
-
-
-def test_executors_without_delayq_fail_with_one_line_naming_what_is_missing(
-    cluster: Cluster, job: dict[str, Any], rabbitmq_url: str
-) -> None:
+    """One test (one cluster, also under xdist): without the packed env first (the workers'
+    own python3), then with it."""
+    # Without the env: the executors' python3 lacks delayq's dependencies
     done = cluster.submit(*job["args"], "--max-rejected", "2", ship=False)
-    out = done.stdout
+    out = done.stdout  # spark-submit passes the driver's stdout and stderr on as its stdout
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
     [error] = [line for line in out.splitlines() if line.startswith("delayq: error:")]
     assert "the executors' Python" in error and "cannot import" in error
@@ -177,6 +157,27 @@ def test_executors_without_delayq_fail_with_one_line_naming_what_is_missing(
     assert "Traceback" not in out
     assert "Spark UI: http://" in out  # the UI is on unless --no-ui
     assert depth(rabbitmq_url, job["work"]) == 0  # checked before any row was read
+    assert not job["errors"].exists()
+
+    # With the env
+    done = cluster.submit(*job["args"], "--max-rejected", "2", "--no-ui")
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert re.search(r"^ +immediate +300 ", out, re.M), out[-3000:]
+    assert re.search(r"^ +total +300 +2$", out, re.M)
+    assert "1 DelayTooLong" in out and "1 InvalidDelay" in out
+    assert "Traceback" not in out
+    assert "Spark UI" not in out  # --no-ui
+    # the master is spark-submit's; a local --errors path on it: right here (one
+    # machine), said anyway
+    assert "is a local path while the master is spark://127.0.0.1:" in out
+    rejected = read_errors(job["errors"])
+    assert sorted((r["key"], r["error"]) for r in rejected) == [
+        ("300", "DelayTooLong"),
+        ("301", "InvalidDelay"),
+    ]
+    wait_for(lambda: depth(rabbitmq_url, job["work"]) == 300, 60, "the 300 valid rows")
+    assert depth(rabbitmq_url, job["work"]) == 300  # exactly the valid rows, no more
 
 
 # --- without a cluster -------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def probe(_rows):
         version = delayq.__version__
     yield (sys.executable, "%d.%d" % sys.version_info[:2], version, missing)
 '''
-_LAST_ERROR = re.compile(r"^(\w+(?:Error|Exception)): (.+)$", re.M)
+_PYTHON_ERROR = re.compile(r"^(\w+(?:Error|Exception)): (.+)$", re.M)
+_JAVA_CAUSE = re.compile(r"^Caused by: ([\w.$]+): (.+)$", re.M)
 
 
 def entry_point() -> Path:
@@ -72,6 +73,13 @@ def _probe() -> Any:
     return namespace["probe"]
 
 
+def _why(text: str) -> str | None:
+    """The cause in a failed job's text: the Python worker's last error, else Java's root
+    cause (``java.io.IOException: Cannot run program "./env/bin/python"``)."""
+    found = _PYTHON_ERROR.findall(text) or _JAVA_CAUSE.findall(text)
+    return ": ".join(found[-1]).strip() if found else None
+
+
 def check_executors(spark: Any) -> None:
     """Run one small task on the executors and raise :class:`ExecutorEnvironment` naming
     what their Python lacks (delayq, a dependency, the driver's Python version), instead
@@ -84,8 +92,7 @@ def check_executors(spark: Any) -> None:
     try:
         answers = context.parallelize(range(slices), slices).mapPartitions(_probe()).collect()
     except Exception as exc:  # Py4JJavaError: the worker could not even start
-        found = _LAST_ERROR.findall(str(exc))
-        why = ": ".join(found[-1]) if found else type(exc).__name__
+        why = _why(str(exc)) or type(exc).__name__
         raise ExecutorEnvironment(
             f"the executors' Python cannot run delayq's tasks: {why}. Ship an environment "
             "(delayq spark pack-env, then spark-submit --archives ENV.tar.gz#env --conf "

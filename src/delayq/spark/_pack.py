@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,10 @@ from delayq import __version__
 from delayq.errors import InvalidInput
 
 __all__ = ["default_source", "pack_env"]
+
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "venv", "build", "dist", "site", "*.egg-info", "__pycache__", ".*_cache"
+)
 
 
 def default_source() -> str:
@@ -69,8 +74,13 @@ def pack_env(
         raise InvalidInput(f"{out}: the packed environment must be a .tar.gz or .tgz")
     if not out.parent.is_dir():
         raise InvalidInput(f"{out.parent}: no such directory")
-    wanted = [source or default_source(), *extra]
+    delayq_from = shown = source or default_source()
     with tempfile.TemporaryDirectory(prefix="delayq-env-") as tmp:
+        if Path(delayq_from).is_dir():  # built from a copy: pip leaves build/ where it builds
+            copy = Path(tmp) / "source"
+            shutil.copytree(delayq_from, copy, ignore=_NOT_SOURCE, symlinks=True)
+            delayq_from = str(copy)
+        wanted = [delayq_from, *extra]
         env = Path(tmp) / "env"
         if log:
             print(f"creating a venv with {sys.executable} (Python "
@@ -78,11 +88,11 @@ def pack_env(
         _run([sys.executable, "-m", "venv", str(env)], "python -m venv")
         python = env / "bin" / "python"
         if log:
-            print(f"installing {' '.join(wanted)} into it (pip)", file=sys.stderr)
+            print(f"installing {' '.join([shown, *extra])} into it (pip)", file=sys.stderr)
         _run(
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-warn-script-location", *wanted],
-            "pip install " + " ".join(wanted),
+            "pip install " + " ".join([shown, *extra]),
         )
         _run(
             [str(python), "-c", "import delayq, pika, pydantic_core, aio_pika, yaml"],
