@@ -240,3 +240,37 @@ def test_a_local_errors_path_is_warned_about_on_a_cluster_master(
     if warning:
         assert "shared storage" in warning and master in warning
 
+
+
+def test_a_cluster_that_cannot_start_stops_what_it_started(tmp_path: Path) -> None:
+    from delayq.local.spark import LocalSparkError
+
+    spark = LocalSparkCluster(workers=1, memory="lots", base_dir=tmp_path / "spark")
+    with pytest.raises(LocalSparkError, match="a Spark daemon exited"):
+        spark.start(timeout_s=240)
+    assert not spark.processes  # the master it had started is stopped too
+
+
+def test_the_executors_check_names_the_cause_of_a_failed_probe() -> None:
+    from delayq.spark._cluster import _why
+
+    java = (
+        "An error occurred while calling o1.collect.\n: org.apache.spark.SparkException: Job "
+        "aborted\n\tat org.apache.spark...\nCaused by: java.io.IOException: Cannot run program "
+        '"/nope/python": error=2, No such file or directory\n\tat java.lang...\nCaused by: '
+        "java.io.IOException: error=2, No such file or directory\n"
+    )
+    assert _why(java) == (
+        'java.io.IOException: Cannot run program "/nope/python": error=2, No such file or '
+        "directory"
+    )
+    python = (
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "worker.py", line 1\nPySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in '
+        "worker has different version (3, 10) than that in driver 3.11\n\tat org...\n"
+    )
+    assert _why(python) == (
+        "PySparkRuntimeError: [PYTHON_VERSION_MISMATCH] Python in worker has different "
+        "version (3, 10) than that in driver 3.11"
+    )
+    assert _why("nothing recognisable") is None

@@ -128,9 +128,17 @@ class LocalSparkCluster:
         return found
 
     def start(self, timeout_s: float = 120.0) -> LocalSparkCluster:
-        """Start the master, then the workers; return once every worker is ALIVE."""
+        """Start the master, then the workers; return once every worker is ALIVE (else
+        stop what was started and raise :class:`LocalSparkError`)."""
         if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
             raise LocalSparkError("no Java runtime (java on PATH or JAVA_HOME) for Spark")
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> LocalSparkCluster:
         self._spawn(
             "master",
             ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -151,16 +159,14 @@ class LocalSparkCluster:
         while True:
             for process in self.processes:
                 if process.poll() is not None:
-                    self.stop()
                     raise LocalSparkError(f"a Spark daemon exited: {self._tail()}")
             try:
                 state = self.status()
                 if state.get("status") == "ALIVE" and state.get("aliveworkers") == self.workers:
                     return self
-            except OSError:
-                pass  # the master's web UI is not up yet
+            except (OSError, ValueError):
+                pass  # the master's web UI is not up yet, or answers before its JSON is
             if time.monotonic() > deadline:
-                self.stop()
                 raise LocalSparkError(
                     f"the Spark cluster was not up after {timeout_s:.0f} s: {self._tail()}"
                 )

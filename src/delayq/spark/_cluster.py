@@ -76,7 +76,11 @@ def _probe() -> Any:
 def _why(text: str) -> str | None:
     """The cause in a failed job's text: the Python worker's last error, else Java's root
     cause (``java.io.IOException: Cannot run program "./env/bin/python"``)."""
-    found = _PYTHON_ERROR.findall(text) or _JAVA_CAUSE.findall(text)
+    causes = _JAVA_CAUSE.findall(text)
+    for name, message in causes:  # the first names the program: the outer cause
+        if message.startswith("Cannot run program"):
+            return f"{name}: {message}".strip()
+    found = _PYTHON_ERROR.findall(text) or causes
     return ": ".join(found[-1]).strip() if found else None
 
 
