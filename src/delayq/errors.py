@@ -39,6 +39,7 @@ and aiormq are translated at one place per adapter, its error map
     ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
     ├── SparkJobFailed: Spark failed a bulk job (the finished partitions' figures kept)
     ├── RecordsLost: delivery records that could not be written
+    ├── ExecutorEnvironment: the Spark executors' Python cannot run delayq's tasks
     └── MissingExtra (also an ImportError): an optional dependency is not installed
 """
 
@@ -54,6 +55,7 @@ __all__ = [
     "ConnectionFailed",
     "DelayTooLong",
     "DelayqError",
+    "ExecutorEnvironment",
     "HandlerTimeout",
     "HeadersTooLarge",
     "InvalidBody",
@@ -337,6 +339,12 @@ class SparkJobFailed(DelayqError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.summary))
+
+
+class ExecutorEnvironment(DelayqError):
+    """The Spark executors' Python cannot run delayq's tasks: delayq or a dependency is
+    missing there, or it is another Python version than the driver's (ship an environment:
+    ``delayq spark pack-env``)."""
 
 
 class RecordsLost(DelayqError):

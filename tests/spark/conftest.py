@@ -65,7 +65,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[Any]:
     from delayq.spark import local_session
 
-    session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4)
+    session = local_session(
+        "local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False
+    )
     yield session
     session.stop()
 

@@ -22,10 +22,14 @@ from delayq.wording import counted
 
 
 def _spark_session(args: Args) -> Any:
+    from delayq.cli.spark_cluster import prepare_session
     from delayq.spark import local_session
 
-    session = local_session(args.master, app_name=f"delayq spark {args.spark_command}")
+    session = local_session(
+        args.master, app_name=f"delayq spark {args.spark_command}", ui=False if args.no_ui else None
+    )
     session.sparkContext.setLogLevel("ERROR")
+    prepare_session(session, args)
     return session
 
 

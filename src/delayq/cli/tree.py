@@ -20,7 +20,6 @@ from delayq.cli.options import (
     key_scope_option,
     leaf,
     management,
-    master_option,
     once,
     partitions_option,
     queue_option,
@@ -29,6 +28,7 @@ from delayq.cli.options import (
 )
 from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
+from delayq.cli.spark_cluster import cluster_commands, session_options
 from delayq.cli.spark_inputs import schedule_input_options
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
@@ -247,7 +247,7 @@ def spark_group() -> click.Group:
         "(or of a --table)",
         [
             click.Argument(["input"], metavar="[INPUT]", required=False),
-            master_option(),
+            *session_options(),
             format_option(),
             once("--key-col", default="key", help="message ids derive from it (default key)"),
             once("--routing-key-col", default="routing_key", help="default routing_key"),
@@ -278,7 +278,7 @@ def spark_group() -> click.Group:
         "Parquet, CSV or JSON-lines input",
         [
             click.Argument(["input"], metavar="INPUT"),
-            master_option(),
+            *session_options(),
             format_option(),
             store_option(where=" (SQLite: executors on this machine only)"),
             once("--id-col", "--id-column", "id_col", help="a column of message ids"),
@@ -315,7 +315,7 @@ def spark_group() -> click.Group:
         "lateness, overshoot, retries and a recommended ladder from delivery records",
         [
             click.Argument(["records"], metavar="RECORDS"),
-            master_option(),
+            *session_options(),
             once(
                 "--out",
                 required=True,
@@ -354,5 +354,5 @@ def spark_group() -> click.Group:
     return group(
         "spark",
         "Spark jobs: bulk scheduling, bulk cancel and delivery reports (extra delayq[spark])",
-        [schedule, cancel, report],
+        [schedule, cancel, report, *cluster_commands()],
     )

@@ -18,6 +18,7 @@ from delayq.spark._session import require_pyspark
 
 require_pyspark()
 
+from delayq.spark._cluster import check_executors  # noqa: E402
 from delayq.spark._session import local_session  # noqa: E402
 from delayq.spark.cancel import CancelSummary, cancel_from_dataframe  # noqa: E402
 from delayq.spark.report import ReportSummary, report  # noqa: E402
@@ -28,6 +29,7 @@ __all__ = [
     "ReportSummary",
     "ScheduleSummary",
     "cancel_from_dataframe",
+    "check_executors",
     "local_session",
     "report",
     "schedule",
