@@ -48,26 +48,46 @@ def _uses_spark(item: pytest.Item) -> bool:
     return "spark" in item.path.parts or "spark.md" in item.nodeid
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the Spark tests, and keep them together at the front of the run: under
-    ``--dist loadgroup`` (scripts/test.sh) one worker runs them all in one JVM, starting
-    first so that its long share is not the run's tail, while the other workers share
-    the rest; each worker of a split would start a JVM of its own on two cores."""
-    for item in items:
-        if "spark" in item.path.parts:
-            item.add_marker(pytest.mark.spark)
-        if _uses_spark(item):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark the Spark tests: ``spark``, and one xdist group. Under ``--dist loadgroup``
+    (scripts/test.sh) one worker runs them all in one JVM, while the other workers share
+    the rest; split, each worker would start a JVM of its own on two cores. (Marked as
+    each is collected: xdist reads the groups in its own collection hook.)"""
+    if "spark" in item.path.parts:
+        item.add_marker(pytest.mark.spark)
+    if _uses_spark(item):
+        item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Spark tests first: the group's long share starts at once, not as the tail."""
     items[:] = sorted(items, key=lambda item: not _uses_spark(item))  # stable
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under loadgroup
+        _group_ids(items)
+
+
+def _group_ids(items: list[pytest.Item]) -> None:
+    """Give each grouped test the ``@group`` id suffix that xdist's scheduler reads.
+
+    xdist 3.8 writes it to ``Node._nodeid``, which pytest 9 no longer reads (a node's id
+    is ``Node._id``), so its loadgroup would silently schedule like ``load``; under
+    pytest 8 the suffix is there already and nothing changes here.
+    """
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest 9
+    except ImportError:
+        return
+    for item in items:
+        marks = list(item.iter_markers("xdist_group"))
+        if marks and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            item._id = coerce_node_id(f"{item.nodeid}@{marks[0].args[0]}")  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from delayq.spark import local_session
 
-    session = local_session(
-        "local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False
-    )
+    session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False)
     yield session
     session.stop()
 
