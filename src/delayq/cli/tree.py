@@ -22,6 +22,7 @@ from delayq.cli.options import (
 from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
 from delayq.cli.spark_inputs import schedule_input_options
+from delayq.cli.spark_stream import stream_command
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
 from delayq.stores.url import STORE_FORMS
@@ -409,5 +410,5 @@ def spark_group() -> click.Group:
     return group(
         "spark",
         "Spark jobs: bulk scheduling, bulk cancel and delivery reports (extra delayq[spark])",
-        [schedule, cancel, report],
+        [schedule, cancel, report, stream_command(schedule, master())],
     )
