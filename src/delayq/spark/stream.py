@@ -105,12 +105,13 @@ class ScheduleStream:
         return bool(self.query.isActive)
 
     def stop(self, *, finish_batch_s: float = 30.0) -> None:
-        """Stop the query, letting a batch that is running finish first (up to
-        ``finish_batch_s``): a batch stopped mid-way is not committed, and a restart runs
-        it again (duplicates for what it had published)."""
+        """Stop the query once the batch running now (if any) is done, waiting for it up
+        to ``finish_batch_s``. A batch stopped mid-way is not committed: a restart runs
+        it again (duplicates, for what it had published)."""
         deadline = time.monotonic() + finish_batch_s
+        ran = len(self.batches)
         while self.query.isActive and time.monotonic() < deadline:
-            if not self.query.status.get("isTriggerActive"):
+            if not self.query.status.get("isTriggerActive") or len(self.batches) > ran:
                 break
             time.sleep(0.1)
         self.query.stop()
