@@ -127,10 +127,10 @@ def _stream_frame(session: Any, args: Args) -> Any:
 def cmd_spark_stream(args: Args) -> int:
     from delayq.spark import BatchSummary, local_session, schedule_stream
     from delayq.spark._resilient import RetryPolicy
-    from delayq.spark.stream import AVAILABLE_NOW, _trigger, describe_trigger
+    from delayq.spark.stream import AVAILABLE_NOW, describe_trigger, trigger_options
 
     trigger = AVAILABLE_NOW if args.available_now else args.trigger
-    _trigger(trigger)  # a bad trigger is refused before Spark starts
+    trigger_options(trigger)  # a bad trigger is refused before Spark starts
     RetryPolicy.parse(args.retry_for, args.backoff)
     topology = load_cli_topology(args)
     url = resolve_url(args.url)

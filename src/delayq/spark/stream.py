@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from delayq.durations import format_ms, to_ms
 from delayq.errors import DelayqError, InvalidInput, RowsUnconfirmed
+from delayq.spark._resilient import RetryPolicy
 from delayq.spark._run import Job
-from delayq.spark._unconfirmed import unconfirmed_error
 from delayq.spark.schedule import ScheduleSummary, summary_of
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -43,7 +43,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["AVAILABLE_NOW", "BatchSummary", "ScheduleStream", "schedule_stream"]
+__all__ = [
+    "AVAILABLE_NOW",
+    "BatchSummary",
+    "ScheduleStream",
+    "describe_trigger",
+    "schedule_stream",
+    "trigger_options",
+]
 
 AVAILABLE_NOW = "available-now"
 """The trigger that processes what the source holds at the start, then stops the query."""
@@ -153,7 +160,7 @@ class ScheduleStream:
         return DelayqError(f"the streaming query failed: {first}")
 
 
-def _trigger(trigger: object) -> dict[str, Any]:
+def trigger_options(trigger: object) -> dict[str, Any]:
     """``DataStreamWriter.trigger``'s keywords for ``trigger``."""
     if trigger is None:
         return {}
@@ -244,7 +251,7 @@ def schedule_stream(
             "schedule_stream needs a checkpoint (a directory, shared storage on a "
             "cluster): without one a restarted query would lose or re-send batches"
         )
-    triggered = _trigger(trigger)
+    triggered = trigger_options(trigger)
     job.select(df)  # the columns checked now; each batch takes them itself
     job.check()
     record = _Record()
@@ -255,14 +262,7 @@ def schedule_stream(
             ran = job.run(job.select(batch), errors_path=where)
             summary = summary_of(ran, where)
             if ran.got.unconfirmed or ran.got.failures:
-                said = unconfirmed_error(summary, ran.got.failures, job.policy)
-                raise RowsUnconfirmed(
-                    f"batch {batch_id} was not committed: {said}. The query stopped: "
-                    "restart it with the same checkpoint to run the batch again (what "
-                    "was confirmed is sent again as duplicates, which idempotent "
-                    "consumers skip)",
-                    summary,
-                )
+                raise _not_committed(batch_id, summary, ran.got.failures, job.policy)
         except DelayqError as exc:
             with record.lock:
                 record.error = exc
@@ -285,6 +285,24 @@ def schedule_stream(
         first = text.splitlines()[0] if text else type(exc).__name__
         raise InvalidInput(f"cannot start the streaming query: {first}") from exc
     return ScheduleStream(query, record)
+
+
+def _not_committed(
+    batch_id: int, summary: ScheduleSummary, failures: list[Any], policy: RetryPolicy
+) -> RowsUnconfirmed:
+    """The error of a batch left with unconfirmed rows: the query stops without it."""
+    causes = sorted({str(reason).removeprefix("unconfirmed: ") for _, reason in failures})
+    cause = "; ".join(causes) or f"no confirm within retry_for={format_ms(policy.retry_for_ms)}"
+    where = f" ({summary.errors_path} names them)" if summary.errors_path else ""
+    return RowsUnconfirmed(
+        f"batch {batch_id} was not committed: {summary.total_unconfirmed:,} of "
+        f"{summary.rows:,} rows were not confirmed by the broker ({cause}){where}; "
+        f"{summary.total_published:,} were published, {summary.total_rejected:,} rejected. "
+        "The query stopped: restart it with the same checkpoint to run the batch again "
+        "(what was published is sent again as duplicates, which idempotent consumers "
+        "skip); a longer outage needs a longer retry_for (--retry-for)",
+        summary,
+    )
 
 
 def describe_trigger(trigger: object) -> str:
