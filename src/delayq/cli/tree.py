@@ -30,6 +30,7 @@ from delayq.cli.parked import cmd_parked
 from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
 from delayq.cli.spark_cluster import cluster_commands, session_options
 from delayq.cli.spark_inputs import schedule_input_options
+from delayq.cli.spark_stream import stream_command
 from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
 from delayq.stores.url import STORE_FORMS
@@ -354,5 +355,11 @@ def spark_group() -> click.Group:
     return group(
         "spark",
         "Spark jobs: bulk scheduling, bulk cancel and delivery reports (extra delayq[spark])",
-        [schedule, cancel, report, *cluster_commands()],
+        [
+            schedule,
+            cancel,
+            report,
+            stream_command(schedule, session_options()),
+            *cluster_commands(),
+        ],
     )

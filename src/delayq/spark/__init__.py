@@ -1,5 +1,5 @@
-"""delayq on Spark (PySpark): bulk scheduling and cancelling from DataFrames, and
-delivery analytics.
+"""delayq on Spark (PySpark): bulk scheduling (batch and streaming) and cancelling from
+DataFrames, and delivery analytics.
 
 Needs the ``spark`` extra (``pip install 'delayq[spark]'``): PySpark, and
 matplotlib for the report's plots. Importing :mod:`delayq` never needs them.
@@ -23,14 +23,18 @@ from delayq.spark._session import local_session  # noqa: E402
 from delayq.spark.cancel import CancelSummary, cancel_from_dataframe  # noqa: E402
 from delayq.spark.report import ReportSummary, report  # noqa: E402
 from delayq.spark.schedule import ScheduleSummary, schedule  # noqa: E402
+from delayq.spark.stream import BatchSummary, ScheduleStream, schedule_stream  # noqa: E402
 
 __all__ = [
+    "BatchSummary",
     "CancelSummary",
     "ReportSummary",
+    "ScheduleStream",
     "ScheduleSummary",
     "cancel_from_dataframe",
     "check_executors",
     "local_session",
     "report",
     "schedule",
+    "schedule_stream",
 ]

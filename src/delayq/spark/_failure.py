@@ -86,25 +86,18 @@ def cause_line(exc: BaseException, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def failed_job(
-    exc: BaseException,
-    counts: Tally,
-    partitions: int,
-    summary: Callable[[Tally, int], Any],
-) -> SparkJobFailed:
-    """The error of a job Spark failed after ``counts`` (:func:`tallied`) of its
-    ``partitions`` were in (``partitions`` 0: while reading the input, before any
-    publishing); ``summary(counts, unfinished)`` builds the job's summary."""
+def failed_job(exc: BaseException, summary: Any, finished: int, partitions: int) -> SparkJobFailed:
+    """The error of a run Spark failed once ``finished`` of its ``partitions`` were in
+    (``partitions`` 0: while reading the input, before any publishing); ``summary``
+    counts what the finished ones did."""
     if partitions == 0:
         return SparkJobFailed(
             f"the Spark job failed while reading the input, before publishing: "
             f"{cause_line(exc)}. Nothing was published: fix the cause and run again",
-            summary(Counter(), 0),
+            summary,
         )
-    finished = counts.get((PARTITION, None, None), 0)
     unfinished = max(partitions - finished, 1)
-    said = summary(counts, unfinished)
-    published = getattr(said, "total_published", 0)
+    published = getattr(summary, "total_published", 0)
     return SparkJobFailed(
         f"the Spark job failed: {cause_line(exc)}. {finished} of {partitions} partitions "
         f"finished and published {published:,} messages (counted in the summary); the "
@@ -112,5 +105,5 @@ def failed_job(
         "The errors output was not written. Fix the cause and run the same input "
         "again: what was already published is sent as duplicates only (the message ids "
         "derive from the key), which idempotent consumers skip",
-        said,
+        summary,
     )

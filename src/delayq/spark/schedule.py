@@ -20,22 +20,15 @@ rejections than ``max_rejected`` (default 0) make the job fail with
 
 from __future__ import annotations
 
-import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from delayq.errors import DelayqError, InvalidInput, RowsRejected
+from delayq.errors import InvalidInput, RowsRejected
 from delayq.message.bulk import RejectionLimit
-from delayq.spark._checks import preflight, task_error
-from delayq.spark._failure import Tally, failed_job, tallied, tally
-from delayq.spark._inputs import input_columns, prepare
-from delayq.spark._plan_task import plan_partition
-from delayq.spark._progress import RowCounter, counting
 from delayq.spark._rejections import rejection_lines, rejections_said
-from delayq.spark._resilient import RetryPolicy
-from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema, gather, summed
+from delayq.spark._run import Job, Ran
+from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema
 from delayq.spark._schedule_task import publish_partition
 from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
@@ -146,29 +139,6 @@ def _tier_order(label: str) -> tuple[int, int]:
         return (2, 0)
 
 
-def partial_summary(
-    duplicate_in_input: int, dry_run: bool
-) -> Callable[[Tally, int], ScheduleSummary]:
-    """How a failed job's summary is made from its finished partitions' counts."""
-
-    def make(counts: Tally, unfinished: int) -> ScheduleSummary:
-        got = summed(counts.items())
-        return ScheduleSummary(
-            published=dict(got.published),
-            rejected=dict(got.rejected),
-            errors=dict(got.errors),
-            errors_path=None,
-            duplicate_in_input=duplicate_in_input,
-            dry_run=dry_run,
-            unconfirmed=dict(got.unconfirmed),
-            retried=got.retried,
-            rerun=got.rerun,
-            unfinished=unfinished,
-        )
-
-    return make
-
-
 def schedule(
     df: DataFrame,
     *,
@@ -241,82 +211,63 @@ def schedule(
     :class:`~delayq.errors.SparkJobFailed`: the cause in one line, and a ``summary``
     of the partitions that finished (:mod:`delayq.spark._failure`).
     """
-    from pyspark import StorageLevel
-
     url = resolve_url(url)
     limit = RejectionLimit.parse(max_rejected)
-    if errors_format not in ("json", "csv", "parquet"):
-        raise InvalidInput(f"errors_format must be json, csv or parquet, not {errors_format!r}")
-    for name, value in (("window", window), ("partitions", partitions)):
-        if value is not None and (isinstance(value, bool) or value < 1):
-            raise InvalidInput(f"{name} must be at least 1, got {value!r}")
-    policy = RetryPolicy.parse(retry_for, backoff)
-    selected = input_columns(df, key_col, routing_key_col, delay_col, due_col, body_col, id_col)
+    job = Job.of(
+        url=url,
+        topology=topology,
+        key_col=key_col,
+        routing_key_col=routing_key_col,
+        delay_col=delay_col,
+        due_col=due_col,
+        body_col=body_col,
+        body_json=body_json,
+        errors_format=errors_format,
+        partitions=partitions,
+        window=window,
+        duplicates=duplicates,
+        id_col=id_col,
+        dry_run=dry_run,
+        retry_for=retry_for,
+        backoff=backoff,
+    )
+    if df.isStreaming:
+        raise InvalidInput(
+            "df is a streaming DataFrame (readStream): schedule it with "
+            "delayq.spark.schedule_stream (delayq spark stream), which needs a checkpoint"
+        )
+    selected = job.select(df)
     if resume_from is not None:
         schema = errors_schema(id_col)
         selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
-    preflight(url, topology)
-    try:
-        prepared = prepare(selected, duplicates=duplicates, partitions=partitions, key_col=key_col)
-    except DelayqError:
-        raise
-    except Exception as exc:  # an unreadable input: one line, not pages of stack
-        raise failed_job(exc, Counter(), 0, partial_summary(0, dry_run)) from exc
-    spark = df.sparkSession
-    counter = RowCounter(spark) if progress is not None else None
-    data = topology.model_dump(mode="json")
-    group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
-    task = (
-        plan_partition(data, body_json=body_json)
-        if dry_run
-        else publish_partition(
-            url, data, window=window, body_json=body_json, policy=policy, job=group
-        )
+    job.check()
+    ran = job.run(
+        selected,
+        errors_path=errors_path,
+        progress=progress,
+        summarise=lambda partial: summary_of(partial, None, dry_run=dry_run),
     )
-    results = prepared.rows.rdd.mapPartitions(counting(task, counter))
-    if prepared.rejected is not None:
-        results = results.union(prepared.rejected.rdd.map(tuple))
-    tallies = tally(spark.sparkContext)
-    results = results.mapPartitions(tallied(tallies)).persist(StorageLevel.MEMORY_AND_DISK)
-    spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
-    try:
-        # The one action that publishes; the persisted results feed what follows.
-        # Were a cached partition lost, recomputing it re-sends its rows:
-        # duplicates only, by the key-derived ids.
-        if counter is not None and progress is not None:
-            with counter.watching(prepared.to_tasks, progress):
-                results.count()
-        else:
-            results.count()
-    except Exception as exc:
-        results.unpersist()
-        error = task_error(exc)
-        if error is None:
-            partial = partial_summary(prepared.duplicate_in_input, dry_run)
-            raise failed_job(exc, tallies.value, results.getNumPartitions(), partial) from exc
-        raise error from exc
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    try:
-        got = gather(
-            spark, results, errors_path=errors_path, errors_format=errors_format, id_col=id_col
-        )
-    finally:
-        results.unpersist()
-    summary = ScheduleSummary(
+    summary = summary_of(ran, errors_path, dry_run=dry_run)
+    if ran.got.unconfirmed or ran.got.failures:
+        raise unconfirmed_error(summary, ran.got.failures, job.policy)
+    if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
+        raise summary.rejected_error(limit)
+    return summary
+
+
+def summary_of(ran: Ran, errors_path: str | None, *, dry_run: bool = False) -> ScheduleSummary:
+    """The summary of one run (a job, or a micro-batch of a stream)."""
+    got = ran.got
+    return ScheduleSummary(
         published=dict(got.published),
         rejected=dict(got.rejected),
         errors=dict(got.errors),
         errors_path=errors_path,
         rejections=got.rejections,
-        duplicate_in_input=prepared.duplicate_in_input,
+        duplicate_in_input=ran.duplicate_in_input,
         dry_run=dry_run,
         unconfirmed=dict(got.unconfirmed),
         retried=got.retried,
         rerun=got.rerun,
+        unfinished=ran.unfinished,
     )
-    if got.unconfirmed or got.failures:
-        raise unconfirmed_error(summary, got.failures, policy)
-    if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
-        raise summary.rejected_error(limit)
-    return summary

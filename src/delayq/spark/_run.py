@@ -1,0 +1,180 @@
+"""One scheduling run over one (static) DataFrame: what :func:`delayq.spark.schedule` does
+for its input and :func:`delayq.spark.schedule_stream` for each micro-batch.
+
+:class:`Job` holds the settings (checked once, before Spark runs anything); its
+:meth:`Job.select` takes the task columns, :meth:`Job.check` checks the broker on the
+driver, and :meth:`Job.run` repartitions, runs the tasks (one action that publishes),
+and gathers their results into counts and the errors output.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from delayq.errors import DelayqError, InvalidInput
+from delayq.spark._checks import preflight, task_error
+from delayq.spark._failure import PARTITION, failed_job, tallied, tally
+from delayq.spark._inputs import input_columns, prepare
+from delayq.spark._plan_task import plan_partition
+from delayq.spark._progress import RowCounter, counting
+from delayq.spark._resilient import RetryPolicy
+from delayq.spark._schedule_results import Gathered, gather, summed
+from delayq.spark._schedule_task import publish_partition
+from delayq.topology.model import Topology
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["Job", "Ran", "check_errors_format"]
+
+Progress = Callable[[int, int], None]
+
+
+def check_errors_format(errors_format: str) -> None:
+    if errors_format not in ("json", "csv", "parquet"):
+        raise InvalidInput(f"errors_format must be json, csv or parquet, not {errors_format!r}")
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What one run did: the tasks' results summed, and the input's repeated keys."""
+
+    got: Gathered
+    duplicate_in_input: int
+    unfinished: int = 0
+    """Partitions Spark failed (the run raised :class:`~delayq.errors.SparkJobFailed`)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A scheduling job's settings (see :func:`delayq.spark.schedule` for each)."""
+
+    url: str
+    topology: Topology
+    key_col: str
+    routing_key_col: str
+    delay_col: str | None
+    due_col: str | None
+    body_col: str | None
+    body_json: bool
+    errors_format: str
+    partitions: int | None
+    window: int
+    duplicates: str
+    id_col: str | None
+    policy: RetryPolicy
+    dry_run: bool = False
+
+    @classmethod
+    def of(cls, *, retry_for: object, backoff: object, **settings: Any) -> Job:
+        """The settings checked (a bad one raises :class:`~delayq.errors.InvalidInput`)."""
+        check_errors_format(settings["errors_format"])
+        for name in ("window", "partitions"):
+            value = settings[name]
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise InvalidInput(f"{name} must be at least 1, got {value!r}")
+        return cls(policy=RetryPolicy.parse(retry_for, backoff), **settings)
+
+    def select(self, df: DataFrame) -> DataFrame:
+        """The columns the tasks read (a missing column raises
+        :class:`~delayq.errors.InvalidInput`)."""
+        return input_columns(
+            df,
+            self.key_col,
+            self.routing_key_col,
+            self.delay_col,
+            self.due_col,
+            self.body_col,
+            self.id_col,
+        )
+
+    def check(self) -> None:
+        """The broker reachable and the topology applied (on the driver, before the tasks)."""
+        preflight(self.url, self.topology)
+
+    def run(
+        self,
+        selected: DataFrame,
+        *,
+        errors_path: str | None,
+        progress: Progress | None = None,
+        summarise: Callable[[Ran], Any] = lambda ran: ran,
+    ) -> Ran:
+        """Publish (or with ``dry_run`` plan) every row of ``selected`` (:meth:`select`'s);
+        the errors output goes to ``errors_path`` (overwritten), else into the result.
+
+        A run Spark fails raises :class:`~delayq.errors.SparkJobFailed`, its ``summary``
+        ``summarise(ran)`` of what the finished partitions did (:mod:`delayq.spark._failure`).
+        """
+        from pyspark import StorageLevel
+
+        try:
+            prepared = prepare(
+                selected,
+                duplicates=self.duplicates,
+                partitions=self.partitions,
+                key_col=self.key_col,
+            )
+        except DelayqError:
+            raise
+        except Exception as exc:  # an unreadable input: one line, not pages of stack
+            raise failed_job(exc, summarise(Ran(Gathered(), 0)), 0, 0) from exc
+        spark = selected.sparkSession
+        counter = RowCounter(spark) if progress is not None else None
+        data = self.topology.model_dump(mode="json")
+        group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
+        task = (
+            plan_partition(data, body_json=self.body_json)
+            if self.dry_run
+            else publish_partition(
+                self.url,
+                data,
+                window=self.window,
+                body_json=self.body_json,
+                policy=self.policy,
+                job=group,
+            )
+        )
+        results = prepared.rows.rdd.mapPartitions(counting(task, counter))
+        if prepared.rejected is not None:
+            results = results.union(prepared.rejected.rdd.map(tuple))
+        tallies = tally(spark.sparkContext)
+        results = results.mapPartitions(tallied(tallies)).persist(StorageLevel.MEMORY_AND_DISK)
+        spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
+        try:
+            # The one action that publishes; the persisted results feed what follows.
+            # Were a cached partition lost, recomputing it re-sends its rows:
+            # duplicates only, by the key-derived ids.
+            if counter is not None and progress is not None:
+                with counter.watching(prepared.to_tasks, progress):
+                    results.count()
+            else:
+                results.count()
+        except Exception as exc:
+            results.unpersist()
+            error = task_error(exc)
+            if error is None:  # Spark's own failure: what the finished partitions did
+                partitions = results.getNumPartitions()
+                finished = tallies.value.get((PARTITION, None, None), 0)
+                unfinished = max(partitions - finished, 1)
+                partial = Ran(
+                    summed(tallies.value.items()), prepared.duplicate_in_input, unfinished
+                )
+                raise failed_job(exc, summarise(partial), finished, partitions) from exc
+            raise error from exc
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        try:
+            got = gather(
+                spark,
+                results,
+                errors_path=errors_path,
+                errors_format=self.errors_format,
+                id_col=self.id_col,
+            )
+        finally:
+            results.unpersist()
+        return Ran(got, prepared.duplicate_in_input)
