@@ -248,6 +248,7 @@ def schedule(
         raise error from exc
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        prepared.release()  # the results are persisted: the input's copy is not needed
     try:
         got = gather(
             spark, results, errors_path=errors_path, errors_format=errors_format, id_col=id_col
