@@ -9,9 +9,18 @@
   first message and skip the others. ``duplicates="reject"`` (the default) rejects every
   row of such a key (error ``DuplicateKey``, in the errors output); ``"keep-last"``
   publishes the last row of each and counts the others as ``duplicate-in-input``.
-* Without ``partitions``, an input of fewer partitions than the session's
-  ``defaultParallelism`` is spread over ``defaultParallelism`` (one connection each):
-  a single big file does not run on one connection.
+* Without ``partitions``, the tasks are ``max(the input's partitions,
+  defaultParallelism)`` (one connection each). The input is taken as read when its
+  partitions are that many and even (none over 1.5 times an even share); otherwise it
+  is spread over them (round robin): a single big file, read as one split holding every
+  row (a Parquet file of one row group) or as fewer splits than the cluster has cores,
+  does not run on one connection. ``partitions`` always repartitions.
+* The input is read once: the selected columns are persisted (memory, spilling to
+  disk) by the first job, the one counting rows and repeated keys; the join that
+  sets the repeated keys' rows apart and the publishing job read that copy, not the
+  source (a file is not read twice, a source that changes between reads cannot
+  give the tasks other rows than were counted). :meth:`Prepared.release` drops it
+  once the tasks' results are persisted.
 """
 
 from __future__ import annotations
@@ -110,16 +119,38 @@ class Prepared:
     """Rows whose key is on another row too: rejected, or (keep-last) left out."""
     rejected: DataFrame | None
     """Repeated keys' rows rejected (``duplicates="reject"``), as result tuples."""
+    read: DataFrame | None = None
+    """The input as read once, persisted: what ``rows`` and ``rejected`` come from."""
+
+    def release(self) -> None:
+        """Drop the persisted input (once the tasks' results no longer need it)."""
+        if self.read is not None:
+            self.read.unpersist()
 
 
 def prepare(
     selected: DataFrame, *, duplicates: str, partitions: int | None, key_col: str
 ) -> Prepared:
-    """Repeated keys handled (one aggregation over the input), then partitions set."""
-    from pyspark.sql import functions as F
+    """The input read once (persisted), repeated keys handled (one aggregation over that
+    copy), then partitions set."""
+    from pyspark import StorageLevel
 
     if duplicates not in DUPLICATES:
         raise InvalidInput(f"duplicates must be reject or keep-last, not {duplicates!r}")
+    read = selected.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        prepared = _prepare(read, duplicates=duplicates, partitions=partitions, key_col=key_col)
+    except BaseException:
+        read.unpersist()
+        raise
+    return prepared
+
+
+def _prepare(
+    selected: DataFrame, *, duplicates: str, partitions: int | None, key_col: str
+) -> Prepared:
+    from pyspark.sql import functions as F
+
     key = F.col("key")
     per_key = selected.groupBy("key").agg(
         F.count(F.lit(1)).alias("n"), F.max(ROW).alias("last")
@@ -168,11 +199,30 @@ def prepare(
             )
     rows = rows.select(*_TASK_COLUMNS)
     target = partitions or max(source_partitions, _default_parallelism(selected))
-    if partitions is not None or rows.rdd.getNumPartitions() < target:
+    if partitions is not None:
         rows = rows.repartition(target)
-    elif rows.rdd.getNumPartitions() > target:  # after the join: as many as the input had
-        rows = rows.coalesce(target)
-    return Prepared(rows, rows_read, rows_read - counted, counted, rejected)
+    elif dup_keys:  # the join's shuffle spread the rows by key: as many as the input had
+        joined_partitions = rows.rdd.getNumPartitions()
+        if joined_partitions < target:
+            rows = rows.repartition(target)
+        elif joined_partitions > target:
+            rows = rows.coalesce(target)
+    elif source_partitions < target or not _even(selected, rows_read, target):
+        rows = rows.repartition(target)
+    return Prepared(rows, rows_read, rows_read - counted, counted, rejected, selected)
+
+
+def _even(selected: DataFrame, rows: int, target: int) -> bool:
+    """Whether the input's partitions, as read, spread its rows over ``target`` tasks
+    evenly enough: none holds more than 1.5 times an even share. A single Parquet file
+    of one row group is read as several splits, all but one empty: not even."""
+    from pyspark.sql import functions as F
+
+    if rows == 0:
+        return True
+    # monotonically_increasing_id puts the partition index in the upper 31 bits
+    per_partition = selected.groupBy(F.shiftright(F.col(ROW), 33)).count().collect()
+    return max(int(r["count"]) for r in per_partition) <= 1.5 * rows / target
 
 
 def _default_parallelism(df: DataFrame) -> int:

@@ -167,6 +167,7 @@ class Job:
             raise error from exc
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            prepared.release()  # the results are persisted: the input's copy is not needed
         try:
             got = gather(
                 spark,

@@ -189,9 +189,10 @@ def schedule(
 
     ``partitions`` repartitions the input first (one connection per
     partition); by default an input of fewer partitions than the session's
-    ``defaultParallelism`` is spread over that many. ``progress`` is told (rows
-    read, rows in all). ``dry_run`` plans every row against the topology and
-    publishes nothing (the broker is still checked: reachable, topology
+    ``defaultParallelism``, or of partitions holding its rows unevenly, is spread
+    over that many (the input is read once: see :mod:`delayq.spark._inputs`).
+    ``progress`` is told (rows read, rows in all). ``dry_run`` plans every row
+    against the topology and publishes nothing (the broker is still checked: reachable, topology
     applied); ``published`` then counts what would be, and the rejections and
     ``max_rejected`` are as in a real run. The topology must be applied.
 
