@@ -4,6 +4,8 @@ partitions that finished, never pages of Java and Python stack and never a green
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,52 +21,95 @@ from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for
 
-PARTITIONS = 4
-ROWS = PARTITIONS * 1024  # parallelize slices in batches of 1024: 4 equal partitions
-TRIGGER = f"k{ROWS - 1}"  # the last row of the last partition
+PARTITIONS = 8
+PER = 1000
+ROWS = PARTITIONS * PER  # parallelize slices in batches (here of PER rows): equal partitions
+TRIGGER = f"k{ROWS - 1}"  # the last row
+
+
+def _frame(spark: Any) -> Any:
+    """Rows ``k0..`` in order, ``PER`` to a partition."""
+    rows = [(f"k{n}", "job.a", "0s", "{}") for n in range(ROWS)]
+    return spark.sparkContext.parallelize(rows, PARTITIONS).toDF(
+        "key string, routing_key string, delay string, body string"
+    )
 
 
 def _failing_frame(spark: Any, counter: Path, column: str = "body") -> Any:
-    """Rows ``k0..`` in 4 partitions, in order; ``column`` comes from a UDF (a user's, with
-    a bug) that raises the first time it reads the last row."""
+    """:func:`_frame`, its ``column`` from a UDF (a user's, with a bug) that raises the
+    first time it reads the last row."""
     from pyspark.sql import functions as F
 
-    def body(key: str) -> str:
+    def made(key: str) -> str:
         if key == TRIGGER:
             seen = int(counter.read_text() or "0") + 1 if counter.exists() else 1
             counter.write_text(str(seen))
             if seen == 1:
                 raise RuntimeError(f"injected failure reading {key}")
-        return f'{{"k": "{key}"}}'
+        return key if column == "key" else "{}"
 
-    rows = [(f"k{n}", "job.a", "0s") for n in range(ROWS)]
-    df = spark.sparkContext.parallelize(rows, PARTITIONS).toDF(
-        "key string, routing_key string, delay string"
-    )
-    made = F.udf(body, "string")(F.col("key"))
-    return df.withColumn(column, made)
+    return _frame(spark).withColumn(column, F.udf(made, "string")(F.col("key")))
+
+
+def _python_workers(root: int) -> list[int]:
+    """The Python workers (children of ``pyspark.daemon``) below process ``root``."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    below, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            below.append(child)
+            todo.append(child)
+    daemons = {p for p in below if "pyspark.daemon" in commands.get(p, "")}
+    return [p for p in below if p in daemons and any(p in children.get(d, []) for d in daemons)]
+
+
+def kill_workers_once_read(fraction: float) -> Any:
+    """A ``progress`` callback that SIGKILLs this process's Spark Python workers once the
+    publishing tasks have read ``fraction`` of the rows: tasks die mid-publish, as on a
+    lost executor."""
+    fired: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        if not fired and total and done >= fraction * total:
+            fired.extend(_python_workers(os.getpid()))
+            for pid in fired:
+                os.kill(pid, signal.SIGKILL)
+
+    return progress
 
 
 def test_a_job_spark_fails_mid_way_says_why_in_one_line_and_counts_the_finished_partitions(
-    spark: Any, rabbitmq_url: str, make_topology: Any, tmp_path: Path
+    spark: Any, rabbitmq_url: str, make_topology: Any
 ) -> None:
     topology = make_topology()
     apply_topology(topology, rabbitmq_url)
     work = f"{topology.namespace}.work"
-    counter = tmp_path / "reads"
-    # The repeated-keys check reads the keys only (Spark leaves the body out): the body's
-    # UDF first runs, and fails, while the last partition publishes.
-    df = _failing_frame(spark, counter)
-
     with pytest.raises(SparkJobFailed) as caught:
-        schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay", body_col="body")
+        schedule(
+            _frame(spark),
+            url=rabbitmq_url,
+            topology=topology,
+            delay_col="delay",
+            window=1,  # one row at a time: the job is still publishing when the kill comes
+            progress=kill_workers_once_read(0.5),
+        )
     message = str(caught.value)
-    assert f"RuntimeError: injected failure reading {TRIGGER}" in message
-    assert "Traceback" not in message and "\n" not in message
+    assert message.startswith("the Spark job failed: ") and "\n" not in message, message
+    assert "Python worker exited unexpectedly" in message and "Traceback" not in message
     summary = caught.value.summary
-    # Local mode runs 2 tasks at a time and starts them in order: the last partition
-    # starts only once two others have finished.
-    assert ROWS // PARTITIONS * 2 <= summary.total_published < ROWS
+    # Half the rows read, at most two partitions in progress (local[2]): at least two of
+    # the eight finished, and not all.
+    assert PER * 2 <= summary.total_published < ROWS
     assert summary.unfinished >= 1 and summary.total_rejected == 0
     assert "job failed: " in summary.render()
     # Everything counted as published is at the broker (a partition that did not finish
@@ -74,10 +119,9 @@ def test_a_job_spark_fails_mid_way_says_why_in_one_line_and_counts_the_finished_
         30,
         "every counted message in the work queue",
     )
-
-    # The same input again (the failure does not recur): everything is published; what
-    # the first run sent is a duplicate, which an idempotent consumer skips.
-    again = schedule(df, url=rabbitmq_url, topology=topology, delay_col="delay")
+    # The same input again: everything is published; what the first run sent is a
+    # duplicate, which an idempotent consumer skips.
+    again = schedule(_frame(spark), url=rabbitmq_url, topology=topology, delay_col="delay")
     assert again.total_published == ROWS and again.unfinished == 0
 
 
@@ -127,15 +171,14 @@ _RERUN = """
 import json, sys
 from delayq import Topology
 from delayq.spark import local_session, schedule
-from tests.spark.test_job_failure import _failing_frame
-from pathlib import Path
+from tests.spark.test_job_failure import _frame, kill_workers_once_read
 
-url, topology, counter = sys.argv[1], Topology.model_validate_json(sys.argv[2]), sys.argv[3]
-spark = local_session("local[2,2]", app_name="delayq-rerun-test")  # a task may fail twice
+url, topology = sys.argv[1], Topology.model_validate_json(sys.argv[2])
+spark = local_session("local[2,2]", app_name="delayq-rerun-test", ui=False)  # 2 tries a task
 spark.sparkContext.setLogLevel("ERROR")
 try:
-    summary = schedule(_failing_frame(spark, Path(counter)), url=url,
-                       topology=topology, delay_col="delay", body_col="body")
+    summary = schedule(_frame(spark), url=url, topology=topology, delay_col="delay",
+                       window=1, progress=kill_workers_once_read(0.5))
     print(json.dumps({"published": summary.total_published, "rerun": summary.rerun,
                       "render": summary.render()}))
 finally:
@@ -144,23 +187,23 @@ finally:
 
 
 def test_a_task_spark_runs_again_publishes_its_partition_again_and_counts_it_as_rerun(
-    rabbitmq_url: str, make_topology: Any, tmp_path: Path
+    rabbitmq_url: str, make_topology: Any
 ) -> None:
     topology = make_topology()
     apply_topology(topology, rabbitmq_url)
-    # Its own Spark (local[2,2]: a failed task is tried again), in a process of its own.
+    # Its own Spark (local[2,2]: a failed task is tried again), in a process of its own;
+    # the tasks publishing at half-way lose their Python worker, as on a lost executor.
     done = subprocess.run(
-        [sys.executable, "-c", _RERUN, rabbitmq_url, topology.model_dump_json(),
-         str(tmp_path / "reads")],
+        [sys.executable, "-c", _RERUN, rabbitmq_url, topology.model_dump_json()],
         capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
-    # The last partition failed once on its last row, then ran again: every row is
-    # published once in the summary, and that partition's rows are counted as rerun.
-    assert said["published"] == ROWS and said["rerun"] == ROWS // PARTITIONS
-    assert "rerun: 1024 published rows of tasks Spark ran again" in said["render"]
+    # Every row counted once as published; the partitions run again (one or two were in
+    # progress) counted as rerun.
+    assert said["published"] == ROWS and said["rerun"] in (PER, 2 * PER), said
+    assert f"rerun: {said['rerun']} published rows of tasks Spark ran again" in said["render"]
     work = f"{topology.namespace}.work"
     wait_for(lambda: depth(rabbitmq_url, work) >= ROWS, 30, "every row in the work queue")
-    # The failed attempt's sends are the only duplicates: at most the rerun count.
+    # The failed attempts' sends are the only duplicates: at most the rerun count.
     assert depth(rabbitmq_url, work) <= ROWS + said["rerun"]

@@ -65,23 +65,33 @@ def tallied(
     return run
 
 
-_CAUSES = (
-    re.compile(r"^Job aborted due to stage failure: (.*?)(?: \(TID|$)", re.MULTILINE),
-    re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$", re.MULTILINE),
+_PYTHON = re.compile(
+    r"^(?!py4j|org\.|java\.|scala\.)([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$", re.M
 )
+"""A Python error line of a task's traceback (Java's and py4j's are left out)."""
+_RECENT = re.compile(r"most recent failure: (.+)$", re.M)
+_LOST_TASK = re.compile(r"^Lost task [\d.]+ in stage [\d.]+ \(TID \d+\)(?: \([^)]*\))?: ")
+_JAVA_CLASS = re.compile(r"^(?:[\w$]+\.)+[\w$]*(?:Exception|Error): ")
+_STAGE = re.compile(r"Job aborted due to stage failure: (.+)$", re.M)
+_ANY = re.compile(r"(?:Exception|Error): (.+)$", re.M)
 
 
 def cause_line(exc: BaseException, limit: int = 400) -> str:
     """What failed the job, in one line: the last Python error of a task's traceback,
-    else Spark's "stage failure" line, else the exception's first line."""
+    else the task failure Spark names ("Python worker exited unexpectedly (crashed)"),
+    else its "stage failure" line, else the first error line that is not py4j's."""
     text = str(exc)
-    python = _CAUSES[1].findall(text)
-    own = [f"{name}: {message}" for name, message in python if not name.startswith("py4j")]
-    if own:
-        line = own[-1]
+    python = _PYTHON.findall(text)
+    if python:
+        name, message = python[-1]
+        line = f"{name}: {message}"
+    elif recent := _RECENT.search(text):
+        line = _JAVA_CLASS.sub("", _LOST_TASK.sub("", recent.group(1)))
+    elif stage := _STAGE.search(text):
+        line = stage.group(1)
     else:
-        stage = _CAUSES[0].search(text)
-        line = stage.group(1) if stage else (text.strip().splitlines() or [type(exc).__name__])[0]
+        said = [m for m in _ANY.findall(text) if not m.startswith("An error occurred while")]
+        line = said[0] if said else (text.strip().splitlines() or [type(exc).__name__])[0]
     line = " ".join(line.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
@@ -93,13 +103,13 @@ def failed_job(exc: BaseException, summary: Any, finished: int, partitions: int)
     if partitions == 0:
         return SparkJobFailed(
             f"the Spark job failed while reading the input, before publishing: "
-            f"{cause_line(exc)}. Nothing was published: fix the cause and run again",
+            f"{cause_line(exc).rstrip('.')}. Nothing was published: fix the cause and run again",
             summary,
         )
     unfinished = max(partitions - finished, 1)
     published = getattr(summary, "total_published", 0)
     return SparkJobFailed(
-        f"the Spark job failed: {cause_line(exc)}. {finished} of {partitions} partitions "
+        f"the Spark job failed: {cause_line(exc).rstrip('.')}. {finished} of {partitions} partitions "
         f"finished and published {published:,} messages (counted in the summary); the "
         f"other {unfinished} may have published part of their rows, counted nowhere. "
         "The errors output was not written. Fix the cause and run the same input "
