@@ -109,8 +109,8 @@ def failed_job(exc: BaseException, summary: Any, finished: int, partitions: int)
     unfinished = max(partitions - finished, 1)
     published = getattr(summary, "total_published", 0)
     return SparkJobFailed(
-        f"the Spark job failed: {cause_line(exc).rstrip('.')}. {finished} of {partitions} partitions "
-        f"finished and published {published:,} messages (counted in the summary); the "
+        f"the Spark job failed: {cause_line(exc).rstrip('.')}. {finished} of {partitions} "
+        f"partitions finished and published {published:,} messages (counted in the summary); the "
         f"other {unfinished} may have published part of their rows, counted nowhere. "
         "The errors output was not written. Fix the cause and run the same input "
         "again: what was already published is sent as duplicates only (the message ids "
