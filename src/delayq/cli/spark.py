@@ -54,6 +54,27 @@ def _read_input(session: Any, args: Args) -> tuple[Any, str]:
     return df, fmt
 
 
+def run_settings(args: Args) -> dict[str, Any]:
+    """The settings ``delayq spark schedule`` and ``stream`` give each run, from their
+    shared options (see :class:`delayq.spark._run.Job`)."""
+    return {
+        "key_col": args.key_col,
+        "routing_key_col": args.routing_key_col,
+        "delay_col": args.delay_col,
+        "due_col": args.due_col,
+        "body_col": None if args.body_col == "none" else args.body_col,
+        "body_json": args.body_json,
+        "errors_path": args.errors,
+        "errors_format": args.errors_format,
+        "partitions": args.partitions,
+        "window": args.window,
+        "duplicates": args.duplicates,
+        "id_col": args.id_column,
+        "retry_for": args.retry_for,
+        "backoff": args.backoff,
+    }
+
+
 def cmd_spark_schedule(args: Args) -> int:
     from delayq.errors import RowsRejected, RowsUnconfirmed, SparkJobFailed
     from delayq.message.bulk import RejectionLimit
@@ -68,7 +89,6 @@ def cmd_spark_schedule(args: Args) -> int:
     check_source(args)
     session = _spark_session(args)
     df, source = read_source(session, args)
-    body_col = None if args.body_col == "none" else args.body_col
     print(
         f"{'checking (dry run)' if args.dry_run else 'scheduling'} {source} into namespace "
         f"{topology.namespace!r} on {redact(url)}",
@@ -82,24 +102,11 @@ def cmd_spark_schedule(args: Args) -> int:
                 df,
                 url=url,
                 topology=topology,
-                key_col=args.key_col,
-                routing_key_col=args.routing_key_col,
-                delay_col=args.delay_col,
-                due_col=args.due_col,
-                body_col=body_col,
-                body_json=args.body_json,
-                errors_path=args.errors,
-                errors_format=args.errors_format,
-                partitions=args.partitions,
-                window=args.window,
                 progress=progress,
                 max_rejected=max_rejected,
                 dry_run=args.dry_run,
-                duplicates=args.duplicates,
-                id_col=args.id_column,
-                retry_for=args.retry_for,
-                backoff=args.backoff,
                 resume_from=args.resume,
+                **run_settings(args),
             )
         except (RowsRejected, RowsUnconfirmed, SparkJobFailed) as exc:  # summary, then error
             failure, summary = exc, exc.summary

@@ -125,7 +125,7 @@ def _stream_frame(session: Any, args: Args) -> Any:
 
 
 def cmd_spark_stream(args: Args) -> int:
-    from delayq.cli.spark import _spark_session
+    from delayq.cli.spark import _spark_session, run_settings
     from delayq.spark import BatchSummary, schedule_stream
     from delayq.spark._resilient import RetryPolicy
     from delayq.spark.stream import AVAILABLE_NOW, describe_trigger, trigger_options
@@ -156,28 +156,14 @@ def cmd_spark_stream(args: Args) -> int:
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        body_col = None if args.body_col == "none" else args.body_col
         stream = schedule_stream(
             df,
             url=url,
             topology=topology,
             checkpoint=args.checkpoint,
-            key_col=args.key_col,
-            routing_key_col=args.routing_key_col,
-            delay_col=args.delay_col,
-            due_col=args.due_col,
-            body_col=body_col,
-            body_json=args.body_json,
-            errors_path=args.errors,
-            errors_format=args.errors_format,
-            partitions=args.partitions,
-            window=args.window,
-            duplicates=args.duplicates,
-            id_col=args.id_column,
-            retry_for=args.retry_for,
-            backoff=args.backoff,
             trigger=trigger,
             on_batch=said,
+            **run_settings(args),
         )
         print(
             f"streaming {args.input} ({args.format}) into namespace {topology.namespace!r} "
