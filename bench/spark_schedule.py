@@ -42,6 +42,7 @@ Run it::
 
     python bench/spark_schedule.py                    # 1,000,000 rows, local[2], local node
     python bench/spark_schedule.py --rows 200000 --rounds 3 --url amqp://guest:guest@host/
+    python bench/spark_schedule.py --local-cluster    # a master + 2 workers started here
     python bench/spark_schedule.py --master spark://127.0.0.1:7077 \\
         --conf spark.archives=/tmp/env.tar.gz#env --conf spark.pyspark.python=./env/bin/python
 
@@ -346,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=1)
     parser.add_argument("--master", default="local[2]",
                         help="Spark master (default local[2]; spark://HOST:7077 for a cluster)")
+    parser.add_argument("--local-cluster", action="store_true",
+                        help="start a standalone master and 2 one-core workers on this machine "
+                             "(delayq.local.spark.LocalSparkCluster) and run on it; the "
+                             "executors use this Python (same machine: nothing to ship)")
     parser.add_argument("--conf", type=conf_pair, action="append", default=[],
                         metavar="KEY=VALUE", help="a Spark setting for the session (repeatable)")
     parser.add_argument("--data-dir", type=Path,
@@ -356,7 +361,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.data_dir.mkdir(parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="delayq-bench-", dir=args.data_dir))
     try:
-        with broker(args.url) as (url, _node):
+        with contextlib.ExitStack() as stack:
+            if args.local_cluster:
+                from delayq.local.spark import LocalSparkCluster
+
+                log("starting a standalone master and 2 workers (1 core each) ...")
+                cluster = stack.enter_context(LocalSparkCluster(workers=2, cores=1))
+                args.master = cluster.master_url
+                args.conf.append(("spark.pyspark.python", sys.executable))
+            url, _node = stack.enter_context(broker(args.url))
             benchmark(url, args, where)
     finally:
         shutil.rmtree(where, ignore_errors=True)
