@@ -1,5 +1,6 @@
 """delayq.spark.schedule through a broker outage: a local node of this module's own is
-stopped in the middle of a job, and started again.
+stopped in the middle of a job (its publishers held by a memory alarm until then, see
+:class:`Outage`), and started again.
 
 Waited out (``retry_for`` longer than the outage): the job ends well, says how many rows
 it sent again, and a consumer with an idempotency store handles each row once. Not
@@ -9,7 +10,6 @@ output, and ``resume_from`` sends just those.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -87,25 +87,9 @@ class Handled:
         self.thread.join(60)
 
 
-def frame(spark: Any, gate: Path, rows: int = ROWS) -> Any:
-    """``rows`` rows (half immediate, half 1 s) and a few bad ones, made in the JVM and
-    read slowly (2 ms a row, in the task) until the file ``gate`` exists; while the node
-    is stopping (the file ``<gate>.stopping``, :class:`Outage`) a row waits for ``gate``:
-    the job is still publishing when the node is down, however long the stop takes."""
+def frame(spark: Any, rows: int = ROWS) -> Any:
+    """``rows`` rows (half immediate, half 1 s) and a few bad ones, made in the JVM."""
     from pyspark.sql import functions as F
-
-    gate_path, stopping_path = str(gate), f"{gate}.stopping"
-
-    def slowly(delay: str) -> str:
-        if os.path.exists(gate_path):
-            return delay
-        if os.path.exists(stopping_path):
-            deadline = time.monotonic() + 180  # then the Outage's own failure says why
-            while not os.path.exists(gate_path) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        else:
-            time.sleep(0.002)
-        return delay
 
     good = spark.range(rows, numPartitions=2).select(
         F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
@@ -121,40 +105,37 @@ def frame(spark: Any, gate: Path, rows: int = ROWS) -> Any:
         F.struct(F.lit(-1).alias("n")).alias("body"),
         F.concat(F.lit("bad-ref-"), F.col("id").cast("string")).alias("ref"),
     )
-    return good.unionByName(bad).withColumn("delay", F.udf(slowly, "string")("delay"))
+    return good.unionByName(bad)
 
 
 class Outage:
-    """Stops ``node`` once ``queue`` holds ``after`` messages (the job is under way; the
-    file ``<gate>.stopping`` then), creates the file ``gate`` once it is down, and starts
-    it again ``down_s`` later, or when told (``down_s`` None)."""
+    """Holds the job's publishing, then stops ``node`` while the job publishes, and starts
+    it again ``down_s`` later, or when told (``down_s`` None).
 
-    def __init__(
-        self, node: LocalNode, queue: str, gate: Path, after: int, down_s: float | None
-    ) -> None:
-        self.node, self.queue, self.after, self.down_s = node, queue, after, down_s
-        self.gate = gate
-        self.stopping_at: float | None = None
+    The input is read once, before anything is sent, and the publishing then goes as fast
+    as the broker confirms: so the node first raises a memory alarm (publishers blocked,
+    nothing confirmed), waits until a connection of the job has published and is
+    ``blocked``, then stops (the alarm is a runtime setting: the restart clears it). The
+    job cannot end before the stop, however long the stop takes."""
+
+    def __init__(self, node: LocalNode, down_s: float | None) -> None:
+        self.node, self.down_s = node, down_s
         self.stopped_at: float | None = None
         self.started_at: float | None = None
         self.release = threading.Event()
         self.failure: BaseException | None = None
+        node.ctl("set_vm_memory_high_watermark", "0.000001")
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def _blocked(self) -> bool:
+        return self.release.is_set() or "blocked" in self.node.ctl("list_connections", "state")
+
     def _run(self) -> None:
         try:
-            wait_for(
-                lambda: depth(self.node.url, self.queue) >= self.after,
-                120,
-                "the job to be under way",
-                interval_s=0.1,
-            )
-            self.stopping_at = time.monotonic()
-            Path(f"{self.gate}.stopping").touch()  # rows wait for the gate from now on
+            wait_for(self._blocked, 180, "a publishing connection of the job blocked")
             self.node.stop()
             self.stopped_at = time.monotonic()
-            self.gate.touch()
             if self.down_s is not None:
                 self.release.wait(self.down_s)
             else:
@@ -184,12 +165,11 @@ def test_a_broker_stopped_mid_job_is_waited_out_and_each_row_is_handled_once(
 ) -> None:
     node = outage_node
     topology, queue = applied(node, make_topology)
-    gate = tmp_path / "node-down"
-    outage = Outage(node, queue, gate, after=500, down_s=5)
+    outage = Outage(node, down_s=5)
     started = time.monotonic()
     try:
         summary = schedule(
-            frame(spark, gate),
+            frame(spark),
             url=node.url,
             topology=topology,
             delay_col="delay",
@@ -206,7 +186,7 @@ def test_a_broker_stopped_mid_job_is_waited_out_and_each_row_is_handled_once(
     assert outage.stopped_at < finished, "the node should stop while the job runs"
     assert outage.started_at < finished, "the job should outlast the outage"
     print(
-        f"job {finished - started:.1f} s; node stopping at {outage.stopping_at - started:.1f} s,"
+        f"job {finished - started:.1f} s; node"
         f" down {outage.stopped_at - started:.1f}-{outage.started_at - started:.1f} s; "
         f"{summary.retried} retried"
     )
@@ -231,12 +211,11 @@ def test_a_broker_gone_longer_than_retry_for_fails_the_job_with_its_summary_then
     node = outage_node
     topology, queue = applied(node, make_topology)
     errors = tmp_path / "errors"
-    gate = tmp_path / "node-down"
-    outage = Outage(node, queue, gate, after=500, down_s=None)
+    outage = Outage(node, down_s=None)
     try:
         with pytest.raises(RowsUnconfirmed) as raised:
             schedule(
-                frame(spark, gate),
+                frame(spark),
                 url=node.url,
                 topology=topology,
                 delay_col="delay",
@@ -282,7 +261,7 @@ def test_a_broker_gone_longer_than_retry_for_fails_the_job_with_its_summary_then
         )
         # The same input, resumed from that errors output: only the unconfirmed rows go.
         again = schedule(
-            frame(spark, gate),
+            frame(spark),
             url=node.url,
             topology=topology,
             delay_col="delay",
