@@ -329,7 +329,8 @@ class SparkJobFailed(DelayqError):
     unreadable input file, a Python worker or executor lost more often than the task
     retries allow. The message says the cause in one line; ``summary`` is the job's
     :class:`~delayq.spark.ScheduleSummary` over the partitions that finished (its
-    ``unfinished`` counts the others, which may have published part of their rows).
+    ``unfinished`` counts the others, which may have published part of their rows), and
+    the errors output names the finished partitions' rejected and unconfirmed rows.
     Running the same input again sends what was published as duplicates only.
     """
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark")  # delayq.spark needs the extra; CI installs it
-
 from delayq.spark._failure import cause_line
 
 PY4J = "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"

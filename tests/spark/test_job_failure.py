@@ -27,11 +27,15 @@ ROWS = PARTITIONS * PER  # parallelize slices in batches (here of PER rows): equ
 TRIGGER = f"k{ROWS - 1}"  # the last row
 
 
-def _frame(spark: Any) -> Any:
-    """Rows ``k0..`` in order, ``PER`` to a partition."""
-    rows = [(f"k{n}", "job.a", "0s", "{}") for n in range(ROWS)]
+def _frame(spark: Any, bad_every: int = 0) -> Any:
+    """Rows ``k0..`` in order, ``PER`` to a partition; with ``bad_every``, every such row
+    has a bare number for its delay (a rejection, ``InvalidDelay``)."""
+    rows = [
+        (f"k{n}", "job.a", "5" if bad_every and n % bad_every == 0 else "0s", "{}", f"r{n}")
+        for n in range(ROWS)
+    ]
     return spark.sparkContext.parallelize(rows, PARTITIONS).toDF(
-        "key string, routing_key string, delay string, body string"
+        "key string, routing_key string, delay string, body string, ref string"
     )
 
 
@@ -89,29 +93,52 @@ def kill_workers_once_read(fraction: float) -> Any:
 
 
 def test_a_job_spark_fails_mid_way_says_why_in_one_line_and_counts_the_finished_partitions(
-    spark: Any, rabbitmq_url: str, make_topology: Any
+    spark: Any, rabbitmq_url: str, make_topology: Any, tmp_path: Path
 ) -> None:
     topology = make_topology()
     apply_topology(topology, rabbitmq_url)
     work = f"{topology.namespace}.work"
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    (errors / "part-stale.json").write_text('{"key": "from an earlier run"}\n')
     with pytest.raises(SparkJobFailed) as caught:
         schedule(
-            _frame(spark),
+            _frame(spark, bad_every=10),
             url=rabbitmq_url,
             topology=topology,
             delay_col="delay",
             window=1,  # one row at a time: the job is still publishing when the kill comes
             progress=kill_workers_once_read(0.5),
+            errors_path=str(errors),
+            id_col="ref",
+            max_rejected=None,
         )
     message = str(caught.value)
     assert message.startswith("the Spark job failed: ") and "\n" not in message, message
     assert "Python worker exited unexpectedly" in message and "Traceback" not in message
     summary = caught.value.summary
     # Half the rows read, at most two partitions in progress (local[2]): at least two of
-    # the eight finished, and not all.
-    assert PER * 2 <= summary.total_published < ROWS
-    assert summary.unfinished >= 1 and summary.total_rejected == 0
+    # the eight finished, and not all; a tenth of each finished partition was rejected.
+    finished = summary.total_rejected // (PER // 10)
+    assert 2 <= finished < PARTITIONS and summary.total_rejected == finished * PER // 10
+    assert summary.total_published == finished * (PER - PER // 10), summary.render()
+    assert summary.unfinished == PARTITIONS - finished
+    assert f"{finished} of {PARTITIONS} partitions finished" in message
     assert "job failed: " in summary.render()
+    # The finished partitions' rejections are in the errors output, each with its
+    # reason and id, the earlier run's file gone; the message and the summary say where.
+    assert f"The errors output ({errors}) names the rejected" in message
+    assert f"rejections written to {errors}" in summary.render()
+    written = [
+        json.loads(line)
+        for part in errors.glob("part-*")
+        for line in part.read_text().splitlines()
+        if line
+    ]
+    assert len(written) == summary.total_rejected, written[:3]
+    assert all(int(row["key"][1:]) % 10 == 0 for row in written)
+    assert {row["error"] for row in written} == {"InvalidDelay"}
+    assert all(row["delay"] == "5" and row["ref"] == f"r{row['key'][1:]}" for row in written)
     # Everything counted as published is at the broker (a partition that did not finish
     # may have sent more).
     wait_for(

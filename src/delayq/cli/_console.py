@@ -18,7 +18,7 @@ from typing import TextIO
 
 from delayq.tables import Table
 
-__all__ = ["is_terminal", "progress_bar", "show_table"]
+__all__ = ["is_terminal", "progress_bar", "show_table", "throttled_lines"]
 
 Progress = Callable[[int, int], None]
 _STYLES = {"FAIL": "bold red", "OK": "green", "SKIPPED": "yellow", "missing": "bold red"}
@@ -86,12 +86,25 @@ def progress_bar(
 
             yield draw
         return
+    with throttled_lines(lambda done, total, _: f"{label}: {done}/{total}", out, clock) as line:
+        yield line
+
+
+@contextmanager
+def throttled_lines(
+    say: Callable[[int, int, float], str],
+    out: TextIO,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Progress]:
+    """A ``progress(done, total)`` callback printing ``say(done, total, now)`` as a whole line
+    at most once a second, the last one (``done == total``) always, and on leaving the
+    last one not yet printed: progress for a pipe, a file or a CI log."""
     last_at, pending = float("-inf"), ""
 
     def line(done: int, total: int) -> None:
         nonlocal last_at, pending
-        pending = f"{label}: {done}/{total}"
         now = clock()
+        pending = say(done, total, now)
         if now - last_at >= 1.0 or done == total:
             last_at = now
             print(pending, file=out, flush=True)

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import click
 
 from delayq.cli._common import Args
-from delayq.cli._console import is_terminal
+from delayq.cli._console import is_terminal, throttled_lines
 from delayq.cli.options import flag, once
 from delayq.durations import format_ms
 from delayq.errors import InvalidInput
@@ -173,22 +173,12 @@ def rows_progress(
             yield lambda done, total: bar.update(task, completed=done, total=total)
         return
     started = clock()
-    last_at, pending = float("-inf"), ""
 
-    def line(done: int, total: int) -> None:
-        nonlocal last_at, pending
-        now = clock()
-        pending = progress_line(label, done, total, now - started)
-        if now - last_at >= 1.0 or done == total:
-            last_at = now
-            print(pending, file=out, flush=True)
-            pending = ""
+    def say(done: int, total: int, now: float) -> str:
+        return progress_line(label, done, total, now - started)
 
-    try:
+    with throttled_lines(say, out, clock) as line:
         yield line
-    finally:
-        if pending:
-            print(pending, file=out, flush=True)
 
 
 def progress_line(label: str, done: int, total: int, elapsed_s: float) -> str:

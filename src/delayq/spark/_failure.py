@@ -4,11 +4,13 @@ that finished, and the cause in one line instead of pages of Java and Python sta
 A Spark job can fail for reasons no task's delayq code sees: an unreadable input
 file, a Python worker that died, an executor lost more often than
 ``spark.task.maxFailures`` allows. The results of the finished partitions are then
-out of reach (the action that would gather them failed), so each partition adds its
-counts to an accumulator as its last step: Spark merges the updates of finished
-tasks only, once each. A partition that did not finish may have published part of
-its rows; those are counted nowhere, and running the same input again sends them as
-duplicates only (the message ids derive from the key), which idempotent consumers skip.
+out of reach of that action, so each partition adds its counts and its index to an
+accumulator as its last step: Spark merges the updates of finished tasks only, once
+each. Their rejected and unconfirmed rows are then read back from Spark's cache
+(:mod:`delayq.spark._salvage`). A partition that did not finish may have published
+part of its rows; those are counted nowhere, and running the same input again sends
+them as duplicates only (the message ids derive from the key), which idempotent
+consumers skip.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from delayq.errors import SparkJobFailed
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
 
-__all__ = ["PARTITION", "Tally", "cause_line", "failed_job", "tallied", "tally"]
+__all__ = ["Tally", "cause_line", "failed_job", "finished_partitions", "tallied", "tally"]
 
 Tally = Counter[tuple[Any, ...]]
 """``(kind, tier, error) -> n`` summed over the finished partitions, and
-``(PARTITION, None, None) -> partitions finished``."""
+``(PARTITION, index, None) -> 1`` for each finished partition."""
 
 PARTITION = "partition"
+
+
+def finished_partitions(counts: Tally) -> list[int]:
+    """The indexes of the partitions whose counts are in ``counts``, in order."""
+    return sorted(key[1] for key in counts if key[0] == PARTITION)
 
 
 def tally(sc: SparkContext) -> Accumulator[Tally]:
@@ -49,17 +56,17 @@ def tally(sc: SparkContext) -> Accumulator[Tally]:
 
 def tallied(
     accumulator: Accumulator[Tally],
-) -> Callable[[Iterable[tuple[Any, ...]]], Iterator[tuple[Any, ...]]]:
-    """A partition function passing a task's result tuples ``(kind, key, routing_key,
-    delay, tier, error, reason, n, id)`` through, and adding their counts to
-    ``accumulator`` once the partition is done."""
+) -> Callable[[int, Iterable[tuple[Any, ...]]], Iterator[tuple[Any, ...]]]:
+    """A function for ``mapPartitionsWithIndex`` passing a task's result tuples ``(kind,
+    key, routing_key, delay, tier, error, reason, n, id)`` through, and adding their
+    counts and the partition's index to ``accumulator`` once the partition is done."""
 
-    def run(results: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    def run(index: int, results: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
         counts: Tally = Counter()
         for result in results:
             counts[(result[0], result[4], result[5])] += result[7]
             yield result
-        counts[(PARTITION, None, None)] += 1
+        counts[(PARTITION, index, None)] = 1
         accumulator.add(counts)
 
     return run
@@ -96,10 +103,12 @@ def cause_line(exc: BaseException, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def failed_job(exc: BaseException, summary: Any, finished: int, partitions: int) -> SparkJobFailed:
+def failed_job(
+    exc: BaseException, summary: Any, finished: int, partitions: int, errors_said: str = ""
+) -> SparkJobFailed:
     """The error of a run Spark failed once ``finished`` of its ``partitions`` were in
     (``partitions`` 0: while reading the input, before any publishing); ``summary``
-    counts what the finished ones did."""
+    counts what the finished ones did, ``errors_said`` where their rejections are."""
     if partitions == 0:
         return SparkJobFailed(
             f"the Spark job failed while reading the input, before publishing: "
@@ -112,7 +121,7 @@ def failed_job(exc: BaseException, summary: Any, finished: int, partitions: int)
         f"the Spark job failed: {cause_line(exc).rstrip('.')}. {finished} of {partitions} "
         f"partitions finished and published {published:,} messages (counted in the summary); the "
         f"other {unfinished} may have published part of their rows, counted nowhere. "
-        "The errors output was not written. Fix the cause and run the same input "
+        f"{errors_said + ' ' if errors_said else ''}Fix the cause and run the same input "
         "again: what was already published is sent as duplicates only (the message ids "
         "derive from the key), which idempotent consumers skip",
         summary,

@@ -11,15 +11,31 @@ from delayq.message.bulk import BulkPlanner, Rejection, Row, tier_of
 from delayq.topology.model import Topology
 
 __all__ = [
+    "LOST",
     "PUBLISHED",
     "REJECTED",
+    "SALVAGING",
     "count_tuple",
     "plan_partition",
     "rejected_tuple",
+    "salvaging",
     "task_row",
 ]
 
-PUBLISHED, REJECTED = "published", "rejected"
+PUBLISHED, REJECTED, LOST = "published", "rejected", "lost"
+
+SALVAGING = "delayq.salvaging"
+"""The Spark local property set while a failed job's cached results are read back
+(:mod:`delayq.spark._salvage`): a publishing task computed then must send nothing, and
+yields one ``lost`` line instead of its results."""
+
+
+def salvaging() -> bool:
+    """This Spark task is reading back a failed job's results: it must publish nothing."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is not None and bool(context.getLocalProperty(SALVAGING))
 
 
 def task_row(values: Any) -> tuple[Row, str | None]:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from delayq.errors import DelayqError, InvalidInput
 from delayq.spark._checks import preflight, task_error
-from delayq.spark._failure import PARTITION, failed_job, tallied, tally
+from delayq.spark._failure import failed_job, finished_partitions, tallied, tally
 from delayq.spark._inputs import input_columns, prepare
 from delayq.spark._plan_task import plan_partition
 from delayq.spark._progress import RowCounter, counting
 from delayq.spark._resilient import RetryPolicy
+from delayq.spark._salvage import salvage
 from delayq.spark._schedule_results import Gathered, gather, summed
 from delayq.spark._schedule_task import publish_partition
 from delayq.topology.model import Topology
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["Job", "Ran", "check_errors_format"]
 
 Progress = Callable[[int, int], None]
+Summarise = Callable[["Ran", "str | None"], Any]
+"""The summary of a run, given the run and where its errors output was written (if it was)."""
 
 
 def check_errors_format(errors_format: str) -> None:
@@ -100,14 +103,16 @@ class Job:
         selected: DataFrame,
         *,
         errors_path: str | None,
+        summarise: Summarise,
         progress: Progress | None = None,
-        summarise: Callable[[Ran], Any] = lambda ran: ran,
     ) -> Ran:
         """Publish (or with ``dry_run`` plan) every row of ``selected`` (:meth:`select`'s);
         the errors output goes to ``errors_path`` (overwritten), else into the result.
 
         A run Spark fails raises :class:`~delayq.errors.SparkJobFailed`, its ``summary``
-        ``summarise(ran)`` of what the finished partitions did (:mod:`delayq.spark._failure`).
+        ``summarise(ran, errors_path)`` of what the finished partitions did
+        (:mod:`delayq.spark._failure`), their rejected and unconfirmed rows in the errors
+        output (:mod:`delayq.spark._salvage`).
         """
         from pyspark import StorageLevel
 
@@ -121,7 +126,7 @@ class Job:
         except DelayqError:
             raise
         except Exception as exc:  # an unreadable input: one line, not pages of stack
-            raise failed_job(exc, summarise(Ran(Gathered(), 0)), 0, 0) from exc
+            raise failed_job(exc, summarise(Ran(Gathered(), 0), None), 0, 0) from exc
         spark = selected.sparkSession
         counter = RowCounter(spark) if progress is not None else None
         data = self.topology.model_dump(mode="json")
@@ -142,7 +147,9 @@ class Job:
         if prepared.rejected is not None:
             results = results.union(prepared.rejected.rdd.map(tuple))
         tallies = tally(spark.sparkContext)
-        results = results.mapPartitions(tallied(tallies)).persist(StorageLevel.MEMORY_AND_DISK)
+        results = results.mapPartitionsWithIndex(tallied(tallies)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
         spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
         try:
             # The one action that publishes; the persisted results feed what follows.
@@ -154,16 +161,18 @@ class Job:
             else:
                 results.count()
         except Exception as exc:
-            results.unpersist()
             error = task_error(exc)
             if error is None:  # Spark's own failure: what the finished partitions did
-                partitions = results.getNumPartitions()
-                finished = tallies.value.get((PARTITION, None, None), 0)
-                unfinished = max(partitions - finished, 1)
-                partial = Ran(
-                    summed(tallies.value.items()), prepared.duplicate_in_input, unfinished
-                )
-                raise failed_job(exc, summarise(partial), finished, partitions) from exc
+                raise self._failed(
+                    exc,
+                    spark,
+                    results,
+                    tallies.value,
+                    errors_path,
+                    summarise,
+                    prepared.duplicate_in_input,
+                ) from exc
+            results.unpersist()
             raise error from exc
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
@@ -179,3 +188,36 @@ class Job:
         finally:
             results.unpersist()
         return Ran(got, prepared.duplicate_in_input)
+
+    def _failed(
+        self,
+        exc: Exception,
+        spark: Any,
+        results: Any,
+        counts: Any,
+        errors_path: str | None,
+        summarise: Summarise,
+        duplicate_in_input: int,
+    ) -> Exception:
+        """The error of a run Spark failed: the finished partitions' counts, and their
+        rejected and unconfirmed rows read back into the errors output."""
+        partitions = results.getNumPartitions()
+        finished = finished_partitions(counts)
+        try:
+            salvaged = salvage(
+                spark,
+                results,
+                finished,
+                errors_path=errors_path,
+                errors_format=self.errors_format,
+                id_col=self.id_col,
+            )
+        finally:
+            results.unpersist()
+        got = summed(counts.items())
+        got.rejections = salvaged.rows
+        partial = Ran(got, duplicate_in_input, max(partitions - len(finished), 1))
+        written = errors_path if salvaged.written else None
+        return failed_job(
+            exc, summarise(partial, written), len(finished), partitions, salvaged.said(errors_path)
+        )

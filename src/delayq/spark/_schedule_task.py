@@ -22,7 +22,15 @@ from delayq.durations import format_ms
 from delayq.errors import PublishError, PublishUnconfirmed
 from delayq.message.bulk import BulkPlanner, Rejection, tier_of
 from delayq.message.envelope import OutgoingMessage
-from delayq.spark._plan_task import PUBLISHED, REJECTED, count_tuple, rejected_tuple, task_row
+from delayq.spark._plan_task import (
+    LOST,
+    PUBLISHED,
+    REJECTED,
+    count_tuple,
+    rejected_tuple,
+    salvaging,
+    task_row,
+)
 from delayq.spark._resilient import RetryPolicy, Stalled, send_resilient
 from delayq.topology.model import Topology
 
@@ -81,6 +89,9 @@ def publish_partition(
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         from delayq.sync.publisher import Publisher
 
+        if salvaging():  # a failed job's lost cached results: never publish them again
+            yield count_tuple(LOST, 0)
+            return
         topology = Topology.model_validate(topology_data)
         rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()

@@ -209,8 +209,9 @@ def schedule(
 
     A job Spark fails for a reason of its own (an unreadable input file, a task's
     Python worker or executor lost too often) raises
-    :class:`~delayq.errors.SparkJobFailed`: the cause in one line, and a ``summary``
-    of the partitions that finished (:mod:`delayq.spark._failure`).
+    :class:`~delayq.errors.SparkJobFailed`: the cause in one line, a ``summary``
+    of the partitions that finished (:mod:`delayq.spark._failure`), and their rejected
+    and unconfirmed rows in the errors output (:mod:`delayq.spark._salvage`).
     """
     url = resolve_url(url)
     limit = RejectionLimit.parse(max_rejected)
@@ -246,7 +247,7 @@ def schedule(
         selected,
         errors_path=errors_path,
         progress=progress,
-        summarise=lambda partial: summary_of(partial, None, dry_run=dry_run),
+        summarise=lambda partial, written: summary_of(partial, written, dry_run=dry_run),
     )
     summary = summary_of(ran, errors_path, dry_run=dry_run)
     if ran.got.unconfirmed or ran.got.failures:

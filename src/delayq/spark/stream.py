@@ -259,7 +259,7 @@ def schedule_stream(
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         where = f"{errors_path.rstrip('/')}/batch={batch_id}" if errors_path else None
         try:
-            ran = job.run(job.select(batch), errors_path=where)
+            ran = job.run(job.select(batch), errors_path=where, summarise=summary_of)
             summary = summary_of(ran, where)
             if ran.got.unconfirmed or ran.got.failures:
                 raise _not_committed(batch_id, summary, ran.got.failures, job.policy)
