@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +21,7 @@ from delayq.consume.retry import FixedBackoff
 from delayq.errors import InvalidInput, MissingExtra
 from delayq.message.envelope import Message
 from delayq.observe import tracing as tracing_module
+from delayq.observe.logs import DeliveryLogFilter, JsonLogFormatter
 from delayq.testing import MemoryBroker
 
 TOPOLOGY = Topology(
@@ -124,6 +128,35 @@ def test_the_handlers_own_spans_are_children_of_the_process_span(
     [mine] = _named(exporter, "send-mail")
     [process] = _named(exporter, "process")
     assert mine.parent is not None and mine.parent.span_id == process.context.span_id
+
+
+def test_log_lines_in_a_traced_delivery_carry_its_trace_and_span_ids(
+    memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(DeliveryLogFilter())
+    handler.setFormatter(JsonLogFormatter())
+    logger = logging.getLogger("test.tracing.logs")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        memory_broker.apply(TOPOLOGY)
+        memory_broker.consumer(
+            TOPOLOGY, "emails", lambda body: logger.info("handling"), tracing=provider
+        )
+        memory_broker.publisher(TOPOLOGY, tracing=provider).publish("hi", "email.x", "0s")
+        memory_broker.advance("1s")
+        logger.info("outside")
+    finally:
+        logger.removeHandler(handler)
+    inside, outside = (json.loads(line) for line in out.getvalue().splitlines())
+    [process] = _named(exporter, "process")
+    assert inside["trace_id"] == f"{process.context.trace_id:032x}"
+    assert inside["span_id"] == f"{process.context.span_id:016x}"
+    assert inside["message_id"] is not None
+    assert "trace_id" not in outside and "span_id" not in outside
 
 
 def test_a_dead_letter_replayed_from_the_dlq_stays_in_the_original_trace(
