@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from delayq import Topology
+from delayq import Topology, Worker
 from delayq.consume.retry import FixedBackoff
 from delayq.errors import InvalidInput, MissingExtra
 from delayq.message.envelope import Message
@@ -223,6 +223,21 @@ def test_async_publish_many_traces_each_message_and_async_consumers_link_them(
         assert process.links[0].context.span_id == origin.context.span_id
     outcomes = sorted(_attrs(p)["delayq.outcome"] for p in processes)
     assert outcomes == ["ack", "ack", "retry"]
+
+
+def test_a_worker_passes_tracing_to_its_consumers(
+    memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    memory_broker.apply(TOPOLOGY)
+    worker = Worker(TOPOLOGY, tracing=provider)
+    worker.handler("emails")(lambda body: None)
+    memory_broker.attach(worker)
+    memory_broker.publisher(TOPOLOGY, tracing=provider).publish("hi", "email.x", "0s")
+    memory_broker.advance("1s")
+    [publish] = _named(exporter, "publish")
+    [process] = _named(exporter, "process")
+    assert process.context.trace_id == publish.context.trace_id
 
 
 def test_without_a_provider_nothing_is_traced_and_no_header_is_added(
