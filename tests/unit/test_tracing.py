@@ -355,6 +355,20 @@ def test_tracing_asked_for_without_opentelemetry_names_the_extra(
     assert "traceparent" not in waiting.headers
 
 
+def test_tracing_on_with_the_api_alone_and_no_provider_changes_nothing(
+    memory_broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # opentelemetry-api, no SDK set up
+    memory_broker.apply(TOPOLOGY)
+    got: list[str] = []
+    memory_broker.consumer(TOPOLOGY, "emails", got.append, tracing=True)
+    memory_broker.publisher(TOPOLOGY, tracing=True).publish("hi", "email.x", "1m")
+    [waiting] = memory_broker.messages("shop.tier.1m")
+    assert "traceparent" not in waiting.headers
+    memory_broker.advance("1m")
+    assert got == ["hi"]
+
+
 def test_tracing_takes_a_bool_a_provider_or_none() -> None:
     with pytest.raises(InvalidInput, match="tracing= takes"):
         tracing_module.tracing_for("yes")  # type: ignore[arg-type]

@@ -348,10 +348,7 @@ class AsyncConsumer(ConsumerBase):
 
     async def _handle(self, message: Settleable, delivery: Delivery, task: Task[None]) -> None:
         """Drive the delivery's flow, in its ``process`` span when traced."""
-        if self._tracing is None:
-            await self._drive(message, delivery, task, None)
-            return
-        span = self._trace(delivery, self._clock_ms())
+        span = None if self._tracing is None else self._trace(delivery, self._clock_ms())
         if span is None:
             await self._drive(message, delivery, task, None)
             return
