@@ -111,6 +111,26 @@ def test_one_trace_from_publish_through_a_retry_to_the_ack(
     assert one["messaging.message.id"] == receipt.message_id
 
 
+def test_send_many_traces_each_message_of_the_stream_as_it_settles(
+    memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    memory_broker.apply(TOPOLOGY)
+    memory_broker.delete_queue("shop.tier.5m")  # the second message is returned: unroutable
+    publisher = memory_broker.publisher(TOPOLOGY, tracing=provider)
+    built = [publisher.factory.build(b"x", "email.x", delay) for delay in ("1m", "5m", "1m")]
+    settled: list[tuple[int, bool]] = []
+    publisher.send_many(iter(built), settle=lambda i, m, e: settled.append((i, e is None)))
+    assert settled == [(0, True), (1, False), (2, True)]
+    published = _named(exporter, "publish")
+    assert len(published) == 3 and all("traceparent" in m.headers for m in built)
+    by_id = {_attrs(s)["messaging.message.id"]: s for s in published}
+    failed = by_id[built[1].message_id]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert _attrs(failed)["error.type"] == "Unroutable"
+    assert by_id[built[0].message_id].status.status_code is StatusCode.UNSET
+
+
 def test_the_handlers_own_spans_are_children_of_the_process_span(
     memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union, cast
 
@@ -55,6 +55,7 @@ __all__ = [
     "TRACEPARENT",
     "ProcessSpan",
     "PublishSpans",
+    "StreamSpans",
     "Tracing",
     "TracingOption",
     "tracing_for",
@@ -117,6 +118,11 @@ class Tracing:
         injected on entry, ended with how the send went on exit. ``keep``: a message
         that carries a ``traceparent`` already keeps it (and gets no span)."""
         return PublishSpans(self, messages, keep)
+
+    def streaming(self) -> StreamSpans:
+        """The ``publish`` spans of a stream (``send_many``): each started as the stream
+        is pulled, ended as its message settles."""
+        return StreamSpans(self)
 
     def processing(self, delivery: Delivery, received_ms: int) -> ProcessSpan | None:
         """The ``process`` span of ``delivery`` (``None`` while no provider is set)."""
@@ -211,6 +217,35 @@ class PublishSpans:
                 span.record_exception(error)
                 span.set_status(status(error_code, str(error)))
             span.end()
+
+
+class StreamSpans:
+    """A span per message of a stream, by its index in the stream (as ``settle`` gets it)."""
+
+    __slots__ = ("_open", "_tracing")
+
+    def __init__(self, tracing: Tracing) -> None:
+        self._tracing = tracing
+        self._open: dict[int, PublishSpans] = {}
+
+    def pulled(self, messages: Iterable[OutgoingMessage]) -> Iterator[OutgoingMessage]:
+        """``messages``, each with its span started (and context injected) as it is pulled."""
+        for index, msg in enumerate(messages):
+            spans = PublishSpans(self._tracing, [msg], True)
+            spans.__enter__()
+            self._open[index] = spans
+            yield msg
+
+    def settled(self, index: int, error: BaseException | None) -> None:
+        """Message ``index`` settled: confirmed (``error`` ``None``) or not."""
+        spans = self._open.pop(index, None)
+        if spans is not None:
+            spans.__exit__(None if error is None else type(error), error, None)
+
+    def close(self, error: BaseException | None) -> None:
+        """The stream ended (``error``: how, if it failed): end the spans still open."""
+        for index in list(self._open):
+            self.settled(index, error)
 
 
 class _HeaderGetter:

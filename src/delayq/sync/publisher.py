@@ -229,7 +229,24 @@ class Publisher:
                 observed(index, msg, error)
 
         window = max(1, min(window, self._in_flight.messages))
-        self._link.send_stream(messages, settle, window)
+        if self._tracing is None:
+            self._link.send_stream(messages, settle, window)
+            return
+        spans = self._tracing.streaming()
+        told = settle
+
+        def ended(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+            spans.settled(index, error)
+            told(index, msg, error)
+
+        failed: BaseException | None = None
+        try:
+            self._link.send_stream(spans.pulled(messages), ended, window)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            spans.close(failed)
 
     @property
     def in_flight(self) -> InFlightLimit:
