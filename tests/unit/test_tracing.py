@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -387,6 +389,27 @@ def test_tracing_on_with_the_api_alone_and_no_provider_changes_nothing(
     assert "traceparent" not in waiting.headers
     memory_broker.advance("1m")
     assert got == ["hi"]
+
+
+def test_by_default_nothing_of_opentelemetry_is_imported() -> None:
+    program = """
+import sys
+from delayq import Topology
+from delayq.testing import MemoryBroker
+topology = Topology(namespace="shop", ladder=["1m"],
+                    destinations=[{"queue": "emails", "bindings": ["email.*"]}])
+got = []
+with MemoryBroker() as broker:
+    broker.apply(topology)
+    broker.consumer(topology, "emails", got.append)
+    broker.publisher(topology).publish_many([Message("hi", "email.x", "1m")])
+    broker.advance("1m")
+assert got == ["hi"], got
+loaded = sorted(name for name in sys.modules if name.startswith("opentelemetry"))
+assert not loaded, loaded
+""".replace("from delayq import Topology", "from delayq import Message, Topology")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_tracing_takes_a_bool_a_provider_or_none() -> None:

@@ -4,9 +4,10 @@ span per delivery, one trace id from the publish through every attempt to the la
 Optional: ``pip install 'delayq[otel]'`` (opentelemetry-api). Every publisher and
 consumer takes ``tracing=``:
 
-- ``None`` (the default): traced when opentelemetry is installed *and* a tracer
-  provider is set (``opentelemetry.trace.set_tracer_provider``), checked at each
-  publish and delivery; otherwise nothing happens (no import, no header, no span);
+- ``None`` (the default): traced when the application uses opentelemetry (imported
+  it) *and* has set a tracer provider (``opentelemetry.trace.set_tracer_provider``),
+  checked at each publish and delivery; otherwise nothing happens (delayq imports
+  nothing, adds no header, starts no span);
 - ``True``: traced through the global provider; without opentelemetry the
   constructor raises :class:`~delayq.errors.MissingExtra` naming ``delayq[otel]``;
 - a ``TracerProvider``: traced through that provider (tests: the SDK's with an
@@ -36,7 +37,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union, cast
 
@@ -102,22 +105,34 @@ class Tracing:
         """The tracer to use now; ``None`` while no provider is set (nothing to trace)."""
         provider = self._provider
         if provider is None:
-            provider = self._trace.get_tracer_provider()
+            trace = self._trace
+            if trace is None:
+                # Not imported by the application: no provider can have been set, and
+                # delayq imports nothing on its behalf (no cost when tracing is unused).
+                trace = sys.modules.get("opentelemetry.trace")
+                if trace is None:
+                    return None
+                self._trace = trace
+            provider = trace.get_tracer_provider()
             # The API's stand-ins until the application sets a provider: tracing off.
-            if isinstance(
-                provider, (self._trace.ProxyTracerProvider, self._trace.NoOpTracerProvider)
-            ):
+            if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
                 return None
         if provider is not self._seen:
             self._tracer = provider.get_tracer(SCOPE)
             self._seen = provider
         return self._tracer
 
-    def publishing(self, messages: Sequence[OutgoingMessage], *, keep: bool) -> PublishSpans:
+    def publishing(
+        self, messages: Sequence[OutgoingMessage], *, keep: bool
+    ) -> AbstractContextManager[None]:
         """A context around the send of ``messages``: their spans started and contexts
-        injected on entry, ended with how the send went on exit. ``keep``: a message
-        that carries a ``traceparent`` already keeps it (and gets no span)."""
-        return PublishSpans(self, messages, keep)
+        injected on entry, ended with how the send went on exit (nothing while no
+        provider is set). ``keep``: a message that carries a ``traceparent`` already
+        keeps it (and gets no span)."""
+        tracer = self.tracer()
+        if tracer is None:
+            return _NOTHING
+        return PublishSpans(self, tracer, messages, keep)
 
     def streaming(self) -> StreamSpans:
         """The ``publish`` spans of a stream (``send_many``): each started as the stream
@@ -132,16 +147,19 @@ class Tracing:
         return ProcessSpan(self._trace, tracer, delivery, received_ms)
 
 
+_NOTHING = nullcontext()
+
+
 def tracing_for(option: TracingOption) -> Tracing | None:
     """Resolve a ``tracing=`` argument; ``None`` means never traced (nothing to check)."""
     if option is False:
         return None
+    if option is None:
+        return Tracing(None, None)  # imports nothing: looks for the application's import
     trace = _otel()
     if trace is None:
-        if option is None:
-            return None
         raise MissingExtra("tracing (tracing=...)", "otel", "opentelemetry-api")
-    if option is None or option is True:
+    if option is True:
         return Tracing(trace, None)
     if not callable(getattr(option, "get_tracer", None)):
         raise InvalidInput(f"tracing= takes a bool, a TracerProvider or None, not {option!r}")
@@ -169,18 +187,19 @@ def _publish_attributes(msg: OutgoingMessage) -> dict[str, Any]:
 class PublishSpans:
     """The ``publish`` spans of one send (one message, or a batch: a span each)."""
 
-    __slots__ = ("_keep", "_messages", "_spans", "_tracing")
+    __slots__ = ("_keep", "_messages", "_spans", "_tracer", "_tracing")
 
-    def __init__(self, tracing: Tracing, messages: Sequence[OutgoingMessage], keep: bool) -> None:
+    def __init__(
+        self, tracing: Tracing, tracer: Tracer, messages: Sequence[OutgoingMessage], keep: bool
+    ) -> None:
         self._tracing = tracing
+        self._tracer = tracer
         self._messages = messages
         self._keep = keep
         self._spans: list[Span | None] = []
 
     def __enter__(self) -> None:
-        tracer = self._tracing.tracer()
-        if tracer is None:
-            return
+        tracer = self._tracer
         trace = self._tracing._trace
         from opentelemetry import propagate
 
@@ -231,9 +250,10 @@ class StreamSpans:
     def pulled(self, messages: Iterable[OutgoingMessage]) -> Iterator[OutgoingMessage]:
         """``messages``, each with its span started (and context injected) as it is pulled."""
         for index, msg in enumerate(messages):
-            spans = PublishSpans(self._tracing, [msg], True)
+            spans = self._tracing.publishing([msg], keep=True)
             spans.__enter__()
-            self._open[index] = spans
+            if isinstance(spans, PublishSpans):
+                self._open[index] = spans
             yield msg
 
     def settled(self, index: int, error: BaseException | None) -> None:
