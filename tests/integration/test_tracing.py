@@ -31,15 +31,17 @@ def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 
 class FailsOnce:
-    def __init__(self, failing: int = 1) -> None:
-        self.failing = failing
+    """Fails its first call; each call opens a span of its own (in the handler's thread)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("app")
         self.calls = 0
         self._lock = threading.Lock()
 
     def __call__(self, body: Any) -> None:
-        with self._lock:
+        with self.tracer.start_as_current_span("smtp"), self._lock:
             self.calls += 1
-            if self.calls <= self.failing:
+            if self.calls == 1:
                 raise ConnectionError("smtp down")
 
 
@@ -58,7 +60,7 @@ def test_publish_a_failed_attempt_its_retry_and_the_ack_share_one_trace(
     topology = make_topology(["1s", "2s"])
     queue = f"{topology.namespace}.work"
     apply_topology(topology, rabbitmq_url)
-    handler = FailsOnce()
+    handler = FailsOnce(provider)
     start_consumer(
         topology,
         queue,
@@ -78,6 +80,9 @@ def test_publish_a_failed_attempt_its_retry_and_the_ack_share_one_trace(
     for process in (first, second):
         [link] = process.links
         assert link.context.span_id == publish.context.span_id
+    # The handler's own spans are children of their attempt's process span.
+    parents = sorted(s.parent.span_id for s in _spans(exporter, "smtp") if s.parent)
+    assert parents == sorted([first.context.span_id, second.context.span_id])
     sent = dict(publish.attributes or {})
     assert sent["messaging.system"] == "rabbitmq"
     assert sent["messaging.message.id"] == receipt.message_id
@@ -100,7 +105,7 @@ def test_a_dead_letter_replayed_by_the_cli_is_handled_in_the_original_trace(
     topology = make_topology(["1s", "2s"])
     queue = f"{topology.namespace}.work"
     apply_topology(topology, rabbitmq_url)
-    handler = FailsOnce()
+    handler = FailsOnce(provider)
     handle = start_consumer(
         topology, queue, handler, policy=FixedBackoff(delay="1s", max_attempts=1), tracing=provider
     )

@@ -181,6 +181,34 @@ def test_log_lines_in_a_traced_delivery_carry_its_trace_and_span_ids(
     assert "trace_id" not in outside and "span_id" not in outside
 
 
+@pytest.mark.parametrize("kind", ["coroutine", "plain"])
+def test_async_consumers_run_either_handler_in_the_process_span(
+    memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter], kind: str
+) -> None:
+    provider, exporter = spans
+    memory_broker.apply(TOPOLOGY)
+    tracer = provider.get_tracer("app")
+
+    def plain(body: Any) -> None:
+        with tracer.start_as_current_span("mine"):
+            pass
+
+    async def coroutine(body: Any) -> None:
+        plain(body)
+
+    async def main() -> None:
+        handler = coroutine if kind == "coroutine" else plain
+        await memory_broker.async_consumer(TOPOLOGY, "emails", handler, tracing=provider)
+        publisher = memory_broker.async_publisher(TOPOLOGY, tracing=provider)
+        await publisher.publish("hi", "email.x", "0s")
+        await memory_broker.advance_async("1s")
+
+    asyncio.run(main())
+    [mine] = _named(exporter, "mine")
+    [process] = _named(exporter, "process")
+    assert mine.parent is not None and mine.parent.span_id == process.context.span_id
+
+
 def test_a_dead_letter_replayed_from_the_dlq_stays_in_the_original_trace(
     memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
