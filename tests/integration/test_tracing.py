@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 import yaml
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -124,3 +125,40 @@ def test_a_dead_letter_replayed_by_the_cli_is_handled_in_the_original_trace(
     assert dead.context.trace_id == replayed.context.trace_id == publish.context.trace_id
     assert replayed.links[0].context.span_id == publish.context.span_id
     assert dict(replayed.attributes or {})["delayq.attempt"] == 1  # a replay starts over
+
+
+def test_messages_of_another_publisher_are_handled_with_or_without_a_valid_context(
+    make_topology, rabbitmq_url, start_consumer, traced
+):
+    provider, exporter = traced
+    topology = make_topology(["1s"])
+    queue = f"{topology.namespace}.work"
+    apply_topology(topology, rabbitmq_url)
+    got: list[str] = []
+    start_consumer(topology, queue, got.append, tracing=provider)
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    sent = {
+        "garbage": {"traceparent": "not-a-context"},
+        "number": {"traceparent": 7},
+        "none": {},
+        "valid": {"traceparent": f"00-{trace_id}-{span_id}-01"},
+    }
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        channel = connection.channel()
+        for name, headers in sent.items():
+            properties = pika.BasicProperties(
+                content_type="text/plain", message_id=name, headers=headers
+            )
+            channel.basic_publish(topology.ready_exchange, "job.x", name.encode(), properties)
+    finally:
+        connection.close()
+    wait_for(lambda: len(_spans(exporter, "process")) == 4, 30, lambda: str(got))
+    assert sorted(got) == sorted(sent)
+    by_id = {(s.attributes or {})["messaging.message.id"]: s for s in _spans(exporter, "process")}
+    for name in ("garbage", "number", "none"):
+        assert by_id[name].parent is None and list(by_id[name].links) == [], name
+        assert (by_id[name].attributes or {})["delayq.outcome"] == "ack"
+    valid = by_id["valid"]
+    assert f"{valid.context.trace_id:032x}" == trace_id
+    assert f"{valid.links[0].context.span_id:016x}" == span_id

@@ -24,6 +24,7 @@ from delayq.errors import InvalidInput, MissingExtra
 from delayq.message.envelope import Message
 from delayq.observe import tracing as tracing_module
 from delayq.observe.logs import DeliveryLogFilter, JsonLogFormatter
+from delayq.stores.memory import InMemoryStore
 from delayq.testing import MemoryBroker
 
 TOPOLOGY = Topology(
@@ -131,6 +132,26 @@ def test_send_many_traces_each_message_of_the_stream_as_it_settles(
     assert failed.status.status_code is StatusCode.ERROR
     assert _attrs(failed)["error.type"] == "Unroutable"
     assert by_id[built[0].message_id].status.status_code is StatusCode.UNSET
+
+
+def test_a_duplicate_is_a_process_span_with_its_outcome(
+    memory_broker: MemoryBroker, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    memory_broker.apply(TOPOLOGY)
+    memory_broker.consumer(
+        TOPOLOGY, "emails", lambda body: None, store=InMemoryStore(), tracing=provider
+    )
+    publisher = memory_broker.publisher(TOPOLOGY, tracing=provider)
+    for _ in range(2):
+        publisher.publish("once", "email.x", "0s", message_id="m-1")
+    memory_broker.advance("1s")
+    first, second = _named(exporter, "process")
+    assert (_attrs(first)["delayq.outcome"], _attrs(second)["delayq.outcome"]) == (
+        "ack",
+        "duplicate",
+    )
+    assert "delayq.handler_ms" not in _attrs(second)  # its handler did not run
 
 
 def test_the_handlers_own_spans_are_children_of_the_process_span(
