@@ -111,3 +111,29 @@ def command_line(argv: Sequence[str]) -> str:
     """How this run was started, with any password in a URL redacted."""
     shown = [redact(arg) if "://" in arg else arg for arg in argv]
     return shlex.join(["python", sys.argv[0], *shown])
+
+
+def discarding_tracer_provider() -> Any:
+    """An OpenTelemetry SDK tracer provider whose spans are built, batched and dropped:
+    what tracing costs the client, without an exporter's network in the figure
+    (``--tracing`` of bench/publish.py and bench/consume.py)."""
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+    except ImportError as exc:
+        raise SystemExit("--tracing needs opentelemetry-sdk: pip install -e '.[test]'") from exc
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    # A queue that holds a whole measurement: a full one drops spans, which is cheaper
+    # than handing them on and would flatter the figure.
+    processor = BatchSpanProcessor(Discard(), max_queue_size=1 << 18, max_export_batch_size=4096)
+    provider.add_span_processor(processor)
+    return provider

@@ -25,6 +25,10 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
 Targets (median msg/s over median raw aio-pika msg/s): 2.0 with the in-memory
 store, 1.5 with SQLite, 1.0 with Redis (whose every claim and completion is a
 round trip). ``--modes memory,limit`` runs only those besides raw aio-pika.
+``--tracing`` adds ``AsyncConsumer + InMemoryStore`` traced (an OpenTelemetry SDK
+provider whose spans are batched and dropped, the queue filled by a traced publisher so
+each message carries a context to extract and link), in the same rounds, and prints
+its rate and CPU beside the untraced memory mode's.
 
 The queue is the one destination of a throwaway namespace (``bench<hex>``,
 ladder ``["1h"]``, quorum queues as delayq declares them), bound to
@@ -62,6 +66,7 @@ Run it::
     RABBITMQ_URL=amqp://... REDIS_URL=redis://localhost:6379/0 python bench/consume.py
     python bench/consume.py --count 20000 --profile sqlite   # plus a cProfile of one drain
     python bench/consume.py --modes limit,memory --rounds 1  # a quick look
+    python bench/consume.py --modes memory --tracing          # tracing on vs off
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
@@ -95,6 +100,7 @@ from benchlib import (
     broker,
     broker_version,
     command_line,
+    discarding_tracer_provider,
     load_average,
     log,
     positive_int,
@@ -104,6 +110,7 @@ from consume_modes import (
     LIMIT,
     MEASURE,
     MEMORY,
+    MEMORY_TRACED,
     PROFILE_CHOICES,
     RAW,
     REDIS,
@@ -124,7 +131,11 @@ def modes_of(ctx: Context) -> tuple[str, ...]:
     """The modes of this run, raw first (even rounds run them in this order)."""
     every = (RAW, LIMIT, MEMORY, SQLITE) + ((REDIS,) if ctx.redis_class is not None else ())
     chosen = ctx.settings.modes
-    return tuple(key for key in every if key == RAW or not chosen or key in chosen)
+    modes = tuple(key for key in every if key == RAW or not chosen or key in chosen)
+    if ctx.tracing is not None:
+        modes += (MEMORY,) if MEMORY not in modes else ()
+        modes += (MEMORY_TRACED,)
+    return modes
 
 
 # Running and reporting --------------------------------------------------------------------
@@ -158,7 +169,7 @@ class Results:
 
 def drained(ctx: Context, key: str, prefix: str) -> Timing:
     """Fill the queue, drain it in mode ``key``, check that everything was acked."""
-    filled_s = fill(ctx)
+    filled_s = fill(ctx, traced=key == MEMORY_TRACED)
     log(f"{prefix} {LABELS[key]}: queue filled in {filled_s:.1f} s (untimed); draining ...")
     gc.collect()
     timing = MEASURE[key](ctx)
@@ -224,6 +235,8 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
         f"{'of limit':>10}{'CPU us/msg':>12}   target (ratio to raw aio-pika)"
     ]
     for key, label in LABELS.items():
+        if key == MEMORY_TRACED and key not in results.samples:
+            continue  # not asked for (--tracing)
         if key not in results.samples:
             lines.append(f"{label:<{width}}{'skipped':>9}   ({env.redis_note})")
             continue
@@ -262,6 +275,15 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             continue
         extra = results.cpu_us(key) - raw_cpu
         lines.append(f"  {label:<{width}}{extra:+.0f} us ({extra / raw_cpu:+.0%} of raw)")
+    if MEMORY_TRACED in results.samples:
+        off, on = results.rate(MEMORY), results.rate(MEMORY_TRACED)
+        extra = results.cpu_us(MEMORY_TRACED) - results.cpu_us(MEMORY)
+        lines += [
+            "",
+            "tracing on (SDK, spans dropped) vs off, same run (medians):",
+            f"  {LABELS[MEMORY]:<{width}}{off:,.0f} -> {on:,.0f} msg/s ({on / off:.2f}x), "
+            f"{extra:+.0f} us CPU/msg",
+        ]
 
     redis = env.redis_note
     if ctx.redis_url and ctx.redis_class:
@@ -289,10 +311,12 @@ def benchmark(
     redis: tuple[str | None, Any, str],
     profile_key: str | None,
     profile_out: Path | None,
+    tracing: bool = False,
 ) -> None:
     redis_url, redis_class, redis_note = redis
     version = broker_version(url)
-    ctx = Context.create(url, settings, redis_url, redis_class)
+    provider = discarding_tracer_provider() if tracing else None
+    ctx = Context.create(url, settings, redis_url, redis_class, provider)
     log(f"broker {version} at {redact(url)}; namespace {ctx.topology.namespace}")
     if redis_class is None:
         log(f"note: skipping {LABELS[REDIS]}: {redis_note}")
@@ -414,6 +438,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="after the rounds, drain once more in this mode under cProfile (untimed)",
     )
     parser.add_argument("--profile-out", type=Path, help="also write that profile to this file")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run AsyncConsumer + InMemoryStore traced (OpenTelemetry SDK, spans dropped)",
+    )
     return parser.parse_args(argv)
 
 
@@ -433,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile_key = PROFILE_CHOICES[args.profile] if args.profile else None
     with redis_server(args) as redis:
         with broker(args.url) as (url, _node):
-            benchmark(url, settings, command, redis, profile_key, args.profile_out)
+            benchmark(url, settings, command, redis, profile_key, args.profile_out, args.tracing)
     return 0
 
 

@@ -51,6 +51,7 @@ LIMIT = "raw-frames-limit"
 MEMORY = "delayq-memory"
 SQLITE = "delayq-sqlite"
 REDIS = "delayq-redis"
+MEMORY_TRACED = "delayq-memory-traced"
 
 LABELS = {
     RAW: "raw aio-pika consumer, ack only",
@@ -58,6 +59,7 @@ LABELS = {
     MEMORY: "AsyncConsumer + InMemoryStore",
     SQLITE: "AsyncConsumer + SQLiteStore",
     REDIS: "AsyncConsumer + RedisStore",
+    MEMORY_TRACED: "AsyncConsumer + InMemoryStore, traced",
 }
 TARGETS = {MEMORY: 2.00, SQLITE: 1.50, REDIS: 1.00}
 PROFILE_CHOICES = {"raw": RAW, "limit": LIMIT, "memory": MEMORY, "sqlite": SQLITE, "redis": REDIS}
@@ -93,10 +95,17 @@ class Context:
     redis_url: str | None
     redis_class: Any
     """``delayq.stores.redis.RedisStore``, or ``None`` when Redis is skipped."""
+    tracing: Any = None
+    """The tracer provider of the traced mode (``--tracing``), else ``None``."""
 
     @classmethod
     def create(
-        cls, url: str, settings: Settings, redis_url: str | None, redis_class: Any
+        cls,
+        url: str,
+        settings: Settings,
+        redis_url: str | None,
+        redis_class: Any,
+        tracing: Any = None,
     ) -> Context:
         namespace = f"bench{secrets.token_hex(4)}"
         queue = f"{namespace}.consume"  # destination names are global: keep it unique
@@ -114,6 +123,7 @@ class Context:
             body=os.urandom(settings.body_bytes),
             redis_url=redis_url,
             redis_class=redis_class,
+            tracing=tracing,
         )
 
 
@@ -133,13 +143,15 @@ def expect_depth(ctx: Context, queue: str, expected: int, when: str) -> None:
         raise RuntimeError(f"{when}: queue {queue} holds {depth} messages, expected {expected}")
 
 
-def fill(ctx: Context) -> float:
-    """Publish exactly ``count`` immediate messages to the destination; returns seconds."""
+def fill(ctx: Context, traced: bool = False) -> float:
+    """Publish exactly ``count`` immediate messages to the destination; returns seconds.
+    ``traced``: published with tracing on, so each carries a context to extract."""
     count = ctx.settings.count
     message = Message(ctx.body, ROUTING_KEY, "0s")  # a fresh message id for each copy
+    tracing = ctx.tracing if traced else None
 
     async def run() -> None:
-        async with AsyncPublisher(ctx.url, ctx.topology) as publisher:
+        async with AsyncPublisher(ctx.url, ctx.topology, tracing=tracing) as publisher:
             receipts = await publisher.publish_many([message] * count, window=FILL_WINDOW)
         assert len(receipts) == count and receipts[0].exchange == ctx.topology.ready_exchange
 
@@ -294,7 +306,9 @@ def raw_frames_limit(ctx: Context) -> Timing:
     return asyncio.run(run())
 
 
-def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> Timing:
+def async_consumer(
+    ctx: Context, make_store: Callable[[], IdempotencyStore], tracing: Any = None
+) -> Timing:
     count, prefetch = ctx.settings.count, ctx.settings.prefetch
 
     async def run(store: IdempotencyStore) -> Timing:
@@ -304,7 +318,13 @@ def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> 
             drain.first_delivery()
 
         consumer = AsyncConsumer(
-            ctx.url, ctx.topology, ctx.queue, handler, store=store, prefetch=prefetch
+            ctx.url,
+            ctx.topology,
+            ctx.queue,
+            handler,
+            store=store,
+            prefetch=prefetch,
+            tracing=tracing,  # untraced: the default (no global provider is set)
         )
         await consumer.start()
         try:
@@ -338,6 +358,10 @@ def async_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> 
 
 def delayq_memory(ctx: Context) -> Timing:
     return async_consumer(ctx, InMemoryStore)
+
+
+def delayq_memory_traced(ctx: Context) -> Timing:
+    return async_consumer(ctx, InMemoryStore, tracing=ctx.tracing)
 
 
 def delayq_sqlite(ctx: Context) -> Timing:
@@ -375,4 +399,5 @@ MEASURE: dict[str, Callable[[Context], Timing]] = {
     MEMORY: delayq_memory,
     SQLITE: delayq_sqlite,
     REDIS: delayq_redis,
+    MEMORY_TRACED: delayq_memory_traced,
 }

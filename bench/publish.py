@@ -44,10 +44,15 @@ process's ``time.process_time``): it moves much less than wall-clock time on a
 busy machine and is what the framework itself adds. On a shared machine, look
 at the per-round figures and the load average before trusting a ratio.
 
+``--tracing`` adds the traced twins of the three delayq modes (an OpenTelemetry SDK
+provider whose spans are batched and dropped: ``benchlib.discarding_tracer_provider``),
+run in the same rounds, and a table of what tracing costs next to the untraced figure.
+
 Run it::
 
     python bench/publish.py                       # starts a throwaway local node
     python bench/publish.py --url amqp://guest:guest@localhost:5672/ --rounds 5
+    python bench/publish.py --tracing              # tracing on vs off, same run
     RABBITMQ_URL=amqp://... python bench/publish.py --count 5000 --batch-count 50000
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
@@ -61,6 +66,7 @@ The namespace's queues and exchanges are deleted at the end, also on errors.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import platform
@@ -74,6 +80,7 @@ from benchlib import (
     broker,
     broker_version,
     command_line,
+    discarding_tracer_provider,
     load_average,
     log,
     positive_int,
@@ -82,6 +89,7 @@ from benchlib import (
 )
 from publish_modes import (
     ASYNC_MANY,
+    ASYNC_MANY_TRACED,
     ASYNC_VS_RAW_AIO_TARGET,
     ASYNC_VS_SYNC_MANY_TARGET,
     FRAMEWORK_VS_RAW_TARGET,
@@ -91,7 +99,10 @@ from publish_modes import (
     RAW_FRAMES,
     RAW_PIKA_SINGLE,
     SYNC_MANY,
+    SYNC_MANY_TRACED,
     SYNC_PUBLISH,
+    SYNC_PUBLISH_TRACED,
+    TRACED,
     Context,
     Settings,
     Timing,
@@ -133,6 +144,21 @@ STEPS: tuple[Step, ...] = (
     pipelined(RAW_FRAMES, raw_frames_socket),
 )
 """Even rounds run these in this order, framework first; odd rounds reversed."""
+
+
+def steps_of(ctx: Context) -> tuple[Step, ...]:
+    """The run's steps: :data:`STEPS`, with the traced twins when ``--tracing``."""
+    if ctx.tracing is None:
+        return STEPS
+    pair = Step((SYNC_PUBLISH, RAW_PIKA_SINGLE, SYNC_PUBLISH_TRACED), False, single_publish_pair)
+    traced_async = functools.partial(delayq_async_publish_many, traced=True)
+    traced_sync = functools.partial(delayq_sync_publish_many, traced=True)
+    return (
+        pair,
+        *STEPS[1:],
+        pipelined(ASYNC_MANY_TRACED, traced_async),
+        pipelined(SYNC_MANY_TRACED, traced_sync),
+    )
 
 
 # Running and reporting --------------------------------------------------------------------
@@ -187,7 +213,7 @@ def run_rounds(ctx: Context) -> Results:
     rounds = ctx.settings.rounds
     for index in range(rounds):
         framework_first = index % 2 == 0
-        steps = STEPS if framework_first else tuple(reversed(STEPS))
+        steps = steps_of(ctx) if framework_first else tuple(reversed(steps_of(ctx)))
         for step in steps:
             prefix = f"[round {index + 1}/{rounds}]"
             run_step(ctx, results, step, framework_first, prefix)
@@ -247,9 +273,10 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
         "",
         f"per mode: msg/s in each of {s.rounds} rounds; medians of msg/s and of client CPU",
     ]
-    rates = {k: ", ".join(f"{x.rate:,.0f}" for x in results.samples[k]) for k in LABELS}
+    shown = {k: label for k, label in LABELS.items() if k in results.samples}
+    rates = {k: ", ".join(f"{x.rate:,.0f}" for x in results.samples[k]) for k in shown}
     rates_width = max(len(r) for r in rates.values())
-    for key, label in LABELS.items():
+    for key, label in shown.items():
         lines.append(
             f"  {label:<36} {rates[key]:<{rates_width}}  median {results.rate(key):>7,.0f} msg/s, "
             f"{results.cpu_us(key):>4.0f} us CPU/msg"
@@ -263,6 +290,15 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
         extra = results.cpu_us(row.framework) - results.cpu_us(row.raw)
         share = extra / results.cpu_us(row.raw)
         lines.append(f"  {row.label:<36} {extra:+.0f} us ({share:+.0%} of raw)")
+    if ctx.tracing is not None:
+        lines += ["", "tracing on (SDK, spans dropped) vs off, same run (medians):"]
+        for plain, traced in TRACED.items():
+            ratio = results.rate(traced) / results.rate(plain)
+            extra = results.cpu_us(traced) - results.cpu_us(plain)
+            lines.append(
+                f"  {LABELS[plain]:<36} {results.rate(plain):>8,.0f} -> "
+                f"{results.rate(traced):>8,.0f} msg/s ({ratio:.2f}x), {extra:+.0f} us CPU/msg"
+            )
 
     lines += [
         "",
@@ -279,9 +315,9 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
     return "\n".join(lines)
 
 
-def benchmark(url: str, settings: Settings, command: str) -> None:
+def benchmark(url: str, settings: Settings, command: str, tracing: bool = False) -> None:
     version = broker_version(url)
-    ctx = Context.create(url, settings)
+    ctx = Context.create(url, settings, discarding_tracer_provider() if tracing else None)
     log(f"broker {version} at {redact(url)}; namespace {ctx.topology.namespace}")
     load_before = load_average()
     try:
@@ -329,6 +365,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=3,
         help="rounds, alternating the order of modes; medians are reported",
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run the delayq modes traced (OpenTelemetry SDK, spans dropped), same run",
+    )
     return parser.parse_args(argv)
 
 
@@ -343,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
     )
     with broker(args.url) as (url, _node):
-        benchmark(url, settings, command_line(argv))
+        benchmark(url, settings, command_line(argv), tracing=args.tracing)
     return 0
 
 

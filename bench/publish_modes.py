@@ -73,9 +73,11 @@ class Context:
     """The headers delayq sends for this body, routing key and delay."""
     content_type: str
     timestamp_s: int
+    tracing: Any = None
+    """The tracer provider of the traced modes (``--tracing``), else ``None``."""
 
     @classmethod
-    def create(cls, url: str, settings: Settings) -> Context:
+    def create(cls, url: str, settings: Settings, tracing: Any = None) -> Context:
         # No destination: the messages park in the 1 h tier; the key is declared bound
         # elsewhere so the publisher's routing check lets it through.
         topology = Topology(
@@ -95,6 +97,7 @@ class Context:
             headers=sample.headers,
             content_type=sample.content_type,
             timestamp_s=sample.timestamp_s,
+            tracing=tracing,
         )
 
 
@@ -162,6 +165,15 @@ ASYNC_MANY = "delayq-async-many"
 RAW_AIO_PIPELINED = "raw-aio-pika"
 SYNC_MANY = "delayq-sync-many"
 RAW_FRAMES = "raw-frames"
+SYNC_PUBLISH_TRACED = "delayq-sync-publish-traced"
+ASYNC_MANY_TRACED = "delayq-async-many-traced"
+SYNC_MANY_TRACED = "delayq-sync-many-traced"
+TRACED = {
+    SYNC_PUBLISH: SYNC_PUBLISH_TRACED,
+    ASYNC_MANY: ASYNC_MANY_TRACED,
+    SYNC_MANY: SYNC_MANY_TRACED,
+}
+"""The untraced mode each traced one (``--tracing``) is compared with."""
 
 LABELS = {
     SYNC_PUBLISH: "delayq Publisher.publish",
@@ -170,6 +182,9 @@ LABELS = {
     RAW_AIO_PIPELINED: "raw aio-pika, pipelined",
     SYNC_MANY: "delayq Publisher.publish_many",
     RAW_FRAMES: "raw frames on a socket (the limit)",
+    SYNC_PUBLISH_TRACED: "delayq Publisher.publish, traced",
+    ASYNC_MANY_TRACED: "delayq AsyncPublisher.publish_many, traced",
+    SYNC_MANY_TRACED: "delayq Publisher.publish_many, traced",
 }
 
 BLOCK = 100
@@ -198,6 +213,7 @@ def single_publish_pair(ctx: Context, framework_first: bool) -> dict[str, Timing
     """
     count = ctx.settings.single_count
     connection = pika.BlockingConnection(pika.URLParameters(ctx.url))
+    traced = Publisher(ctx.url, ctx.topology, tracing=ctx.tracing or False)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -207,6 +223,9 @@ def single_publish_pair(ctx: Context, framework_first: bool) -> dict[str, Timing
                 SYNC_PUBLISH: lambda: publisher.publish(ctx.body, ROUTING_KEY, DELAY),
                 RAW_PIKA_SINGLE: lambda: raw_pika_publish(ctx, channel),
             }
+            if ctx.tracing is not None:  # a third connection, in the same turns
+                traced.connect()
+                senders[SYNC_PUBLISH_TRACED] = lambda: traced.publish(ctx.body, ROUTING_KEY, DELAY)
             order = list(senders) if framework_first else list(reversed(senders))
             for key in order:
                 for _ in range(warmup_count(count)):
@@ -222,6 +241,7 @@ def single_publish_pair(ctx: Context, framework_first: bool) -> dict[str, Timing
                     totals[key] += watch.read()
             return totals
     finally:
+        traced.close()
         connection.close()
 
 
@@ -229,11 +249,13 @@ def batch_of(ctx: Context, count: int) -> list[Message]:
     return [Message(ctx.body, ROUTING_KEY, DELAY) for _ in range(count)]
 
 
-def delayq_async_publish_many(ctx: Context) -> Timing:
+def delayq_async_publish_many(ctx: Context, traced: bool = False) -> Timing:
     count, window = ctx.settings.batch_count, ctx.settings.window
+    # Untraced: the default (tracing=None, no global provider set), as users run it.
+    tracing = ctx.tracing if traced else None
 
     async def run() -> Timing:
-        async with AsyncPublisher(ctx.url, ctx.topology) as publisher:
+        async with AsyncPublisher(ctx.url, ctx.topology, tracing=tracing) as publisher:
             await publisher.publish_many(batch_of(ctx, warmup_count(count)), window=window)
             batch = batch_of(ctx, count)
             watch = Stopwatch()
@@ -290,9 +312,9 @@ def raw_aio_pika_pipelined(ctx: Context) -> Timing:
     return asyncio.run(run())
 
 
-def delayq_sync_publish_many(ctx: Context) -> Timing:
+def delayq_sync_publish_many(ctx: Context, traced: bool = False) -> Timing:
     count, window = ctx.settings.batch_count, ctx.settings.window
-    with Publisher(ctx.url, ctx.topology) as publisher:
+    with Publisher(ctx.url, ctx.topology, tracing=ctx.tracing if traced else None) as publisher:
         publisher.publish_many(batch_of(ctx, warmup_count(count)), window=window)
         batch = batch_of(ctx, count)
         watch = Stopwatch()

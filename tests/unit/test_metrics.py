@@ -226,3 +226,32 @@ def test_a_delivery_counted_as_delivered_is_already_in_every_other_series() -> N
     bad = delivery("bad", tier=None, delay_ms=0)
     settle(observer, bad, PLANNER.failure(bad, Reject("no")), received=10_300, ms=1.0)
     assert seen == [(1.0, 1.0, 1.0)]
+
+
+def test_the_watchdogs_samples_set_the_parked_gauge_per_queue() -> None:
+    from delayq.ops.watchdog import Watchdog
+
+    class API:
+        url = "http://fake/"
+
+        def __init__(self, rows: list[dict[str, object]]) -> None:
+            self.rows = rows
+
+        def queues(self, vhost: str, columns: tuple[str, ...] = ()) -> list[dict[str, object]]:
+            return self.rows
+
+    def row(name: str, messages: int) -> dict[str, object]:
+        return {"name": name, "type": "quorum", "leader": "rabbit@a", "members": ["rabbit@a"],
+                "online": ["rabbit@a"], "messages": messages, "messages_ready": 0,
+                "messages_unacknowledged": 0}  # fmt: skip
+
+    metrics = PrometheusObserver()
+    api = API([row("m.tier.1s", 7), row("m.tier.5s", 0), row(QUEUE, 99)])
+    dog = Watchdog(topology(), [api], observers=[metrics])  # type: ignore[list-item]
+    dog.look()
+    assert value(metrics.registry, "delayq_parked_messages", queue="m.tier.1s") == 7
+    assert value(metrics.registry, "delayq_parked_messages", queue="m.tier.5s") == 0
+    assert value(metrics.registry, "delayq_parked_messages", queue=QUEUE) is None  # not a tier
+    api.rows = [row("m.tier.1s", 2)]
+    dog.look()
+    assert value(metrics.registry, "delayq_parked_messages", queue="m.tier.1s") == 2

@@ -40,6 +40,7 @@ from delayq.errors import DelayqError, InvalidInput
 from delayq.links import AsyncFeed, FeedLost, Settleable, open_async_feed
 from delayq.observe.deliveries import monotonic_ms
 from delayq.observe.logs import bind_delivery, unbind_delivery
+from delayq.observe.tracing import ProcessSpan
 from delayq.stores.base import (
     IdempotencyStore,
     StoreOp,
@@ -117,7 +118,7 @@ class AsyncConsumer(ConsumerBase):
         """Deliveries so far: the stall guard looks whether it moved."""
         self._pruner: asyncio.Task[None] | None = None
         self._publisher = AsyncPublisher(
-            self._url, self.topology, clock_ms=self._clock_ms, link=self._link
+            self._url, self.topology, clock_ms=self._clock_ms, link=self._link, tracing=False
         )
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -346,8 +347,23 @@ class AsyncConsumer(ConsumerBase):
             in_flight.discard(task)
 
     async def _handle(self, message: Settleable, delivery: Delivery, task: Task[None]) -> None:
+        """Drive the delivery's flow, in its ``process`` span when traced."""
+        span = None if self._tracing is None else self._trace(delivery, self._clock_ms())
+        if span is None:
+            await self._drive(message, delivery, task, None)
+            return
+        span.attach()  # the handler (its task or thread copies this context) runs in it
+        try:
+            await self._drive(message, delivery, task, span)
+        finally:
+            span.detach()
+            span.abandon("its task was cancelled")  # nothing when it was settled
+
+    async def _drive(
+        self, message: Settleable, delivery: Delivery, task: Task[None], span: ProcessSpan | None
+    ) -> None:
         """Drive the delivery's flow (:mod:`delayq.consume.flow`) to its settlement."""
-        observed = bool(self._observers)  # only observers see the timings
+        observed = bool(self._observers) or span is not None  # only they see the timings
         received_ms = self._clock_ms() if observed else 0
         flow = delivery_flow(delivery, self._flow_context)
         store = self._store
@@ -365,6 +381,8 @@ class AsyncConsumer(ConsumerBase):
                         self._runner.finish_cut(cut.running, run.claim.key)
                     raise asyncio.CancelledError from None
                 except BaseException as exc:  # the flow gives the claim back, then decides
+                    if span is not None:
+                        span.failed(exc)
                     step = flow.send(HandlerEnded(exc, monotonic_ms() - started))
                 else:
                     step = flow.send(
@@ -373,15 +391,23 @@ class AsyncConsumer(ConsumerBase):
             elif kind is Ack:
                 self._acks.ack(message)
                 self._settled(delivery, cast(Ack, step), received_ms)
+                if span is not None:
+                    span.finish(cast(Ack, step), self._clock_ms())
                 return
             elif kind is Publish:
+                if span is not None:
+                    span.carry(cast(Publish, step).message)
                 step = flow.send(await self._republish(cast(Publish, step)))
             elif kind is PutBack:
+                if span is not None:
+                    span.finish(cast(PutBack, step), self._clock_ms())
                 self._putting_back(delivery, cast(PutBack, step).why)
                 await asyncio.sleep(self._return_pause_s)
                 await self._acks.nack(message, requeue=True)
                 return
             elif kind is GiveUp:
+                if span is not None:
+                    span.finish(cast(GiveUp, step), self._clock_ms())
                 raise cast(GiveUp, step).error  # cancelled (stop, connection lost)
             else:
                 assert store is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -32,6 +33,7 @@ from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default, size_of
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
+from delayq.observe.tracing import TracingOption, tracing_for
 from delayq.stores.base import (
     Cancel,
     CancellingStore,
@@ -69,6 +71,9 @@ class AsyncPublisher:
     pass it waits for confirms, up to ``in_flight.wait``, then raises
     :class:`~delayq.errors.PublishBackpressure` with nothing sent (or raises at
     once with ``when_full="raise"``); see :mod:`delayq.message.inflight`.
+
+    ``tracing``: OpenTelemetry ``publish`` spans and trace context in the headers
+    (see :mod:`delayq.observe.tracing`; by default on when a tracer provider is set).
     """
 
     def __init__(
@@ -87,8 +92,10 @@ class AsyncPublisher:
         link: AsyncLink | None = None,
         in_flight: InFlightLimit | None = None,
         store: IdempotencyStore | None = None,
+        tracing: TracingOption = None,
     ) -> None:
         self._url = resolve_url(url)
+        self._tracing = tracing_for(tracing)
         self.store = store
         """The consumers' idempotency store, for :meth:`cancel` (``None``: cannot cancel)."""
         self._admission = Admission(limit_or_default(in_flight))
@@ -160,15 +167,22 @@ class AsyncPublisher:
         msg = self._factory.build(
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
-        return (await self._send(msg)).receipt
+        return (await self._send(msg, keep=False)).receipt
 
     async def send(self, msg: OutgoingMessage) -> None:
-        """Send an already built message with confirm and bounded retries."""
-        await self._send(msg)
+        """Send an already built message with confirm and bounded retries (one that
+        carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
+        await self._send(msg, keep=True)
 
-    async def _send(self, msg: OutgoingMessage) -> OutgoingMessage:
+    def _traced(self, built: list[OutgoingMessage], *, keep: bool) -> AbstractContextManager[None]:
+        """The ``publish`` spans around a send (see :mod:`delayq.observe.tracing`)."""
+        if self._tracing is None:
+            return nullcontext()
+        return self._tracing.publishing(built, keep=keep)
+
+    async def _send(self, msg: OutgoingMessage, *, keep: bool) -> OutgoingMessage:
         """Send ``msg``; returns it as sent (restamped if it waited for room)."""
-        with self._observers.reporting([msg]):
+        with self._observers.reporting([msg]), self._traced([msg], keep=keep):
             async with self._admission.hold(1, size_of(msg)) as waited:
                 if waited:
                     (msg,) = self._factory.restamp([msg])
@@ -213,7 +227,7 @@ class AsyncPublisher:
         # lowered to fit the byte bound), not for all of it.
         window = batch_window(self._admission.limit, built, max(1, window))
         room = window * max(size_of(m) for m in built)
-        with self._observers.reporting(built):
+        with self._observers.reporting(built), self._traced(built, keep=False):
             async with self._admission.hold(window, room) as waited:
                 if waited:  # its delays count from now, not from when it was built
                     built = self._factory.restamp(built)
@@ -312,7 +326,7 @@ class AsyncPublisher:
         marks, publishable = todo.marks(await self._run_cancels(store, todo.plan.ops))
         if not publishable:
             return todo.receipt(marks, None)
-        sent = await self._send(todo.message)
+        sent = await self._send(todo.message, keep=True)
         return todo.receipt(marks, sent.receipt)
 
     async def reschedule_many(

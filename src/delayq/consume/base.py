@@ -28,6 +28,7 @@ from delayq.consume.settings import ConsumeSettings
 from delayq.message.envelope import epoch_ms
 from delayq.observe.deliveries import DeliveryObserver, Observers
 from delayq.observe.stats import ConsumerStats
+from delayq.observe.tracing import ProcessSpan, TracingOption, tracing_for
 from delayq.stores.base import CancellingStore, IdempotencyStore, check_transactional
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
@@ -107,8 +108,10 @@ class ConsumerBase:
         scrubber: Callable[[str], str] | None = None,
         feed: Any = None,
         link: Any = None,
+        tracing: TracingOption = None,
     ) -> None:
         check_handler(handler, sync=self._sync)
+        self._tracing = tracing_for(tracing)
         if transactional:
             check_transactional(store, handler)
         settings = ConsumeSettings.parse(
@@ -187,6 +190,17 @@ class ConsumerBase:
                 settled_at_ms=self._clock_ms(),
                 handler_ms=ack.handler_ms,
             )
+
+    def _trace(self, delivery: Delivery, received_ms: int) -> ProcessSpan | None:
+        """The delivery's ``process`` span, when traced (see :mod:`delayq.observe.tracing`)."""
+        tracing = self._tracing
+        if tracing is None:
+            return None
+        try:
+            return tracing.processing(delivery, received_ms)
+        except Exception as exc:  # tracing never fails a delivery
+            log.warning("no span for %s: %r", delivery.message_id, exc)
+            return None
 
     def _putting_back(self, delivery: Delivery, why: str) -> None:
         """The delivery goes back to its queue unacked (the adapter pauses, then nacks)."""

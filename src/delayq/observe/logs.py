@@ -16,6 +16,11 @@ or, on a handler of your own:
 
 Handlers that run in a thread (sync handlers) see the same context: the
 consumers copy it into the thread.
+
+With OpenTelemetry in use (see :mod:`delayq.observe.tracing`), a line logged while a
+span is recording (a delivery's ``process`` span, or the application's own) also
+carries ``trace_id`` and ``span_id`` (hex, as trace backends show them), so logs and
+traces join up. Nothing is imported for it: no opentelemetry, no ids.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ from delayq.errors import InvalidInput
 
 __all__ = [
     "FIELDS",
+    "TRACE_FIELDS",
     "DeliveryLogContext",
     "DeliveryLogFilter",
     "JsonLogFormatter",
@@ -49,6 +56,20 @@ LogFormat = Literal["text", "json"]
 
 FIELDS = ("message_id", "queue", "routing_key", "attempt")
 """The record attributes :class:`DeliveryLogFilter` sets (``None`` outside a delivery)."""
+
+TRACE_FIELDS = ("trace_id", "span_id")
+"""Set by :class:`DeliveryLogFilter` too while an OpenTelemetry span is current."""
+
+
+def _trace_ids() -> tuple[str, str] | None:
+    """The current span's ids in hex, if opentelemetry is in use and a span is current."""
+    trace = sys.modules.get("opentelemetry.trace")  # not imported: no span can be current
+    if trace is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +122,8 @@ def bound_delivery(delivery: Delivery) -> Iterator[DeliveryLogContext]:
 
 class DeliveryLogFilter(logging.Filter):
     """Sets ``message_id``, ``queue``, ``routing_key`` and ``attempt`` on every record
-    (``None`` outside a delivery); drops nothing. Put it on a handler: a filter on a
+    (``None`` outside a delivery), and ``trace_id`` and ``span_id`` (``None`` outside a
+    span); drops nothing. Put it on a handler: a filter on a
     logger does not see its children's records."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -110,12 +132,18 @@ class DeliveryLogFilter(logging.Filter):
             # A record that already has the field (an extra=..., or a second filter) keeps it.
             if getattr(record, name, None) is None:
                 setattr(record, name, None if context is None else getattr(context, name))
+        ids = _trace_ids()
+        for name, value in zip(TRACE_FIELDS, ids or (None, None), strict=True):
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
         return True
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {
-        name: value for name in FIELDS if (value := getattr(record, name, None)) is not None
+        name: value
+        for name in FIELDS + TRACE_FIELDS
+        if (value := getattr(record, name, None)) is not None
     }
 
 
@@ -159,9 +187,7 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def configure_logging(
-    level: str | int = "info", log_format: LogFormat = "text"
-) -> logging.Handler:
+def configure_logging(level: str | int = "info", log_format: LogFormat = "text") -> logging.Handler:
     """One stderr handler on the root logger with the delivery fields, in ``log_format``;
     replaces the root's handlers. Returns the handler."""
     if log_format not in ("text", "json"):

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
+    from delayq.ops.heal import QueueSample
     from delayq.ops.watchdog import HealEvent
 
 __all__ = [
@@ -105,6 +106,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Queues found holding dead letters that stopped moving (the heal watchdog), by "
         "queue and what was done (detected, healed, failed).",
     ),
+    "delayq_parked_messages": (
+        "gauge",
+        ("queue",),
+        "Messages in a tier, retry tier or cascade level queue (quorum) as the heal "
+        "watchdog last sampled it (delayq worker --heal).",
+    ),
     "delayq_handler_duration_seconds": (
         "histogram",
         ("queue",),
@@ -164,6 +171,8 @@ class PrometheusObserver:
                 return prom.Counter(
                     name.removesuffix("_total"), text, labels, registry=self.registry
                 )
+            if kind == "gauge":
+                return prom.Gauge(name, text, labels, registry=self.registry)
             return prom.Histogram(name, text, labels, registry=self.registry, **kwargs)
 
         self.published_total = make("delayq_published_total")
@@ -174,6 +183,7 @@ class PrometheusObserver:
         self.duplicates_total = make("delayq_duplicates_total")
         self.cancelled_total = make("delayq_cancelled_total")
         self.dead_letter_stalls_total = make("delayq_dead_letter_stalls_total")
+        self.parked_messages = make("delayq_parked_messages")
         self.handler_seconds = make(
             "delayq_handler_duration_seconds", buckets=tuple(handler_buckets_s)
         )
@@ -202,6 +212,10 @@ class PrometheusObserver:
     # HealObserver (delayq.ops.watchdog)
     def heal_event(self, event: HealEvent) -> None:
         self.dead_letter_stalls_total.labels(event.stall.queue, event.outcome.value).inc()
+
+    def heal_samples(self, samples: Sequence[QueueSample]) -> None:
+        for sample in samples:
+            self.parked_messages.labels(sample.queue).set(sample.messages)
 
     # PublishObserver
     def published(self, event: Published) -> None:

@@ -146,6 +146,10 @@ class HealEvent:
 
 
 class HealObserver(Protocol):
+    """Told each stall found (``heal_event``); one that also has a
+    ``heal_samples(samples)`` method is given every look's queue samples (the depth
+    gauge of :class:`~delayq.observe.metrics.PrometheusObserver`)."""
+
     def heal_event(self, event: HealEvent) -> None: ...
 
 
@@ -203,6 +207,13 @@ class Watchdog:
         """One look: the stalls found now, each healed if a remedy is configured."""
         samples = self.samples()
         self.looks += 1
+        for observer in self.observers:
+            told = getattr(observer, "heal_samples", None)
+            if callable(told):
+                try:
+                    told(samples)
+                except Exception:  # an observer must not stop the watchdog
+                    log.exception("heal observer %r failed", observer)
         events = [self._handle(stall) for stall in self.detector.observe(samples, self._clock())]
         self.events += events
         return events

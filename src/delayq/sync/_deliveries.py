@@ -37,6 +37,7 @@ from delayq.consume.flow import (
 from delayq.consume.handlers import plain
 from delayq.errors import DelayqError, HandlerTimeout, StoreError
 from delayq.observe.logs import bound_delivery
+from delayq.observe.tracing import ProcessSpan
 from delayq.stores.base import (
     IdempotencyStore,
     TransactionalStore,
@@ -84,6 +85,8 @@ class DeliveryFlow(ConsumerBase):
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         self._handler = plain(handler)  # a coroutine it returns fails the delivery
         self._store = store
+        self._spans: dict[int, ProcessSpan] = {}
+        """The ``process`` spans of deliveries being handled, by ``id(delivery)``."""
 
     def _pause_before_requeue(self) -> None:
         """Wait a moment before a delivery goes back (the adapter keeps heartbeats)."""
@@ -113,14 +116,22 @@ class DeliveryFlow(ConsumerBase):
         """Start the flow of a delivery: a :class:`Job` to run its handler, or ``None``
         when it is settled already (undecodable, duplicate, deferred, store down)."""
         received_ms = self._clock_ms()
-        with bound_delivery(delivery):
-            flow = delivery_flow(delivery, self._flow_context)
-            step = self._drive(flow, None, settler, delivery, received_ms)
-            if step is None:
-                return None
-            # The job's context is copied here: the handler's thread logs with this
-            # delivery's fields (see delayq.observe.logs).
-            return Job(settler, delivery, received_ms, flow, self._handler_call(step))
+        span = self._trace(delivery, received_ms)
+        if span is not None:
+            self._spans[id(delivery)] = span
+            span.attach()
+        try:
+            with bound_delivery(delivery):
+                flow = delivery_flow(delivery, self._flow_context)
+                step = self._drive(flow, None, settler, delivery, received_ms)
+                if step is None:
+                    return None
+                # The job's context is copied here: the handler's thread logs with this
+                # delivery's fields (see delayq.observe.logs) and runs in its span.
+                return Job(settler, delivery, received_ms, flow, self._handler_call(step))
+        finally:
+            if span is not None:
+                span.detach()
 
     def _handler_call(self, step: RunHandler) -> Callable[[], None]:
         """The handler's call: within the store's transaction for a transactional
@@ -153,9 +164,15 @@ class DeliveryFlow(ConsumerBase):
             if isinstance(step, RunHandler):
                 return step
             if isinstance(step, Publish):
+                span = self._spans.get(id(delivery))
                 if not settler.current:  # its channel is gone: the broker has it back
                     flow.close()
+                    if span is not None:
+                        del self._spans[id(delivery)]
+                        span.abandon("its channel was lost")
                     return None
+                if span is not None:
+                    span.carry(step.message)
                 answer = self._republish(step)
             elif isinstance(step, (Ack, PutBack, GiveUp)):
                 self._settle(step, settler, delivery, received_ms)
@@ -174,6 +191,10 @@ class DeliveryFlow(ConsumerBase):
     def _settle(
         self, settlement: Settlement, settler: Settler, delivery: Delivery, received_ms: int
     ) -> None:
+        if self._spans:
+            span = self._spans.pop(id(delivery), None)
+            if span is not None:
+                span.finish(settlement, self._clock_ms())
         if isinstance(settlement, GiveUp):
             # SystemExit & co: stop as asked; the delivery goes back unacked.
             self._fatal = self._fatal or settlement.error
@@ -213,4 +234,8 @@ class DeliveryFlow(ConsumerBase):
     def _finish(self, job: Job) -> None:
         """Settle a job whose handler ended (or was abandoned past its timeout)."""
         ended = HandlerEnded(job.error, job.handler_ms)
+        if job.error is not None and self._spans:
+            span = self._spans.get(id(job.delivery))
+            if span is not None:
+                span.failed(job.error)
         self._drive(job.flow, ended, job.settler, job.delivery, job.received_ms)

@@ -83,7 +83,7 @@ class Consumer(DeliveryFlow):
         """Handlers running at once, at most."""
         self._stop_grace_s = STOP_GRACE_S
         self._publisher = Publisher(
-            self._url, self.topology, clock_ms=self._clock_ms, link=self._link
+            self._url, self.topology, clock_ms=self._clock_ms, link=self._link, tracing=False
         )
         self._open_now = False
         self._cautious = False

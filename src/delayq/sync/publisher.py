@@ -7,6 +7,7 @@ The publisher builds and checks messages and reports their outcomes; its link
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -27,6 +28,7 @@ from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
+from delayq.observe.tracing import TracingOption, tracing_for
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
@@ -56,6 +58,9 @@ class Publisher:
     messages or 64 MiB by default, lowering ``window`` where needed): the caller
     waits while confirms are behind, since a stream is pulled only as confirms
     free room (see :mod:`delayq.message.inflight`).
+
+    ``tracing``: OpenTelemetry ``publish`` spans and trace context in the headers
+    (see :mod:`delayq.observe.tracing`; by default on when a tracer provider is set).
     """
 
     def __init__(
@@ -74,8 +79,10 @@ class Publisher:
         link: Link | None = None,
         in_flight: InFlightLimit | None = None,
         store: IdempotencyStore | None = None,
+        tracing: TracingOption = None,
     ) -> None:
         self._url = resolve_url(url)
+        self._tracing = tracing_for(tracing)
         self.store = store
         """The consumers' idempotency store, for :meth:`cancel` (``None``: cannot cancel)."""
         self._in_flight = limit_or_default(in_flight)
@@ -156,13 +163,21 @@ class Publisher:
         msg = self._factory.build(
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
-        self.send(msg)
+        with self._observers.reporting([msg]), self._traced([msg], keep=False):
+            self._link.send(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
-        """Send an already built message with confirm and bounded retries."""
-        with self._observers.reporting([msg]):
+        """Send an already built message with confirm and bounded retries (one that
+        carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
+        with self._observers.reporting([msg]), self._traced([msg], keep=True):
             self._link.send(msg)
+
+    def _traced(self, built: list[OutgoingMessage], *, keep: bool) -> AbstractContextManager[None]:
+        """The ``publish`` spans around a send (see :mod:`delayq.observe.tracing`)."""
+        if self._tracing is None:
+            return nullcontext()
+        return self._tracing.publishing(built, keep=keep)
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
         """Publish a batch with pipelined confirms (up to ``window`` unconfirmed).
@@ -177,7 +192,7 @@ class Publisher:
         """Send built messages with pipelined confirms; returns them as sent."""
         if built:
             window = batch_window(self._in_flight, built, max(1, window))
-            with self._observers.reporting(built):
+            with self._observers.reporting(built), self._traced(built, keep=False):
                 self._link.send_batch(built, window)
         return built
 
@@ -214,7 +229,24 @@ class Publisher:
                 observed(index, msg, error)
 
         window = max(1, min(window, self._in_flight.messages))
-        self._link.send_stream(messages, settle, window)
+        if self._tracing is None:
+            self._link.send_stream(messages, settle, window)
+            return
+        spans = self._tracing.streaming()
+        told = settle
+
+        def ended(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+            spans.settled(index, error)
+            told(index, msg, error)
+
+        failed: BaseException | None = None
+        try:
+            self._link.send_stream(spans.pulled(messages), ended, window)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            spans.close(failed)
 
     @property
     def in_flight(self) -> InFlightLimit:
