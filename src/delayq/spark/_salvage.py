@@ -23,7 +23,7 @@ from typing import Any
 
 from delayq.spark._failure import cause_line
 from delayq.spark._plan_task import LOST, REJECTED, SALVAGING
-from delayq.spark._schedule_results import errors_schema
+from delayq.spark._schedule_results import column_names, error_row, errors_schema, write_errors
 from delayq.spark._schedule_task import UNCONFIRMED
 
 __all__ = ["Salvaged", "salvage"]
@@ -81,7 +81,6 @@ def salvage(
     (overwritten), else keep them. Never raises: a failure is :attr:`Salvaged.failed`."""
     sc = spark.sparkContext
     schema = errors_schema(id_col)
-    names = [c.split()[0].strip("`") for c in schema.split(", ")]
     out = Salvaged()
     mode = "overwrite"  # written even when empty, as a finished job's: none of an earlier run
     sc.setLocalProperty(SALVAGING, "1")
@@ -90,14 +89,11 @@ def salvage(
         for group in groups:
             got = sc.runJob(results, _errors_only, list(group)) if group else []
             out.lost += sum(1 for r in got if r[0] == LOST)
-            rows = [(*r[1:7], r[8]) if id_col else tuple(r[1:7]) for r in got if r[0] != LOST]
+            rows = [error_row(r, id_col) for r in got if r[0] != LOST]
             if errors_path is None:
-                out.rows.extend(dict(zip(names, row, strict=True)) for row in rows)
+                out.rows.extend(column_names(schema, row) for row in rows)
             elif rows or mode == "overwrite":
-                writer = spark.createDataFrame(rows, schema).coalesce(1).write.mode(mode)
-                if errors_format == "csv":
-                    writer = writer.option("header", "true")
-                writer.format(errors_format).save(errors_path)
+                write_errors(spark, rows, schema, errors_path, errors_format, mode)
                 mode = "append"
         out.written = errors_path is not None
     except Exception as exc:  # the session itself may be gone with the job

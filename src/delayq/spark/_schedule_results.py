@@ -11,7 +11,16 @@ from typing import Any
 from delayq.spark._plan_task import PUBLISHED, REJECTED
 from delayq.spark._schedule_task import FAILED, RERUN, RETRIED, UNCONFIRMED
 
-__all__ = ["ERRORS_SCHEMA", "Gathered", "errors_schema", "gather", "summed"]
+__all__ = [
+    "ERRORS_SCHEMA",
+    "Gathered",
+    "column_names",
+    "error_row",
+    "errors_schema",
+    "gather",
+    "summed",
+    "write_errors",
+]
 
 ERRORS_SCHEMA = (
     "key string, routing_key string, delay string, tier string, error string, reason string"
@@ -75,16 +84,38 @@ def gather(
     out.failures = results.filter(lambda r: r[0] == FAILED).map(lambda r: r[5:7]).collect()
     schema = errors_schema(id_col)
     rows = results.filter(lambda r: r[0] in (REJECTED, UNCONFIRMED)).map(
-        (lambda r: (*r[1:7], r[8])) if id_col else (lambda r: tuple(r[1:7]))
+        lambda r: error_row(r, id_col)
     )
     if errors_path is not None:
         # Written even when empty: rejections of an earlier run left there would pass
         # for this run's.
-        writer = spark.createDataFrame(rows, schema).coalesce(1).write.mode("overwrite")
-        if errors_format == "csv":
-            writer = writer.option("header", "true")
-        writer.format(errors_format).save(errors_path)
+        write_errors(spark, rows, schema, errors_path, errors_format)
     elif out.rejected or out.unconfirmed:
-        names = [c.split()[0].strip("`") for c in schema.split(", ")]
-        out.rejections = [dict(zip(names, row, strict=True)) for row in rows.collect()]
+        out.rejections = [column_names(schema, row) for row in rows.collect()]
     return out
+
+
+def error_row(result: tuple[Any, ...], id_col: str | None) -> tuple[Any, ...]:
+    """A rejected or unconfirmed row's result tuple as a row of the errors output."""
+    return (*result[1:7], result[8]) if id_col else tuple(result[1:7])
+
+
+def column_names(schema: str, row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of the errors output (of ``schema``) as a dict."""
+    names = [c.split()[0].strip("`") for c in schema.split(", ")]
+    return dict(zip(names, row, strict=True))
+
+
+def write_errors(
+    spark: Any,
+    rows: Any,
+    schema: str,
+    errors_path: str,
+    errors_format: str,
+    mode: str = "overwrite",
+) -> None:
+    """Write ``rows`` (an RDD or a list) as one file of the errors output at ``errors_path``."""
+    writer = spark.createDataFrame(rows, schema).coalesce(1).write.mode(mode)
+    if errors_format == "csv":
+        writer = writer.option("header", "true")
+    writer.format(errors_format).save(errors_path)
