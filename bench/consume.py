@@ -238,7 +238,9 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
         if key == MEMORY_TRACED and key not in results.samples:
             continue  # not asked for (--tracing)
         if key not in results.samples:
-            lines.append(f"{label:<{width}}{'skipped':>9}   ({env.redis_note})")
+            chosen = s.modes
+            why = "not among --modes" if chosen and key not in chosen else env.redis_note
+            lines.append(f"{label:<{width}}{'skipped':>9}   ({why})")
             continue
         rate, cpu = results.rate(key), results.cpu_us(key)
         ratio = round(rate / raw_rate, 2)  # judged as shown
