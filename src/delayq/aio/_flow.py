@@ -77,34 +77,27 @@ class AsyncDeliveryFlow(ConsumerBase):
         if self._cautious and is_fresh(delivery.redelivered, delivery.headers):
             self._cautious = False
             self._widening = asyncio.get_running_loop().create_task(self._widen_prefetch())
-        # The task's logging binding stays with it; threads for plain handlers get a copy
-        # of it (see delayq.observe.logs).
+        # The task's logging binding (and the span, when traced) stays with it; threads
+        # for plain handlers get a copy of it (see delayq.observe.logs).
         token = bind_delivery(delivery)
+        span = None if self._tracing is None else self._trace(delivery, self._clock_ms())
+        if span is not None:
+            span.attach()  # the handler (its task or thread copies this context) runs in it
         try:
             if self._slots is None:
-                await self._handle(message, delivery, task)
+                await self._drive(message, delivery, task, span)
             else:
                 async with self._slots:
-                    await self._handle(message, delivery, task)
+                    await self._drive(message, delivery, task, span)
         except asyncio.CancelledError:
             self._acks.forget(message)  # back to the queue when the channel closes
             raise
         finally:
+            if span is not None:
+                span.detach()
+                span.abandon("its task was cancelled")  # nothing when it was settled
             unbind_delivery(token)
             in_flight.discard(task)
-
-    async def _handle(self, message: Settleable, delivery: Delivery, task: Task[None]) -> None:
-        """Drive the delivery's flow, in its ``process`` span when traced."""
-        span = None if self._tracing is None else self._trace(delivery, self._clock_ms())
-        if span is None:
-            await self._drive(message, delivery, task, None)
-            return
-        span.attach()  # the handler (its task or thread copies this context) runs in it
-        try:
-            await self._drive(message, delivery, task, span)
-        finally:
-            span.detach()
-            span.abandon("its task was cancelled")  # nothing when it was settled
 
     async def _drive(
         self, message: Settleable, delivery: Delivery, task: Task[None], span: ProcessSpan | None
