@@ -132,32 +132,50 @@ def test_each_published_row_is_a_publish_span_child_of_the_job_span(
         assert f"0x{span_id}" == span_of[message_id]["span_id"]
 
 
+def factory_of_a_module_only_here(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A provider factory of a module the driver imports and the executors' workers
+    cannot (not on their path): pickled by reference, it cannot be loaded there."""
+    name = f"only_here_{folder.name.replace('-', '_')}"
+    (folder / f"{name}.py").write_text(
+        "from tests.spark.test_tracing import span_files\n"
+        f"make_provider = span_files(__import__('pathlib').Path({str(folder)!r}))\n"
+        "def factory():\n    return make_provider()\n"
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    return __import__(name).factory
+
+
+@pytest.mark.parametrize("broken", ["raises there", "cannot be loaded there"])
 def test_a_factory_failing_on_the_executors_publishes_everything_untraced_said_once(
+    broken: str,
     spark: Any,
     rabbitmq_url: str,
     make_topology: Callable[..., Topology],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topology = make_topology()
     apply_topology(topology, rabbitmq_url)
     df = spark.createDataFrame(rows(12), SCHEMA)
     caplog.set_level(logging.WARNING, logger="delayq.tracing")
+    if broken == "raises there":
+        factory, cause = (
+            span_files(tmp_path, fail_off=os.getpid()),
+            "RuntimeError: no collector here",
+        )
+    else:
+        factory, cause = factory_of_a_module_only_here(tmp_path, monkeypatch), "ModuleNotFoundError"
 
     summary = schedule(
-        df,
-        url=rabbitmq_url,
-        topology=topology,
-        delay_col="delay",
-        partitions=2,
-        tracing=span_files(tmp_path, fail_off=os.getpid()),
+        df, url=rabbitmq_url, topology=topology, delay_col="delay", partitions=2, tracing=factory
     )
 
     assert summary.total_published == 12 and summary.total_rejected == 0
     said = [r.getMessage() for r in caplog.records if r.name == "delayq.tracing"]
     assert len(said) == 1, said
     assert "2 task(s) published untraced" in said[0]
-    assert "RuntimeError: no collector here" in said[0]
+    assert cause in said[0]
     [job] = read_spans(tmp_path).pop(os.getpid())  # the driver's span, still there
     assert job["attributes"]["delayq.published"] == 12
     queue = topology.destinations[0].queue

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,10 +66,12 @@ _PROVIDERS: dict[str, tuple[Any, str | None]] = {}
 """This process's providers by factory key: ``(provider, None)`` or ``(None, why not)``."""
 
 
-def _key(factory: ProviderFactory) -> str:
-    """The factory's identity across processes: a digest of its pickled form (the same
-    function gives the same key on every worker; another one, or the same closing over
-    other values, another), so a reused worker never serves one job another's provider."""
+def _pickled(factory: ProviderFactory) -> tuple[bytes, str]:
+    """The factory pickled as Spark pickles a task, and its identity across processes:
+    a digest of that (the same function gives the same key on every worker; another, or
+    the same closing over other values, another), so a reused worker never serves one
+    job another's provider. The tasks get the bytes and unpickle them themselves: a
+    factory they cannot load (its module missing there) leaves them untraced, not failed."""
     from pyspark import cloudpickle
 
     dumps: Any = cloudpickle.dumps  # as Spark pickles the task that carries it
@@ -80,14 +83,15 @@ def _key(factory: ProviderFactory) -> str:
             f"({type(exc).__name__}: {exc}); build the TracerProvider inside the function, "
             "do not close over one built here"
         ) from exc
-    return hashlib.sha256(data).hexdigest()[:20]
+    return data, hashlib.sha256(data).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
 class JobTracing:
-    """A job's ``tracing=``, checked on the driver: the factory and its key."""
+    """A job's ``tracing=``, checked on the driver: the factory, pickled, and its key."""
 
     factory: ProviderFactory
+    pickled: bytes
     key: str
 
     @classmethod
@@ -111,22 +115,23 @@ class JobTracing:
             )
         if _otel() is None:
             raise MissingExtra("tracing (tracing=...)", "otel", "opentelemetry-api")
-        return cls(option, _key(option))
+        return cls(option, *_pickled(option))
 
     def task(self, parent: Mapping[str, str]) -> TaskTracing:
         """What the tasks get: the factory, and the job span's context (``parent``)."""
-        return TaskTracing(self.factory, self.key, dict(parent))
+        return TaskTracing(self.pickled, self.key, dict(parent))
 
 
-def _provider(factory: ProviderFactory, key: str) -> tuple[Any, str | None]:
-    """The provider of ``factory`` in this process (built on first use), or ``None`` and
-    why; a failure is kept too, so it is met (and logged) once per process."""
+def _provider(key: str, factory: Callable[[], ProviderFactory]) -> tuple[Any, str | None]:
+    """The provider of the factory ``factory()`` gives, in this process (built on first
+    use), or ``None`` and why; a failure is kept too, so it is met (and logged) once
+    per process."""
     found = _PROVIDERS.get(key)
     if found is None:
         try:
             if _otel() is None:
                 raise MissingExtra("tracing (tracing=...)", "otel", "opentelemetry-api")
-            provider = factory()
+            provider = factory()()
             if not callable(getattr(provider, "get_tracer", None)):
                 raise TypeError(f"the provider factory returned {provider!r}, no TracerProvider")
             found = (provider, None)
@@ -150,14 +155,15 @@ def _flush(provider: Any) -> None:
 class TaskTracing:
     """What a task needs to trace its sends (pickled into the task's closure)."""
 
-    factory: ProviderFactory
+    pickled: bytes
+    """The provider factory (cloudpickle's)."""
     key: str
     parent: dict[str, str]
     """The job span's context (W3C fields; empty: the publish spans are roots)."""
 
     def provider(self) -> tuple[TracerProvider | None, str | None]:
         """This worker's provider (``None`` and why, when its factory failed)."""
-        provider, why = _provider(self.factory, self.key)
+        provider, why = _provider(self.key, lambda: pickle.loads(self.pickled))
         return provider, why
 
     @contextmanager
@@ -235,7 +241,7 @@ def job_span(
     tracer = Tracing(trace, None).tracer()  # the application's global provider, if set
     own = None
     if tracer is None:
-        own, _ = _provider(tracing.factory, tracing.key)
+        own, _ = _provider(tracing.key, lambda: tracing.factory)
         tracer = None if own is None else own.get_tracer(SCOPE)
     if tracer is None:
         yield JobSpan(None, trace)
