@@ -20,6 +20,7 @@ from delayq import ConnectionFailed, InvalidInput, MissingExtra, Topology
 from delayq.message.bulk import key_message_id
 from delayq.observe import tracing as tracing_module
 from delayq.spark import schedule, schedule_stream
+from delayq.spark._tracing import JobTracing
 from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for
@@ -81,30 +82,47 @@ def rows(n: int, *, bad: int = 0) -> list[tuple[str, str, str, str]]:
 
 
 def test_each_published_row_is_a_publish_span_child_of_the_job_span(
-    spark: Any, rabbitmq_url: str, make_topology: Callable[..., Topology], tmp_path: Path
+    spark: Any,
+    rabbitmq_url: str,
+    make_topology: Callable[..., Topology],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     topology = make_topology()
     apply_topology(topology, rabbitmq_url)
     df = spark.createDataFrame(rows(20, bad=2), SCHEMA)
+    exporter = InMemorySpanExporter()  # the driver's: the application's own provider
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
 
-    summary = schedule(
-        df,
-        url=rabbitmq_url,
-        topology=topology,
-        delay_col="delay",
-        partitions=2,
-        max_rejected=2,
-        tracing=span_files(tmp_path),
-    )
+    with provider.get_tracer("app").start_as_current_span("campaign") as campaign:
+        summary = schedule(
+            df,
+            url=rabbitmq_url,
+            topology=topology,
+            delay_col="delay",
+            partitions=2,
+            max_rejected=2,
+            tracing=span_files(tmp_path),
+        )
 
     assert summary.total_published == 18 and summary.total_rejected == 2
+    job, outer = exporter.get_finished_spans()
+    assert (job.name, outer.name) == (f"schedule {topology.namespace}", "campaign")
+    assert job.parent is not None and job.parent.span_id == campaign.get_span_context().span_id
+    assert job.attributes is not None
+    assert job.attributes["delayq.published"] == 18
+    assert job.attributes["delayq.rejected"] == 2
+    assert str(job.attributes["delayq.spark.job_group"]).startswith("delayq-schedule-")
+    trace_id, job_id = f"0x{job.context.trace_id:032x}", f"0x{job.context.span_id:016x}"
     by_pid = read_spans(tmp_path)
-    [job] = by_pid.pop(os.getpid())  # the driver exported the job span, and only it
-    assert job["name"] == f"schedule {topology.namespace}"
-    assert job["parent_id"] is None  # no span was current here
-    assert job["attributes"]["delayq.published"] == 18
-    assert job["attributes"]["delayq.rejected"] == 2
-    assert job["attributes"]["delayq.spark.job_group"].startswith("delayq-schedule-")
+    assert os.getpid() not in by_pid  # the driver used the application's provider
     publishes = [span for spans in by_pid.values() for span in spans]
     assert by_pid and all(spans for spans in by_pid.values())  # the executors' workers
     # One span per published row; the rejected rows were never messages, so no span.
@@ -112,8 +130,8 @@ def test_each_published_row_is_a_publish_span_child_of_the_job_span(
     assert sorted(s["attributes"]["messaging.message.id"] for s in publishes) == sorted(ids)
     for span in publishes:
         assert span["kind"] == "SpanKind.PRODUCER"
-        assert span["context"]["trace_id"] == job["context"]["trace_id"]
-        assert span["parent_id"] == job["context"]["span_id"]
+        assert span["context"]["trace_id"] == trace_id
+        assert span["parent_id"] == job_id
         assert span["status"]["status_code"] == "UNSET"
         attributes = span["attributes"]
         assert attributes["messaging.system"] == "rabbitmq"
@@ -218,6 +236,7 @@ def test_tracing_must_be_a_factory_that_can_travel_refused_before_spark_runs(
                 tracing=option,  # type: ignore[arg-type]
             )
         assert said in str(caught.value)
+    assert JobTracing.of(TracerProvider) is not None  # the class: a factory, if a bare one
     monkeypatch.setattr(tracing_module, "_TRACE", None)  # as if opentelemetry were missing
     with pytest.raises(MissingExtra, match=r"delayq\[otel\]"):
         schedule(df, url=dead, topology=topology, delay_col="delay", tracing=span_files(Path()))

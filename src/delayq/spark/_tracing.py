@@ -101,7 +101,8 @@ class JobTracing:
         is refused with :class:`~delayq.errors.MissingExtra` (``delayq[otel]``)."""
         if option is None or option is False:
             return None
-        if option is True or callable(getattr(option, "get_tracer", None)):
+        provider = not isinstance(option, type) and callable(getattr(option, "get_tracer", None))
+        if option is True or provider:
             raise InvalidInput(
                 f"tracing={option!r} cannot trace the Spark tasks: no tracer provider exists "
                 "in Spark's Python workers, and a provider built here does not travel there "
@@ -122,8 +123,8 @@ class JobTracing:
         return TaskTracing(self.pickled, self.key, dict(parent))
 
 
-def _provider(key: str, factory: Callable[[], ProviderFactory]) -> tuple[Any, str | None]:
-    """The provider of the factory ``factory()`` gives, in this process (built on first
+def _provider(key: str, load: Callable[[], ProviderFactory]) -> tuple[Any, str | None]:
+    """The provider of the factory ``load()`` gives, in this process (built on first
     use), or ``None`` and why; a failure is kept too, so it is met (and logged) once
     per process."""
     found = _PROVIDERS.get(key)
@@ -131,7 +132,7 @@ def _provider(key: str, factory: Callable[[], ProviderFactory]) -> tuple[Any, st
         try:
             if _otel() is None:
                 raise MissingExtra("tracing (tracing=...)", "otel", "opentelemetry-api")
-            provider = factory()()
+            provider = load()()
             if not callable(getattr(provider, "get_tracer", None)):
                 raise TypeError(f"the provider factory returned {provider!r}, no TracerProvider")
             found = (provider, None)
