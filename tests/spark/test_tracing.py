@@ -16,7 +16,7 @@ from typing import Any
 import pika
 import pytest
 
-from delayq import ConnectionFailed, InvalidInput, MissingExtra, Topology
+from delayq import ConnectionFailed, InvalidInput, MissingExtra, RowsRejected, Topology
 from delayq.message.bulk import key_message_id
 from delayq.observe import tracing as tracing_module
 from delayq.spark import schedule, schedule_stream
@@ -102,21 +102,25 @@ def test_each_published_row_is_a_publish_span_child_of_the_job_span(
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
 
     with provider.get_tracer("app").start_as_current_span("campaign") as campaign:
-        summary = schedule(
-            df,
-            url=rabbitmq_url,
-            topology=topology,
-            delay_col="delay",
-            partitions=2,
-            max_rejected=2,
-            tracing=span_files(tmp_path),
-        )
+        with pytest.raises(RowsRejected) as raised:  # 2 rejected, 1 allowed: the job's error
+            schedule(
+                df,
+                url=rabbitmq_url,
+                topology=topology,
+                delay_col="delay",
+                partitions=2,
+                max_rejected=1,
+                tracing=span_files(tmp_path),
+            )
 
+    summary = raised.value.summary
     assert summary.total_published == 18 and summary.total_rejected == 2
     job, outer = exporter.get_finished_spans()
     assert (job.name, outer.name) == (f"schedule {topology.namespace}", "campaign")
+    assert job.status.status_code == trace.StatusCode.ERROR
     assert job.parent is not None and job.parent.span_id == campaign.get_span_context().span_id
     assert job.attributes is not None
+    assert job.attributes["error.type"] == "RowsRejected"
     assert job.attributes["delayq.published"] == 18
     assert job.attributes["delayq.rejected"] == 2
     assert str(job.attributes["delayq.spark.job_group"]).startswith("delayq-schedule-")
