@@ -24,6 +24,7 @@ from delayq.spark._resilient import RetryPolicy
 from delayq.spark._salvage import salvage
 from delayq.spark._schedule_results import Gathered, gather, summed
 from delayq.spark._schedule_task import publish_partition
+from delayq.spark._tracing import JobSpan, JobTracing, report_untraced
 from delayq.topology.model import Topology
 
 if TYPE_CHECKING:
@@ -70,16 +71,21 @@ class Job:
     id_col: str | None
     policy: RetryPolicy
     dry_run: bool = False
+    tracing: JobTracing | None = None
+    """The executors' tracing (:mod:`delayq.spark._tracing`); ``None``: none."""
 
     @classmethod
-    def of(cls, *, retry_for: object, backoff: object, **settings: Any) -> Job:
+    def of(
+        cls, *, retry_for: object, backoff: object, tracing: object = None, **settings: Any
+    ) -> Job:
         """The settings checked (a bad one raises :class:`~delayq.errors.InvalidInput`)."""
         check_errors_format(settings["errors_format"])
         for name in ("window", "partitions"):
             value = settings[name]
             if value is not None and (isinstance(value, bool) or value < 1):
                 raise InvalidInput(f"{name} must be at least 1, got {value!r}")
-        return cls(policy=RetryPolicy.parse(retry_for, backoff), **settings)
+        policy = RetryPolicy.parse(retry_for, backoff)
+        return cls(policy=policy, tracing=JobTracing.of(tracing), **settings)
 
     def select(self, df: DataFrame) -> DataFrame:
         """The columns the tasks read (a missing column raises
@@ -105,9 +111,11 @@ class Job:
         errors_path: str | None,
         summarise: Summarise,
         progress: Progress | None = None,
+        span: JobSpan | None = None,
     ) -> Ran:
         """Publish (or with ``dry_run`` plan) every row of ``selected`` (:meth:`select`'s);
         the errors output goes to ``errors_path`` (overwritten), else into the result.
+        The tasks' ``publish`` spans are children of ``span`` (the run's, on the driver).
 
         A run Spark fails raises :class:`~delayq.errors.SparkJobFailed`, its ``summary``
         ``summarise(ran, errors_path)`` of what the finished partitions did
@@ -131,6 +139,11 @@ class Job:
         counter = RowCounter(spark) if progress is not None else None
         data = self.topology.model_dump(mode="json")
         group = f"delayq-schedule-{uuid.uuid4().hex[:8]}"
+        if span is not None:
+            span.set({"delayq.spark.job_group": group})
+        traced = None
+        if self.tracing is not None and not self.dry_run:
+            traced = self.tracing.task(span.carrier if span is not None else {})
         task = (
             plan_partition(data, body_json=self.body_json)
             if self.dry_run
@@ -141,6 +154,7 @@ class Job:
                 body_json=self.body_json,
                 policy=self.policy,
                 job=group,
+                tracing=traced,
             )
         )
         results = prepared.rows.rdd.mapPartitions(counting(task, counter))
@@ -177,6 +191,7 @@ class Job:
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
             prepared.release()  # the results are persisted: the input's copy is not needed
+        report_untraced(tallies.value)
         try:
             got = gather(
                 spark,

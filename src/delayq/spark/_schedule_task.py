@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 from delayq.durations import format_ms
@@ -32,6 +33,7 @@ from delayq.spark._plan_task import (
     task_row,
 )
 from delayq.spark._resilient import RetryPolicy, Stalled, send_resilient
+from delayq.spark._tracing import UNTRACED, TaskTracing
 from delayq.topology.model import Topology
 
 __all__ = [
@@ -75,6 +77,7 @@ def publish_partition(
     body_json: bool,
     policy: RetryPolicy,
     job: str,
+    tracing: TaskTracing | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
     """The function each Spark task runs over its rows (plain data in, tuples out).
 
@@ -83,7 +86,9 @@ def publish_partition(
     routing_key, delay, tier, error, reason, n, id)``: one per rejected or
     unconfirmed row (``n`` 1, ``id`` the row's), one ``published`` count per tier
     and one ``retried`` count, and one ``failed`` line (``error``, ``reason``) when
-    the broker stayed silent or refused for good.
+    the broker stayed silent or refused for good. With ``tracing``, each message gets a
+    ``publish`` span, a child of the job's (an ``untraced`` line, ``error`` why, when
+    this worker's provider factory failed: :mod:`delayq.spark._tracing`).
     """
 
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
@@ -95,12 +100,14 @@ def publish_partition(
         topology = Topology.model_validate(topology_data)
         rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()
+        provider, untraced = (None, None) if tracing is None else tracing.provider()
         with Publisher(
             url,
             topology,
             publish_attempts=1,  # the waiting is send_resilient's
             connect_attempts=1,
             retry_backoff_s=policy.backoff_ms / 1000,
+            tracing=provider,  # None: as without tracing= (a worker's global provider, if set)
         ) as publisher:
             planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
 
@@ -121,14 +128,15 @@ def publish_partition(
                     rejections.append((planner.rejected(msg, error, key), row_id))
 
             rest = stream()
-            outcome = send_resilient(
-                publisher,
-                rest,
-                settle,
-                window=window,
-                policy=policy,
-                give_up_at_once=job in _GAVE_UP,
-            )
+            with tracing.sending(provider) if tracing is not None else nullcontext():
+                outcome = send_resilient(
+                    publisher,
+                    rest,
+                    settle,
+                    window=window,
+                    policy=policy,
+                    give_up_at_once=job in _GAVE_UP,
+                )
             stalled = outcome.stalled
             if stalled is None:
                 _GAVE_UP.discard(job)
@@ -149,6 +157,8 @@ def publish_partition(
             yield count_tuple(RETRIED, outcome.retried)
         if published and _attempt() > 0:  # an earlier attempt may have sent them too
             yield count_tuple(RERUN, sum(published.values()))
+        if untraced is not None:
+            yield (UNTRACED, None, None, None, None, untraced, None, 1, None)
 
     return run
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from delayq.errors import InvalidInput, RowsRejected
 from delayq.message.bulk import RejectionLimit
@@ -30,6 +30,7 @@ from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark._run import Job, Ran
 from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema
 from delayq.spark._schedule_task import publish_partition
+from delayq.spark._tracing import ProviderFactory, job_span
 from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -162,6 +163,7 @@ def schedule(
     retry_for: object = "60s",
     backoff: object = "200ms",
     resume_from: str | None = None,
+    tracing: ProviderFactory | Literal[False] | None = None,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -212,6 +214,11 @@ def schedule(
     :class:`~delayq.errors.SparkJobFailed`: the cause in one line, a ``summary``
     of the partitions that finished (:mod:`delayq.spark._failure`), and their rejected
     and unconfirmed rows in the errors output (:mod:`delayq.spark._salvage`).
+
+    ``tracing``: a function of no argument returning an OpenTelemetry ``TracerProvider``
+    (its exporter set up), called once in each Spark Python worker: every message gets
+    a ``publish`` span, all children of the job's ``schedule <namespace>`` span on the
+    driver (:mod:`delayq.spark._tracing`). ``None`` (default) or ``False``: no spans.
     """
     url = resolve_url(url)
     limit = RejectionLimit.parse(max_rejected)
@@ -232,28 +239,33 @@ def schedule(
         dry_run=dry_run,
         retry_for=retry_for,
         backoff=backoff,
+        tracing=tracing,
     )
     if df.isStreaming:
         raise InvalidInput(
             "df is a streaming DataFrame (readStream): schedule it with "
             "delayq.spark.schedule_stream (delayq spark stream), which needs a checkpoint"
         )
-    selected = job.select(df)
-    if resume_from is not None:
-        schema = errors_schema(id_col)
-        selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
-    job.check()
-    ran = job.run(
-        selected,
-        errors_path=errors_path,
-        progress=progress,
-        summarise=lambda partial, written: summary_of(partial, written, dry_run=dry_run),
-    )
-    summary = summary_of(ran, errors_path, dry_run=dry_run)
-    if ran.got.unconfirmed or ran.got.failures:
-        raise unconfirmed_error(summary, ran.got.failures, job.policy)
-    if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
-        raise summary.rejected_error(limit)
+    with job_span(job.tracing, topology.namespace, {"delayq.dry_run": dry_run}) as span:
+        selected = job.select(df)
+        if resume_from is not None:
+            schema = errors_schema(id_col)
+            selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
+        job.check()
+        ran = job.run(
+            selected,
+            errors_path=errors_path,
+            progress=progress,
+            summarise=lambda partial, written: summary_of(partial, written, dry_run=dry_run),
+            span=span,
+        )
+        summary = summary_of(ran, errors_path, dry_run=dry_run)
+        if span is not None:
+            span.summary(summary)
+        if ran.got.unconfirmed or ran.got.failures:
+            raise unconfirmed_error(summary, ran.got.failures, job.policy)
+        if limit.exceeded(rejected=summary.total_rejected, rows=summary.rows):
+            raise summary.rejected_error(limit)
     return summary
 
 

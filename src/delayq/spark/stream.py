@@ -29,12 +29,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from delayq.durations import format_ms, to_ms
 from delayq.errors import DelayqError, InvalidInput, RowsUnconfirmed
 from delayq.spark._resilient import RetryPolicy
 from delayq.spark._run import Job
+from delayq.spark._tracing import ProviderFactory, job_span
 from delayq.spark.schedule import ScheduleSummary, summary_of
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -203,6 +204,7 @@ def schedule_stream(
     trigger: object = None,
     query_name: str | None = None,
     on_batch: Callable[[BatchSummary], None] | None = None,
+    tracing: ProviderFactory | Literal[False] | None = None,
 ) -> ScheduleStream:
     """Start a streaming query publishing one delayed message per row of ``df`` (a
     streaming DataFrame: ``spark.readStream...``); return it, started.
@@ -222,6 +224,8 @@ def schedule_stream(
     :class:`~delayq.errors.RowsUnconfirmed`: the query stops without committing it,
     and a restart sends it again (duplicates for the rows that were confirmed). The
     broker and the topology are checked before the query starts, as by ``schedule``.
+    ``tracing`` is ``schedule``'s: each batch is a trace of its own, a ``schedule
+    <namespace>`` span (``delayq.batch_id``) with its messages' ``publish`` spans.
     """
     url = resolve_url(url)
     job = Job.of(
@@ -240,6 +244,7 @@ def schedule_stream(
         id_col=id_col,
         retry_for=retry_for,
         backoff=backoff,
+        tracing=tracing,
     )
     if not df.isStreaming:
         raise InvalidInput(
@@ -259,10 +264,14 @@ def schedule_stream(
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         where = f"{errors_path.rstrip('/')}/batch={batch_id}" if errors_path else None
         try:
-            ran = job.run(job.select(batch), errors_path=where, summarise=summary_of)
-            summary = summary_of(ran, where)
-            if ran.got.unconfirmed or ran.got.failures:
-                raise _not_committed(batch_id, summary, ran.got.failures, job.policy)
+            with job_span(job.tracing, topology.namespace, {"delayq.batch_id": batch_id}) as span:
+                selected = job.select(batch)
+                ran = job.run(selected, errors_path=where, summarise=summary_of, span=span)
+                summary = summary_of(ran, where)
+                if span is not None:
+                    span.summary(summary)
+                if ran.got.unconfirmed or ran.got.failures:
+                    raise _not_committed(batch_id, summary, ran.got.failures, job.policy)
         except DelayqError as exc:
             with record.lock:
                 record.error = exc
