@@ -35,9 +35,7 @@ def spark() -> Iterator[Any]:
     """One local Spark session per test process (``local[2]``, few shuffle partitions),
     for tests/spark and the docs' Spark blocks (one xdist group: one worker, one JVM)."""
     from delayq.spark import local_session
-    from tests.spark_jvm import quick_driver
 
-    with quick_driver():
-        session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False)
+    session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False)
     yield session
     session.stop()

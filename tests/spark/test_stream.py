@@ -30,7 +30,6 @@ from delayq.sync import apply_topology, delete_topology
 from tests.amqp import depth
 from tests.spark.outputs import read_errors
 from tests.spark.test_schedule import Running, Seen
-from tests.spark_jvm import SUBMIT_ARGS
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +201,7 @@ def test_a_batch_left_unconfirmed_fails_the_query_uncommitted_and_a_restart_send
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **SUBMIT_ARGS}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "delayq", *argv],
