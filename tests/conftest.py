@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,3 +28,14 @@ def _root_logger_restored() -> Iterator[None]:
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session per test process (``local[2]``, few shuffle partitions),
+    for tests/spark and the docs' Spark blocks (one xdist group: one worker, one JVM)."""
+    from delayq.spark import local_session
+
+    session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False)
+    yield session
+    session.stop()

@@ -24,15 +24,19 @@ under pytest and all its tests must pass.
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import delayq
 
@@ -307,6 +311,123 @@ def run(
     if tests and f"{len(tests)} passed" not in stdout:
         return failure(block, f"is a test file of {len(tests)} tests: not all passed", stdout, "")
     return None
+
+
+def in_session(block: Block) -> bool:
+    """Whether ``block`` runs in the test process's Spark session (:func:`run_in_session`)
+    rather than as a program of its own: a Spark block that is neither a test file nor
+    a server, whose only Spark use is ``local_session()``'s (the active session)."""
+    return "spark" in block.needs and not block.until_stopped and not block.test_functions
+
+
+def run_in_session(block: Block, folder: Path, urls: Mapping[str, str], spark: Any) -> str | None:
+    """Run ``block`` in this process, in ``spark`` (the Spark worker's session): return a
+    failure message, or None when it ran well.
+
+    A Spark block as its own program spends most of its time starting a JVM and warming
+    it up (about 10 s of a 15 s block on a quiet machine, a minute under load); here its
+    ``local_session()`` returns the running session (the active one), and the rest is
+    what a reader's program sees: ``__name__ == "__main__"``, ``folder`` as the current
+    directory for Python and for the JVM (Hadoop's working directory, which relative
+    Spark paths such as ``errors_path="out/rejected"`` resolve against), the block's
+    environment, its own stdout and stderr. A block that raises, or exits non-zero,
+    fails with its traceback and output. ``stop()`` on the session or its context does
+    nothing while it runs (the session is shared; a reader's program may stop its own),
+    and streaming queries it leaves running are stopped after it.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    script = folder / f"readme_{block.line}.py"
+    program = substitute(block.program, urls)
+    script.write_text(program, encoding="utf-8")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    outcome: str | None = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            _environment(environment(urls), ("DELAYQ_URL", "RABBITMQ_URL", "DELAYQ_MANAGEMENT_URL"))
+        )
+        stack.enter_context(_cwd(folder))
+        stack.enter_context(_jvm_working_directory(spark, folder))
+        stack.enter_context(_not_stopped(SparkSession, SparkContext))
+        stack.callback(_stop_streams, spark)
+        stack.enter_context(contextlib.redirect_stdout(stdout))
+        stack.enter_context(contextlib.redirect_stderr(stderr))
+        try:
+            exec(compile(program, str(script), "exec"), {"__name__": "__main__"})
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                outcome = f"exited with {stop.code}"
+        except Exception:  # the block's own failure, reported with its line
+            stderr.write(traceback.format_exc())
+            outcome = "raised an exception"
+    if outcome is not None:
+        return failure(block, outcome, stdout.getvalue(), stderr.getvalue())
+    return None
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str], names: tuple[str, ...]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        for name in names:
+            if name in env:
+                os.environ[name] = env[name]
+            else:
+                os.environ.pop(name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _cwd(folder: Path) -> Iterator[None]:  # contextlib.chdir from Python 3.11
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@contextlib.contextmanager
+def _jvm_working_directory(spark: Any, folder: Path) -> Iterator[None]:
+    """Relative paths in the JVM: Hadoop's file systems resolve them against a working
+    directory, the JVM's at start. Spark's readers and writers use the one cached local
+    ``FileSystem``, whose directory is set here; a ``FileContext`` (a stream's
+    checkpoint) takes ``user.dir`` when it is made."""
+    jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    system = jvm.java.lang.System
+    before, user_dir = local.getWorkingDirectory(), system.getProperty("user.dir")
+    local.setWorkingDirectory(jvm.org.apache.hadoop.fs.Path(str(folder.resolve())))
+    system.setProperty("user.dir", str(folder.resolve()))
+    try:
+        yield
+    finally:
+        system.setProperty("user.dir", user_dir)
+        local.setWorkingDirectory(before)
+
+
+@contextlib.contextmanager
+def _not_stopped(*classes: type) -> Iterator[None]:
+    saved = [(cls, cls.__dict__["stop"]) for cls in classes]
+    try:
+        for cls, _ in saved:
+            setattr(cls, "stop", lambda self: None)  # noqa: B010
+        yield
+    finally:
+        for cls, stop in saved:
+            setattr(cls, "stop", stop)  # noqa: B010
+
+
+def _stop_streams(spark: Any) -> None:
+    for query in spark.streams.active:
+        query.stop()
 
 
 def _stop_when_consuming(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 import uuid
 from collections import Counter
@@ -13,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from delayq import FixedBackoff, Message, Topology
+from delayq import FixedBackoff, Message, Receipt, Topology
 from delayq.consume.delivery import H_DEAD_LETTER_REASON
 from delayq.local.node import RABBITMQ_BIN, LocalNode
 from delayq.message.envelope import H_ROUTING_KEY
@@ -22,6 +23,7 @@ from delayq.topology.cascade import Kind, Strategy, decode_key
 from delayq.topology.model import load_topology
 from tests.integration.ops import delayq, rows
 from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
+from tests.waiting import wait_for
 
 from .test_consumer import Calls, text, until
 
@@ -68,6 +70,23 @@ def test_every_delay_from_1_to_20_units_arrives_on_time_with_its_routing_key(
 def test_two_thousand_random_delays_are_never_early_and_late_by_at_most_a_unit_at_p99(
     rabbitmq_url, make_topology, collect
 ):
+    """Never early, strictly; late against the due time (the delay rounded up to whole
+    units) by at most one unit at p99 **beyond what the same run's immediate path shows**.
+
+    What is measured is arrival at a raw consumer minus the receipt's publish time, so
+    it holds the cascade's own lateness (each hop a quorum queue's dead-lettering) and
+    everything around it: the publisher's batch, the broker's routing, the delivery, the
+    collector thread being scheduled. On a quiet 2-core machine that is tens of ms; on a
+    loaded CI machine (three test workers, their nodes, a JVM) it once reached 1,523 ms
+    at p99, the same code, none of it the cascade's design. So zero-delay control
+    messages, through the same topology, publisher kind, broker and collector, are sent
+    every 50 ms from publishing to the last arrival: they take no hop (a delay of 0 goes
+    straight to ``<ns>.ready``) and their latency is that run's noise. The bound is one
+    unit plus the controls' p99. It still fails when the cascade is late by its own
+    doing: a message waiting a level too many, or a unit more, is a unit late on top of
+    whatever the controls saw at the same moments. Early is never excused: no control
+    correction applies to it.
+    """
     # 1 s, the default unit: each hop is a quorum queue's dead-lettering, tens of ms on
     # a quiet 2-core machine but up to ~600 ms at p99 while CI runs a three-node cluster
     # and two more nodes beside it (a 250 ms unit failed there once); 100 ms gave a p99
@@ -82,26 +101,59 @@ def test_two_thousand_random_delays_are_never_early_and_late_by_at_most_a_unit_a
         for n in range(2000)
     ]
     receipts = {}
-    with Publisher(rabbitmq_url, topo) as pub:
-        # Small batches: a receipt's publish time is taken when its batch is built, so
-        # one batch of 2,000 would count its own sending time as lateness.
-        for start in range(0, len(batch), 25):
-            receipts.update((r.message_id, r) for r in pub.publish_many(batch[start : start + 25]))
-    arrivals = inbox.wait(2000, timeout_s=60)
+    controls: dict[str, Receipt] = {}
+    stop = threading.Event()
+
+    def send_controls() -> None:
+        with Publisher(rabbitmq_url, topo) as pub:
+            while not stop.is_set():
+                receipt = pub.publish(b"", f"job.control.{len(controls)}", "0s")
+                controls[receipt.message_id] = receipt
+                stop.wait(0.05)
+
+    sender = threading.Thread(target=send_controls, daemon=True)
+    sender.start()
+    try:
+        with Publisher(rabbitmq_url, topo) as pub:
+            # Small batches: a receipt's publish time is taken when its batch is built, so
+            # one batch of 2,000 would count its own sending time as lateness.
+            for start in range(0, len(batch), 25):
+                chunk = pub.publish_many(batch[start : start + 25])
+                receipts.update((r.message_id, r) for r in chunk)
+        wait_for(
+            lambda: sum(a.message_id in receipts for a in list(inbox.arrivals)) >= 2000,
+            60,
+            "the 2,000 delayed messages",
+        )
+    finally:
+        stop.set()
+        sender.join(30)
+    wait_for(lambda: len(inbox.arrivals) >= 2000 + len(controls), 30, "the last controls")
+    arrivals = [a for a in inbox.arrivals if a.message_id in receipts]
     assert Counter(a.message_id for a in arrivals).keys() == receipts.keys()
+    assert len(arrivals) == 2000, "a delayed message arrived twice"
     early = [
         a
         for a in arrivals
         if a.at_ms - receipts[a.message_id].published_at_ms < receipts[a.message_id].delay_ms
     ]
     assert not early, f"{len(early)} messages arrived early"
-    # lateness against the due time (the delay rounded up to whole units: under a unit more)
+    noise = sorted(
+        a.at_ms - controls[a.message_id].published_at_ms
+        for a in inbox.arrivals
+        if a.message_id in controls
+    )
+    assert len(noise) == len(controls) >= 100  # sent all along the 15 s of deliveries
+    noise_p99 = noise[int(len(noise) * 0.99)]
     late = sorted(
         a.at_ms - receipts[a.message_id].published_at_ms - receipts[a.message_id].tier_ms
         for a in arrivals
     )
     p99 = late[int(len(late) * 0.99)]
-    assert p99 <= unit_ms, f"p99 lateness {p99:.0f} ms is more than one unit ({unit_ms} ms)"
+    assert p99 <= unit_ms + noise_p99, (
+        f"p99 lateness {p99:.0f} ms is more than one unit ({unit_ms} ms) beyond the "
+        f"immediate path's p99 in the same run ({noise_p99:.0f} ms)"
+    )
 
 
 def test_a_retry_goes_through_the_cascade_to_the_failing_queue_alone_then_to_its_dlq(

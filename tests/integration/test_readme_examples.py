@@ -6,6 +6,8 @@ README's fixed names (namespace ``delayq``, queue ``orders.reminders``) never me
 another test's, with ``topology/delayq.yaml`` applied in it first, as the README
 assumes after ``delayq topology apply``. The README's placeholder addresses become
 that vhost's URL, the node's management API and throwaway Redis / PostgreSQL servers.
+The Spark blocks run in the Spark worker's session (``rx.run_in_session``), the others
+as programs of their own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def _params() -> list[Any]:
     params = []
     for block in rx.runnable(server=True):
         marks = [getattr(pytest.mark, need) for need in ("spark", "cluster") if need in block.needs]
+        if rx.in_session(block):  # on the Spark worker, in its session (tests/spark/conftest.py)
+            marks.append(pytest.mark.xdist_group("spark"))
         params.append(pytest.param(block, id=rx.block_id(block), marks=marks))
     return params
 
@@ -95,7 +99,10 @@ def test_the_block_runs(block: rx.Block, tmp_path: Path, request: pytest.Fixture
         urls[rx.REDIS] = request.getfixturevalue("redis_url")
     if "postgres" in block.needs:
         urls[rx.POSTGRES] = request.getfixturevalue("postgres_dsn")
-    consuming = (lambda: host.consumers() > 0) if host is not None else None
-    message = rx.run(block, tmp_path, urls, timeout_s=180, consuming=consuming)
+    if rx.in_session(block):
+        message = rx.run_in_session(block, tmp_path, urls, request.getfixturevalue("spark"))
+    else:
+        consuming = (lambda: host.consumers() > 0) if host is not None else None
+        message = rx.run(block, tmp_path, urls, timeout_s=180, consuming=consuming)
     if message is not None:
         pytest.fail(message, pytrace=False)

@@ -1,4 +1,5 @@
-"""One local Spark session for the whole test run (``local[2]``, few shuffle partitions).
+"""The Spark tests: one xdist group, run first, in one local Spark session per worker
+(the ``spark`` fixture of tests/conftest.py, which the docs' Spark blocks share).
 
 Without PySpark (a ``[test]`` install without the ``spark`` extra) these modules
 cannot be imported, and an import error stops the whole session, whatever ``-m``
@@ -45,22 +46,23 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 def _uses_spark(item: pytest.Item) -> bool:
-    return "spark" in item.path.parts or "spark.md" in item.nodeid
+    return any(mark.args == ("spark",) for mark in item.iter_markers("xdist_group"))
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Mark the Spark tests: ``spark``, and one xdist group. Under ``--dist loadgroup``
     (scripts/test.sh) one worker runs them all in one JVM, while the other workers share
     the rest; split, each worker would start a JVM of its own on two cores. (Marked as
-    each is collected: xdist reads the groups in its own collection hook.)"""
+    each is collected: xdist reads the groups in its own collection hook. This hook sees
+    the items of tests/spark only: the docs' Spark blocks get the group from
+    tests/integration/test_readme_examples.py.)"""
     if "spark" in item.path.parts:
         item.add_marker(pytest.mark.spark)
-    if _uses_spark(item):
         item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The Spark tests first: the group's long share starts at once, not as the tail."""
+    """The Spark group first: its long share starts at once, not as the tail."""
     items[:] = sorted(items, key=lambda item: not _uses_spark(item))  # stable
     if getattr(config.option, "loadgroup", False):  # an xdist worker under loadgroup
         _group_ids(items)
@@ -81,15 +83,6 @@ def _group_ids(items: list[pytest.Item]) -> None:
         marks = list(item.iter_markers("xdist_group"))
         if marks and "@" not in item.nodeid.rsplit("]", 1)[-1]:
             item._id = coerce_node_id(f"{item.nodeid}@{marks[0].args[0]}")  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from delayq.spark import local_session
-
-    session = local_session("local[2]", app_name="delayq-tests", shuffle_partitions=4, ui=False)
-    yield session
-    session.stop()
 
 
 @pytest.fixture

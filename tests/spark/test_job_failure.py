@@ -19,6 +19,7 @@ from delayq.cli import main
 from delayq.spark import schedule
 from delayq.sync import apply_topology
 from tests.amqp import depth
+from tests.spark_jvm import SUBMIT_ARGS
 from tests.waiting import wait_for
 
 PARTITIONS = 8
@@ -223,6 +224,7 @@ def test_a_task_spark_runs_again_publishes_its_partition_again_and_counts_it_as_
     done = subprocess.run(
         [sys.executable, "-c", _RERUN, rabbitmq_url, topology.model_dump_json()],
         capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2],
+        env={**os.environ, **SUBMIT_ARGS},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])

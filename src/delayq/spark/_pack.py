@@ -50,6 +50,17 @@ def default_source() -> str:
     return f"delayq=={__version__}"
 
 
+def _pip_with_python_option() -> bool:
+    """Whether this environment's pip can install into another one (``pip --python``,
+    pip 22.3 and later)."""
+    try:
+        version = metadata.version("pip")
+    except metadata.PackageNotFoundError:
+        return False
+    parts = [int(part) for part in version.split(".")[:2] if part.isdigit()]
+    return len(parts) == 2 and (parts[0], parts[1]) >= (22, 3)
+
+
 def _run(command: Sequence[str], what: str) -> None:
     done = subprocess.run(list(command), capture_output=True, text=True)
     if done.returncode != 0:
@@ -82,16 +93,35 @@ def pack_env(
             delayq_from = str(copy)
         wanted = [delayq_from, *extra]
         env = Path(tmp) / "env"
+        outer = _pip_with_python_option()
         if log:
-            print(f"creating a venv with {sys.executable} (Python "
-                  f"{sys.version_info.major}.{sys.version_info.minor})", file=sys.stderr)
-        _run([sys.executable, "-m", "venv", str(env)], "python -m venv")
+            print(
+                f"creating a venv with {sys.executable} (Python "
+                f"{sys.version_info.major}.{sys.version_info.minor})",
+                file=sys.stderr,
+            )
+        # The executors need no pip: with a pip of our own that can install into another
+        # interpreter's environment, the venv gets none (ensurepip alone takes seconds,
+        # and pip would be a third of the archive).
+        venv = [sys.executable, "-m", "venv", *(["--without-pip"] if outer else []), str(env)]
+        _run(venv, "python -m venv")
         python = env / "bin" / "python"
         if log:
             print(f"installing {' '.join([shown, *extra])} into it (pip)", file=sys.stderr)
+        pip = (
+            [sys.executable, "-m", "pip", "--python", str(python)]
+            if outer
+            else [str(python), "-m", "pip"]
+        )
         _run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-warn-script-location", *wanted],
+            [
+                *pip,
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-warn-script-location",
+                *wanted,
+            ],
             "pip install " + " ".join([shown, *extra]),
         )
         _run(
@@ -99,7 +129,9 @@ def pack_env(
             "importing delayq in the new venv",
         )
         partial = out.with_name(out.name + ".partial")
-        with tarfile.open(partial, "w:gz") as archive:
+        # gzip's own default level: level 9 (tarfile's) took five times as long for an
+        # archive 1 % smaller
+        with tarfile.open(partial, "w:gz", compresslevel=6) as archive:
             for entry in sorted(env.iterdir()):
                 archive.add(entry, arcname=entry.name)
         os.replace(partial, out)
@@ -107,4 +139,3 @@ def pack_env(
         size = out.stat().st_size / 1e6
         print(f"wrote {out} ({size:.1f} MB)", file=sys.stderr)
     return out
-
