@@ -316,8 +316,15 @@ def run(
 def in_session(block: Block) -> bool:
     """Whether ``block`` runs in the test process's Spark session (:func:`run_in_session`)
     rather than as a program of its own: a Spark block that is neither a test file nor
-    a server, whose only Spark use is ``local_session()``'s (the active session)."""
-    return "spark" in block.needs and not block.until_stopped and not block.test_functions
+    a server, whose only Spark use is ``local_session()``'s (the active session), and
+    that sets no global OpenTelemetry tracer provider (it is set once per process: every
+    later test of the worker would then be traced)."""
+    return (
+        "spark" in block.needs
+        and not block.until_stopped
+        and not block.test_functions
+        and "set_tracer_provider" not in block.source
+    )
 
 
 def run_in_session(block: Block, folder: Path, urls: Mapping[str, str], spark: Any) -> str | None:

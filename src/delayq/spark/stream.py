@@ -26,7 +26,6 @@ Rejected rows never stop the query: each batch writes its own to the errors outp
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -85,6 +84,15 @@ class _Record:
     lock: threading.Lock = field(default_factory=threading.Lock)
     batches: list[BatchSummary] = field(default_factory=list)
     error: DelayqError | None = None
+    running: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a batch runs: :meth:`ScheduleStream.stop` waits for it."""
+    stopping: bool = False
+    """:meth:`ScheduleStream.stop` was called: a batch starting now sends nothing."""
+
+
+class _Stopping(Exception):
+    """A batch that started after :meth:`ScheduleStream.stop`: refused before it sent
+    anything, so Spark does not commit it and a restart runs it."""
 
 
 class ScheduleStream:
@@ -114,14 +122,14 @@ class ScheduleStream:
 
     def stop(self, *, finish_batch_s: float = 30.0) -> None:
         """Stop the query once the batch running now (if any) is done, waiting for it up
-        to ``finish_batch_s``. A batch stopped mid-way is not committed: a restart runs
-        it again (duplicates, for what it had published)."""
-        deadline = time.monotonic() + finish_batch_s
-        ran = len(self.batches)
-        while self.query.isActive and time.monotonic() < deadline:
-            if not self.query.status.get("isTriggerActive") or len(self.batches) > ran:
-                break
-            time.sleep(0.1)
+        to ``finish_batch_s``. A batch that starts meanwhile sends nothing; one stopped
+        mid-way (past ``finish_batch_s``) is not committed: a restart runs it again
+        (duplicates, for what it had published). Neither counts as the query's error."""
+        record = self._record
+        with record.lock:
+            record.stopping = True
+        if record.running.acquire(timeout=max(finish_batch_s, 0.0)):
+            record.running.release()
         self.query.stop()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
@@ -137,6 +145,8 @@ class ScheduleStream:
                 wait: Any = max(timeout_s, 0.001)  # seconds; PySpark takes a float too
                 ended = bool(self.query.awaitTermination(wait))
         except Exception as exc:  # StreamingQueryException: a batch raised
+            if self.error is None and self._record.stopping:
+                return True  # a batch refused or cut by stop(): not committed, no failure
             raise self._failure(exc) from exc
         if ended:
             self._raise_failure()
@@ -144,7 +154,7 @@ class ScheduleStream:
 
     def _raise_failure(self) -> None:
         failed = self.query.exception()
-        if failed is not None:
+        if failed is not None and (self.error is not None or not self._record.stopping):
             raise self._failure(failed)
 
     def _failure(self, exc: BaseException) -> DelayqError:
@@ -262,6 +272,12 @@ def schedule_stream(
     record = _Record()
 
     def run_batch(batch: DataFrame, batch_id: int) -> None:
+        with record.running:
+            if record.stopping:
+                raise _Stopping(f"batch {batch_id} started as the query was being stopped")
+            _run_batch(batch, batch_id)
+
+    def _run_batch(batch: DataFrame, batch_id: int) -> None:
         where = f"{errors_path.rstrip('/')}/batch={batch_id}" if errors_path else None
         try:
             with job_span(job.tracing, topology.namespace, {"delayq.batch_id": batch_id}) as span:
@@ -274,7 +290,8 @@ def schedule_stream(
                     raise _not_committed(batch_id, summary, ran.got.failures, job.policy)
         except DelayqError as exc:
             with record.lock:
-                record.error = exc
+                if not record.stopping:  # stopped mid-way: not committed, not a failure
+                    record.error = exc
             raise
         done = BatchSummary(batch_id, summary)
         with record.lock:
