@@ -22,6 +22,7 @@ import yaml
 
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import SyncConsumerHandle
+from tests.integration.store_servers import client_module
 from tests.waiting import wait_for
 
 
@@ -34,11 +35,11 @@ def _delayq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 def _open(kind: str, where: str) -> Any:
     """The store a consumer would use with the command's defaults (prefix, table)."""
     if kind == "redis":
-        pytest.importorskip("redis", reason="the redis extra is not installed")
+        client_module("redis", "redis")
         from delayq.stores.redis import RedisStore
 
         return RedisStore(where)
-    pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+    client_module("psycopg", "postgres")
     from delayq.stores.postgres import PostgresStore
 
     return PostgresStore(where)
@@ -117,14 +118,14 @@ def test_bad_store_urls_are_clear_errors(store_url, code, said, topology_file, r
 
 
 def test_a_redis_database_out_of_range_is_a_clear_error(redis_url, topology_file, rabbitmq_url):
-    pytest.importorskip("redis", reason="the redis extra is not installed")
+    client_module("redis", "redis")
     done = _bad(redis_url.rsplit("/", 1)[0] + "/999", rabbitmq_url, topology_file)
     assert done.returncode == 1, done.stderr
     assert "cannot open the store" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_database_that_does_not_exist_is_a_clear_error(postgres_dsn, topology_file, rabbitmq_url):
-    pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+    client_module("psycopg", "postgres")
     missing = postgres_dsn.rsplit("/", 1)[0] + f"/nodb_{uuid.uuid4().hex[:8]}"
     done = _bad(missing, rabbitmq_url, topology_file)
     assert done.returncode == 1, done.stderr
