@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -33,7 +32,7 @@ from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default, size_of
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
-from delayq.observe.tracing import TracingOption, tracing_for
+from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.stores.base import (
     Cancel,
     CancellingStore,
@@ -174,15 +173,9 @@ class AsyncPublisher:
         carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
         await self._send(msg, keep=True)
 
-    def _traced(self, built: list[OutgoingMessage], *, keep: bool) -> AbstractContextManager[None]:
-        """The ``publish`` spans around a send (see :mod:`delayq.observe.tracing`)."""
-        if self._tracing is None:
-            return nullcontext()
-        return self._tracing.publishing(built, keep=keep)
-
     async def _send(self, msg: OutgoingMessage, *, keep: bool) -> OutgoingMessage:
         """Send ``msg``; returns it as sent (restamped if it waited for room)."""
-        with self._observers.reporting([msg]), self._traced([msg], keep=keep):
+        with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=keep):
             async with self._admission.hold(1, size_of(msg)) as waited:
                 if waited:
                     (msg,) = self._factory.restamp([msg])
@@ -227,7 +220,7 @@ class AsyncPublisher:
         # lowered to fit the byte bound), not for all of it.
         window = batch_window(self._admission.limit, built, max(1, window))
         room = window * max(size_of(m) for m in built)
-        with self._observers.reporting(built), self._traced(built, keep=False):
+        with self._observers.reporting(built), traced(self._tracing, built, keep=False):
             async with self._admission.hold(window, room) as waited:
                 if waited:  # its delays count from now, not from when it was built
                     built = self._factory.restamp(built)

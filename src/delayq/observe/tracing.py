@@ -61,6 +61,7 @@ __all__ = [
     "StreamSpans",
     "Tracing",
     "TracingOption",
+    "traced",
     "tracing_for",
 ]
 
@@ -148,6 +149,13 @@ class Tracing:
 
 
 _NOTHING = nullcontext()
+
+
+def traced(
+    tracing: Tracing | None, messages: Sequence[OutgoingMessage], *, keep: bool
+) -> AbstractContextManager[None]:
+    """:meth:`Tracing.publishing` for a publisher's ``tracing`` (``None``: never traced)."""
+    return _NOTHING if tracing is None else tracing.publishing(messages, keep=keep)
 
 
 def tracing_for(option: TracingOption) -> Tracing | None:

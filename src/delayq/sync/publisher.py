@@ -7,7 +7,6 @@ The publisher builds and checks messages and reports their outcomes; its link
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -28,7 +27,7 @@ from delayq.message.factory import MessageFactory
 from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
-from delayq.observe.tracing import TracingOption, tracing_for
+from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
@@ -163,21 +162,15 @@ class Publisher:
         msg = self._factory.build(
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
-        with self._observers.reporting([msg]), self._traced([msg], keep=False):
+        with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=False):
             self._link.send(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries (one that
         carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
-        with self._observers.reporting([msg]), self._traced([msg], keep=True):
+        with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=True):
             self._link.send(msg)
-
-    def _traced(self, built: list[OutgoingMessage], *, keep: bool) -> AbstractContextManager[None]:
-        """The ``publish`` spans around a send (see :mod:`delayq.observe.tracing`)."""
-        if self._tracing is None:
-            return nullcontext()
-        return self._tracing.publishing(built, keep=keep)
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
         """Publish a batch with pipelined confirms (up to ``window`` unconfirmed).
@@ -192,7 +185,7 @@ class Publisher:
         """Send built messages with pipelined confirms; returns them as sent."""
         if built:
             window = batch_window(self._in_flight, built, max(1, window))
-            with self._observers.reporting(built), self._traced(built, keep=False):
+            with self._observers.reporting(built), traced(self._tracing, built, keep=False):
                 self._link.send_batch(built, window)
         return built
 
