@@ -4,7 +4,8 @@
 # no system service is needed), with --test also redis-server and postgresql
 # (the idempotency-store tests start throwaway servers from them) and openssl
 # (the TLS tests make throwaway certificates with it) and a Java runtime (the
-# Spark tests run a local PySpark session), and a
+# Spark tests run a local PySpark session) and RabbitMQ 4.0 in a Debian 13 tree
+# (scripts/setup-rabbitmq-4.sh: the broker-facing tests run on 3.10 and on 4.0), and a
 # virtualenv in .venv with delayq, its test tools, the spark and the docs extras. Safe to run again: it
 # skips what is already there.
 #   bash scripts/setup.sh          # for the demo
@@ -46,6 +47,11 @@ if [ $with_test_servers = yes ] && ! command -v java >/dev/null 2>&1; then
   echo "==> installing a Java runtime for PySpark (apt-get default-jre-headless)"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+fi
+
+if [ $with_test_servers = yes ]; then
+  # RabbitMQ 4.0.5 beside the installed 3.10.8: the broker-facing suites run on both.
+  bash scripts/setup-rabbitmq-4.sh
 fi
 
 if [ ! -x .venv/bin/python ]; then

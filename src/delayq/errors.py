@@ -68,6 +68,7 @@ __all__ = [
     "InvalidURL",
     "ManagementUnavailable",
     "MissingExtra",
+    "ParkedAtRisk",
     "PublishBackpressure",
     "PublishBatchError",
     "PublishBlocked",
@@ -221,6 +222,28 @@ class TopologyConflict(BrokerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.kind, self.name, self.argument, self.current, self.wanted))
+
+
+class ParkedAtRisk(TopologyConflict):
+    """A parked queue (a DLQ, ``<ns>.unrouted``) counts returns against a delivery limit:
+    on RabbitMQ 4.x, browsing it would delete its messages once the limit is reached,
+    so delayq refuses to browse it by returning messages."""
+
+    def __init__(self, name: str, current: str | None, wanted: str | None, version: str) -> None:
+        super().__init__("queue", name, "x-delivery-limit", current, wanted)
+        self.version = version
+        limit = "RabbitMQ's default of 20" if current is None else f"a limit of {current}"
+        self.args = (
+            f"queue {name!r} was declared without delayq's delivery limit for parked queues "
+            f"(it has x-delivery-limit={_show(current)}): on RabbitMQ {version} every browse "
+            f"counts against {limit}, after which the broker deletes each message parked "
+            "there. delayq does not browse it. Replay its messages (a replay of all of them "
+            "returns none), delete the queue, and run `delayq topology apply` to declare it "
+            "again with the limit.",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.current, self.wanted, self.version))
 
 
 def _show(value: str | None) -> str:

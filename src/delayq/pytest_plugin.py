@@ -24,6 +24,14 @@ follow the same rule: ``REDIS_URL`` / ``POSTGRES_DSN`` from the environment, els
 throwaway server started from the installed ``redis-server`` / ``postgresql``
 package (see :mod:`delayq.local.servers`) and stopped at the end of the session.
 
+``rabbitmq_version`` is the version the broker of ``rabbitmq_url`` reports, as a tuple of
+ints (``(4, 0, 5)``), for tests that assert what their version does.
+
+Which server a local node runs (see :mod:`delayq.local.rabbitmq`) follows
+``$DELAYQ_RABBITMQ_SERVER`` (``installed``, the default, or ``4.0``); the test run's
+header names it. The Docker fallback runs ``$DELAYQ_RABBITMQ_IMAGE``, default
+:data:`DOCKER_IMAGE` (the 4.0 line the local tests run).
+
 ``memory_broker`` needs no broker at all: a fresh :class:`delayq.testing.MemoryBroker`
 (virtual clock, RabbitMQ's routing/TTL/dead-letter semantics) for each test; give its
 ``url`` to publishers and consumers and move time with ``memory_broker.advance("15m")``.
@@ -42,6 +50,7 @@ import pytest
 
 from delayq.local.cluster import LocalCluster
 from delayq.local.node import LocalNode, LocalNodeError, server_installed
+from delayq.local.rabbitmq import rabbit_server
 from delayq.local.servers import LocalPostgres, LocalRedis, LocalServerError
 from delayq.testing import MemoryBroker
 from delayq.urls import redact
@@ -53,8 +62,12 @@ __all__ = [
     "memory_broker",
     "postgres_dsn",
     "rabbitmq_url",
+    "rabbitmq_version",
     "redis_url",
 ]
+
+DOCKER_IMAGE = "rabbitmq:4.0-management"
+"""The image the testcontainers fallback runs (``$DELAYQ_RABBITMQ_IMAGE`` overrides)."""
 
 NO_BROKER = (
     "no RabbitMQ broker: set RABBITMQ_URL, start a Docker engine (testcontainers), or "
@@ -90,6 +103,14 @@ def _no_broker(reason: str) -> None:
     if _in_ci():
         pytest.fail(f"{NO_BROKER} ({reason})", pytrace=False)
     pytest.skip(f"{NO_BROKER} ({reason})")
+
+
+def _missing() -> str:
+    """What is missing for the local server this run asked for."""
+    try:
+        return rabbit_server().missing()
+    except ValueError as exc:
+        return str(exc)
 
 
 def _docker_answers() -> bool:
@@ -140,7 +161,7 @@ def _delayq_nodes() -> Iterator[_Nodes]:
 def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
     """A local node this session controls (stop, restart, rabbitmqctl)."""
     if not server_installed():
-        _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
+        _no_broker(f"{_missing()}; this test needs a node it controls")
     try:
         return _delayq_nodes.start()
     except LocalNodeError as exc:
@@ -156,7 +177,7 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
     from the HTTP API (``node.management_url``) follow the queues closely.
     """
     if not server_installed():
-        _no_broker("rabbitmq-server is not installed, and this test needs a node it controls")
+        _no_broker(f"{_missing()}; this test needs a node it controls")
     try:
         return _delayq_nodes.start(management=True, config={"collect_statistics_interval": "500"})
     except LocalNodeError as exc:
@@ -169,7 +190,7 @@ def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
     """Three local nodes joined into one cluster, each with the management API, for this
     test only (then stopped)."""
     if not server_installed():
-        _no_broker("rabbitmq-server is not installed, and this test needs a local cluster")
+        _no_broker(f"{_missing()}; this test needs a local cluster")
     cluster = LocalCluster(3, management=True)
     try:
         cluster.start()
@@ -192,7 +213,8 @@ def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if _docker_answers():
         from testcontainers.rabbitmq import RabbitMqContainer
 
-        with RabbitMqContainer("rabbitmq:3.13-management") as container:
+        image = os.environ.get("DELAYQ_RABBITMQ_IMAGE") or DOCKER_IMAGE
+        with RabbitMqContainer(image) as container:
             params = container.get_connection_params()
             yield _RedactedURL(
                 f"amqp://{params.credentials.username}:{params.credentials.password}"
@@ -201,6 +223,36 @@ def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     node: LocalNode = request.getfixturevalue("local_rabbitmq_node")
     yield _RedactedURL(node.url)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_version(rabbitmq_url: str) -> tuple[int, ...]:
+    """The version of the broker at ``rabbitmq_url`` (from the server properties it sends
+    when a connection opens), e.g. ``(3, 10, 8)`` or ``(4, 0, 5)``."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(str(rabbitmq_url)))
+    try:
+        raw = connection._impl.server_properties.get("version", b"")
+    finally:
+        connection.close()
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    numbers = tuple(int(part) for part in text.split(".") if part.isdigit())
+    if not numbers:
+        pytest.fail(f"the broker reports no version ({text!r})", pytrace=False)
+    return numbers
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which broker the run uses, in the run's header."""
+    if os.environ.get("RABBITMQ_URL"):
+        return "delayq: RabbitMQ from $RABBITMQ_URL"
+    try:
+        server = rabbit_server()
+    except ValueError as exc:
+        return f"delayq: {exc}"
+    version = server.version or "not installed"
+    return f"delayq: local RabbitMQ nodes run the {server.name!r} server ({version})"
 
 
 def _no_server(what: str, reason: str) -> None:

@@ -23,7 +23,6 @@ import pytest
 
 from delayq import Message, Topology
 from delayq.local.cluster import LocalCluster
-from delayq.local.node import RABBITMQ_BIN
 from delayq.ops.management import ManagementAPI
 from delayq.ops.watchdog import HealOutcome, TransferLeadership, Watchdog
 from delayq.sync import Publisher, apply_topology
@@ -85,7 +84,7 @@ def test_the_watchdog_finds_a_stopped_dead_letter_worker_and_moving_the_leader_h
     assert depths[work]["messages"] == 0 and depths[tier]["messages"] == COUNT
 
     # 2. Healed: a new leader, a new worker, every message in the work queue.
-    remedy = TransferLeadership((str(RABBITMQ_BIN / "rabbitmqctl"),), erlang_cookie=cluster.cookie)
+    remedy = TransferLeadership(tuple(cluster.ctl_command()), erlang_cookie=cluster.cookie)
     healing = Watchdog(topology, apis, threshold="4s", interval="1s", remedy=remedy)
     stop = threading.Event()
     thread = threading.Thread(target=healing.run, args=(stop,), daemon=True)

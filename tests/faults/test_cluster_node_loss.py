@@ -48,7 +48,7 @@ import pytest
 from delayq import Message, PublishBatchError, Topology
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.local.cluster import LocalCluster
-from delayq.local.node import RABBITMQ_BIN, LocalNode
+from delayq.local.node import LocalNode
 from delayq.ops.management import ManagementAPI
 from delayq.ops.watchdog import HealOutcome, TransferLeadership, Watchdog
 from delayq.stores.sqlite import SQLiteStore
@@ -208,7 +208,7 @@ def _watchdog(cluster: LocalCluster, topology: Topology) -> Watchdog:
         threshold=THRESHOLD,
         interval="2s",
         remedy=TransferLeadership(
-            (str(RABBITMQ_BIN / "rabbitmqctl"),), erlang_cookie=cluster.cookie
+            tuple(cluster.ctl_command()), erlang_cookie=cluster.cookie
         ),
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import threading
 import time
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 from delayq import FixedBackoff, Message, Receipt, Topology
 from delayq.consume.delivery import H_DEAD_LETTER_REASON
-from delayq.local.node import RABBITMQ_BIN, LocalNode
+from delayq.local.node import LocalNode
 from delayq.message.envelope import H_ROUTING_KEY
 from delayq.sync import Publisher, apply_topology, delete_topology
 from delayq.topology.cascade import Kind, Strategy, decode_key
@@ -306,7 +307,7 @@ def test_granted_users_apply_publish_and_retry_through_the_cascade(
         "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
         "--producer-user", producer.name, "--consumer-user", consumer.name,
         "--admin-user", admin.name,
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), env=env,
+        "--rabbitmqctl", shlex.join(node.ctl_command()), env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     # The admin user applies the topology (exchange-to-exchange binds included).

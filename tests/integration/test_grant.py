@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
 import threading
 import urllib.request
 import uuid
@@ -28,11 +29,12 @@ import pytest
 
 from delayq import AccessRefused, FixedBackoff, Message, Reject, Retry, Topology, TopologyMissing
 from delayq.aio import AsyncConsumer
-from delayq.local.node import RABBITMQ_BIN, LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.amqp import depth
 from tests.integration.ops import delayq
+from tests.versions import access
 from tests.waiting import wait_for
 
 
@@ -65,7 +67,7 @@ def _grant(node: LocalNode, path: Any, *args: str) -> Any:
     env = {**os.environ, **node.env()}  # rabbitmqctl finds the node and its cookie
     return delayq(
         "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), *args, env=env,
+        "--rabbitmqctl", shlex.join(node.ctl_command()), *args, env=env,
     )
 
 
@@ -249,7 +251,8 @@ def test_the_producer_may_not_consume_declare_delete_or_address_queues(
 
     listing = delayq("dlq", "list", queue, "--file", str(g.path), "--url", g.producer.url)
     assert listing.returncode == 1
-    assert f"refused user {g.producer.name!r} access to queue '{queue}.dlq'" in listing.stderr
+    read = access(g.node.version, "read")
+    assert f"refused user {g.producer.name!r} {read} to queue '{queue}.dlq'" in listing.stderr
     assert g.producer.password not in listing.stdout + listing.stderr
     # Refused at its first declare that needs a right (a check of an existing entity).
     with pytest.raises(AccessRefused, match=f"refused user {g.producer.name!r}"):
@@ -352,7 +355,8 @@ def test_a_producer_granted_another_namespace_is_refused_when_publishing(
     assert run.returncode == 0, run.stderr
     publisher = driver_for(producer.url)
     tier = f"exchange '{topology.namespace}.tier.1s'"
-    with pytest.raises(AccessRefused, match=f"refused user '{producer.name}' access to {tier}"):
+    write = access(node.version, "write")
+    with pytest.raises(AccessRefused, match=f"refused user '{producer.name}' {write} to {tier}"):
         publisher.publish(topology, {"n": 1}, "job.a", "1s")
     with pytest.raises(AccessRefused, match=f"access to exchange '{topology.namespace}.ready'"):
         publisher.publish(topology, {"n": 2}, "job.a", "0s")

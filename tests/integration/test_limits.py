@@ -78,3 +78,35 @@ def test_a_message_at_the_header_limit_is_retried_and_dead_lettered(
     assert text(dead.headers[H_DEAD_LETTER_REASON]) == "exhausted"
     assert len(text(dead.headers[H_ERROR_MESSAGE]).encode()) <= 1024
     assert H_ERROR_TRACE in dead.headers
+
+
+def test_the_body_limit_is_what_rabbitmq_4_refuses_and_3_10_takes(
+    make_topology: Any, rabbitmq_url: str, rabbitmq_version: tuple[int, ...]
+) -> None:
+    """``max_message_size``: 128 MiB on 3.10.8, 16 MiB from 4.0. A body just above 16 MiB
+    is refused by delayq before it is sent, on every version (BodyTooLarge); sent raw,
+    4.x refuses it and 3.10 takes it."""
+    from delayq import BodyTooLarge
+    from delayq.sync import Publisher
+
+    topo = make_topology(["1s"])
+    apply_topology(topo, rabbitmq_url)
+    body = b"x" * (16 * 1024 * 1024 + 1)
+    with Publisher(rabbitmq_url, topo) as publisher:
+        with pytest.raises(BodyTooLarge):
+            publisher.publish(body, "job.a", "0s")
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        holding = channel.queue_declare("", exclusive=True).method.queue
+        if rabbitmq_version >= (4,):
+            with pytest.raises(pex.ChannelClosedByBroker) as refused:
+                channel.basic_publish("", holding, body)
+            assert refused.value.reply_code == 406 and "max size" in refused.value.reply_text
+        else:
+            channel.basic_publish("", holding, body)
+            assert channel.queue_declare(holding, passive=True).method.message_count == 1
+    finally:
+        if connection.is_open:
+            connection.close()

@@ -75,3 +75,60 @@ def test_a_port_out_of_range_is_a_usage_error() -> None:
     )
     assert done.returncode == 2
     assert "--port must be from 0 to 65535" in done.stderr
+
+
+def test_server_4_0_prints_a_url_of_a_rabbitmq_4_node() -> None:
+    """``--server 4.0`` whatever $DELAYQ_RABBITMQ_SERVER says: the node is 4.0.5."""
+    import pika
+
+    if not server_installed("4.0"):
+        pytest.fail("RabbitMQ 4.0 is not set up (bash scripts/setup-rabbitmq-4.sh builds it)")
+    env = {**os.environ, "DELAYQ_RABBITMQ_SERVER": "installed"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delayq.local", "--port", "0", "--server", "4.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        assert first.startswith("DELAYQ_URL=amqp://guest:guest@127.0.0.1:"), first
+        connection = pika.BlockingConnection(pika.URLParameters(first.removeprefix("DELAYQ_URL=")))
+        try:
+            version = connection._impl.server_properties["version"]
+        finally:
+            connection.close()
+        assert str(version.decode() if isinstance(version, bytes) else version).startswith("4.0.")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_unknown_server_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "delayq.local", "--server", "3.13"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unknown RabbitMQ server '3.13'" in done.stderr and "installed, 4.0" in done.stderr
+
+
+def test_a_missing_4_0_tree_is_an_error_never_the_installed_server(tmp_path) -> None:
+    env = {**os.environ, "DELAYQ_RABBITMQ_4_ROOT": str(tmp_path / "no-tree-here")}
+    done = subprocess.run(
+        [sys.executable, "-m", "delayq.local", "--port", "0", "--server", "4.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 1 and "DELAYQ_URL" not in done.stdout
+    assert "RabbitMQ 4.0 is not set up" in done.stderr and "setup-rabbitmq-4.sh" in done.stderr
+    assert "Traceback" not in done.stderr

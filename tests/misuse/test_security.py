@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ from delayq import (
 from delayq.aio import AsyncConsumer, AsyncPublisher
 from delayq.cli import main
 from delayq.consume.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE
-from delayq.local.node import RABBITMQ_BIN, LocalNode
+from delayq.local.node import LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.ops import delayq
 from tests.integration.test_grant import Granted
@@ -42,7 +43,7 @@ def _grant(node: LocalNode, path: Path, *args: str) -> Any:
     env = {**os.environ, **node.env()}
     return delayq(
         "topology", "grant", "--file", str(path), "--url", node.url, "--apply",
-        "--rabbitmqctl", str(RABBITMQ_BIN / "rabbitmqctl"), *args, env=env,
+        "--rabbitmqctl", shlex.join(node.ctl_command()), *args, env=env,
     )  # fmt: skip
 
 

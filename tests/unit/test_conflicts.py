@@ -162,7 +162,41 @@ def test_access_refused_on_a_queue() -> None:
     assert "queue 'orders' in vhost 'prod'" in str(refused_from_reply(reply))
 
 
-@pytest.mark.parametrize("reply", [TTL_CHANGED, NO_EXCHANGE, "", "ACCESS_REFUSED - no"])
+# RabbitMQ 4.x names the permission that is missing (texts as a 4.0.5 node sends them).
+@pytest.mark.parametrize(
+    ("reply", "access", "entity"),
+    [
+        (
+            "ACCESS_REFUSED - configure access to queue 'newq' in vhost '/' refused for user 'u'",
+            "configure access",
+            "queue 'newq'",
+        ),
+        (
+            "ACCESS_REFUSED - write access to exchange 'ex' in vhost '/' refused for user 'u'",
+            "write access",
+            "exchange 'ex'",
+        ),
+        (
+            "ACCESS_REFUSED - read access to queue 'qq' in vhost '/' refused for user 'u'",
+            "read access",
+            "queue 'qq'",
+        ),
+    ],
+)
+def test_access_refused_in_rabbitmq_4_words(reply: str, access: str, entity: str) -> None:
+    refused = refused_from_reply(reply)
+    assert isinstance(refused, AccessRefused)
+    assert f"user 'u' {access} to {entity} in vhost '/'" in str(refused)
+
+
+def test_an_access_refused_in_other_words_is_still_refused() -> None:
+    reply = "ACCESS_REFUSED - write access to topic 'k' in exchange 'x' refused for user 'u'"
+    refused = refused_from_reply(reply)
+    assert isinstance(refused, AccessRefused)
+    assert "topic 'k' in exchange 'x'" in str(refused) and "delayq topology grant" in str(refused)
+
+
+@pytest.mark.parametrize("reply", [TTL_CHANGED, NO_EXCHANGE, "", "PRECONDITION_FAILED - no"])
 def test_not_refused(reply: str) -> None:
     assert refused_from_reply(reply) is None
 

@@ -22,6 +22,10 @@ from delayq.topology.definitions import export_definitions, render_definitions
 from delayq.topology.ladder import MAX_TIER_MS, Ladder
 from delayq.topology.model import Topology
 
+# Parked queues (the DLQs, <ns>.unrouted) carry a delivery limit no browse reaches:
+# RabbitMQ 4.x would take 20 by default (tests/integration/test_parking.py browses 100 times).
+PARKED = {"x-queue-type": "quorum", "x-delivery-limit": 2_147_483_647}
+
 
 def make(queue_type: str = "quorum", ladder: list[str] | None = None, **extra: Any) -> Topology:
     return Topology.from_mapping(
@@ -214,7 +218,7 @@ def test_ready_exchange_is_topic_with_alternate_exchange() -> None:
 def test_unrouted_exchange_queue_and_binding() -> None:
     decls = build_declarations(QUORUM)
     assert exchanges(decls)["shop.unrouted"].type == "fanout"
-    assert dict(queues(decls)["shop.unrouted"].arguments) == {"x-queue-type": "quorum"}
+    assert dict(queues(decls)["shop.unrouted"].arguments) == PARKED
     assert BindingDecl("shop.unrouted", "shop.unrouted", "") in bindings(decls)
 
 
@@ -237,7 +241,7 @@ def test_destination_queue_arguments_quorum() -> None:
 def test_destination_has_a_dlq() -> None:
     dlq = queues(build_declarations(QUORUM))["emails.dlq"]
     assert dlq.role == "dlq"
-    assert dict(dlq.arguments) == {"x-queue-type": "quorum"}
+    assert dict(dlq.arguments) == PARKED
 
 
 def test_dlq_is_declared_before_its_destination_queue() -> None:

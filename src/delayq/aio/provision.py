@@ -88,9 +88,13 @@ async def _create(
         await _declare(await channels.get(), decl, passive=False)
     except CHANNEL_CLOSED as exc:
         error = channel_error(exc)
-        if isinstance(error, TopologyConflict):
-            return ApplyResult(decl, ApplyStatus.CONFLICT, error)
-        raise error from exc
+        if not isinstance(error, TopologyConflict):
+            raise error from exc
+        if status is ApplyStatus.PRESENT and isinstance(decl, QueueDecl):
+            for earlier in decl.legacy_forms():
+                if (await _create(channels, earlier, status)).conflict is None:
+                    return ApplyResult(decl, status, legacy=True)
+        return ApplyResult(decl, ApplyStatus.CONFLICT, error)
     return ApplyResult(decl, status)
 
 

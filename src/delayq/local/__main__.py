@@ -7,6 +7,7 @@ and deletes its data::
 
     python -m delayq.local                  # DELAYQ_URL=amqp://guest:guest@127.0.0.1:5672/
     python -m delayq.local --port 0 --management
+    python -m delayq.local --server 4.0     # RabbitMQ 4.0.5 (scripts/setup-rabbitmq-4.sh)
 
 The URL is what every delayq command and class reads from ``$DELAYQ_URL``.
 """
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Sequence
 
 from delayq.local.node import LocalNode, LocalNodeError, free_port
+from delayq.local.rabbitmq import UnknownServer, server_choice
 
 __all__ = ["main"]
 
@@ -39,9 +41,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--management", action="store_true", help="also run the management HTTP API"
     )
+    parser.add_argument(
+        "--server",
+        default=None,
+        help="which RabbitMQ: 'installed' (the default, Debian 12's 3.10.8) or '4.0' "
+        "(RabbitMQ 4.0.5 from the Debian 13 tree scripts/setup-rabbitmq-4.sh builds); "
+        "default $DELAYQ_RABBITMQ_SERVER, else installed",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be from 0 to 65535, got {args.port}")
+    try:
+        server_choice(args.server)
+    except UnknownServer as exc:
+        parser.error(str(exc))
     if args.port and not _port_free(args.port):
         print(
             f"delayq: port {args.port} is in use (a broker already running there?): "
@@ -53,8 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        node = LocalNode(port=args.port or free_port(), management=args.management)
-        print("starting a RabbitMQ node ...", file=sys.stderr, flush=True)
+        node = LocalNode(
+            port=args.port or free_port(), management=args.management, server=args.server
+        )
+        print(f"starting a RabbitMQ {node.version} node ...", file=sys.stderr, flush=True)
         node.start()
     except LocalNodeError as exc:
         print(f"delayq: {exc}", file=sys.stderr)

@@ -16,8 +16,11 @@ connection that declared them (the default ``client-local`` leader locator).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -51,6 +54,49 @@ def _in_parallel(nodes: list[LocalNode], action: Callable[[LocalNode], object]) 
         raise errors[0]
 
 
+class _Epmd:
+    """The epmd the nodes of a cluster running in a tree share (a node's own would end
+    with that node, and the others would lose their names): started before them, in a
+    PID namespace of its own, stopped by its PID after them."""
+
+    def __init__(self, node: LocalNode) -> None:
+        self._node = node
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        node, port = self._node, str(self._node.epmd_port)
+        argv = node.server.command(
+            "/usr/bin/epmd", ["-port", port, "-address", "127.0.0.1"], own_pids=True
+        )
+        self._process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while not _listening(int(port)):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise LocalNodeError(f"epmd did not listen on port {port}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # unshare: its namespace ends with it
+            process.wait(timeout=10)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 class LocalCluster:
     """``size`` local nodes joined into one cluster; :meth:`cleanup` stops them all and
     deletes their data folders (if the cluster made ``base_dir``)."""
@@ -63,6 +109,7 @@ class LocalCluster:
         config: Mapping[str, str] | None = None,
         advanced_config: str | None = None,
         management: bool = False,
+        server: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
@@ -71,15 +118,26 @@ class LocalCluster:
         cookie = secrets.token_hex(20).upper()
         self.cookie = cookie
         """The Erlang cookie the nodes share (what ``rabbitmqctl --erlang-cookie`` takes)."""
-        self.nodes = [
+        first = LocalNode(
+            self.base_dir / "node0",
+            config=config,
+            advanced_config=advanced_config,
+            cookie=cookie,
+            management=management,
+            server=server,
+        )
+        self._epmd = _Epmd(first) if first.epmd_port is not None else None
+        self.nodes = [first] + [
             LocalNode(
                 self.base_dir / f"node{i}",
                 config=config,
                 advanced_config=advanced_config,
                 cookie=cookie,
                 management=management,
+                server=first.server.name,
+                epmd_port=first.epmd_port,
             )
-            for i in range(size)
+            for i in range(1, size)
         ]
 
     def __repr__(self) -> str:
@@ -95,6 +153,17 @@ class LocalCluster:
     def management_urls(self) -> list[str]:
         """Each node's management API URL (``management=True``), first node first."""
         return [node.management_url for node in self.nodes if node.management_url]
+
+    @property
+    def version(self) -> str:
+        """The version of the server the nodes run, e.g. ``"4.0.5"``."""
+        return self.nodes[0].version
+
+    def ctl_command(self, tool: str = "rabbitmqctl") -> list[str]:
+        """The argv that runs ``tool`` against the cluster's nodes (add ``-n`` and the
+        cookie): what ``--rabbitmqctl`` and :class:`~delayq.ops.watchdog.TransferLeadership`
+        take."""
+        return self.nodes[0].ctl_command(tool)
 
     def node_named(self, name: str) -> LocalNode:
         """The node called ``name`` (``delayq-<port>@localhost``)."""
@@ -116,6 +185,8 @@ class LocalCluster:
         """Start every node, join them into one cluster, and wait until all run."""
         deadline = time.monotonic() + timeout_s
         try:
+            if self._epmd is not None:
+                self._epmd.start()
             _in_parallel(self.nodes, lambda node: node.start(timeout_s=timeout_s))
             first = self.nodes[0]
             for node in self.nodes[1:]:
@@ -160,6 +231,8 @@ class LocalCluster:
     def cleanup(self) -> None:
         """Stop every node this cluster started and delete the folder it made."""
         _in_parallel(self.nodes, LocalNode.stop)
+        if self._epmd is not None:
+            self._epmd.stop()
         if self._own_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 

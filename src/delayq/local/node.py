@@ -12,6 +12,11 @@ on a free port of its own (``node.management_url``); without it the node runs
 no plugin at all, which is how a broker without the HTTP API looks.
 With ``tls=NodeTLS(...)`` the node also listens for TLS (``amqps://``) on a
 second free port, :attr:`LocalNode.tls_url` (certificates: :mod:`delayq.local.tls`).
+
+``LocalNode(server="4.0")`` runs RabbitMQ 4.0.5 from a Debian 13 tree instead of the
+installed server (see :mod:`delayq.local.rabbitmq`); ``server=None`` follows
+``$DELAYQ_RABBITMQ_SERVER`` (default ``"installed"``). A 4.0 node has an epmd of its
+own on ``epmd_port`` (nodes of one cluster share one).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from delayq.local.rabbitmq import RabbitServer, UnknownServer, rabbit_server
+
 __all__ = [
     "RABBITMQ_BIN",
     "LocalNode",
@@ -39,6 +46,7 @@ __all__ = [
 ]
 
 RABBITMQ_BIN = Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+"""Where the installed server's scripts are (``server="installed"``)."""
 
 
 class LocalNodeError(RuntimeError):
@@ -49,8 +57,23 @@ class ServerExited(LocalNodeError):
     """The server process ended before the node listened."""
 
 
-def server_installed() -> bool:
-    return (RABBITMQ_BIN / "rabbitmq-server").exists()
+def server_installed(server: str | None = None) -> bool:
+    """Whether ``server`` (default: ``$DELAYQ_RABBITMQ_SERVER``, else the installed one)
+    can be started here."""
+    try:
+        return _server(server).installed()
+    except LocalNodeError:
+        return False
+
+
+def _server(name: str | None) -> RabbitServer:
+    try:
+        found = rabbit_server(name)
+    except UnknownServer as exc:
+        raise LocalNodeError(str(exc)) from None
+    if found.root is None:
+        return RabbitServer(found.name, RABBITMQ_BIN)
+    return found
 
 
 def free_port() -> int:
@@ -106,16 +129,19 @@ class LocalNode:
         tls: NodeTLS | None = None,
         cookie: str | None = None,
         advanced_config: str | None = None,
+        server: str | None = None,
+        epmd_port: int | None = None,
     ) -> None:
-        if not server_installed():
-            raise LocalNodeError(
-                f"RabbitMQ is not installed ({RABBITMQ_BIN}/rabbitmq-server is missing): "
-                "apt-get install rabbitmq-server"
-            )
+        self.server = _server(server)
+        """The server this node runs (:mod:`delayq.local.rabbitmq`)."""
+        if not self.server.installed():
+            raise LocalNodeError(self.server.missing())
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="delayq-node-"))
         self.port = port or free_port()
         self.dist_port = free_port()
+        self.epmd_port = epmd_port or (free_port() if self.server.root is not None else None)
+        """The epmd this node registers with (``None``: Erlang's default, 4369)."""
         self.name = f"delayq-{self.port}@localhost"
         self.management_port = free_port() if management else None
         plugin_config = (
@@ -140,7 +166,12 @@ class LocalNode:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
-        return f"LocalNode({self.name!r}, port={self.port})"
+        return f"LocalNode({self.name!r}, port={self.port}, server={self.server.name!r})"
+
+    @property
+    def version(self) -> str:
+        """The version of the server this node runs, e.g. ``"3.10.8"`` or ``"4.0.5"``."""
+        return self.server.version
 
     @property
     def url(self) -> str:
@@ -175,7 +206,22 @@ class LocalNode:
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            **self._epmd_env(),
         }
+
+    def _epmd_env(self) -> dict[str, str]:
+        if self.epmd_port is None:
+            return {}
+        return {"ERL_EPMD_PORT": str(self.epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1"}
+
+    def _binds(self) -> list[Path]:
+        """Host folders a server in a tree must see: its own, and the TLS files'."""
+        folders = [self.base_dir]
+        if self.tls is not None:
+            folders += [
+                p.parent for p in (self.tls.cacertfile, self.tls.certfile, self.tls.keyfile)
+            ]
+        return folders
 
     def _write_files(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -230,7 +276,7 @@ class LocalNode:
     def _spawn(self) -> None:
         with open(self.base_dir / "server.out", "ab") as log:
             self._process = subprocess.Popen(
-                [str(RABBITMQ_BIN / "rabbitmq-server")],
+                self.server.command("rabbitmq-server", [], binds=self._binds(), own_pids=True),
                 env=self.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -267,7 +313,7 @@ class LocalNode:
         """Run ``rabbitmqctl`` (or ``tool``, e.g. ``rabbitmq-queues``) against this node and
         return its output."""
         result = subprocess.run(
-            [str(RABBITMQ_BIN / tool), "-n", self.name, *args],
+            self.server.command(tool, ["-n", self.name, *args], binds=self._binds()),
             env=self.env(),
             capture_output=True,
             text=True,
@@ -280,6 +326,12 @@ class LocalNode:
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
         return result.stdout
+
+    def ctl_command(self, tool: str = "rabbitmqctl") -> list[str]:
+        """The argv that runs ``tool`` of this node's server (without ``-n``): what
+        ``--rabbitmqctl`` takes. It finds the node's cookie and epmd by itself."""
+        env = {"HOME": str(self.base_dir), **self._epmd_env()}
+        return self.server.command(tool, [], binds=self._binds(), env=env)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the node gracefully (data kept), killing it if it does not stop in time."""

@@ -204,7 +204,12 @@ def compare_entity(decl: ExchangeDecl | QueueDecl, observed: Observed | None) ->
         problems.append(f"type is {observed.type!r}, the topology wants {wanted_type!r}")
     if observed.durable != decl.durable:
         problems.append(f"durable is {observed.durable}, the topology wants {decl.durable}")
-    problems += _argument_differences(decl.arguments, observed.arguments)
+    differences = _argument_differences(decl.arguments, observed.arguments)
+    if differences and isinstance(decl, QueueDecl):
+        for earlier in decl.legacy:
+            if not _argument_differences(earlier, observed.arguments) and not problems:
+                return Check(subject, Status.OK, _legacy_detail(decl, wanted_type))
+    problems += differences
     if problems:
         return Check(
             subject,
@@ -218,13 +223,28 @@ def compare_entity(decl: ExchangeDecl | QueueDecl, observed: Observed | None) ->
     return Check(subject, Status.OK, f"{wanted_type}, {durable}, {arguments} as declared")
 
 
+def _legacy_detail(decl: QueueDecl, queue_type: str | None) -> str:
+    return (
+        f"{queue_type}, as an earlier delayq declared it (without "
+        f"{', '.join(sorted(set(decl.arguments) - set(decl.legacy[0])))}): on RabbitMQ 4.x "
+        "`delayq dlq|unrouted list` refuses to browse it; see the guarantees page to move it"
+    )
+
+
 def compare_redeclared(
-    decl: ExchangeDecl | QueueDecl, existed: bool, conflict: TopologyConflict | None
+    decl: ExchangeDecl | QueueDecl,
+    existed: bool,
+    conflict: TopologyConflict | None,
+    *,
+    legacy: bool = False,
 ) -> Check:
-    """Judge one entity over AMQP: a passive declare, then a re-declare with its arguments."""
+    """Judge one entity over AMQP: a passive declare, then a re-declare with its arguments
+    (``legacy``: accepted only with the arguments of an earlier delayq)."""
     subject = _subject(decl)
     if not existed:
         return Check(subject, Status.FAIL, "missing: run `delayq topology apply`")
+    if legacy and isinstance(decl, QueueDecl) and decl.legacy:
+        return Check(subject, Status.OK, _legacy_detail(decl, "exists"))
     if conflict is not None:
         return Check(subject, Status.FAIL, str(conflict))
     return Check(

@@ -2,12 +2,16 @@
 
 Browsing takes messages with ``basic.get`` and holds them unacknowledged until
 the end, then returns them all to the queue in their order: nothing is removed,
-and nothing is seen twice. (On RabbitMQ 4, whose quorum queues count returns
-against a delivery limit, browse a DLQ sparingly.)
+and nothing is seen twice. RabbitMQ 4.x quorum queues count each return against a
+delivery limit (20 unless the queue says otherwise), so delayq declares its parked
+queues with a limit no browse reaches (:data:`~delayq.topology.declarations.PARKED_DELIVERY_LIMIT`)
+and, on 4.x, refuses to browse one declared without it (:class:`~delayq.errors.ParkedAtRisk`):
+the browse would end by deleting what it looked at.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -20,13 +24,18 @@ from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMi
 from delayq.message.envelope import epoch_ms
 from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, replay_message
 from delayq.ops.replay_marks import ReplayMarks
+from delayq.sync._broker import server_property
 from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, reply_code
 from delayq.sync.publisher import Publisher
-from delayq.topology.model import Topology
+from delayq.topology.conflicts import conflict_from_reply, parked_at_risk
+from delayq.topology.declarations import parked_arguments
+from delayq.topology.model import QueueType, Topology
 from delayq.urls import resolve_url
 
 __all__ = ["ReplayReport", "browse", "purge", "replay"]
+
+log = logging.getLogger("delayq.parking")
 
 
 @dataclass
@@ -42,7 +51,11 @@ class ReplayReport:
     whose routing key still matches no binding): parked again, not replayed."""
 
 
-def _open(url: str | None, queue: str) -> tuple[pika.BlockingConnection, BlockingChannel, int]:
+def _open(
+    url: str | None, queue: str, *, returns: bool = True
+) -> tuple[pika.BlockingConnection, BlockingChannel, int]:
+    """A connection, a channel and the message count of ``queue``; with ``returns`` (the
+    caller gives messages back), only if that cannot cost the queue its messages."""
     connection = connect(resolve_url(url), name="delayq-parking")
     channel = connection.channel()
     try:
@@ -50,7 +63,41 @@ def _open(url: str | None, queue: str) -> tuple[pika.BlockingConnection, Blockin
     except CHANNEL_CLOSED as exc:
         close_quietly(connection)
         raise TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost") from exc
+    if returns:
+        try:
+            _check_limit(connection, queue)
+        except BaseException:
+            close_quietly(connection)
+            raise
     return connection, channel, int(count)
+
+
+def _check_limit(connection: pika.BlockingConnection, queue: str) -> None:
+    """Raise :class:`ParkedAtRisk` when returning messages to ``queue`` counts against a
+    delivery limit that browsing could reach (see :func:`parked_at_risk`).
+
+    The queue is declared again with the parked arguments: the broker changes nothing
+    and names the first argument that differs. A user who may not declare it (no
+    configure permission) cannot tell; the browse goes on, with a warning on 4.x."""
+    version = server_property(connection, "version") or ""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(queue, durable=True, arguments=parked_arguments(QueueType.QUORUM))
+    except CHANNEL_CLOSED as exc:
+        risk = parked_at_risk(conflict_from_reply(getattr(exc, "reply_text", "") or ""), version)
+        if risk is not None:
+            raise risk from None
+        if reply_code(exc) == 403 and version[:1].isdigit() and int(version.split(".")[0]) >= 4:
+            log.warning(
+                "could not check the delivery limit of %s (this user may not declare it): "
+                "on RabbitMQ %s, a queue declared without delayq's limit loses its messages "
+                "after 20 browses",
+                queue,
+                version,
+            )
+        return
+    if channel.is_open:
+        channel.close()
 
 
 def _parked(
@@ -127,7 +174,9 @@ def replay(
         raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
     wanted = None if ids is None else set(ids)
     report = ReplayReport()
-    connection, channel, total = _open(url, queue)
+    # Replaying all of them returns none (only copies routed straight back): the way
+    # to empty a queue too risky to browse.
+    connection, channel, total = _open(url, queue, returns=wanted is not None)
     interval = 1.0 / rate_per_s if rate_per_s else 0.0
     stamps: dict[str, object] = {}  # id -> the replayed-at header of its copy
     try:
@@ -204,7 +253,7 @@ def _returned(channel: BlockingChannel, queue: str, stamps: dict[str, object]) -
 
 def purge(url: str | None, queue: str) -> int:
     """Delete every message of ``queue``; returns how many there were."""
-    connection, channel, _ = _open(url, queue)
+    connection, channel, _ = _open(url, queue, returns=False)
     try:
         return int(channel.queue_purge(queue).method.message_count)
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it

@@ -80,9 +80,14 @@ def declare_checked(
         declare_entity(channels.channel, decl, passive=False)
     except CHANNEL_CLOSED as exc:
         error = channel_error(exc)
-        if isinstance(error, TopologyConflict):
-            return ApplyResult(decl, ApplyStatus.CONFLICT, error)
-        raise error from exc
+        if not isinstance(error, TopologyConflict):
+            raise error from exc
+        if existed and isinstance(decl, QueueDecl):
+            for earlier in decl.legacy_forms():
+                found = declare_checked(channels, earlier, create=False)
+                if found is not None and found.conflict is None:
+                    return ApplyResult(decl, ApplyStatus.PRESENT, legacy=True)
+        return ApplyResult(decl, ApplyStatus.CONFLICT, error)
     return ApplyResult(decl, ApplyStatus.PRESENT if existed else ApplyStatus.CREATED)
 
 

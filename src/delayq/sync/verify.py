@@ -84,7 +84,10 @@ def _entity_by_amqp(channels: Channels, decl: ExchangeDecl | QueueDecl) -> Check
     except DelayqError as exc:  # e.g. ACCESS_REFUSED: this user may not declare it
         return Check(f"{decl.kind} {decl.name}", Status.FAIL, str(exc))
     return compare_redeclared(
-        decl, existed=result is not None, conflict=None if result is None else result.conflict
+        decl,
+        existed=result is not None,
+        conflict=None if result is None else result.conflict,
+        legacy=result is not None and result.legacy,
     )
 
 

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import re
 
-from delayq.errors import AccessRefused, TopologyConflict, TopologyMissing
+from delayq.errors import AccessRefused, ParkedAtRisk, TopologyConflict, TopologyMissing
 
-__all__ = ["conflict_from_reply", "missing_from_reply", "refused_from_reply"]
+__all__ = [
+    "conflict_from_reply",
+    "missing_from_reply",
+    "parked_at_risk",
+    "refused_from_reply",
+]
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -22,8 +27,11 @@ _INEQUIVALENT = re.compile(
 )
 _VALUE = re.compile(r"(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?")
 _NOT_FOUND = re.compile(r"no (?P<kind>queue|exchange) '(?P<name>[^']*)'")
+# RabbitMQ 3.x says "access to queue 'q' ..."; 4.x names the permission that is
+# missing: "configure access to ...", "read access to ...", "write access to ...".
 _REFUSED = re.compile(
-    r"ACCESS_REFUSED - access to (?P<kind>queue|exchange) '(?P<name>[^']*)' in vhost "
+    r"ACCESS_REFUSED - (?:(?P<permission>configure|read|write) )?access to "
+    r"(?P<kind>queue|exchange) '(?P<name>[^']*)' in vhost "
     r"'(?P<vhost>[^']*)' refused for user '(?P<user>[^']*)'"
 )
 
@@ -66,10 +74,44 @@ def refused_from_reply(reply_text: str) -> AccessRefused | None:
     """An :class:`AccessRefused` for an ACCESS_REFUSED text about an entity, else ``None``."""
     match = _REFUSED.search(reply_text)
     if match is None:
-        return None
+        if "ACCESS_REFUSED" not in reply_text:
+            return None
+        return AccessRefused(  # a wording of another version (topic permissions, ...)
+            f"the broker refused access: {reply_text.strip()}. `delayq topology grant` "
+            "prints what a producer and a consumer need."
+        )
+    permission = match.group("permission")
+    access = f"{permission} access" if permission else "access"
     return AccessRefused(
-        f"the broker refused user {match.group('user')!r} access to {match.group('kind')} "
+        f"the broker refused user {match.group('user')!r} {access} to {match.group('kind')} "
         f"{match.group('name')!r} in vhost {match.group('vhost')!r} (ACCESS_REFUSED): the "
         "user's permissions do not cover it. `delayq topology grant` prints what a producer "
         "and a consumer need."
     )
+
+
+SAFE_PARKED_LIMIT = 1_000_000
+"""A parked queue whose delivery limit is at least this can be browsed without fear."""
+
+
+def parked_at_risk(conflict: TopologyConflict | None, server_version: str) -> ParkedAtRisk | None:
+    """Whether browsing a parked queue by returning its messages would lose them.
+
+    ``conflict``: what the broker said when the queue was declared again with the
+    parked arguments (``None``: it has them). Only RabbitMQ 4 and later give quorum queues
+    a delivery limit by default; a queue without the argument is safe on 3.x. A conflict
+    on another argument (the queue is classic, say) says nothing of the limit.
+    """
+    if conflict is None or conflict.argument != "x-delivery-limit":
+        return None
+    current = conflict.current
+    major = server_version.split(".", 1)[0]
+    four = major.isdigit() and int(major) >= 4
+    if current is None or not current.lstrip("-").isdigit():
+        risky = four  # no limit of its own: 4.x's default of 20 applies
+    else:
+        limit = int(current)  # -1: none on 4.x, but the first return drops it on 3.x
+        risky = limit < SAFE_PARKED_LIMIT and (limit >= 0 or not four)
+    if not risky:
+        return None
+    return ParkedAtRisk(conflict.name, current, conflict.wanted, server_version or "?")

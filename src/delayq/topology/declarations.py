@@ -16,6 +16,7 @@ from delayq.topology.model import QueueType, Topology
 from delayq.topology.shards import LEADER_LOCATOR
 
 __all__ = [
+    "PARKED_DELIVERY_LIMIT",
     "ArgumentValue",
     "BindingDecl",
     "Declaration",
@@ -25,6 +26,7 @@ __all__ = [
     "build_declarations",
     "describe",
     "is_destination_entity",
+    "parked_arguments",
     "rung_arguments",
 ]
 
@@ -55,6 +57,16 @@ class QueueDecl:
     role: str = ""
     """Why the queue exists (``tier``, ``retry``, ``level``, ``destination``, ``dlq``,
     ``unrouted``)."""
+    legacy: tuple[Mapping[str, ArgumentValue], ...] = ()
+    """Arguments an earlier delayq declared this queue with, still accepted as present by
+    ``apply`` and ``verify`` (RabbitMQ cannot change a queue's arguments in place): a
+    parked queue declared before :data:`PARKED_DELIVERY_LIMIT`, say."""
+
+    def legacy_forms(self) -> tuple[QueueDecl, ...]:
+        """This declaration with each of its :attr:`legacy` argument sets."""
+        return tuple(
+            QueueDecl(self.name, arguments, self.durable, self.role) for arguments in self.legacy
+        )
 
     @property
     def kind(self) -> str:
@@ -92,6 +104,31 @@ def _safe_dead_lettering(queue_type: QueueType) -> dict[str, ArgumentValue]:
         "x-dead-letter-strategy": "at-least-once",
         "x-overflow": "reject-publish",
     }
+
+
+PARKED_DELIVERY_LIMIT = 2_147_483_647
+"""``x-delivery-limit`` of the quorum queues where messages are parked (``<queue>.dlq``,
+``<ns>.unrouted``): in effect none, on every version. Browsing them returns every
+message it looked at, and RabbitMQ 4.x quorum queues count each return against a
+delivery limit of 20 by default: without this, the 21st ``delayq dlq list`` would
+delete every parked message. ``-1`` (no limit on 4.x) drops a message at its first
+return on 3.x, and no argument at all takes 4.x's 20: one high limit is the
+declaration that keeps every parked message on both."""
+
+
+def _parked(name: str, queue_type: QueueType, role: str) -> QueueDecl:
+    """A parked queue; one an earlier delayq declared without the limit is accepted
+    (browsing it on 4.x is refused instead: :class:`~delayq.errors.ParkedAtRisk`)."""
+    arguments = parked_arguments(queue_type)
+    legacy = ({"x-queue-type": "quorum"},) if queue_type is QueueType.QUORUM else ()
+    return QueueDecl(name, arguments, role=role, legacy=legacy)
+
+
+def parked_arguments(queue_type: QueueType) -> dict[str, ArgumentValue]:
+    """The arguments of a queue where messages are parked (see :data:`PARKED_DELIVERY_LIMIT`)."""
+    if queue_type is QueueType.CLASSIC:
+        return {"x-queue-type": "classic"}  # classic queues count no deliveries
+    return {"x-queue-type": "quorum", "x-delivery-limit": PARKED_DELIVERY_LIMIT}
 
 
 def rung_arguments(
@@ -138,7 +175,6 @@ def _marker(topology: Topology, decls: tuple[Declaration, ...]) -> ExchangeDecl:
 
 def _entities(topology: Topology) -> tuple[Declaration, ...]:
     qtype = topology.queue_type
-    plain_queue: dict[str, ArgumentValue] = {"x-queue-type": qtype.value}
     ready, unrouted = topology.ready_exchange, topology.unrouted
 
     exchanges: list[Declaration] = [
@@ -146,7 +182,7 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
         ExchangeDecl(ready, "topic", {"alternate-exchange": unrouted}),
         ExchangeDecl(topology.direct_exchange, "direct"),
     ]
-    queues: list[Declaration] = [QueueDecl(unrouted, dict(plain_queue), role="unrouted")]
+    queues: list[Declaration] = [_parked(unrouted, qtype, "unrouted")]
     bindings: list[Declaration] = [BindingDecl(unrouted, unrouted)]
 
     # Two rungs per tier, each a fanout exchange into a fixed-TTL queue.
@@ -184,7 +220,7 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
         _cascade(topology, exchanges, queues, bindings)
 
     for dest in topology.destinations:
-        queues.append(QueueDecl(dest.dlq, dict(plain_queue), role="dlq"))
+        queues.append(_parked(dest.dlq, qtype, "dlq"))
         work_args: dict[str, ArgumentValue] = {
             **_safe_dead_lettering(qtype),
             "x-dead-letter-exchange": "",

@@ -45,7 +45,10 @@ _DIGEST_HEX = 12
 def _wire(decl: Declaration) -> dict[str, Any]:
     """What the broker holds of a declaration: names, types, arguments, durability
     (``role`` only says why delayq declares it)."""
-    fields = {k: v for k, v in dataclasses.asdict(decl).items() if k != "role"}
+    fields = {k: v for k, v in dataclasses.asdict(decl).items() if k not in ("role", "legacy")}
+    legacy = getattr(decl, "legacy", ())
+    if legacy:  # an apply that found the earlier form is as complete as one that made it
+        fields["arguments"] = dict(legacy[0])
     return {"kind": decl.kind, **fields}
 
 

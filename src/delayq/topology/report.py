@@ -45,6 +45,8 @@ class ApplyResult:
     declaration: Declaration
     status: ApplyStatus
     conflict: TopologyConflict | None = None
+    legacy: bool = False
+    """Present in the form an earlier delayq declared (:attr:`QueueDecl.legacy`)."""
 
 
 @dataclass

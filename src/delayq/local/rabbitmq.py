@@ -1,0 +1,170 @@
+"""Which RabbitMQ server a local node runs: the installed one, or RabbitMQ 4.0 from a tree.
+
+* ``"installed"``: the host's ``rabbitmq-server`` (Debian 12 ships 3.10.8), its scripts
+  in ``$DELAYQ_RABBITMQ_BIN`` (default ``/usr/lib/rabbitmq/bin``).
+* ``"4.0"``: RabbitMQ 4.0.5 on Erlang 27 from Debian 13's own packages, installed in a
+  minimal Debian 13 tree (``scripts/setup-rabbitmq-4.sh`` builds it with ``debootstrap``
+  into ``$DELAYQ_RABBITMQ_4_ROOT``, default ``/var/lib/delayq/rabbitmq-4.0``). Its commands
+  run under ``unshare --mount`` + ``chroot`` (root only): ``/tmp`` and the node's own
+  folders are bind-mounted at the same paths inside a mount namespace of their own,
+  so nothing is mounted on the host and nothing from Debian 13 is installed on it. The
+  server also runs in a PID namespace of its own: its epmd and every process it forks
+  end with it.
+
+The server is chosen explicitly (``LocalNode(server="4.0")``, ``--server 4.0``) or by
+``$DELAYQ_RABBITMQ_SERVER``; a server that is not there is an error, never a silent
+fallback to the other one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+__all__ = [
+    "SERVERS",
+    "RabbitServer",
+    "UnknownServer",
+    "rabbit_server",
+    "server_choice",
+]
+
+SERVERS = ("installed", "4.0")
+"""The servers a local node can run."""
+
+_ALIASES = {"installed": "installed", "system": "installed", "4.0": "4.0", "4": "4.0"}
+_TREE_DEFAULT = "/var/lib/delayq/rabbitmq-4.0"
+_TREE_BIN = Path("/usr/lib/rabbitmq/bin")
+_READY_MARK = ".delayq-ready"
+
+# Run inside the new mount namespace by the host's /bin/sh: bind the folders the node
+# reads and writes at their own paths, give a server its /proc, then chroot.
+_ENTER = r"""set -e
+root=$1; proc=$2; shift 2
+while [ "$1" != "--" ]; do
+  mkdir -p "$root$1"; mount --bind "$1" "$root$1"; shift
+done
+shift
+if [ "$proc" = yes ]; then mount -t proc proc "$root/proc"; fi
+exec chroot "$root" "$@"
+"""
+
+
+class UnknownServer(ValueError):
+    """A server name that is not one of :data:`SERVERS`."""
+
+
+def server_choice(name: str | None = None) -> str:
+    """The canonical name of ``name``, else of ``$DELAYQ_RABBITMQ_SERVER``, else
+    ``"installed"``."""
+    raw = name if name is not None else os.environ.get("DELAYQ_RABBITMQ_SERVER", "installed")
+    choice = _ALIASES.get(raw.strip().lower())
+    if choice is None:
+        source = "" if name is not None else " ($DELAYQ_RABBITMQ_SERVER)"
+        raise UnknownServer(
+            f"unknown RabbitMQ server {raw!r}{source}: choose one of {', '.join(SERVERS)}"
+        )
+    return choice
+
+
+@dataclass(frozen=True)
+class RabbitServer:
+    """One RabbitMQ server: where its scripts are and how to run them."""
+
+    name: str
+    bin_dir: Path
+    """The scripts' folder as the server sees it (inside the tree for ``"4.0"``)."""
+    root: Path | None = None
+    """The Debian 13 tree the server runs in (``chroot``), ``None`` for the host's own."""
+
+    @property
+    def host_bin_dir(self) -> Path:
+        """The scripts' folder as seen from the host."""
+        if self.root is None:
+            return self.bin_dir
+        return self.root / self.bin_dir.relative_to("/")
+
+    def installed(self) -> bool:
+        ready = self.root is None or (self.root / _READY_MARK).exists()
+        return ready and (self.host_bin_dir / "rabbitmq-server").exists()
+
+    def missing(self) -> str:
+        """What to do when :meth:`installed` is false."""
+        if self.root is None:
+            return (
+                f"RabbitMQ is not installed ({self.bin_dir}/rabbitmq-server is missing): "
+                "apt-get install rabbitmq-server"
+            )
+        return (
+            f"RabbitMQ 4.0 is not set up ({self.root} holds no finished Debian 13 tree): "
+            "run `bash scripts/setup-rabbitmq-4.sh` as root (or `bash scripts/setup.sh --test`), "
+            "or point $DELAYQ_RABBITMQ_4_ROOT at such a tree"
+        )
+
+    @cached_property
+    def version(self) -> str:
+        """The server's version from its installed files, e.g. ``"3.10.8"``, ``"4.0.5"``
+        (``""`` when it cannot be told)."""
+        for lib in (self.host_bin_dir.parent / "lib", self.host_bin_dir.parent):
+            try:
+                names = [p.name for p in lib.iterdir()]
+            except OSError:
+                continue
+            for entry in names:
+                found = re.fullmatch(r"rabbitmq_server-(\d+(?:\.\d+)+)", entry)
+                if found:
+                    return found.group(1)
+        return ""
+
+    def command(
+        self,
+        tool: str,
+        args: Sequence[str],
+        *,
+        binds: Sequence[Path] = (),
+        own_pids: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """The argv that runs ``tool`` (``rabbitmq-server``, ``rabbitmqctl``, ...; an
+        absolute path runs that program of the server's system) with ``args`` and ``env``.
+        For a tree, ``binds`` are host folders the tool must see at the same path (``/tmp``
+        always is); ``own_pids`` gives it a PID namespace whose processes all end when it
+        does (for the server)."""
+        program = tool if tool.startswith("/") else str(self.bin_dir / tool)
+        settings = [f"{key}={value}" for key, value in (env or {}).items()]
+        if self.root is None:
+            return ["/usr/bin/env", *settings, program, *args] if settings else [program, *args]
+        folders = _outermost([Path("/tmp"), *binds])
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if own_pids:
+            unshare += ["--pid", "--fork", "--kill-child"]
+        return [
+            *unshare, "--", "/bin/sh", "-c", _ENTER, "delayq-enter",
+            str(self.root), "yes" if own_pids else "no", *map(str, folders), "--",
+            "/usr/bin/env", "LC_ALL=C.UTF-8", "LANG=C.UTF-8", *settings, program, *args,
+        ]  # fmt: skip
+
+
+def _outermost(paths: list[Path]) -> list[Path]:
+    """Absolute, resolved, without any folder inside another of the list."""
+    resolved = sorted({path.resolve() for path in paths}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in resolved:
+        if not any(path == k or k in path.parents for k in kept):
+            kept.append(path)
+    return kept
+
+
+def rabbit_server(name: str | None = None) -> RabbitServer:
+    """The server called ``name`` (see :func:`server_choice`)."""
+    choice = server_choice(name)
+    if choice == "installed":
+        return RabbitServer(
+            "installed", Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+        )
+    root = Path(os.environ.get("DELAYQ_RABBITMQ_4_ROOT") or _TREE_DEFAULT)
+    return RabbitServer("4.0", _TREE_BIN, root=root)

@@ -1,0 +1,84 @@
+"""Which RabbitMQ a local node runs (delayq.local.rabbitmq): chosen explicitly, never a
+silent fallback, and a 4.0 tree's commands run in a mount namespace of their own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from delayq.local.node import LocalNode, LocalNodeError, server_installed
+from delayq.local.rabbitmq import UnknownServer, rabbit_server, server_choice
+
+
+def test_the_choice_is_the_argument_else_the_environment_else_installed(monkeypatch):
+    monkeypatch.delenv("DELAYQ_RABBITMQ_SERVER", raising=False)
+    assert server_choice() == "installed"
+    monkeypatch.setenv("DELAYQ_RABBITMQ_SERVER", "4.0")
+    assert server_choice() == "4.0"
+    assert server_choice("installed") == "installed"
+    assert server_choice(" 4 ") == "4.0"
+
+
+@pytest.mark.parametrize("name", ["3.13", "", "latest", "4.1"])
+def test_an_unknown_server_names_the_choices(monkeypatch, name):
+    with pytest.raises(UnknownServer, match=r"choose one of installed, 4\.0"):
+        server_choice(name)
+    monkeypatch.setenv("DELAYQ_RABBITMQ_SERVER", name)
+    with pytest.raises(UnknownServer, match=r"\$DELAYQ_RABBITMQ_SERVER"):
+        server_choice()
+
+
+def test_a_tree_that_is_not_finished_is_not_installed_and_says_how_to_build_it(
+    tmp_path: Path, monkeypatch
+):
+    root = tmp_path / "tree"
+    (root / "usr/lib/rabbitmq/bin").mkdir(parents=True)
+    (root / "usr/lib/rabbitmq/bin/rabbitmq-server").write_text("")
+    (root / "usr/lib/rabbitmq/lib/rabbitmq_server-4.0.5").mkdir(parents=True)
+    monkeypatch.setenv("DELAYQ_RABBITMQ_4_ROOT", str(root))
+    server = rabbit_server("4.0")
+    assert server.version == "4.0.5"
+    assert not server.installed() and not server_installed("4.0")  # no .delayq-ready mark
+    with pytest.raises(LocalNodeError, match=r"RabbitMQ 4\.0 is not set up.*setup-rabbitmq-4\.sh"):
+        LocalNode(server="4.0")
+    (root / ".delayq-ready").write_text("rabbitmq-server 4.0.5")
+    assert server.installed()
+    node = LocalNode(tmp_path / "node", server="4.0")
+    assert node.version == "4.0.5" and node.epmd_port is not None
+    assert node.env()["ERL_EPMD_PORT"] == str(node.epmd_port)
+
+
+def test_an_unknown_server_given_to_a_node_is_a_node_error():
+    with pytest.raises(LocalNodeError, match="unknown RabbitMQ server"):
+        LocalNode(server="5.0")
+
+
+def test_a_tree_command_binds_tmp_and_the_node_folders_once_each(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("DELAYQ_RABBITMQ_4_ROOT", str(tmp_path / "tree"))
+    server = rabbit_server("4.0")
+    inside = Path("/tmp/delayq-node-x/sub")
+    argv = server.command(
+        "rabbitmqctl", ["-n", "n@localhost", "status"], binds=[inside, Path("/srv/certs")],
+        env={"HOME": "/tmp/delayq-node-x"},
+    )  # fmt: skip
+    assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
+    assert "--pid" not in argv  # only the server gets a PID namespace
+    folders = argv[argv.index("no") + 1 : argv.index("--", argv.index("no"))]
+    assert sorted(folders) == ["/srv/certs", "/tmp"]  # /tmp/... is inside /tmp
+    tail = argv[argv.index("/usr/bin/env") :]
+    assert tail[-4:] == ["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", "n@localhost", "status"]
+    assert "HOME=/tmp/delayq-node-x" in tail
+    server_argv = server.command("rabbitmq-server", [], own_pids=True)
+    assert {"--pid", "--fork", "--kill-child"} <= set(server_argv)
+
+
+def test_the_installed_server_runs_its_scripts_directly(monkeypatch):
+    monkeypatch.setenv("DELAYQ_RABBITMQ_BIN", "/opt/rmq/bin")
+    server = rabbit_server("installed")
+    assert server.command("rabbitmqctl", ["status"]) == ["/opt/rmq/bin/rabbitmqctl", "status"]
+    assert server.command("rabbitmqctl", [], env={"A": "1"}) == [
+        "/usr/bin/env",
+        "A=1",
+        "/opt/rmq/bin/rabbitmqctl",
+    ]
