@@ -41,6 +41,16 @@ def _parse(value: str, what: str) -> int:
     text = value.strip().replace(" ", "")
     if not text:
         raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
+    if text.startswith("="):  # `-d=-5s`: click gives a short option "=-5s"
+        hint = (
+            f"{what} {value!r} starts with '=': a short option takes its value without one "
+            "(-d 5s, or --delay=5s)"
+        )
+        try:
+            _parse(text[1:], what)
+        except InvalidDelay as exc:
+            raise InvalidDelay(f"{exc}; {hint}") from None
+        raise InvalidDelay(hint)
     if text.startswith("-"):
         raise InvalidDelay(f"{what} must not be negative, got {value!r}")
     if text.isascii() and text.isdigit():

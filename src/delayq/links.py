@@ -34,7 +34,7 @@ from delayq.errors import InvalidInput
 from delayq.topology.declarations import apply_marker
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
-from delayq.urls import redact
+from delayq.urls import check_vhost, redact
 
 if TYPE_CHECKING:
     from delayq.consume.delivery import Delivery
@@ -282,7 +282,11 @@ class AsyncLink(Protocol):
 
 
 def gate_for(topology: Topology, url: str) -> Gate:
-    """What a link to ``url`` checks before sending for ``topology`` (its apply marker)."""
+    """What a link to ``url`` checks before sending for ``topology`` (its apply marker).
+
+    :raises InvalidInput: the topology names another vhost than the URL's.
+    """
+    check_vhost(topology.declared_vhost, url)
     return Gate(topology.namespace, apply_marker(topology).name, redact(url))
 
 

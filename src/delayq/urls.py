@@ -25,9 +25,9 @@ import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from delayq.errors import InvalidURL
+from delayq.errors import InvalidInput, InvalidURL
 from delayq.tls import (
     TLS_OPTIONS,
     TLSOptions,
@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_URL",
     "MEMORY_SCHEME",
     "BrokerURL",
+    "check_vhost",
     "connection_plan",
     "host_label",
     "host_urls",
@@ -51,6 +52,7 @@ __all__ = [
     "resolve_url",
     "resolved_memory_name",
     "tried_hosts",
+    "url_vhost",
     "validate_url",
 ]
 
@@ -275,7 +277,9 @@ def resolve_url(explicit: str | None = None) -> str:
     url, source = explicit, None
     if url is None:
         source = next((n for n in ("DELAYQ_URL", "RABBITMQ_URL") if os.environ.get(n)), None)
-        url = os.environ[source] if source else DEFAULT_URL
+        # A value read from a file or pasted keeps its newline: no URL ends in one, and
+        # left in, it split every error line that shows the URL.
+        url = os.environ[source].strip() if source else DEFAULT_URL
     if memory_broker_name(url) is not None:
         return url
     try:
@@ -285,6 +289,33 @@ def resolve_url(explicit: str | None = None) -> str:
             raise
         # Say where it came from: the command line may not mention a URL at all.
         raise InvalidURL(f"${source}: {exc}") from exc
+
+
+def url_vhost(url: str) -> str:
+    """The vhost an AMQP URL connects to, read as pika reads it: ``/`` when the path
+    names none, else the path without its first ``/``, percent-decoded (``/%2Fshop`` is
+    the vhost ``/shop``)."""
+    path = urlsplit(host_urls(url)[0]).path
+    return "/" if path in ("", "/") else unquote(path[1:])
+
+
+def check_vhost(declared: str | None, url: str) -> None:
+    """Refuse a URL on another vhost than the one a topology file names (``declared``;
+    ``None``: the topology names none, and the URL's vhost is the topology's).
+
+    :raises InvalidInput: the two differ: nothing is declared, sent or consumed in a
+        vhost the topology does not name.
+    """
+    if declared is None or memory_broker_name(url) is not None:
+        return
+    actual = url_vhost(url)
+    if actual != declared:
+        quoted = "/" + declared.replace("%", "%25").replace("/", "%2F")
+        raise InvalidInput(
+            f"the topology names vhost {declared!r}, the URL connects to vhost {actual!r} "
+            f"({redact(url)}): put the topology's vhost in the URL (path {quoted}), or "
+            "change the topology's vhost"
+        )
 
 
 MEMORY_SCHEME = "memory"

@@ -83,15 +83,29 @@ class Worker:
                 f"queue {queue!r} is not a destination of the topology "
                 f"(namespace {self.topology.namespace!r})"
             ) from None
-        if any(r.queue == queue for r in self.registrations):
-            raise InvalidInput(f"queue {queue!r} already has a handler")
+        self._check_free(queue)
         self._check_options(queue, {**self.defaults, **options})
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            # Checked again here: one handler() call's decorator applied twice would
+            # otherwise register two handlers that split the queue between them.
+            self._check_free(queue, fn)
             self.registrations.append(Registration(queue, fn, options))
             return fn
 
         return register
+
+    def _check_free(self, queue: str, fn: Callable[..., Any] | None = None) -> None:
+        """Refuse a second handler for ``queue``: two would share its messages at random."""
+        for reg in self.registrations:
+            if reg.queue == queue:
+                theirs = getattr(reg.handler, "__qualname__", repr(reg.handler))
+                mine = "" if fn is None else f" ({getattr(fn, '__qualname__', repr(fn))})"
+                raise InvalidInput(
+                    f"queue {queue!r} already has a handler, {theirs}: a second one{mine} "
+                    "would get about half of its messages. Register one handler per queue "
+                    "(dispatch inside it, or bind another destination queue)"
+                )
 
     def consumer_options(
         self,

@@ -354,3 +354,47 @@ def test_a_closed_publisher_reconnects_at_its_next_publish(
         return [first, *again]
 
     assert len(run(scenario())) == 2
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"), [("?heartbeat=0", 0), ("?heartbeat=7", 7), ("", 60)]
+)
+def test_the_url_heartbeat_is_what_the_broker_lists_for_both_publishers(
+    local_rabbitmq_node: LocalNode,
+    make_topology: Callable[..., Topology],
+    query: str,
+    expected: int,
+) -> None:
+    """Issue 29: ``?heartbeat=0`` turned heartbeats off on pika's link only; the frame
+    link took the broker's 60 s. The broker's own list of connections is the judge."""
+    import uuid
+
+    from delayq.sync import Publisher
+
+    node = local_rabbitmq_node
+    user = f"hb-{uuid.uuid4().hex[:8]}"
+    node.ctl("add_user", user, "pw")
+    node.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+    try:
+        url = f"amqp://{user}:pw@127.0.0.1:{node.port}/{query}"
+        topo = make_topology(["1s"])
+        apply_topology(topo, node.url)
+
+        async def open_async() -> AsyncPublisher:
+            publisher = AsyncPublisher(url, topo)
+            await publisher.connect()
+            return publisher
+
+        loop = asyncio.new_event_loop()
+        try:
+            publisher = loop.run_until_complete(open_async())
+            with Publisher(url, topo) as sync_publisher:
+                sync_publisher.publish({"n": 1}, "job.a", "1s")
+                rows = node.ctl("list_connections", "user", "timeout", "--no-table-headers", "-q")
+                timeouts = [int(line.split("\t")[1]) for line in rows.splitlines() if user in line]
+            loop.run_until_complete(publisher.aclose())
+        finally:
+            loop.close()
+        assert timeouts == [expected, expected]
+    finally:
+        node.ctl("delete_user", user, check=False)

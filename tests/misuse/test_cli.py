@@ -337,3 +337,37 @@ def test_stats_with_a_management_url_that_does_not_answer_is_refused(applied, ra
     # Without the option the same command counts over AMQP (or the API it finds).
     counted = delayq("stats", "--file", str(path), "--no-management", env_url=rabbitmq_url)
     assert counted.returncode == 0, counted.stderr
+
+
+@pytest.mark.parametrize(
+    ("delay", "says"),
+    [
+        ("-d=-5s", "must not be negative, got '-5s'"),
+        ("-d=5s", "starts with '='"),
+        ("--delay=-5s", "must not be negative, got '-5s'"),
+    ],
+    ids=["short-equals-negative", "short-equals", "long-negative"],
+)
+def test_a_delay_written_with_an_equals_sign_is_named_as_written(
+    delay, says, applied, rabbitmq_url, delayq
+):
+    """Issue 29: click keeps the '=' of `-d=-5s`, and the error said "delay '=-5s' is not
+    a duration" instead of naming the negative delay. Nothing is published."""
+    topo, path, queue = applied
+    run = delayq("publish", "-k", "job.a", delay, "--file", str(path), env_url=rabbitmq_url)
+    one_error_line(run, 2, says)
+    nothing_lost(rabbitmq_url, topo, queue)
+
+
+def test_a_delayq_url_with_a_trailing_newline_works_and_errors_stay_one_line(
+    applied, rabbitmq_url, delayq
+):
+    """Issue 29: a DELAYQ_URL read from a file kept its newline, which split the error line
+    in two. A value from the environment is taken without surrounding whitespace."""
+    _, path, _ = applied
+    works = delayq("stats", "--no-management", "--file", str(path), env_url=f"{rabbitmq_url}\n")
+    assert works.returncode == 0, works.stderr
+    dead_url = "amqp://guest:guest@127.0.0.1:1/\n"
+    dead = delayq("stats", "--no-management", "--file", str(path), env_url=dead_url)
+    line = one_error_line(dead, 1, "cannot connect")
+    assert "is RabbitMQ running" in line

@@ -79,6 +79,24 @@ def test_concurrency_above_the_prefetch_is_refused_not_silently_capped(adapter: 
         adapter(DEAD_URL, _topology(), "mis.work", lambda body: None, prefetch=5, concurrency=6)
 
 
+def test_one_handler_call_applied_twice_is_refused_not_a_split_queue() -> None:
+    """Issue 29: ``on = worker.handler("q"); on(first); on(second)`` registered both, and
+    ``delayq worker`` ran "2 handlers (q, q)" that shared the queue (9 of 10 to second)."""
+
+    def first(body: Any) -> None: ...
+
+    def second(body: Any) -> None: ...
+
+    worker = Worker(_topology())
+    on = worker.handler("mis.work")
+    on(first)
+    with pytest.raises(InvalidInput, match=r"already has a handler, .*first: a second one"):
+        on(second)
+    with pytest.raises(InvalidInput, match="already has a handler"):
+        worker.handler("mis.work")
+    assert [r.handler for r in worker.registrations] == [first]
+
+
 def test_a_worker_refuses_bad_concurrency_before_connecting() -> None:
     worker = Worker(_topology())
     worker.handler("mis.work")(lambda body: None)

@@ -300,3 +300,34 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
         return {a.message_id for a in inbox.wait(0, timeout_s=0)}
 
     wait_for(lambda: confirmed <= arrived(), 60, lambda: f"{len(confirmed - arrived())} lost")
+
+
+@pytest.mark.parametrize("via", ["rabbitmqctl", "management"])
+def test_a_grant_never_replaces_a_users_rights_silently(
+    local_rabbitmq_management_node: LocalNode, node_topology: Any, make_user: Any, via: str
+) -> None:
+    """Issue 29: `grant --admin-user guest --apply` replaced guest's `.* .* .*` with rules
+    for one namespace, locking guest out of every other, without a word."""
+    node = local_rabbitmq_management_node
+    assert node.management_url is not None
+    _, path = node_topology(node)
+    user = make_user("admin")
+    node.ctl("set_permissions", "-p", "/", user.name, ".*", ".*", ".*")
+
+    def held() -> str:
+        return node.ctl("list_user_permissions", user.name, "--no-table-headers", "--quiet")
+
+    before = held()
+    options = ("--admin-user", user.name, "--via", via, "--management-url", node.management_url)
+    refused = _grant(node, path, *options)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"user {user.name!r} already has configure '.*', write '.*', read '.*'" in refused.stderr
+    assert "--replace" in refused.stderr and "Traceback" not in refused.stderr
+    assert held() == before  # nothing set
+
+    replaced = _grant(node, path, *options, "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "(replacing configure '.*', write '.*', read '.*')" in replaced.stdout
+    assert held() != before
+    again = _grant(node, path, *options)  # the same set again: nothing to replace
+    assert again.returncode == 0 and "already has these permissions" in again.stdout

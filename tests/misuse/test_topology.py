@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from delayq import (
     AccessRefused,
@@ -277,3 +278,36 @@ def test_a_bad_topology_file_is_refused_before_connecting(
         err = capsys.readouterr().err
         assert err.startswith("delayq: error: ") and words in err, err
 
+
+
+def test_a_topology_naming_another_vhost_than_the_url_is_refused_everywhere(
+    make_topology: Any, rabbitmq_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Issue 29: `topology apply` of a file with `vhost: /nosuch` and a URL on `/` exited 0
+    and declared everything in `/` (verify then failed on the same mismatch). Every way in
+    refuses it now, before declaring, sending or consuming anything."""
+    from delayq import AsyncPublisher, Consumer, InvalidInput, Publisher
+
+    topo = variant(make_topology(["1s"]), vhost="/nosuch")
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo.model_dump(mode="json")))
+    assert main(["topology", "apply", "--file", str(path), "--url", rabbitmq_url]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "the topology names vhost '/nosuch', the URL connects to vhost '/'" in err
+    assert "path /%2Fnosuch" in err
+    assert existing(rabbitmq_url, topo) == set()  # nothing declared in "/"
+    with pytest.raises(InvalidInput, match="names vhost '/nosuch'"):
+        apply_sync(topo, rabbitmq_url)
+    with pytest.raises(InvalidInput, match="names vhost '/nosuch'"):
+        asyncio.run(apply_async(topo, rabbitmq_url))
+    with pytest.raises(InvalidInput, match="names vhost '/nosuch'"):
+        Publisher(rabbitmq_url, topo)
+    with pytest.raises(InvalidInput, match="names vhost '/nosuch'"):
+        AsyncPublisher(rabbitmq_url, topo)
+    queue = topo.destinations[0].queue
+    with pytest.raises(InvalidInput, match="names vhost '/nosuch'"):
+        Consumer(rabbitmq_url, topo, queue, lambda body: None)
+    # A topology that names no vhost takes the URL's; one that names the URL's is fine.
+    unnamed = Topology.model_validate({k: v for k, v in topo.model_dump().items() if k != "vhost"})
+    assert unnamed.declared_vhost is None and apply_sync(unnamed, rabbitmq_url).ok
+    assert apply_sync(variant(topo, vhost="/"), rabbitmq_url).ok

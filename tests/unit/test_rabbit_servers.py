@@ -82,3 +82,13 @@ def test_the_installed_server_runs_its_scripts_directly(monkeypatch):
         "A=1",
         "/opt/rmq/bin/rabbitmqctl",
     ]
+
+
+def test_the_local_classes_are_where_a_user_looks_first():
+    """Issue 29: `from delayq.local import LocalNode` failed; the docs use delayq.local.node."""
+    import delayq.local
+    import delayq.local.cluster
+    import delayq.local.node
+
+    assert delayq.local.LocalNode is delayq.local.node.LocalNode
+    assert delayq.local.LocalCluster is delayq.local.cluster.LocalCluster

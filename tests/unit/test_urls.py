@@ -133,3 +133,39 @@ def test_async_connect_names_every_host_it_tried_and_never_the_password():
     assert "s3cret" not in message
     for one in host_urls(url):
         assert host_label(one) in message
+
+
+@pytest.mark.parametrize(
+    ("url", "vhost"),
+    [
+        ("amqp://h", "/"),
+        ("amqp://h/", "/"),
+        ("amqp://h/%2F", "/"),
+        ("amqp://h/shop", "shop"),
+        ("amqp://h/%2Fshop", "/shop"),
+        ("amqp://u:p@h1:1,h2:2/orders?heartbeat=30", "orders"),
+    ],
+)
+def test_the_vhost_of_a_url_is_read_as_pika_reads_it(url: str, vhost: str) -> None:
+    import pika
+
+    from delayq.urls import url_vhost
+
+    assert url_vhost(url) == vhost
+    if "," not in url:
+        assert pika.URLParameters(url).virtual_host == vhost
+
+
+def test_check_vhost_refuses_only_a_named_vhost_that_differs() -> None:
+    from delayq.errors import InvalidInput
+    from delayq.urls import check_vhost
+
+    check_vhost(None, "amqp://h/anything")
+    check_vhost("/shop", "amqp://h/%2Fshop")
+    check_vhost("/shop", "memory://test")
+    says = r"names vhost '/shop', the URL connects to vhost 'shop'"
+    with pytest.raises(InvalidInput, match=says):
+        check_vhost("/shop", "amqp://u:secret@h/shop")
+    with pytest.raises(InvalidInput) as refused:
+        check_vhost("/", "amqp://u:secret@h/x")
+    assert "secret" not in str(refused.value)

@@ -39,6 +39,7 @@ __all__ = [
     "Endpoint",
     "Wire",
     "WireClosed",
+    "negotiated_heartbeat",
 ]
 
 PUBLISH_CHANNEL = 1
@@ -53,6 +54,16 @@ class ChannelClosed(Exception):
         super().__init__(f"{reply_code} {reply_text}")
         self.reply_code = reply_code
         self.reply_text = reply_text
+
+
+def negotiated_heartbeat(offered: int, wanted: int | None) -> int:
+    """The heartbeat interval (s) to send in Tune-Ok, as pika negotiates it: ``wanted`` 0
+    (``?heartbeat=0``) turns heartbeats off whatever the broker offers; ``None`` asks
+    for 60 s; otherwise the smaller of the two, or the one that is not 0."""
+    if wanted == 0:
+        return 0
+    asked = 60 if wanted is None else wanted
+    return min(offered, asked) if offered else asked
 
 
 @dataclass(frozen=True)
@@ -140,9 +151,7 @@ class Wire(Framing):
         )
         tune: commands.Connection.Tune = await tune_wait
         self.frame_max = tune.frame_max or constants.FRAME_MAX_SIZE
-        offered = tune.heartbeat
-        wanted = endpoint.heartbeat_s if endpoint.heartbeat_s is not None else 60
-        self._heartbeat_s = min(offered, wanted) if offered and wanted else (offered or wanted)
+        self._heartbeat_s = negotiated_heartbeat(tune.heartbeat, endpoint.heartbeat_s)
         self.send(
             0,
             commands.Connection.TuneOk(

@@ -19,7 +19,7 @@ from delayq.topology.declarations import (
 )
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
-from delayq.urls import redact, resolve_url
+from delayq.urls import check_vhost, redact, resolve_url
 
 __all__ = ["apply_topology_async"]
 
@@ -139,6 +139,8 @@ async def apply_topology_async(
     ``connection`` you pass, so none of yours is closed by a refused declaration.
     """
     resolved = resolve_url(url)
+    if connection is None:
+        check_vhost(topology.declared_vhost, resolved)
     if connection is None and not serves_amqp(resolved):  # a memory broker, say
         link = open_async_link(resolved, gate_for(topology, resolved), LinkOptions())
         return await link.apply(topology, raise_on_conflict=raise_on_conflict)

@@ -129,7 +129,13 @@ def cmd_verify(args: Args) -> int:
 
 
 def cmd_grant(args: Args) -> int:
-    from delayq.ops.permissions import apply_grant, rabbitmqctl_command
+    from delayq.ops.permissions import (
+        apply_grant,
+        current_permissions,
+        describe_permissions,
+        rabbitmqctl_command,
+        replacement_refused,
+    )
 
     topology = load_cli_topology(args)
     if not (args.producer_user or args.consumer_user or args.admin_user):
@@ -166,6 +172,8 @@ def cmd_grant(args: Args) -> int:
                 print(f"#   {reason}")
             print(rabbitmqctl_command(grant, rabbitmqctl))
     if not args.apply:
+        if args.replace:
+            raise InvalidInput("--replace is used only with --apply")
         return EXIT_OK
     api = None
     if args.via == "management":
@@ -173,11 +181,25 @@ def cmd_grant(args: Args) -> int:
         if choice is None:
             raise InvalidInput("--via management cannot be used with --no-management")
         api = choice.api
+    # RabbitMQ keeps one set per user and vhost: a grant replaces what the user had there.
+    # Every user is checked before anything is set, so a refusal leaves all as they were.
+    out = sys.stderr if args.json else sys.stdout  # stdout stays one JSON document
+    pending = []
     for grant in grants:
+        current = current_permissions(grant, args.via, management=api, rabbitmqctl=rabbitmqctl)
+        if current == grant.permissions:
+            print(f"{grant.user!r} already has these permissions on {grant.vhost!r}", file=out)
+            continue
+        if current is not None and not args.replace:
+            raise replacement_refused(grant, current)
+        pending.append((grant, current))
+    for grant, current in pending:
         apply_grant(grant, args.via, management=api, rabbitmqctl=rabbitmqctl)
         where = api.url if api is not None else "rabbitmqctl"
+        replaced = "" if current is None else f" (replacing {describe_permissions(current)})"
         print(
-            f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}",
-            file=sys.stderr if args.json else sys.stdout,  # stdout stays one JSON document
+            f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}"
+            f"{replaced}",
+            file=out,
         )
     return EXIT_OK

@@ -102,6 +102,11 @@ def topology_group() -> click.Group:
                     once("--admin-user", metavar="USER", help="the user that runs topology apply"),
                     once("--vhost", help="default: the topology's vhost"),
                     flag("--apply", help="set the permissions (else print)"),
+                    flag(
+                        "--replace",
+                        help="with --apply: replace what a user already has on the vhost "
+                        "(refused without it)",
+                    ),
                     json_flag(),
                     once(
                         "--via",

@@ -32,7 +32,7 @@ from delayq.observe.tracing import ProcessSpan, TracingOption, tracing_for
 from delayq.stores.base import CancellingStore, IdempotencyStore, check_transactional
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import check_vhost, redact, resolve_url
 
 __all__ = ["ConsumerBase", "PruneSchedule"]
 
@@ -122,6 +122,7 @@ class ConsumerBase:
             concurrency=concurrency,
         )
         self._url = resolve_url(url)
+        check_vhost(topology.declared_vhost, self._url)
         # Where deliveries come from (see delayq.links): the URL's scheme chooses it.
         self._feed = feed if feed is not None else self._open_feed(self._url)
         if clock_ms is epoch_ms and self._feed.clock_ms is not None:

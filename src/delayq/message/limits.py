@@ -81,6 +81,19 @@ class MessageLimits(BaseModel):
     frame_max: int = Field(default=FRAME_MAX, ge=MIN_FRAME_MAX)
     """The broker's ``frame_max`` (bytes); set it when the broker lowers the default."""
 
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> MessageLimits:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
     @model_validator(mode="after")
     def _headers_fit_in_a_frame(self) -> MessageLimits:
         room = self.frame_max - DELAYQ_RESERVED_BYTES
@@ -99,14 +112,17 @@ class MessageLimits(BaseModel):
 
     def replace(self, **changes: Any) -> MessageLimits:
         """A copy with ``changes``; :class:`~delayq.errors.InvalidInput` if they break a rule."""
-        try:
-            return MessageLimits.model_validate({**self.model_dump(), **changes})
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise InvalidInput(f"invalid message limits: {problems}") from None
+        return MessageLimits.model_validate({**self.model_dump(), **changes})
+
+
+def _invalid(exc: ValidationError) -> InvalidInput:
+    """pydantic's refusal as delayq's: one line naming each field and why."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: "
+        f"{err['msg'].removeprefix('Value error, ')}"
+        for err in exc.errors()
+    )
+    return InvalidInput(f"invalid message limits: {problems}")
 
 
 DEFAULT_LIMITS = MessageLimits()

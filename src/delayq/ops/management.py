@@ -160,6 +160,10 @@ class ManagementAPI:
         path = f"/exchanges/{_part(vhost)}/{_part(exchange)}/bindings/source"
         return self.get_or_none(path)  # type: ignore[no-any-return]
 
+    def permissions(self, vhost: str, user: str) -> dict[str, Any] | None:
+        """The user's permissions on ``vhost``; ``None`` when none are set (or no user)."""
+        return self.get_or_none(f"/permissions/{_part(vhost)}/{_part(user)}")  # type: ignore[no-any-return]
+
     def set_permissions(self, vhost: str, user: str, permissions: dict[str, str]) -> None:
         try:
             self._request("PUT", f"/api/permissions/{_part(vhost)}/{_part(user)}", permissions)

@@ -33,7 +33,7 @@ from delayq.spark._schedule_task import publish_partition
 from delayq.spark._tracing import ProviderFactory, job_span
 from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
 from delayq.topology.model import Topology
-from delayq.urls import resolve_url
+from delayq.urls import check_vhost, resolve_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -221,6 +221,7 @@ def schedule(
     driver (:mod:`delayq.spark._tracing`). ``None`` (default) or ``False``: no spans.
     """
     url = resolve_url(url)
+    check_vhost(topology.declared_vhost, url)
     limit = RejectionLimit.parse(max_rejected)
     job = Job.of(
         url=url,

@@ -37,7 +37,7 @@ from delayq.spark._run import Job
 from delayq.spark._tracing import ProviderFactory, job_span
 from delayq.spark.schedule import ScheduleSummary, summary_of
 from delayq.topology.model import Topology
-from delayq.urls import resolve_url
+from delayq.urls import check_vhost, resolve_url
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -238,6 +238,7 @@ def schedule_stream(
     <namespace>`` span (``delayq.batch_id``) with its messages' ``publish`` spans.
     """
     url = resolve_url(url)
+    check_vhost(topology.declared_vhost, url)
     job = Job.of(
         url=url,
         topology=topology,

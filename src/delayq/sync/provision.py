@@ -18,7 +18,7 @@ from delayq.topology.declarations import (
 )
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
-from delayq.urls import redact, resolve_url
+from delayq.urls import check_vhost, redact, resolve_url
 
 __all__ = ["apply_topology", "delete_topology"]
 
@@ -150,6 +150,8 @@ def apply_topology(
     it, so the caller's channels are never closed by a refused declaration.
     """
     resolved = resolve_url(url)
+    if connection is None:
+        check_vhost(topology.declared_vhost, resolved)
     if connection is None and not serves_amqp(resolved):  # a memory broker, say
         link = open_link(resolved, gate_for(topology, resolved), LinkOptions())
         return link.apply(topology, raise_on_conflict=raise_on_conflict)

@@ -138,6 +138,12 @@ class Topology(Model):
     ``PublishRejected`` and nothing is half-published. ``None``: no cap."""
     limits: MessageLimits = DEFAULT_LIMITS
     """Body and header sizes checked before every publish (see :mod:`delayq.message.limits`)."""
+
+    @property
+    def declared_vhost(self) -> str | None:
+        """:attr:`vhost` when the topology names it, else ``None`` (then whatever vhost the
+        URL connects to is the topology's): what :func:`delayq.urls.check_vhost` checks."""
+        return self.vhost if "vhost" in self.model_fields_set else None
     strategy: Strategy = Strategy.TIERED
     """The default strategy of publishes and of consumers' retries."""
     exact: ExactSettings | None = None
