@@ -51,11 +51,14 @@ def broker(
             raise SystemExit("--broker-config applies to a local node only, not to --url")
         yield url, None
         return
-    log("no --url or RABBITMQ_URL: starting a local RabbitMQ node ...")
+    log(
+        "no --url or RABBITMQ_URL: starting a local RabbitMQ node "
+        "($DELAYQ_RABBITMQ_SERVER picks the server: installed, or 4.0) ..."
+    )
     if config:
         log("  with " + ", ".join(f"{k} = {v}" for k, v in config.items()))
     with LocalNode(config=config) as node:
-        log(f"local node {node.name} is up at {redact(node.url)}")
+        log(f"local node {node.name} (RabbitMQ {node.version}) is up at {redact(node.url)}")
         yield node.url, node
         log("stopping the local node ...")
 
