@@ -371,3 +371,17 @@ def test_a_delayq_url_with_a_trailing_newline_works_and_errors_stay_one_line(
     dead = delayq("stats", "--no-management", "--file", str(path), env_url=dead_url)
     line = one_error_line(dead, 1, "cannot connect")
     assert "is RabbitMQ running" in line
+
+
+def test_stats_without_the_management_api_takes_a_multi_host_url(applied, rabbitmq_url, delayq):
+    """Issue 29: `stats --no-management` with a documented multi-host URL printed a
+    ValueError traceback (pika read `1,h:2` as a port)."""
+    _, path, queue = applied
+    host = rabbitmq_url.split("@", 1)[1].split("/", 1)[0]
+    many = rabbitmq_url.replace(host, f"127.0.0.1:1,{host}", 1)
+    works = delayq("stats", "--no-management", "--file", str(path), "--url", many)
+    assert works.returncode == 0, works.stderr
+    assert queue in works.stdout and "Traceback" not in works.stderr
+    dead = "amqp://guest:guest@127.0.0.1:1,127.0.0.1:2/"
+    line = one_error_line(delayq("stats", "--no-management", "--file", str(path), "--url", dead), 1)
+    assert "each of its 2 hosts" in line

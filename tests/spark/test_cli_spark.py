@@ -65,5 +65,15 @@ def test_schedule_a_json_lines_file_then_report_records(
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "1,200 records (0 skipped)" in out
-    assert "current ladder: 1s 2s 4s" in out and "recommended ladder:" in out
+    assert "current ladder: 1s 2s 4s" in out
+    # Issue 29: the default grid's shortest tier (15s) serves delays of 1-4 s far worse
+    # than the current ladder: no recommendation, and the warning says why.
+    assert "recommended ladder:" not in out
+    assert "serves the delays seen worse than the current one" in err and "--grid" in err
     assert (tmp_path / "report" / "report.md").exists()
+    code = main(
+        ["spark", "report", str(records), "--out", str(tmp_path / "report"), "--ladder",
+         "1s 2s 4s", "--grid", "1s 2s 4s 15s"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and "recommended ladder: " in out, err

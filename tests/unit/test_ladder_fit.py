@@ -81,3 +81,31 @@ def test_no_positive_delays_is_an_error() -> None:
         recommend_ladder({0: 10}, 3)
     with pytest.raises(InvalidInput):
         recommend_ladder({10: 1}, 0)
+
+
+def test_no_recommendation_is_worse_than_the_current_ladder() -> None:
+    """Issue 29: delays of 1-5 s on the default grid got "recommended ladder 15s, mean
+    overshoot 745 %" beside the current ladder's 16.7 %. Now the current ladder is kept,
+    and the report says the grid is too coarse for these delays."""
+    from delayq.topology.fit import DEFAULT_GRID_MS, never_worse, recommend_on_grid, serves_worse
+
+    delays = {1_000: 10, 2_000: 10, 3_000: 10, 5_000: 10}
+    current = ladder_overshoot(delays, [1_000, 2_000, 3_000, 5_000, 6_000])
+    coarse = recommend_on_grid(delays, 5, min_top_ms=6_000)
+    assert coarse.tiers_ms == (15_000,) and serves_worse(coarse, current)
+    kept, same, why = never_worse(current, coarse, coarse, "", delays, DEFAULT_GRID_MS, "mean")
+    assert kept is None and same is None
+    assert "worse than the current one (mean overshoot 0.0%" in why and "keep it" in why
+    assert "15s is longer than 100% of the delays seen (1s to 5s)" in why and "--grid" in why
+
+    # A grid with short values finds a better ladder than a poor current one: kept.
+    poor = ladder_overshoot(delays, [6_000])
+    fine = recommend_on_grid(delays, 3, grid_ms=(1_000, 2_000, 5_000, 6_000), min_top_ms=6_000)
+    assert not serves_worse(fine, poor) and serves_worse(poor, fine, "p99")
+    assert never_worse(poor, fine, None, "", delays, DEFAULT_GRID_MS, "mean")[0] is fine
+    # A current ladder that refuses a delay is worse than one that takes every delay.
+    short = ladder_overshoot(delays, [1_000, 2_000, 3_000])
+    assert short.too_long == 10 and serves_worse(short, coarse)
+    # As good with fewer tiers is not worse: the recommendation stands.
+    fewer = ladder_overshoot(delays, [1_000, 2_000, 3_000, 5_000])
+    assert not serves_worse(fewer, current) and not serves_worse(current, fewer)

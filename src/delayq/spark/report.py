@@ -41,7 +41,13 @@ from delayq.spark._summary import (
     ReportSummary,
     TierStats,
 )
-from delayq.topology.fit import DEFAULT_GRID_MS, OBJECTIVES, ladder_overshoot, recommend_on_grid
+from delayq.topology.fit import (
+    DEFAULT_GRID_MS,
+    OBJECTIVES,
+    ladder_overshoot,
+    never_worse,
+    recommend_on_grid,
+)
 from delayq.topology.ladder import Ladder
 
 __all__ = ["PERCENTILES", "RECORDS_SCHEMA", "ReportSummary", "TierStats", "report"]
@@ -234,6 +240,9 @@ def compute(
                 )
         except InvalidInput as exc:  # a delay beyond the grid: the rest of the report stands
             refused = str(exc)
+        recommended, same, refused = never_worse(
+            current, recommended, same, refused, requested, grid_ms, objective
+        )
     df.unpersist()
     return ReportSummary(
         records=overall.count,

@@ -9,7 +9,7 @@ import pika
 from delayq.errors import DelayqError
 from delayq.ops.management import ManagementAPI
 
-__all__ = ["ManagementChoice", "Reach", "reach_management", "server_property", "url_vhost"]
+__all__ = ["ManagementChoice", "Reach", "reach_management", "server_property"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,6 @@ def server_property(connection: pika.BlockingConnection, name: str) -> str | Non
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value if isinstance(value, str) else None
-
-
-def url_vhost(url: str) -> str:
-    """The vhost an AMQP URL connects to (``/`` when it names none)."""
-    return str(pika.URLParameters(url).virtual_host)
 
 
 def reach_management(

@@ -11,11 +11,11 @@ from __future__ import annotations
 from delayq.errors import ConnectionFailed, DelayqError, ManagementUnavailable
 from delayq.ops.depths import Depth
 from delayq.ops.management import ManagementAPI
-from delayq.sync._broker import ManagementChoice, Reach, reach_management, url_vhost
+from delayq.sync._broker import ManagementChoice, Reach, reach_management
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
 from delayq.sync.provision import Channels
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, url_vhost
 
 __all__ = ["queue_depths"]
 

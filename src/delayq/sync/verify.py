@@ -35,7 +35,6 @@ from delayq.sync._broker import (
     Reach,
     reach_management,
     server_property,
-    url_vhost,
 )
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CONNECTION_ERRORS
@@ -43,7 +42,7 @@ from delayq.sync.probe import run_probe
 from delayq.sync.provision import Channels, declare_checked
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.topology.model import Topology
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact, resolve_url, url_vhost
 
 __all__ = ["verify_topology"]
 

@@ -46,9 +46,12 @@ __all__ = [
     "DEFAULT_GRID_MS",
     "OBJECTIVES",
     "LadderFit",
+    "coarse_grid_note",
     "ladder_overshoot",
+    "never_worse",
     "recommend_ladder",
     "recommend_on_grid",
+    "serves_worse",
 ]
 
 _S, _M, _H = 1_000, 60_000, 3_600_000
@@ -210,6 +213,69 @@ def _next_layer(
 
     solve(0, n - 1, 0, n - 1)
     return layer, split
+
+
+def serves_worse(candidate: LadderFit, current: LadderFit, objective: str = "mean") -> bool:
+    """Whether ``candidate`` serves the same delays strictly worse than ``current`` by
+    ``objective`` (``"mean"``: the mean relative overshoot, then the p99; ``"p99"``: the p99
+    of tier / delay, then the mean). A ladder that refuses more delays (``too_long``) is
+    worse whatever its overshoot. As good with fewer tiers is not worse."""
+    if candidate.too_long != current.too_long:
+        return candidate.too_long > current.too_long
+    if objective == "mean":
+        ours = (candidate.mean_relative_overshoot, candidate.p99_ratio)
+        theirs = (current.mean_relative_overshoot, current.p99_ratio)
+    else:
+        ours = (candidate.p99_ratio, candidate.mean_relative_overshoot)
+        theirs = (current.p99_ratio, current.mean_relative_overshoot)
+    for mine, other in zip(ours, theirs, strict=True):
+        if not math.isclose(mine, other, rel_tol=1e-9, abs_tol=1e-12):
+            return mine > other
+    return False
+
+
+def coarse_grid_note(delays: Mapping[int, int], grid_ms: Sequence[int]) -> str:
+    """A sentence when the grid's shortest value is above the shortest delays seen (it
+    cannot serve them closely), else ``""``."""
+    pairs = _positive(delays)
+    grid = sorted(set(grid_ms))
+    if not pairs or not grid or grid[0] <= pairs[0][0]:
+        return ""
+    below = sum(w for d, w in pairs if d < grid[0])
+    share = below / sum(w for _, w in pairs)
+    return (
+        f"the grid's shortest value {format_ms(grid[0])} is longer than {share:.0%} of the "
+        f"delays seen ({format_ms(pairs[0][0])} to {format_ms(pairs[-1][0])}): give a grid "
+        "with shorter values (--grid)"
+    )
+
+
+def never_worse(
+    current: LadderFit | None,
+    recommended: LadderFit | None,
+    same: LadderFit | None,
+    refused: str,
+    requested: Mapping[int, int],
+    grid_ms: Sequence[int],
+    objective: str,
+) -> tuple[LadderFit | None, LadderFit | None, str]:
+    """The recommendations (on as many tiers as wanted, on as many as now) and the reason
+    there is none: a recommendation that serves ``requested`` worse than the ``current``
+    ladder is dropped, and the reason says so (a 1-5 s workload was once told to
+    move from 16.7 % to 745 % mean overshoot) and whether the grid is too coarse."""
+    if current is None:
+        return recommended, same, refused
+    if same is not None and serves_worse(same, current, objective):
+        same = None
+    if recommended is not None and serves_worse(recommended, current, objective):
+        recommended, same = None, None
+        coarse = coarse_grid_note(requested, grid_ms)
+        refused = (
+            "every ladder from the grid serves the delays seen worse than the current one "
+            f"(mean overshoot {current.mean_relative_overshoot:.1%}, p99 tier / delay "
+            f"{current.p99_ratio:.2f}): keep it" + (f"; {coarse}" if coarse else "")
+        )
+    return recommended, same, refused
 
 
 def recommend_on_grid(
