@@ -14,10 +14,6 @@ their own, the 21st ``delayq dlq list`` deleted every parked message without a w
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pika
 import pytest
 import yaml
@@ -27,6 +23,7 @@ from delayq.sync import apply_topology, parking
 from delayq.topology.declarations import PARKED_DELIVERY_LIMIT
 from delayq.topology.report import ApplyStatus
 from tests.amqp import depth
+from tests.integration.test_parking import delayq
 
 BROWSES = 100
 PARKED = 3
@@ -54,15 +51,6 @@ def _park(url: str, exchange: str, routing_key: str, count: int, prefix: str) ->
         connection.close()
 
 
-def _cli(path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "delayq", *args, "--file", str(path), "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_a_dlq_and_the_unrouted_queue_browsed_100_times_keep_every_message(
     make_topology, rabbitmq_url, rabbitmq_version, tmp_path
 ):
@@ -82,7 +70,7 @@ def test_a_dlq_and_the_unrouted_queue_browsed_100_times_keep_every_message(
 
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
-    listed = _cli(path, rabbitmq_url, "dlq", "list", dest.queue)
+    listed = delayq(path, rabbitmq_url, "dlq", "list", dest.queue)
     assert listed.returncode == 0, listed.stderr
     assert all(message_id in listed.stdout for message_id in in_dlq)
     assert depth(rabbitmq_url, dest.dlq) == PARKED

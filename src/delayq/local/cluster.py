@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from delayq.local.node import LocalNode, LocalNodeError
+from delayq.local.node import LocalNode, LocalNodeError, port_open
 
 __all__ = ["LocalCluster"]
 
@@ -76,7 +75,7 @@ class _Epmd:
             start_new_session=True,
         )
         deadline = time.monotonic() + 30
-        while not _listening(int(port)):
+        while not port_open(int(port)):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise LocalNodeError(f"epmd did not listen on port {port}")
@@ -87,14 +86,6 @@ class _Epmd:
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # unshare: its namespace ends with it
             process.wait(timeout=10)
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class LocalCluster:

@@ -42,6 +42,7 @@ __all__ = [
     "NodeTLS",
     "ServerExited",
     "free_port",
+    "port_open",
     "server_installed",
 ]
 
@@ -82,7 +83,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -293,7 +294,7 @@ class LocalNode:
 
     def _await_port(self, port: int, deadline: float) -> None:
         """Wait until the node listens on ``port``; stop it if that takes past ``deadline``."""
-        while not _port_open(port):
+        while not port_open(port):
             process = self._process
             if process is not None and process.poll() is not None:
                 self._process = None
