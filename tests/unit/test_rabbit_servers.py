@@ -47,6 +47,8 @@ def test_a_tree_that_is_not_finished_is_not_installed_and_says_how_to_build_it(
     node = LocalNode(tmp_path / "node", server="4.0")
     assert node.version == "4.0.5" and node.epmd_port is not None
     assert node.env()["ERL_EPMD_PORT"] == str(node.epmd_port)
+    # A node that fails to start leaves its crash dump in its own folder, not the cwd.
+    assert node.env()["ERL_CRASH_DUMP"] == str(tmp_path / "node" / "erl_crash.dump")
 
 
 def test_an_unknown_server_given_to_a_node_is_a_node_error():

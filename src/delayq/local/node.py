@@ -207,6 +207,9 @@ class LocalNode:
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            # A node that fails to start writes its crash dump here, not in the caller's
+            # working directory (a checkout, say).
+            "ERL_CRASH_DUMP": str(base / "erl_crash.dump"),
             **self._epmd_env(),
         }
 
