@@ -62,7 +62,7 @@ def test_resume_from_its_own_errors_dir_or_from_nothing_is_refused(
     assert "Traceback" not in err
     assert main([*command, "--resume", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
-    assert f"delayq: error: cannot read the errors output {tmp_path / 'nowhere'} as json" in err
+    assert f"delayq: error: cannot resume from {tmp_path / 'nowhere'}: no such directory" in err
     assert "Traceback" not in err
 
 

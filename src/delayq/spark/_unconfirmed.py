@@ -16,7 +16,7 @@ from delayq.wording import counted
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["only_unconfirmed", "outage_lines", "unconfirmed_error"]
+__all__ = ["check_resume_paths", "only_unconfirmed", "outage_lines", "unconfirmed_error"]
 
 _PREFIX = "unconfirmed: "
 
@@ -96,18 +96,20 @@ def unconfirmed_error(
     )
 
 
-def only_unconfirmed(
-    selected: DataFrame, resume_from: str, fmt: str, errors_path: str | None, schema: str
-) -> DataFrame:
-    """``selected`` cut down to the rows whose key ``resume_from`` (an errors output in
-    ``fmt``) names as unconfirmed."""
-    from pyspark.sql import functions as F
-
+def check_resume_paths(resume_from: str, errors_path: str | None) -> None:
+    """A run never writes its errors output over the one it resumes."""
     if errors_path is not None and _same(errors_path, resume_from):
         raise InvalidInput(
             f"resume_from and errors_path are both {resume_from}: this run's errors output "
             "would overwrite the list it reads; write it elsewhere"
         )
+
+
+def only_unconfirmed(selected: DataFrame, resume_from: str, fmt: str, schema: str) -> DataFrame:
+    """``selected`` cut down to the rows whose key ``resume_from`` (an errors output in
+    ``fmt``) names as unconfirmed."""
+    from pyspark.sql import functions as F
+
     reader = selected.sparkSession.read.schema(schema)
     if fmt == "csv":
         reader = reader.option("header", "true")

@@ -24,14 +24,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from delayq.errors import InvalidInput, RowsRejected
+from delayq.errors import InvalidInput, RowsRejected, SparkJobFailed
 from delayq.message.bulk import RejectionLimit
 from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark._run import Job, Ran
+from delayq.spark._run_record import (
+    RunRecord,
+    input_identity,
+    read_record,
+    resume_plan,
+    write_record,
+)
 from delayq.spark._schedule_results import ERRORS_SCHEMA, errors_schema
 from delayq.spark._schedule_task import publish_partition
 from delayq.spark._tracing import ProviderFactory, job_span
-from delayq.spark._unconfirmed import only_unconfirmed, outage_lines, unconfirmed_error
+from delayq.spark._unconfirmed import (
+    check_resume_paths,
+    only_unconfirmed,
+    outage_lines,
+    unconfirmed_error,
+)
 from delayq.topology.model import Topology
 from delayq.urls import check_vhost, resolve_url
 
@@ -75,6 +87,9 @@ class ScheduleSummary:
     unfinished: int = 0
     """Partitions Spark failed (:class:`~delayq.errors.SparkJobFailed`): the figures
     count the finished ones only; these may have published part of their rows."""
+    resumed: str = ""
+    """With ``resume_from``: which run was resumed, and whether just its unconfirmed rows
+    or (its errors output never finished) every row was sent again."""
 
     @property
     def total_published(self) -> int:
@@ -107,6 +122,8 @@ class ScheduleSummary:
             lines.append(f"duplicate-in-input: {self.duplicate_in_input}")
         lines.extend(rejection_lines(self.errors, self.errors_path, self.total_rejected))
         lines.extend(outage_lines(self))
+        if self.resumed:
+            lines.append(self.resumed)
         if self.dry_run:
             lines.append("dry run: nothing was published")
         if self.unfinished:
@@ -205,9 +222,12 @@ def schedule(
     rejected: the summary's ``unconfirmed``, written to the errors output (error
     ``PublishUnconfirmed``, reason ``unconfirmed: ...``, the ``id_col`` too), and the job raises
     :class:`~delayq.errors.RowsUnconfirmed` (its ``summary`` the job's) once every
-    partition is accounted for. ``resume_from`` (a previous run's errors output, in
-    ``errors_format``) keeps only the rows it names as unconfirmed: the same input
-    and ``resume_from`` send just what that run left unconfirmed.
+    partition is accounted for. ``resume_from`` (a previous run's errors output) keeps
+    only the rows it names as unconfirmed: the same input and ``resume_from`` send just
+    what that run left unconfirmed. Its run record (``_delayq_run.json``, written before anything is
+    sent: :mod:`delayq.spark._run_record`) decides: a run that never finished (killed)
+    has every row sent again, and another input, a dry run's output or a run with
+    nothing unconfirmed are refused (:class:`~delayq.errors.InvalidInput`).
 
     A job Spark fails for a reason of its own (an unreadable input file, a task's
     Python worker or executor lost too often) raises
@@ -249,18 +269,50 @@ def schedule(
         )
     with job_span(job.tracing, topology.namespace, {"delayq.dry_run": dry_run}) as span:
         selected = job.select(df)
+        spark = df.sparkSession
+        identity = input_identity(df, selected) if errors_path or resume_from else {}
+        resumed = ""
         if resume_from is not None:
-            schema = errors_schema(id_col)
-            selected = only_unconfirmed(selected, resume_from, errors_format, errors_path, schema)
+            check_resume_paths(resume_from, errors_path)
+            plan = resume_plan(read_record(spark, resume_from), identity, resume_from)
+            if plan.only_unconfirmed:
+                schema = errors_schema(id_col)
+                fmt = plan.record.errors_format
+                selected = only_unconfirmed(selected, resume_from, fmt, schema)
+            resumed = plan.said
         job.check()
-        ran = job.run(
-            selected,
-            errors_path=errors_path,
-            progress=progress,
-            summarise=lambda partial, written: summary_of(partial, written, dry_run=dry_run),
-            span=span,
-        )
-        summary = summary_of(ran, errors_path, dry_run=dry_run)
+        record = None
+        if errors_path is not None:  # before anything is sent: a killed run says so
+            record = (
+                errors_path,
+                RunRecord.start(
+                    identity, dry_run=dry_run, resumed_from=resume_from, errors_format=errors_format
+                ),
+            )
+            write_record(spark, *record)
+        try:
+            ran = job.run(
+                selected,
+                errors_path=errors_path,
+                progress=progress,
+                summarise=lambda partial, written: summary_of(
+                    partial, written, dry_run=dry_run, resumed=resumed
+                ),
+                span=span,
+            )
+        except SparkJobFailed as exc:
+            if record is not None and exc.summary is not None and exc.summary.errors_path:
+                failed = record[1].ended_as(
+                    "failed",
+                    unconfirmed=exc.summary.total_unconfirmed,
+                    unfinished=exc.summary.unfinished,
+                )
+                write_record(spark, record[0], failed)
+            raise
+        summary = summary_of(ran, errors_path, dry_run=dry_run, resumed=resumed)
+        if record is not None:
+            done = record[1].ended_as("complete", unconfirmed=summary.total_unconfirmed)
+            write_record(spark, record[0], done)
         if span is not None:
             span.summary(summary)
         if ran.got.unconfirmed or ran.got.failures:
@@ -270,7 +322,9 @@ def schedule(
     return summary
 
 
-def summary_of(ran: Ran, errors_path: str | None, *, dry_run: bool = False) -> ScheduleSummary:
+def summary_of(
+    ran: Ran, errors_path: str | None, *, dry_run: bool = False, resumed: str = ""
+) -> ScheduleSummary:
     """The summary of one run (a job, or a micro-batch of a stream)."""
     got = ran.got
     return ScheduleSummary(
@@ -285,4 +339,5 @@ def summary_of(ran: Ran, errors_path: str | None, *, dry_run: bool = False) -> S
         retried=got.retried,
         rerun=got.rerun,
         unfinished=ran.unfinished,
+        resumed=resumed,
     )
