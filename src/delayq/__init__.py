@@ -5,7 +5,9 @@
 ...     pub.publish({"order": 42}, "orders.remind", "15m")
 
 The core (durations, ladder, topology, envelope) imports no broker client; the
-adapters ``Publisher`` (pika) and ``AsyncPublisher`` (aio-pika) load on first use.
+adapters load on first use: ``Publisher`` and ``Consumer`` on pika, ``AsyncPublisher``
+and ``AsyncConsumer`` on asyncio through delayq's own AMQP client over pamqp
+(``apply_topology_async`` declares the topology through aio-pika).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from delayq.errors import (
     DelayqError,
     DelayTooLong,
     ExecutorEnvironment,
+    HandlersStuck,
     HandlerTimeout,
     HeadersTooLarge,
     InvalidBody,
@@ -129,6 +132,7 @@ __all__ = [
     "ExponentialBackoff",
     "FixedBackoff",
     "HandlerTimeout",
+    "HandlersStuck",
     "HeadersTooLarge",
     "IdempotencyStore",
     "InFlightLimit",

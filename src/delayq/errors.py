@@ -36,6 +36,7 @@ and aiormq are translated at one place per adapter, its error map
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
     │   └── ClaimLost
     ├── HandlerTimeout
+    │   └── HandlersStuck: every handler thread of a Consumer is stuck past its timeout
     ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
     ├── SparkJobFailed: Spark failed a bulk job (the finished partitions' figures kept)
     ├── RecordsLost: delivery records that could not be written
@@ -57,6 +58,7 @@ __all__ = [
     "DelayqError",
     "ExecutorEnvironment",
     "HandlerTimeout",
+    "HandlersStuck",
     "HeadersTooLarge",
     "InvalidBody",
     "InvalidDelay",
@@ -94,6 +96,17 @@ class DelayqError(Exception):
 
 class HandlerTimeout(DelayqError):
     """A handler ran longer than its consumer's ``handler_timeout``; it is retried."""
+
+
+class HandlersStuck(HandlerTimeout):
+    """Every handler thread a :class:`~delayq.sync.Consumer` may have is stuck in a
+    handler that overran ``handler_timeout`` (a thread cannot be killed), so no handler
+    can start. While that lasts, a delivery whose previous attempt timed out is
+    dead-lettered with this error (reason ``handlers-stuck``) instead of waiting for a
+    thread; once it has lasted ``stuck_grace``, :meth:`Consumer.run
+    <delayq.sync.Consumer.run>` stops (its deliveries go back to the queue) and raises
+    it, so ``delayq worker`` exits non-zero and a supervisor can start a fresh process.
+    """
 
 
 class MissingExtra(DelayqError, ImportError):

@@ -65,7 +65,7 @@ class Worker:
         """Refuse at declaration, not when the worker starts, options no consumer would
         take: a retry policy the topology cannot hold, an unknown key scope, a duration
         without a unit."""
-        for name in ("handler_timeout", "lease", "retention"):
+        for name in ("handler_timeout", "stuck_grace", "lease", "retention"):
             if options.get(name) is not None:
                 to_ms(options[name], what=name)
         if "key_scope" in options:

@@ -19,7 +19,7 @@ from delayq import FixedBackoff, Message, SQLiteStore, Topology, Worker
 from delayq.aio import AsyncConsumer
 from delayq.cli import main as cli_main
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_TYPE
-from delayq.errors import InvalidInput
+from delayq.errors import HandlersStuck, InvalidInput
 from delayq.sync import Consumer, Publisher, apply_topology
 from tests.integration.conftest import SyncConsumerHandle
 
@@ -209,6 +209,76 @@ def test_a_handler_that_never_returns_with_concurrency_1_is_retried_and_the_queu
         release.set()
 
 
+def test_a_consumer_whose_every_thread_is_stuck_says_so_dead_letters_the_hung_and_stops(
+    make_topology, rabbitmq_url, collect, caplog: pytest.LogCaptureFixture
+):
+    """Handlers that never return fill every thread (2 working + 2 spare): the hung
+    messages' next attempts go to the DLQ without a thread, the consumer logs an error,
+    counts the stuck threads, and after ``stuck_grace`` stops with HandlersStuck, the
+    messages it could not start back in the queue for a fresh process."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    dlq = collect(f"{queue}.dlq")
+    release = threading.Event()
+    done: Counter[str] = Counter()
+
+    def handler(body: dict[str, str]) -> None:
+        if body["id"].startswith("hang"):
+            release.wait(120)  # forever, as far as the consumer knows
+            return
+        done[body["id"]] += 1
+
+    consumer = Consumer(
+        rabbitmq_url, topo, queue, handler, concurrency=2, handler_timeout="1s",
+        stuck_grace="5s", policy=FixedBackoff(delay="1s", max_attempts=5),
+    )  # fmt: skip
+    handle = SyncConsumerHandle(consumer)
+    try:
+        with caplog.at_level("ERROR", logger="delayq.consumer"):
+            _publish(rabbitmq_url, topo, *[
+                Message({"id": i}, "job.s", "0s", message_id=i) for i in ("hang-1", "hang-2")
+            ])  # fmt: skip
+            # Two attempts each fill the 4 threads; the third goes to the DLQ unrun.
+            arrivals = dlq.wait(2, 30)
+            assert sorted(a.message_id for a in arrivals) == ["hang-1", "hang-2"]
+            for arrival in arrivals:
+                assert _text(arrival.headers[H_DEAD_LETTER_REASON]) == "handlers-stuck"
+                assert _text(arrival.headers[H_ERROR_TYPE]).endswith("HandlersStuck")
+                said = _text(arrival.headers["delayq-error-message"])
+                assert "not run: its previous attempt (attempt 2) ran past" in said
+            assert consumer.stats.stuck_handlers == 4
+            assert consumer.stats.stuck_since is not None
+            assert any(
+                "every handler thread of the consumer of" in r.getMessage() for r in caplog.records
+            )
+            # Ordinary messages cannot start; after stuck_grace the consumer gives up.
+            _publish(rabbitmq_url, topo, *[
+                Message({"id": f"ok-{n}"}, "job.s", "0s", message_id=f"ok-{n}") for n in range(5)
+            ])  # fmt: skip
+            assert until(lambda: not handle._thread.is_alive(), 30), "stopped by itself"
+            with pytest.raises(HandlersStuck, match=r"was stuck .* for 5 s \(stuck_grace\)"):
+                handle.stop()
+        assert done == Counter()
+        assert until(lambda: _ready(rabbitmq_url, queue) == 5, 20), "back in the queue"
+    finally:
+        release.set()
+
+    # A fresh consumer (a fresh process, its threads free) handles them.
+    fresh = SyncConsumerHandle(Consumer(rabbitmq_url, topo, queue, handler, concurrency=2))
+    try:
+        assert until(lambda: len(done) == 5, 20)
+        assert set(done.values()) == {1}
+    finally:
+        fresh.stop()
+
+
+def test_a_bare_number_stuck_grace_is_refused_and_none_is_taken() -> None:
+    with pytest.raises(InvalidInput, match="stuck_grace"):
+        Consumer(DEAD_URL, _topology(), "mis.work", lambda body: None, stuck_grace=30)
+    Consumer(DEAD_URL, _topology(), "mis.work", lambda body: None, stuck_grace=None)
+
+
 @pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
 def test_a_handler_raising_a_base_exception_stops_the_consumer_and_loses_nothing(
     make_topology, rabbitmq_url, tmp_path: Path, raised: BaseException
@@ -388,6 +458,44 @@ def test_a_worker_whose_plain_handler_raises_system_exit_stops_and_exits_with_it
         thread.join(60)
     assert len(raised) == 1 and isinstance(raised[0], SystemExit) and raised[0].code == 5
     assert [p.message_id for _, p in _raw(rabbitmq_url, queue)] == ["exits"]
+
+
+def test_a_worker_whose_sync_handlers_are_all_stuck_stops_with_handlers_stuck(
+    make_topology, rabbitmq_url
+):
+    """Under a supervisor, a worker whose consumer can start no handler ends non-zero
+    (``delayq worker`` exits 1 on a delayq error) instead of sitting idle for ever."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    release = threading.Event()
+    worker = Worker(topo)
+
+    @worker.handler(queue, concurrency=1, handler_timeout="1s", stuck_grace="2s",
+                    policy=FixedBackoff(delay="1s", max_attempts=3))  # fmt: skip
+    def handle(body: Any) -> None:
+        release.wait(120)
+
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(rabbitmq_url, stop=stop)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    _publish(rabbitmq_url, topo, Message({"n": 1}, "job.h", "0s", message_id="hangs"))
+    try:
+        assert until(lambda: not thread.is_alive(), 60), "the worker sat stuck"
+    finally:
+        release.set()
+        stop.set()
+        thread.join(60)
+    assert len(raised) == 1 and isinstance(raised[0], HandlersStuck), raised
+    assert f"consumer of {queue!r} (2) was stuck" in str(raised[0])
 
 
 def test_a_stop_requested_before_or_while_a_sync_consumer_starts_is_not_lost(

@@ -97,6 +97,7 @@ class ConsumerBase:
         prefetch: int = 50,
         concurrency: int | None = None,
         handler_timeout: object = "5m",
+        stuck_grace: object = "1m",
         lease: object = None,
         retention: object = "7d",
         check_retention: bool = True,
@@ -120,6 +121,7 @@ class ConsumerBase:
             lease=lease,
             retention=retention,
             concurrency=concurrency,
+            stuck_grace=stuck_grace,
         )
         self._url = resolve_url(url)
         check_vhost(topology.declared_vhost, self._url)

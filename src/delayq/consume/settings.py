@@ -41,6 +41,10 @@ class ConsumeSettings:
     prune_every_ms: int = 600_000
     concurrency: int | None = None
     """Handlers running at once (``None``: the adapter's default); at most ``prefetch``."""
+    stuck_grace_ms: int | None = 60_000
+    """How long a sync consumer whose every handler thread is stuck past its timeout
+    waits for one to return before it stops and raises
+    :class:`~delayq.errors.HandlersStuck` (``None``: it waits for ever)."""
 
     @classmethod
     def parse(
@@ -51,6 +55,7 @@ class ConsumeSettings:
         lease: object = None,
         retention: object = "7d",
         concurrency: object = None,
+        stuck_grace: object = "1m",
     ) -> ConsumeSettings:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
@@ -65,7 +70,8 @@ class ConsumeSettings:
         if retention_ms < lease_ms:
             raise InvalidInput("retention must be at least as long as the claim's lease")
         prune_every_ms = max(1_000, min(600_000, retention_ms // 10))
-        return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms, checked)
+        grace_ms = None if stuck_grace is None else to_ms(stuck_grace, what="stuck_grace")
+        return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms, checked, grace_ms)
 
 
 def check_concurrency(concurrency: object, prefetch: int) -> int | None:

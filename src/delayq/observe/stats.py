@@ -27,6 +27,12 @@ class ConsumerStats:
     idempotency store failed."""
     reconnects: int = 0
     """Times the consumer reopened a lost connection or channel."""
+    stuck_handlers: int = 0
+    """Handler threads (of a sync ``Consumer``) still running a handler that overran
+    ``handler_timeout``, now."""
+    stuck_since: float | None = None
+    """``time.monotonic()`` since when every handler thread the consumer may have is
+    stuck (no handler can start), or ``None``."""
 
     def record(self, decision: Decision) -> None:
         """Count a delivery whose fate is settled (acked), and log retries and dead letters."""

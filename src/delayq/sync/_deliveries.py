@@ -15,12 +15,13 @@ import collections
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from queue import Empty
 from typing import Any, ClassVar, Protocol, cast
 
 from delayq.consume.base import ConsumerBase
-from delayq.consume.delivery import Delivery
+from delayq.consume.delivery import H_ERROR_TYPE, H_QUEUE, Delivery
 from delayq.consume.flow import (
     Ack,
     Answer,
@@ -35,7 +36,7 @@ from delayq.consume.flow import (
     delivery_flow,
 )
 from delayq.consume.handlers import plain
-from delayq.errors import DelayqError, HandlerTimeout, StoreError
+from delayq.errors import DelayqError, HandlersStuck, HandlerTimeout, StoreError
 from delayq.observe.logs import bound_delivery
 from delayq.observe.tracing import ProcessSpan
 from delayq.stores.base import (
@@ -51,6 +52,9 @@ from delayq.sync.publisher import Publisher
 __all__ = ["DeliveryFlow", "Incoming", "Settler"]
 
 log = logging.getLogger("delayq.consumer")
+
+_TIMED_OUT = f"{HandlerTimeout.__module__}.{HandlerTimeout.__qualname__}"
+"""The error type header of an attempt that overran ``handler_timeout``."""
 
 
 class Settler(Protocol):
@@ -111,6 +115,34 @@ class DeliveryFlow(ConsumerBase):
             job = self._begin(*self._pending.popleft())
             if job is not None:
                 self._threads.submit(job)
+        if self._pending and self._threads.stuck():
+            self._dead_letter_timed_out()
+
+    def _dead_letter_timed_out(self) -> None:
+        """No thread can start a handler (every one is stuck past its timeout): a
+        delivery whose previous attempt here timed out goes to the DLQ now, with
+        :class:`~delayq.errors.HandlersStuck`, instead of waiting for a thread that may
+        never come; the others wait."""
+        incoming = list(self._pending)
+        self._pending.clear()
+        for settler, delivery in incoming:
+            headers = delivery.headers
+            if headers.get(H_ERROR_TYPE) != _TIMED_OUT or headers.get(H_QUEUE) != self.queue:
+                self._pending.append((settler, delivery))
+                continue
+            job = self._begin(settler, delivery)
+            if job is None:
+                continue
+            with bound_delivery(delivery):
+                job.started = time.monotonic()
+                job.error = HandlersStuck(
+                    f"not run: its previous attempt (attempt {delivery.attempt - 1}) ran "
+                    f"past handler_timeout ({self._timeout_ms / 1000:g} s) and every "
+                    f"handler thread of the consumer of {self.queue!r} "
+                    f"({self._threads.abandoned}) is stuck in a handler past its timeout, "
+                    "so none can start; replay it once its handler returns in time"
+                )
+                self._finish(job)
 
     def _begin(self, settler: Settler, delivery: Delivery) -> Job | None:
         """Start the flow of a delivery: a :class:`Job` to run its handler, or ``None``

@@ -102,6 +102,17 @@ class HandlerThreads:
         with self._lock:
             return len(self._threads)
 
+    def stuck(self) -> bool:
+        """Whether no job can start only because abandoned threads fill the spare ones
+        (not because the working slots are busy): nothing starts until one returns."""
+        with self._lock:
+            busy = len(self._running)
+            return (
+                self._abandoned > 0
+                and busy < self.size
+                and self.size + self.spare - busy - self._abandoned <= 0
+            )
+
     def free(self) -> int:
         """How many more jobs may start now."""
         with self._lock:

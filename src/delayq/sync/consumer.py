@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from delayq.consume.delivery import Delivery, is_fresh
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
-from delayq.errors import DelayqError
+from delayq.errors import DelayqError, HandlersStuck
 from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
 from delayq.stores.base import IdempotencyStore
@@ -228,6 +228,7 @@ class Consumer(DeliveryFlow):
             self._feed.pump(tick_s)
             self._settle_finished()
             self._time_out_overruns()
+            self._watch_stuck()
             if self._stop.is_set():
                 if stop_by is None:
                     stop_by = time.monotonic() + self._stop_grace_s
@@ -241,6 +242,40 @@ class Consumer(DeliveryFlow):
             self._start_pending()
             self._prune_when_due()
             self._check_stalled()
+
+    def _watch_stuck(self) -> None:
+        """Say loudly when no handler can start (every thread stuck past its timeout),
+        and give up after ``stuck_grace``: only a fresh process ends a stuck thread."""
+        threads = self._threads
+        self.stats.stuck_handlers = threads.abandoned
+        since = self.stats.stuck_since
+        if not threads.stuck():
+            if since is not None:
+                self.stats.stuck_since = None
+                log.warning("a stuck handler of %s returned: handlers start again", self.queue)
+            return
+        now = time.monotonic()
+        grace_ms = self._settings.stuck_grace_ms
+        timeout_s = self._timeout_ms / 1000
+        if since is None:
+            self.stats.stuck_since = since = now
+            log.error(
+                "every handler thread of the consumer of %s (%d) is stuck in a handler past "
+                "handler_timeout (%g s): no handler can start until one returns; deliveries "
+                "whose previous attempt timed out go to the DLQ, the others wait%s",
+                self.queue,
+                threads.abandoned,
+                timeout_s,
+                "" if grace_ms is None else f" (stopping in {grace_ms / 1000:g} s: stuck_grace)",
+            )
+        if grace_ms is not None and (now - since) * 1000 >= grace_ms:
+            raise HandlersStuck(
+                f"every handler thread of the consumer of {self.queue!r} "
+                f"({threads.abandoned}) was stuck in a handler past handler_timeout "
+                f"({timeout_s:g} s) for {grace_ms / 1000:g} s (stuck_grace): stopped, its "
+                "deliveries back in the queue; start a fresh process (a stuck thread ends "
+                "only with it) and make the handler return within its timeout"
+            )
 
     def _check_stalled(self) -> None:
         """Ready messages, none delivered for a while: subscribe again (a consumer the
