@@ -18,7 +18,9 @@ echo "==> pytest"
 # local node) cut the wall time; DELAYQ_TEST_WORKERS=0 runs them in one process.
 # --dist loadgroup: the Spark tests (one xdist group, tests/spark/conftest.py) share one
 # worker and its JVM; every other test goes to whichever worker is free.
-workers=(-n "${DELAYQ_TEST_WORKERS:-3}" --dist loadgroup)
+# --max-worker-restart 0: a worker that dies (a test past its timeout ends it) fails the
+# run at once; replaced, its successor could leave xdist waiting with no progress.
+workers=(-n "${DELAYQ_TEST_WORKERS:-3}" --dist loadgroup --max-worker-restart 0)
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -p no:cacheprovider "${workers[@]}" "$@"
 fi
@@ -31,7 +33,7 @@ fi
 # still running then is interrupted (pytest prints what ran and where it stood) instead of
 # holding CI to its own limit; one test alone is limited too (pyproject.toml: timeout).
 servers=(${DELAYQ_TEST_SERVERS:-installed 4.0})
-broker_suites=(tests/integration tests/contract tests/misuse tests/faults)
+broker_suites=(tests/integration tests/contract tests/misuse tests/faults tests/spark)
 status=0
 started=$(date +%s)
 for server in "${servers[@]}"; do

@@ -41,7 +41,8 @@ def test_cli_cancel_and_reschedule_on_a_real_broker(kind, make_topology, rabbitm
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
     db = tmp_path / "keys.db"
     store = SQLiteStore(db)
-    common = ["--file", str(path), "--url", rabbitmq_url, "--store", f"sqlite:///{db}"]
+    marks = ["--file", str(path), "--store", f"sqlite:///{db}"]  # a cancel takes no --url
+    common = [*marks, "--url", rabbitmq_url]
     ledger = scope.Ledger()
     bodies: list[tuple[str, Any]] = []
     handles: list[Any] = []
@@ -54,14 +55,14 @@ def test_cli_cancel_and_reschedule_on_a_real_broker(kind, make_topology, rabbitm
         listing = tmp_path / "ids.txt"
         listing.write_text(f"{ids['by-file']}\n")
         cancel = _delayq(
-            "cancel", "--message-id", ids["by-id"], "--from-file", str(listing), *common
+            "cancel", "--message-id", ids["by-id"], "--from-file", str(listing), *marks
         )
         assert cancel.returncode == 2  # --message-id and --from-file exclude each other
-        cancel = _delayq("cancel", "--message-id", ids["by-id"], "--json", *common)
+        cancel = _delayq("cancel", "--message-id", ids["by-id"], "--json", *marks)
         assert cancel.returncode == 0, cancel.stderr
         [receipt] = json.loads(cancel.stdout)["receipts"]
         assert receipt["queues"] == {q: "unknown" for q in queues}
-        cancel = _delayq("cancel", "--from-file", str(listing), *common)
+        cancel = _delayq("cancel", "--from-file", str(listing), *marks)
         assert cancel.returncode == 0, cancel.stderr
         assert ids["by-file"] in cancel.stdout
         moved = _delayq(

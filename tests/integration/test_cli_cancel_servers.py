@@ -12,6 +12,7 @@ unreachable port: each a clear error, non-zero exit, no traceback, no password.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -26,9 +27,15 @@ from tests.integration.store_servers import client_module
 from tests.waiting import wait_for
 
 
-def _delayq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _delayq(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "delayq", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "delayq", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -55,7 +62,8 @@ def test_cli_marks_land_where_a_consumer_with_that_store_sees_them(
     apply_topology(topology, rabbitmq_url)
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
-    common = ["--file", str(path), "--url", rabbitmq_url, "--store", where]
+    marks = ["--file", str(path), "--store", where]  # a cancel takes no --url
+    common = [*marks, "--url", rabbitmq_url]
     run = uuid.uuid4().hex[:8]
     cancelled, moved = f"cancelled-{run}", f"moved-{run}"
     store = _open(kind, where)
@@ -67,11 +75,11 @@ def test_cli_marks_land_where_a_consumer_with_that_store_sees_them(
         with Publisher(rabbitmq_url, topology) as publisher:
             for message_id in (cancelled, moved):
                 publisher.publish({"id": message_id}, "job.x", "30s", message_id=message_id)
-        cancel = _delayq("cancel", "--message-id", cancelled, "--json", *common)
+        cancel = _delayq("cancel", "--message-id", cancelled, "--json", *marks)
         assert cancel.returncode == 0, cancel.stderr
         [receipt] = json.loads(cancel.stdout)["receipts"]
         assert receipt["queues"] == {queue: "unknown"}
-        again = _delayq("cancel", "--message-id", cancelled, "--json", *common)
+        again = _delayq("cancel", "--message-id", cancelled, "--json", *marks)
         assert json.loads(again.stdout)["receipts"][0]["status"] == "already cancelled"
         resched = _delayq(
             "reschedule", "--message-id", moved, "--delay", "1s",
@@ -89,9 +97,9 @@ def test_cli_marks_land_where_a_consumer_with_that_store_sees_them(
 
 
 def _bad(store_url: str, rabbitmq_url: str, path: str) -> subprocess.CompletedProcess[str]:
-    return _delayq(
-        "cancel", "--message-id", "m-1", "--store", store_url, "--file", path, "--url", rabbitmq_url
-    )
+    # a cancel takes no --url (it marks the store only): $DELAYQ_URL is no matter either
+    env = {**os.environ, "DELAYQ_URL": rabbitmq_url}
+    return _delayq("cancel", "--message-id", "m-1", "--store", store_url, "--file", path, env=env)
 
 
 @pytest.fixture

@@ -251,3 +251,51 @@ def test_keys_are_forgotten_after_the_retention_period(make_topology, rabbitmq_u
     publish(rabbitmq_url, topo, again)
     assert until(lambda: consumer.stats.handled == 2, 10), "the key was never pruned"
     assert len(effects.values) == 2
+
+
+def test_a_deferral_says_whose_claim_holds_the_key(
+    make_topology, rabbitmq_url, start_consumer, tmp_path
+):
+    """Issue 29: a busy key was "claimed by another consumer" also when this consumer held
+    the claim for another copy. Two copies of `mine` at once (concurrency 2): the second is
+    deferred as held here; `theirs` is claimed in the store by someone else."""
+    from delayq.message.envelope import epoch_ms
+    from delayq.stores.key_scope import KeyScope, scoped_key
+
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    store = SQLiteStore(tmp_path / "keys.db")
+    store.claim(scoped_key("theirs", queue, KeyScope.QUEUE), lease_ms=600_000, now_ms=epoch_ms())
+    retries: dict[str, str] = {}
+    handling = threading.Event()
+    finish = threading.Event()
+
+    class Reasons:
+        def settled(self, event: Any) -> None:
+            if event.outcome == "retry":
+                retries.setdefault(event.message_id, event.reason)
+
+    def handler(value: Any) -> None:
+        handling.set()
+        finish.wait(20)  # still handling the first copy of `mine` when the second comes
+
+    consumer = start_consumer(
+        topo, queue, handler, store=store, prefetch=4, concurrency=2, observers=[Reasons()]
+    )
+    publish(rabbitmq_url, topo, Message({"n": 1}, "job.d", "0s", message_id="mine"))
+    assert until(handling.is_set, 10)
+    publish(
+        rabbitmq_url,
+        topo,
+        Message({"n": 1}, "job.d", "0s", message_id="mine"),
+        Message({"n": 2}, "job.d", "0s", message_id="theirs"),
+    )
+    try:
+        assert until(lambda: {"mine", "theirs"} <= retries.keys(), 10), retries
+    finally:
+        finish.set()
+    assert "being handled by this consumer right now" in retries["mine"], retries
+    assert "another copy of this message (same message id)" in retries["mine"]
+    assert "held elsewhere: another consumer" in retries["theirs"], retries
+    consumer.stop()
+    store.close()

@@ -124,7 +124,9 @@ def test_a_dead_letter_replayed_by_the_cli_is_handled_in_the_original_trace(
     dead, replayed = _spans(exporter, "process")
     assert dead.context.trace_id == replayed.context.trace_id == publish.context.trace_id
     assert replayed.links[0].context.span_id == publish.context.span_id
-    assert dict(replayed.attributes or {})["delayq.attempt"] == 1  # a replay starts over
+    attrs = dict(replayed.attributes or {})
+    assert attrs["delayq.attempt"] == 1  # a replay starts over: a fresh retry budget
+    assert (attrs["delayq.replay_count"], attrs["delayq.previous_attempts"]) == (1, 1)
 
 
 def test_messages_of_another_publisher_are_handled_with_or_without_a_valid_context(

@@ -25,7 +25,9 @@ destinations:
 
 
 @pytest.fixture
-def setup(tmp_path: Path):
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The broker's URL is $DELAYQ_URL: `reschedule` publishes there, and `cancel`, which
+    takes no --url (it marks the store only), must not mind it."""
     topo_file = tmp_path / "topology.yaml"
     topo_file.write_text(TOPOLOGY_YAML)
     db = tmp_path / "idem.db"
@@ -40,7 +42,8 @@ def setup(tmp_path: Path):
             ],
         )
         broker.apply(topology)
-        base = ["--url", broker.url, "--file", str(topo_file), "--store", f"sqlite:///{db}"]
+        monkeypatch.setenv("DELAYQ_URL", broker.url)
+        base = ["--file", str(topo_file), "--store", f"sqlite:///{db}"]
         yield broker, topology, store, base
     store.close()
 
@@ -101,19 +104,18 @@ def test_a_store_failure_midway_prints_what_was_done(setup, capsys, monkeypatch)
     *_, base = setup
     from delayq.cli import cancel as cli_cancel
     from delayq.errors import StoreError
-    from delayq.sync.publisher import Publisher
 
     monkeypatch.setattr(cli_cancel, "BATCH", 1)
-    real = Publisher.cancel_many
+    real = cli_cancel.run_cancels
     calls = []
 
-    def flaky(self, **kwargs):
-        calls.append(kwargs)
+    def flaky(store, ops):
+        calls.append(ops)
         if len(calls) == 2:
             raise StoreError("database is locked")
-        return real(self, **kwargs)
+        return real(store, ops)
 
-    monkeypatch.setattr(Publisher, "cancel_many", flaky)
+    monkeypatch.setattr(cli_cancel, "run_cancels", flaky)
     code = main(["cancel", "--message-id", "x-1", "--message-id", "x-2", "--json", *base])
     printed = capsys.readouterr()
     assert code == EXIT_BROKER
@@ -151,7 +153,7 @@ def test_cancel_misuse_exits_2(setup, extra, says, capsys):
 )
 def test_a_bad_store_url_exits_2(setup, store, says, capsys):
     *_, base = setup
-    argv = ["cancel", "--message-id", "a", *base[:4], "--store", store]
+    argv = ["cancel", "--message-id", "a", *base[:2], "--store", store]
     assert main(argv) == EXIT_INPUT
     assert says in capsys.readouterr().err
 
@@ -216,13 +218,13 @@ def test_reschedule_misuse_exits_2_and_marks_nothing(setup, extra, says, capsys)
 
 
 def test_cancel_needs_no_broker_and_reads_stdin(setup, monkeypatch, capsys):
-    """A cancel only marks the store: a dead broker URL does not stop it."""
+    """A cancel only marks the store: a dead broker in $DELAYQ_URL does not stop it."""
     *_, base = setup
     import io
 
-    dead = ["--url", "amqp://guest:guest@127.0.0.1:1/", *base[2:]]
+    monkeypatch.setenv("DELAYQ_URL", "amqp://guest:guest@127.0.0.1:1/")
     monkeypatch.setattr("sys.stdin", io.StringIO("s-1\ns-2\n"))
-    assert main(["cancel", "--from-file", "-", "--json", *dead]) == EXIT_OK
+    assert main(["cancel", "--from-file", "-", "--json", *base]) == EXIT_OK
     assert [r["message_id"] for r in _json(capsys)["receipts"]] == ["s-1", "s-2"]
 
 
@@ -237,7 +239,7 @@ def test_an_empty_file_is_refused(setup, tmp_path, capsys):
 def test_an_unreachable_store_server_is_a_delayq_error_exit_1(setup, capsys):
     # Before: redis-py's ConnectionError escaped with its traceback.
     *_, base = setup
-    argv = ["cancel", "--message-id", "a", *base[:4], "--store", "redis://u:pw@127.0.0.1:1/0"]
+    argv = ["cancel", "--message-id", "a", *base[:2], "--store", "redis://u:pw@127.0.0.1:1/0"]
     assert main(argv) == EXIT_BROKER
     err = capsys.readouterr().err
     assert "delayq: error: cannot open the store at redis://u:***@127.0.0.1:1/0" in err

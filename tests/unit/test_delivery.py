@@ -202,6 +202,25 @@ def test_a_busy_key_is_deferred_to_the_smallest_tier_without_counting_an_attempt
 
 
 @pytest.mark.parametrize(
+    ("here", "by_key", "says"),
+    [
+        (True, False, "another copy of this message (same message id) is being handled by "
+         "this consumer right now"),
+        (True, True, "another message with the same business key is being handled by this "
+         "consumer right now"),
+        (False, False, "held elsewhere: another consumer is handling another copy of this "
+         "message (same message id)"),
+        (False, True, "held elsewhere: another consumer is handling another message with "
+         "the same business key"),
+    ],
+)  # fmt: skip
+def test_a_deferral_says_whose_claim_holds_the_key(here, by_key, says):
+    """Issue 29: it said "claimed by another consumer" also when this consumer held it."""
+    reason = planner().deferred(delivery(), here=here, by_key=by_key).reason
+    assert says in reason, reason
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         {"prefetch": 0, "handler_timeout": "1s"},
@@ -233,3 +252,31 @@ def test_retention_must_outlive_the_lease_and_sets_the_prune_interval():
     assert (week.retention_ms, week.prune_every_ms) == (7 * 86_400_000, 600_000)
     short = ConsumeSettings.parse(prefetch=1, handler_timeout="500ms", lease="1s", retention="2s")
     assert short.prune_every_ms == 1_000
+
+
+def test_a_replayed_message_keeps_its_replay_history_on_retries_and_dead_letters():
+    """The history a replay writes travels on through an untraced consumer's retries and
+    dead letters, so a second replay counts on from it."""
+    from delayq.consume.delivery import H_PREVIOUS_ATTEMPTS, H_REPLAYS
+
+    history = {H_REPLAYS: 1, H_PREVIOUS_ATTEMPTS: 3}
+    replayed = delivery(attempt=1)
+    replayed.headers.update(history)
+    retried = planner().failure(replayed, ValueError("again")).message
+    assert retried is not None
+    assert {k: retried.headers[k] for k in history} == history
+    last = delivery(attempt=3)
+    last.headers.update(history)
+    dead = planner().failure(last, ValueError("still")).message
+    assert dead is not None and dead.routing_key == "work.dlq"
+    assert {k: dead.headers[k] for k in history} == history
+
+
+def test_a_handler_timeout_while_every_thread_is_stuck_dead_letters_with_its_reason():
+    from delayq.errors import HandlersStuck
+
+    decision = planner().failure(delivery(attempt=2), HandlersStuck("not run: stuck"))
+    assert decision.action is Action.DEAD_LETTER
+    assert decision.message is not None
+    assert decision.message.headers[H_DEAD_LETTER_REASON] == "handlers-stuck"
+    assert decision.reason.startswith("handlers-stuck: not run: stuck")

@@ -215,6 +215,53 @@ def test_a_busy_key_is_deferred_to_the_smallest_tier() -> None:
     assert isinstance(end, Ack) and end.decision.action is Action.RETRY
 
 
+def test_a_busy_key_held_elsewhere_says_so_not_this_consumer() -> None:
+    """Issue 29: "claimed by another consumer" was said also when this very consumer held
+    the claim for another copy. Nothing of this consumer holds it here."""
+    _, end = _walk(_context(), _delivery(), _answers(claim=ClaimStatus.BUSY))
+    assert isinstance(end, Ack)
+    reason = end.decision.reason
+    assert "held elsewhere" in reason and "another consumer" in reason, reason
+    assert "another copy of this message (same message id)" in reason, reason
+    assert "this consumer" not in reason
+
+
+@pytest.mark.parametrize("by_key", [False, True], ids=["message-id", "business-key"])
+def test_a_busy_key_this_consumer_holds_for_another_copy_says_so(by_key: bool) -> None:
+    ctx = _context(key=(lambda value: value["id"]) if by_key else None)
+    first = delivery_flow(_delivery(), ctx)
+    claim = advance(first, None)
+    assert isinstance(claim, Claim)
+    assert isinstance(advance(first, ClaimStatus.CLAIMED), RunHandler)  # handling it now
+    copy = _delivery(message_id="m-2" if by_key else "m-1")  # another id, the same body key
+    _, end = _walk(ctx, copy, _answers(claim=ClaimStatus.BUSY))
+    assert isinstance(end, Ack) and end.decision.action is Action.RETRY
+    reason = end.decision.reason
+    assert "being handled by this consumer right now" in reason, reason
+    what = "another message with the same business key" if by_key else "another copy"
+    assert what in reason, reason
+    assert isinstance(advance(first, HandlerEnded()), Complete)
+    assert isinstance(advance(first, None), Ack)
+    # the claim is given up: a copy now finds the key held elsewhere (or done)
+    _, later = _walk(ctx, _delivery(), _answers(claim=ClaimStatus.BUSY))
+    assert isinstance(later, Ack) and "held elsewhere" in later.decision.reason
+
+
+@pytest.mark.parametrize("ending", ["failed", "abandoned"])
+def test_a_claim_this_consumer_gave_back_is_no_longer_its_own(ending: str) -> None:
+    ctx = _context()
+    first = delivery_flow(_delivery(), ctx)
+    advance(first, None)
+    advance(first, ClaimStatus.CLAIMED)
+    if ending == "failed":
+        assert isinstance(advance(first, HandlerEnded(RuntimeError("boom"))), Release)
+        advance(first, None)
+    else:
+        first.close()  # the consumer stopped with the handler running
+    _, end = _walk(ctx, _delivery(), _answers(claim=ClaimStatus.BUSY))
+    assert isinstance(end, Ack) and "held elsewhere" in end.decision.reason
+
+
 def test_a_store_down_at_the_claim_puts_the_delivery_back() -> None:
     steps, end = _walk(_context(), _delivery(), _answers(claim=StoreError("db down")))
     assert _kinds(steps) == ["Claim"]

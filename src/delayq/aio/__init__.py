@@ -1,4 +1,5 @@
-"""The asyncio adapter: publisher, consumer (on delayq's own AMQP client), provisioning."""
+"""The asyncio adapter: publisher and consumer on delayq's own AMQP client over pamqp
+(:mod:`delayq.aio._wire`), provisioning (``apply_topology_async``) through aio-pika."""
 
 from __future__ import annotations
 

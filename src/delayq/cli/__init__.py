@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 the broker refused or could not be reached, the
 topology conflicts with what exists, or a check of ``topology verify`` failed;
 2 bad input (nothing was sent); 141 the reader of the output went away
-(``delayq dlq list | head``), like a command killed by SIGPIPE.
+(``delayq dlq list | head``), like a command killed by SIGPIPE. A ``--json`` command that
+fails prints one JSON error object on stdout (see :func:`delayq.cli._common.fail`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 import click
 
-from delayq.cli._common import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_PIPE
+from delayq.cli._common import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_PIPE, fail
 from delayq.cli.app import build_cli, parse
 from delayq.errors import DelayqError, InvalidInput
 
@@ -46,9 +47,16 @@ _NO_ARGS: type[click.UsageError] = getattr(
 )
 
 
+def _asks_json(argv: Sequence[str]) -> bool:
+    """``--json`` on a command line click refused: its error is printed as JSON too."""
+    words = list(argv)
+    return "--json" in (words[: words.index("--")] if "--" in words else words)
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        parsed = parse(sys.argv[1:] if argv is None else argv)
+        parsed = parse(words)
     except _NO_ARGS as exc:  # `delayq`, `delayq dlq`: the help, and exit 2 (no command)
         print(exc.format_message(), file=sys.stderr)
         return EXIT_INPUT
@@ -59,8 +67,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"Try '{exc.ctx.command_path} --help' for help.",
                 file=sys.stderr,
             )
-        print(f"delayq: error: {exc.format_message()}", file=sys.stderr)
-        return EXIT_INPUT
+        return fail(exc.format_message(), EXIT_INPUT, "UsageError", as_json=_asks_json(words))
     except click.Abort:
         print("delayq: interrupted", file=sys.stderr)
         return 130
@@ -72,14 +79,14 @@ def _main(argv: Sequence[str] | None) -> int:
         raise
     if isinstance(parsed, int):  # --help, --version
         return parsed
+    as_json = bool(getattr(parsed.args, "json", False))
     try:
         return parsed.run()
-    except InvalidInput as exc:
-        print(f"delayq: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
     except DelayqError as exc:
-        print(f"delayq: error: {exc}", file=sys.stderr)
-        return EXIT_BROKER
+        # A command prints its JSON document last, after everything that can raise:
+        # one that failed has printed none, and prints the error as one.
+        code = EXIT_INPUT if isinstance(exc, InvalidInput) else EXIT_BROKER
+        return fail(str(exc), code, type(exc).__name__, as_json=as_json)
     except KeyboardInterrupt:
         print("delayq: interrupted", file=sys.stderr)
         return 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PIPE",
     "Args",
+    "fail",
     "load_cli_topology",
     "management_choice",
     "print_json",
@@ -58,3 +60,14 @@ def management_choice(args: Args, url: str) -> ManagementChoice | None:
 def print_json(value: object) -> None:
     """One JSON document on stdout: what ``--json`` prints, for scripts to read."""
     print(json.dumps(value, indent=None, sort_keys=False, default=str))
+
+
+def fail(message: str, exit_code: int, kind: str, *, as_json: bool) -> int:
+    """A failed command's end: ``delayq: error: MESSAGE`` on stderr and, for ``--json``,
+    one JSON error object on stdout, so a script reading stdout gets a document either
+    way: ``{"error": {"type": KIND, "message": MESSAGE, "exit_code": EXIT_CODE}}``
+    (``type`` is the delayq error's class, or ``UsageError`` for a refused command line)."""
+    print(f"delayq: error: {message}", file=sys.stderr)
+    if as_json:
+        print_json({"error": {"type": kind, "message": message, "exit_code": exit_code}})
+    return exit_code

@@ -1,6 +1,7 @@
 """``delayq cancel`` and ``delayq reschedule``: marks in the consumers' idempotency store
-(see ``docs/concepts/cancel.md``), through :meth:`delayq.sync.publisher.Publisher.cancel_many`
-and :meth:`~delayq.sync.publisher.Publisher.reschedule`.
+(see ``docs/concepts/cancel.md``). A cancel plans and writes its marks as
+:meth:`delayq.sync.publisher.Publisher.cancel_many` does, without a broker (it takes no
+``--url``); a reschedule publishes through :meth:`~delayq.sync.publisher.Publisher.reschedule`.
 
 Exit codes: 0 every message is marked (``cancelled``, ``unknown``, ``already
 cancelled``), or the reschedule published its new copy; 1 a cancel lost the race with a
@@ -31,8 +32,11 @@ from delayq.cli.options import (
 )
 from delayq.cli.store_url import open_store
 from delayq.errors import InvalidDelay, InvalidInput, StoreError
-from delayq.message.cancel import CancelReceipt, RescheduleReceipt, delay_until
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt, delay_until, plan_cancels
+from delayq.message.envelope import epoch_ms
+from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.tables import Column, Table
+from delayq.topology.model import Topology
 from delayq.wording import counted
 
 __all__ = ["BATCH", "cancel_commands", "cmd_cancel", "cmd_reschedule"]
@@ -81,7 +85,7 @@ def cancel_commands() -> list[click.Command]:
                 key_scope_option(),
                 json_flag("print the receipts as JSON"),
             ],
-            url=True,
+            url=False,  # marks the store only: a --url would be one it does not use
             file=True,
             one_of=[("message_ids", "keys", "from_file")],
         ),
@@ -169,27 +173,36 @@ def _cancel_table(receipts: Sequence[CancelReceipt], by: str) -> Table:
     return table
 
 
-def cmd_cancel(args: Args) -> int:
-    from delayq.sync.publisher import Publisher
+def _cancel_batch(
+    store: IdempotencyStore, topology: Topology, args: Args, by: str, names: list[str]
+) -> list[CancelReceipt]:
+    """Mark ``names`` (message ids or keys, as ``by`` says), as ``Publisher.cancel_many``
+    does: planned from the topology, written in one store round trip; no broker."""
+    plan = plan_cancels(
+        topology,
+        now_ms=epoch_ms(),
+        message_ids=names if by == "message_ids" else None,
+        keys=names if by == "keys" else None,
+        routing_key=args.routing_key,
+        queues=args.queues,
+        key_scope=args.key_scope,
+    )
+    return plan.receipts(run_cancels(store, plan.ops))
 
+
+def cmd_cancel(args: Args) -> int:
     by, names = _requests(args)
     topology = load_cli_topology(args)
     store = open_store(args.store)
     receipts: list[CancelReceipt] = []
     failure: StoreError | None = None
     try:
-        with Publisher(args.url, topology, store=store) as publisher:
-            for start in range(0, len(names), BATCH):
-                try:
-                    receipts += publisher.cancel_many(
-                        **{by: names[start : start + BATCH]},
-                        routing_key=args.routing_key,
-                        queues=args.queues,
-                        key_scope=args.key_scope,
-                    )
-                except StoreError as exc:
-                    failure = exc
-                    break
+        for start in range(0, len(names), BATCH):
+            try:
+                receipts += _cancel_batch(store, topology, args, by, names[start : start + BATCH])
+            except StoreError as exc:
+                failure = exc
+                break
     finally:
         store.close()
     if args.json:
@@ -256,7 +269,7 @@ def cmd_reschedule(args: Args) -> int:
     from delayq.sync.publisher import Publisher
 
     topology = load_cli_topology(args)
-    body = _body(args)
+    body = _body(args, topology.limits.max_body_bytes)
     due_at = _due_at(args)
     store = open_store(args.store)
     try:

@@ -11,6 +11,7 @@ from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_OK,
     Args,
+    fail,
     load_cli_topology,
 )
 from delayq.cli._console import progress_bar, show_table
@@ -53,12 +54,13 @@ def _print_parked(args: Args, queue: str, label: str) -> int:
     if args.parked_command == "show":
         match = [p for p in found if p.message_id == args.message_id]
         if not match:
-            print(
-                f"delayq: error: no message {args.message_id!r} in {label} "
+            return fail(
+                f"no message {args.message_id!r} in {label} "
                 f"({counted(len(found), 'message')} parked)",
-                file=sys.stderr,
+                EXIT_BROKER,
+                "MessageNotFound",
+                as_json=args.json,
             )
-            return EXIT_BROKER
         extra = [*os.environ.get("DELAYQ_MASK_HEADERS", "").split(","), *args.mask_header]
         detail = view.message_detail(
             match[0],

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,7 +33,7 @@ from delayq.consume.retry import (
     check_policy,
 )
 from delayq.durations import format_ms
-from delayq.errors import DelayqError, InvalidBody, InvalidInput
+from delayq.errors import BodyTooLarge, DelayqError, InvalidBody, InvalidInput
 from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
 from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
@@ -62,12 +64,37 @@ def cmd_stats(args: Args) -> int:
     return EXIT_OK
 
 
-def _body(args: Args) -> Any:
+def _read_body_file(path: Path, limit: int) -> bytes:
+    """``path``'s bytes, measured before they are read: a regular file over ``limit`` is
+    refused by its size, and anything else (a pipe, ``/dev/stdin``) read no further than
+    one byte past it."""
+
+    def too_large(is_: str) -> BodyTooLarge:
+        return BodyTooLarge(
+            f"--body-file {str(path)!r} {is_} the body limit of {limit} bytes "
+            f"({limit / 2**20:g} MiB: limits.max_body_bytes of the topology); put large "
+            "data in a blob store and send its address"
+        )
+
+    try:
+        found = os.stat(path)
+        if stat.S_ISREG(found.st_mode) and found.st_size > limit:
+            size = found.st_size
+            raise too_large(f"is {size} bytes ({size / 2**20:.1f} MiB), more than")
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise InvalidBody(f"cannot read --body-file {str(path)!r}: {exc}") from exc
+    if len(data) > limit:
+        raise too_large("holds more than")
+    return data
+
+
+def _body(args: Args, limit: int) -> Any:
+    """The body of ``publish`` or ``reschedule``: ``--body-file``'s bytes (at most
+    ``limit``), or ``--body`` read as JSON."""
     if args.body_file is not None:
-        try:
-            return args.body_file.read_bytes()
-        except OSError as exc:
-            raise InvalidBody(f"cannot read --body-file {str(args.body_file)!r}: {exc}") from exc
+        return _read_body_file(args.body_file, limit)
     if args.body is None:
         return None
     try:
@@ -83,7 +110,7 @@ def cmd_publish(args: Args) -> int:
     from delayq.sync.publisher import Publisher
 
     topology = load_cli_topology(args)
-    body = _body(args)
+    body = _body(args, topology.limits.max_body_bytes)
     with Publisher(args.url, topology) as publisher:
         receipt = publisher.publish(body, args.routing_key, args.delay, message_id=args.message_id)
     fields = {

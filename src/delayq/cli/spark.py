@@ -14,7 +14,7 @@ from delayq.cli._common import (
     load_cli_topology,
 )
 from delayq.cli._console import progress_bar
-from delayq.cli.spark_inputs import check_source, read_source, rows_progress
+from delayq.cli.spark_inputs import CSV_OPTIONS, check_source, read_source, rows_progress
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
@@ -45,7 +45,7 @@ def _read_input(session: Any, args: Args) -> tuple[Any, str]:
     )
     reader = session.read
     if fmt == "csv":
-        reader = reader.option("header", "true")
+        reader = reader.options(**CSV_OPTIONS)
     try:
         df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)
     except Exception as exc:  # Spark's AnalysisException: not a traceback for a bad file

@@ -22,6 +22,13 @@ __all__ = ["check_source", "read_source", "rows_progress", "schedule_input_optio
 
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 
+CSV_OPTIONS = {"header": "true", "escape": '"', "multiLine": "true"}
+"""How the commands read CSV, before any ``--option``: a header row; RFC 4180's quotes
+(a quote inside a quoted cell doubled, as Python's csv module, pandas and Excel write
+it, where Spark's default escape is a backslash); and quoted cells over several lines
+(a body with a newline; Spark's default splits the row there, and a CRLF inside such a
+cell arrives as LF)."""
+
 
 def _reader_options(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> Any:
     options: dict[str, str] = {}
@@ -52,8 +59,8 @@ def schedule_input_options() -> list[click.Parameter]:
             multiple=True,
             metavar="KEY=VALUE",
             callback=_reader_options,
-            help="passed to the Spark reader; repeatable (CSV with JSON bodies written "
-            "by Python's csv module: --option escape='\"')",
+            help="passed to the Spark reader; repeatable (CSV is read with header=true, "
+            "escape='\"' and multiLine=true unless given here)",
         ),
         once(
             "--id-column",
@@ -89,8 +96,9 @@ def schedule_input_options() -> list[click.Parameter]:
         once(
             "--resume",
             metavar="DIR",
-            help="send only the rows a previous run's errors output (--errors DIR, in "
-            "--errors-format) names as unconfirmed",
+            help="resume the run whose errors output (--errors DIR) this is: just its "
+            "unconfirmed rows, or every row if that run never finished; refused for "
+            "another input or a run with nothing unconfirmed",
         ),
     ]
 
@@ -122,7 +130,7 @@ def read_source(session: Any, args: Args) -> tuple[Any, str]:
     fmt = args.format or FORMATS.get(Path(args.input).suffix, "jsonl")
     reader = session.read
     if fmt == "csv":
-        reader = reader.option("header", "true")
+        reader = reader.options(**CSV_OPTIONS)
     reader = reader.options(**options)
     try:
         df = reader.format("json" if fmt == "jsonl" else fmt).load(args.input)

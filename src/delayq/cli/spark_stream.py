@@ -20,6 +20,7 @@ import click
 
 from delayq.cli._common import EXIT_OK, Args, load_cli_topology
 from delayq.cli.options import Command, flag, leaf, once
+from delayq.cli.spark_inputs import CSV_OPTIONS
 from delayq.errors import InvalidInput
 from delayq.urls import redact, resolve_url
 
@@ -114,7 +115,7 @@ def _stream_frame(session: Any, args: Args) -> Any:
             'string, body string"'
         )
     if args.format == "csv":
-        reader = reader.option("header", "true")
+        reader = reader.options(**CSV_OPTIONS)
     reader = reader.options(**args.reader_options)
     try:
         return reader.format(args.format).load(args.input)

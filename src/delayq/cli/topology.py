@@ -198,8 +198,7 @@ def cmd_grant(args: Args) -> int:
         where = api.url if api is not None else "rabbitmqctl"
         replaced = "" if current is None else f" (replacing {describe_permissions(current)})"
         print(
-            f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}"
-            f"{replaced}",
+            f"set the permissions of {grant.user!r} on vhost {grant.vhost!r} via {where}{replaced}",
             file=out,
         )
     return EXIT_OK

@@ -77,6 +77,14 @@ H_QUEUE = "delayq-queue"
 H_DEAD_LETTER_REASON = "delayq-dead-letter-reason"
 
 
+H_REPLAYS = "delayq-replays"
+"""How often the message was replayed from a parking queue (absent: never)."""
+
+
+H_PREVIOUS_ATTEMPTS = "delayq-previous-attempts"
+"""The attempts the message used up before its latest replay, all earlier rounds summed."""
+
+
 H_RETURNS = "delayq-returns"
 """Times the message went back to its queue unsettled (a crashed or cut consumer)
 before a deferral republished it, which resets the broker's ``x-delivery-count``."""
@@ -115,6 +123,10 @@ class DeadLetterReason(str, enum.Enum):
     DELIVERY_LIMIT = "delivery-limit"
     """Returned unsettled (its consumer crashed) more often than the queue's
     ``delivery_limit``: what the broker's backstop does, kept across deferrals."""
+    HANDLERS_STUCK = "handlers-stuck"
+    """Its previous attempt timed out, and every handler thread of the (sync) consumer
+    is stuck in a handler past its timeout: not run again there
+    (:class:`~delayq.errors.HandlersStuck`)."""
 
 
 class Action(str, enum.Enum):

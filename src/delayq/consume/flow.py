@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -131,6 +131,9 @@ class FlowContext:
     transactional: bool
     lease_ms: int
     clock_ms: Callable[[], int]
+    held: set[str] = field(default_factory=set)
+    """The keys this consumer's flows hold claims on now: a key found busy is then held
+    for another copy this consumer handles, not by another consumer."""
 
 
 def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
@@ -161,10 +164,23 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
                 log.info("skipping %s: cancelled (key %r)", delivery.message_id, key)
                 yield from _settle(planner.cancelled())
             elif status is ClaimStatus.BUSY:
-                yield from _settle(planner.deferred(delivery))
+                here, by_key = claim.key in ctx.held, ctx.key is not None
+                yield from _settle(planner.deferred(delivery, here=here, by_key=by_key))
             else:
                 yield PutBack(f"claiming its key failed: {status}")
             return
+        ctx.held.add(claim.key)
+    try:
+        yield from _handle(delivery, ctx, value, claim)
+    finally:  # a flow closed early (the consumer stopped) holds nothing either
+        if claim is not None:
+            ctx.held.discard(claim.key)
+
+
+def _handle(delivery: Delivery, ctx: FlowContext, value: Any, claim: Claim | None) -> Flow:
+    """The handler's run and what follows it; ``claim`` (if any) is held, and no longer
+    counted as this consumer's once it is released or recorded."""
+    planner = ctx.planner
     ended = yield RunHandler(value, claim)
     assert type(ended) is HandlerEnded, ended
     error = ended.error
@@ -173,6 +189,7 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
             # Given back so a retry can claim it at once; if this fails, the claim's
             # lease ends by itself (and the retry is deferred until then).
             released = yield Release(claim.key)
+            ctx.held.discard(claim.key)
             if isinstance(released, StoreError):
                 log.warning("releasing key %r failed: %s", claim.key, released)
         if not isinstance(error, Exception):
@@ -182,9 +199,12 @@ def delivery_flow(delivery: Delivery, ctx: FlowContext) -> Flow:
         return
     if claim is not None and not ctx.transactional:  # a transaction recorded it already
         recorded = yield Complete(claim.key, ctx.clock_ms())
+        ctx.held.discard(claim.key)
         if recorded is not None:
             yield PutBack(f"recording its key as done failed: {recorded}")
             return
+    if claim is not None:
+        ctx.held.discard(claim.key)
     yield Ack(planner.success(), ended.handler_ms)
 
 

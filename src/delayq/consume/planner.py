@@ -15,7 +15,9 @@ from delayq.consume.delivery import (
     H_ERROR_TYPE,
     H_FAILED_AT,
     H_FIRST_FAILURE_AT,
+    H_PREVIOUS_ATTEMPTS,
     H_QUEUE,
+    H_REPLAYS,
     H_RETURNS,
     Action,
     DeadLetterReason,
@@ -27,7 +29,7 @@ from delayq.consume.delivery import (
     bounded,
 )
 from delayq.consume.retry import RetryPolicy, check_policy, default_policy
-from delayq.errors import DelayTooLong, InvalidHeaders, InvalidInput
+from delayq.errors import DelayTooLong, HandlersStuck, InvalidHeaders, InvalidInput
 from delayq.message.envelope import (
     CONTENT_BYTES,
     H_GENERATION,
@@ -65,9 +67,21 @@ _SUCCESS = Decision(Action.ACK)
 """Every success's decision: decisions are immutable, one will do."""
 _CANCELLED = Decision(Action.CANCELLED, reason="cancelled")
 
-_CARRIED = (H_FIRST_FAILURE_AT, H_ERROR_TYPE, H_ERROR_MESSAGE, H_FAILED_AT, H_GENERATION)
-"""delayq's headers a retry keeps: an earlier failure's record, and the copy's generation
-(a retry of a rescheduled copy is that copy, not an older one)."""
+_CARRIED = (
+    H_FIRST_FAILURE_AT,
+    H_ERROR_TYPE,
+    H_ERROR_MESSAGE,
+    H_FAILED_AT,
+    H_GENERATION,
+    H_REPLAYS,
+    H_PREVIOUS_ATTEMPTS,
+)
+"""delayq's headers a retry keeps: an earlier failure's record, the copy's generation
+(a retry of a rescheduled copy is that copy, not an older one) and its replay history."""
+
+_KEPT_IN_DLQ = (H_GENERATION, H_REPLAYS, H_PREVIOUS_ATTEMPTS)
+"""delayq's headers a dead letter keeps: a replay from the DLQ is that copy again, and
+its history goes on counting."""
 
 
 def _user_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,6 +163,8 @@ class DeliveryPlanner:
         """Retry later, or dead-letter when non-retryable or when the attempts are spent."""
         if trace is None:
             trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        if isinstance(error, HandlersStuck):
+            return self._dead_letter(delivery, DeadLetterReason.HANDLERS_STUCK, error, trace)
         if isinstance(error, self.non_retryable):
             return self._dead_letter(delivery, DeadLetterReason.NON_RETRYABLE, error, trace)
         attempt = delivery.attempt
@@ -168,9 +184,12 @@ class DeliveryPlanner:
         message.headers.update(self._failure_headers(delivery, error, trace, now))
         return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
 
-    def deferred(self, delivery: Delivery) -> Decision:
-        """Another consumer holds this key's claim: come back after the smallest tier,
-        without counting an attempt (the other consumer may still fail).
+    def deferred(self, delivery: Delivery, *, here: bool = False, by_key: bool = False) -> Decision:
+        """The key's claim is held (``here``: by this consumer, for another copy it handles
+        now; else elsewhere: another consumer, or one that stopped and left its claim
+        until the lease ends): come back after the smallest tier, without counting an
+        attempt (the holder may still fail). ``by_key``: the key is a business key, not
+        the message id. The reason says which.
 
         The republished copy starts with a fresh broker delivery count, so the returns
         so far travel in :data:`H_RETURNS`: a message whose handler keeps crashing the
@@ -184,7 +203,7 @@ class DeliveryPlanner:
         message = self._retry_message(delivery, tier.ttl_ms, delivery.attempt, self._clock_ms())
         if delivery.returns:
             message.headers[H_RETURNS] = delivery.returns
-        return Decision(Action.RETRY, message, reason="claimed by another consumer")
+        return Decision(Action.RETRY, message, reason=_deferral(here=here, by_key=by_key))
 
     def over_delivery_limit(self, delivery: Delivery) -> Decision | None:
         """Dead-letter ``delivery`` if it went back unsettled more often than the queue's
@@ -262,8 +281,9 @@ class DeliveryPlanner:
         failure = self._failure_headers(delivery, error, trace, now)
         headers.update(failure)
         headers[H_DEAD_LETTER_REASON] = reason.value
-        if H_GENERATION in delivery.headers:  # a replay from the DLQ is that copy again
-            headers[H_GENERATION] = delivery.headers[H_GENERATION]
+        for key in _KEPT_IN_DLQ:
+            if key in delivery.headers:
+                headers[key] = delivery.headers[key]
         message = republished(
             delivery,
             self.topology.direct_exchange,
@@ -286,6 +306,22 @@ def _error_text(error: BaseException) -> str:
         return str(error)
     except Exception:
         return f"<{type(error).__name__}: str() failed>"
+
+
+def _deferral(*, here: bool, by_key: bool) -> str:
+    """Why a delivery was deferred: whose claim holds its key, as far as the consumer knows
+    (the stores record no owner; a consumer knows the claims it holds itself)."""
+    other = (
+        "another message with the same business key"
+        if by_key
+        else "another copy of this message (same message id)"
+    )
+    if here:
+        return f"{other} is being handled by this consumer right now (it holds the key's claim)"
+    return (
+        f"the key's claim is held elsewhere: another consumer is handling {other}, or one "
+        "that stopped left the claim until its lease ends"
+    )
 
 
 def fit_headers(headers: dict[str, Any], frame_max: int = FRAME_MAX) -> dict[str, Any]:

@@ -123,7 +123,15 @@ def plain_body(value: object, *, json_text: bool = False) -> object:
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise InvalidBody(f"body is not valid JSON ({exc.msg} at {exc.pos})") from exc
+            hint = (
+                "; its quotes are doubled, as in a CSV cell written the RFC 4180 way "
+                "(Python's csv module, pandas, Excel) and read with Spark's default "
+                "escape (a backslash): read the CSV with --option escape='\"' "
+                "(spark.read.option(\"escape\", '\"'))"
+                if '""' in value
+                else ""
+            )
+            raise InvalidBody(f"body is not valid JSON ({exc.msg} at {exc.pos}){hint}") from exc
     if isinstance(value, bytearray):
         return bytes(value)
     as_dict = getattr(value, "asDict", None)  # a Spark Row (a struct column)

@@ -43,8 +43,11 @@ def validate_routing_key(routing_key: object) -> str:
         raise InvalidRoutingKey(f"routing key must be a str, got {type(routing_key).__name__}")
     if not routing_key:
         raise InvalidRoutingKey("routing key must not be empty")
-    if _utf8_len(routing_key, InvalidRoutingKey, "routing key") > 255:
-        raise InvalidRoutingKey("routing key is longer than AMQP's 255 bytes")
+    size = _utf8_len(routing_key, InvalidRoutingKey, "routing key")
+    if size > 255:
+        raise InvalidRoutingKey(
+            f"routing key is {size} bytes long (UTF-8); AMQP allows at most 255 bytes"
+        )
     if "*" in routing_key or "#" in routing_key:
         raise InvalidRoutingKey(
             f"routing key {routing_key!r} contains a wildcard ('*' or '#'); wildcards belong "

@@ -49,6 +49,7 @@ __all__ = [
 
 log = logging.getLogger("delayq.publisher")
 
+
 class PublishOutcome(str, enum.Enum):
     """How a publish ended: a small fixed set, fit for a metric label."""
 
@@ -167,9 +168,7 @@ class PublishObservers:
         """
         return _Reporting(self, messages)
 
-    def emit(
-        self, messages: Sequence[OutgoingMessage], error: BaseException | None = None
-    ) -> None:
+    def emit(self, messages: Sequence[OutgoingMessage], error: BaseException | None = None) -> None:
         """Tell every observer how the publish of ``messages`` ended."""
         if not self._observers:
             return

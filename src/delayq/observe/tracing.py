@@ -21,7 +21,8 @@ propagator's fields, str values). A message that already carries a
 ``traceparent`` when it is *sent* (``send``: a consumer's retry or dead letter, a
 DLQ replay, or one the caller built with the header) keeps it and gets no span, so
 the original context travels on unchanged: it is a user header, which retries,
-dead letters and replays copy.
+dead letters and replays copy. A traced replay is a ``replay`` span of that trace, whose
+context the replayed copy carries instead (:mod:`delayq.observe.replays`).
 
 The consumer starts a ``process`` span (kind ``CONSUMER``) at each delivery and ends
 it when the delivery is settled, with the outcome. Its parent is the context the
@@ -38,19 +39,20 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union, cast
+from typing import TYPE_CHECKING, Any, Union
 
 from delayq.consume.delivery import Delivery
 from delayq.consume.flow import Ack, GiveUp, PutBack
 from delayq.errors import InvalidInput, MissingExtra, PublishBatchError
 from delayq.message.envelope import IMMEDIATE, OutgoingMessage
+from delayq.observe.carrier import TRACEPARENT, carry_history, replay_attributes
+from delayq.observe.carrier import extract as _extract
 from delayq.observe.deliveries import Settled
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 __all__ = [
@@ -67,7 +69,6 @@ __all__ = [
 
 log = logging.getLogger("delayq.tracing")
 
-TRACEPARENT = "traceparent"
 SYSTEM = "rabbitmq"
 SCOPE = "delayq"
 """The instrumentation scope's name (``get_tracer(SCOPE)``)."""
@@ -276,36 +277,6 @@ class StreamSpans:
             self.settled(index, error)
 
 
-class _HeaderGetter:
-    """Reads a context from AMQP headers of any origin: str values, or UTF-8 bytes
-    (a ``Getter`` by duck typing: opentelemetry is imported only when used)."""
-
-    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
-        value = carrier.get(key)
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        return [value] if isinstance(value, str) else None
-
-    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
-        return list(carrier)
-
-
-_GETTER = _HeaderGetter()
-
-
-def _extract(delivery: Delivery) -> Context | None:
-    """The context ``delivery`` carries, or ``None`` (none, or malformed)."""
-    if TRACEPARENT not in delivery.headers:
-        return None
-    from opentelemetry import propagate
-
-    try:
-        return propagate.extract(delivery.headers, getter=cast(Any, _GETTER))
-    except Exception as exc:  # a propagator must never fail a delivery
-        log.debug("no trace context in %s: %r", delivery.message_id, exc)
-        return None
-
-
 class ProcessSpan:
     """One delivery's ``process`` span, from its arrival to its settlement."""
 
@@ -332,6 +303,7 @@ class ProcessSpan:
             "messaging.rabbitmq.destination.routing_key": delivery.origin_routing_key,
             "messaging.message.body.size": len(delivery.body),
             "delayq.attempt": delivery.attempt,
+            **replay_attributes(delivery.headers),  # attempts before a DLQ replay
         }
         if delivery.message_id is not None:
             attributes["messaging.message.id"] = delivery.message_id
@@ -364,7 +336,9 @@ class ProcessSpan:
 
     def carry(self, message: OutgoingMessage) -> None:
         """A retry or dead letter of a delivery that came without a context continues
-        this span's trace (one that came with a context carries that one on)."""
+        this span's trace (one that came with a context carries that one on); it also
+        carries the delivery's replay history on (see :mod:`delayq.observe.carrier`)."""
+        carry_history(self._delivery.headers, message.headers)
         if TRACEPARENT not in message.headers:
             from opentelemetry import propagate
 

@@ -20,6 +20,7 @@ from delayq.message.envelope import (
     OutgoingMessage,
     envelope_headers,
 )
+from delayq.observe.carrier import replay_history
 
 __all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
 
@@ -131,9 +132,10 @@ def replay_message(
     parked: Delivery, *, exchange: str, routing_key: str, now_ms: int
 ) -> OutgoingMessage:
     """The parked message, sent again: same id and body, attempt counter reset to 1,
-    failure headers dropped (``delayq-replayed-at`` says when). A rescheduled copy keeps
-    its generation: replayed, it is that copy again, not an older one (which its own
-    mark would cancel)."""
+    failure headers dropped (``delayq-replayed-at`` says when; ``delayq-replays`` and
+    ``delayq-previous-attempts`` how often it was replayed and the attempts it used up
+    before: see :mod:`delayq.observe.carrier`). A rescheduled copy keeps its generation:
+    replayed, it is that copy again, not an older one (which its own mark would cancel)."""
     headers: dict[str, Any] = {
         k: v
         for k, v in parked.headers.items()
@@ -141,6 +143,7 @@ def replay_message(
     }
     headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
     headers[H_REPLAYED_AT] = now_ms
+    headers.update(replay_history(parked))
     if H_GENERATION in parked.headers:
         headers[H_GENERATION] = parked.headers[H_GENERATION]
     return republished(parked, exchange, routing_key, headers, now_ms)

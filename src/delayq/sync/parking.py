@@ -22,6 +22,8 @@ from pika.adapters.blocking_connection import BlockingChannel
 from delayq.consume.delivery import Delivery
 from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMissing
 from delayq.message.envelope import epoch_ms
+from delayq.observe.replays import replaying
+from delayq.observe.tracing import TracingOption, tracing_for
 from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, replay_message
 from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
@@ -152,6 +154,7 @@ def replay(
     rate_per_s: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     marks: ReplayMarks | None = None,
+    tracing: TracingOption = None,
 ) -> ReplayReport:
     """Send parked messages again and remove them from ``queue`` once confirmed.
 
@@ -169,10 +172,14 @@ def replay(
     ``marks.uncancel``; the answers land in ``marks.found``. A store failure stops the
     replay (:class:`~delayq.errors.StoreError`): the message it was for and the rest
     stay parked.
+
+    ``tracing``: as a publisher's (:mod:`delayq.observe.tracing`): when traced, each
+    message's replay is a span of its own trace (:mod:`delayq.observe.replays`).
     """
     if rate_per_s is not None and not 0 < rate_per_s < float("inf"):
         raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
     wanted = None if ids is None else set(ids)
+    traces = tracing_for(tracing)
     report = ReplayReport()
     # Replaying all of them returns none (only copies routed straight back): the way
     # to empty a queue too risky to browse.
@@ -180,7 +187,7 @@ def replay(
     interval = 1.0 / rate_per_s if rate_per_s else 0.0
     stamps: dict[str, object] = {}  # id -> the replayed-at header of its copy
     try:
-        with Publisher(url, topology) as publisher:
+        with Publisher(url, topology, tracing=tracing) as publisher:
             while report.seen < total:
                 method, props, body = channel.basic_get(queue, auto_ack=False)
                 if method is None:
@@ -196,8 +203,9 @@ def replay(
                 copy = replay_message(
                     parked.delivery, exchange=exchange, routing_key=routing_key, now_ms=epoch_ms()
                 )
-                publisher.send(copy)
-                channel.basic_ack(method.delivery_tag)  # only once the copy is confirmed
+                with replaying(traces, parked.delivery, copy):
+                    publisher.send(copy)
+                    channel.basic_ack(method.delivery_tag)  # only once the copy is confirmed
                 report.replayed.append(parked.message_id)
                 if exchange:  # through an exchange, a copy may be routed back here
                     stamps[copy.message_id] = copy.headers[H_REPLAYED_AT]

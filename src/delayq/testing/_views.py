@@ -11,6 +11,8 @@ from collections.abc import Callable, Collection
 
 from delayq.consume.delivery import Delivery
 from delayq.message.envelope import OutgoingMessage
+from delayq.observe.replays import replaying
+from delayq.observe.tracing import TracingOption, tracing_for
 from delayq.ops.parked import H_REPLAYED_AT, replay_message
 from delayq.ops.replay_marks import ReplayMarks
 from delayq.testing.clock import VirtualClock
@@ -74,14 +76,22 @@ class BrokerViews:
         ids: Collection[str] | None = None,
         *,
         marks: ReplayMarks | None = None,
+        tracing: TracingOption = None,
     ) -> list[str]:
         """Send ``<queue>.dlq``'s messages (those in ``ids``, else all) back to ``queue``
         alone, attempt counter reset, as ``delayq dlq replay`` does; return their ids.
         ``marks``: each message's cancel is looked up (or cleared) first, as
-        ``delayq dlq replay --store`` (``--uncancel``) does."""
-        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue), marks)
+        ``delayq dlq replay --store`` (``--uncancel``) does. ``tracing``: as a
+        publisher's; when traced, each replay is a ``replay`` span (as there)."""
+        return self._replay(f"{queue}.dlq", ids, lambda message: ("", queue), marks, tracing)
 
-    def replay_unrouted(self, topology: Topology, ids: Collection[str] | None = None) -> list[str]:
+    def replay_unrouted(
+        self,
+        topology: Topology,
+        ids: Collection[str] | None = None,
+        *,
+        tracing: TracingOption = None,
+    ) -> list[str]:
         """Send ``<ns>.unrouted``'s messages to the ready exchange again with their first
         routing key, as ``delayq unrouted replay`` does; return their ids. One whose key
         still matches no binding comes straight back and is not counted (as there)."""
@@ -89,7 +99,7 @@ class BrokerViews:
         def target(message: StoredMessage) -> tuple[str, str]:
             return topology.ready_exchange, _delivery(message).origin_routing_key
 
-        return self._replay(topology.unrouted, ids, target)
+        return self._replay(topology.unrouted, ids, target, tracing=tracing)
 
     def _replay(
         self,
@@ -97,8 +107,10 @@ class BrokerViews:
         ids: Collection[str] | None,
         target: Callable[[StoredMessage], tuple[str, str]],
         marks: ReplayMarks | None = None,
+        tracing: TracingOption = None,
     ) -> list[str]:
         parked = self._world.queue(queue)
+        traces = tracing_for(tracing)
         replayed: list[str] = []
         for message in list(parked.messages):
             if ids is not None and message.message_id not in ids:
@@ -112,8 +124,9 @@ class BrokerViews:
                 routing_key=routing_key,
                 now_ms=self.clock.now_ms(),
             )
-            self.send(copy)
-            parked.messages.remove(message)  # only once the copy is in
+            with replaying(traces, _delivery(message, queue), copy):
+                self.send(copy)
+                parked.messages.remove(message)  # only once the copy is in
             last = parked.messages[-1] if parked.messages else None
             if (
                 last is not None
@@ -139,10 +152,9 @@ class BrokerViews:
         return None if due is None else due[0]
 
 
-
-def _delivery(message: StoredMessage) -> Delivery:
+def _delivery(message: StoredMessage, queue: str = "") -> Delivery:
     return Delivery(
-        queue="",
+        queue=queue,
         body=message.body,
         routing_key=message.routing_key,
         message_id=message.message_id,

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Dropped", "MemoryBroker", "NoProgress", "Subscriber", "broker_for", "send_batch"]
 
+
 @dataclass
 class _Fault:
     exchange: str | None

@@ -27,9 +27,18 @@ from pydantic import (
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidDelay, InvalidTopology
 from delayq.message.limits import DEFAULT_LIMITS, MessageLimits
-from delayq.topology._validation import Model, check_binding_keys, check_name, problems
+from delayq.topology._validation import (
+    MAX_NAME_BYTES,
+    Model,
+    check_alphabet,
+    check_binding_keys,
+    check_name,
+    problems,
+    shown,
+)
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
+from delayq.topology.marker import digest, marker_name
 from delayq.topology.shards import check_shards, shard_names
 
 __all__ = [
@@ -83,7 +92,7 @@ class Destination(Model):
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, value: str) -> str:
-        check_name(value, "queue name")
+        check_name(value, "queue name", suffix=".dlq", why="to name its dead-letter queue")
         if value.endswith(".dlq"):
             raise ValueError(f"queue name {value!r} must not end in '.dlq' (reserved for DLQs)")
         return value
@@ -144,6 +153,7 @@ class Topology(Model):
         """:attr:`vhost` when the topology names it, else ``None`` (then whatever vhost the
         URL connects to is the topology's): what :func:`delayq.urls.check_vhost` checks."""
         return self.vhost if "vhost" in self.model_fields_set else None
+
     strategy: Strategy = Strategy.TIERED
     """The default strategy of publishes and of consumers' retries."""
     exact: ExactSettings | None = None
@@ -165,7 +175,7 @@ class Topology(Model):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
-        return check_name(value, "namespace")
+        return check_alphabet(value, "namespace")  # its length: _names_fit
 
     @model_validator(mode="after")
     def _unique_queues(self) -> Topology:
@@ -190,7 +200,28 @@ class Topology(Model):
             seen.add(dest.queue)
         if self.exact_enabled:
             self._check_cascade()
+        self._names_fit()
         return self
+
+    def _names_fit(self) -> None:
+        """Every name formed from the namespace fits RabbitMQ's 255 bytes: the longest
+        depends on the ladder's labels, the shards and the levels (a probe of
+        ``topology verify``, ``<ns>.verify.<8 hex>``, is shorter than the marker)."""
+        names = [marker_name(self.namespace, digest(())), self.unrouted, self.delivery_exchange]
+        for tier in self.ladder.tiers:
+            names += [self.tier_shards(tier)[-1], self.retry_shards(tier)[-1]]
+        if self.exact_enabled:
+            names.append(self.level_name(self.exact_levels - 1))
+        longest = max(names, key=lambda name: len(name.encode("utf-8")))
+        size, added = len(self.namespace.encode("utf-8")), longest[len(self.namespace) :]
+        room = MAX_NAME_BYTES - len(added.encode("utf-8"))
+        if size > room:
+            raise ValueError(
+                f"namespace {shown(self.namespace)} is {size} bytes long; this topology "
+                f"allows at most {room} bytes: the longest name delayq forms from it adds "
+                f"{added!r} ({len(added.encode('utf-8'))} bytes), and RabbitMQ takes names "
+                f"of up to {MAX_NAME_BYTES} bytes"
+            )
 
     def _check_cascade(self) -> None:
         levels, unit_ms = self.exact_levels, self.exact_unit_ms
@@ -203,8 +234,9 @@ class Topology(Model):
         for dest in self.destinations:
             if len(dest.queue.encode()) > room:
                 raise ValueError(
-                    f"exact: queue name {dest.queue!r} is longer than the {room} bytes a "
-                    f"cascade key of {levels} levels leaves (255 - {key_overhead(levels)})"
+                    f"exact: queue name {shown(dest.queue)} is {len(dest.queue.encode())} "
+                    f"bytes long, more than the {room} bytes a cascade key of {levels} levels "
+                    f"leaves (255 - {key_overhead(levels)})"
                 )
 
     # Entity names -------------------------------------------------------------
