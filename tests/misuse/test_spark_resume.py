@@ -26,6 +26,8 @@ from delayq.sync import apply_topology
 from tests.amqp import depth
 from tests.waiting import wait_for
 
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # the Spark worker's JVM
+
 ROWS = 20_000
 
 
