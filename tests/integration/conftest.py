@@ -151,6 +151,8 @@ class Arrival:
     body: bytes
     content_type: str | None
     at_ms: float
+    properties: Any = None
+    """pika's ``BasicProperties`` of the delivery."""
 
 
 @dataclass
@@ -197,6 +199,7 @@ class Collector:
                 body=body,
                 content_type=props.content_type,
                 at_ms=time.time() * 1000,
+                properties=props,
             )
             with self._lock:
                 self.arrivals.append(arrival)

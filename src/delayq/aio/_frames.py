@@ -20,6 +20,7 @@ from typing import Any
 
 from pamqp import encode
 
+from delayq.errors import InvalidInput
 from delayq.message.envelope import OutgoingMessage
 
 __all__ = ["FRAME_OVERHEAD", "pamqp_value", "publish_frames", "table"]
@@ -137,6 +138,11 @@ def _pamqp_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     """The frames publishing ``msg`` (mandatory, persistent) on ``channel``."""
+    if msg.properties:
+        raise InvalidInput(
+            "a message with further AMQP properties (an intake's, carried by delayq "
+            "bridge) is sent by the sync publisher only"
+        )
     exchange = _name(msg.exchange)
     key = _name(msg.routing_key)
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY

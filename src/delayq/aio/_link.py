@@ -39,6 +39,7 @@ from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
     DelayqError,
+    InvalidInput,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -61,6 +62,11 @@ _pamqp_value = pamqp_value
 
 
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
+    if msg.properties:
+        raise InvalidInput(
+            "a message with further AMQP properties (an intake's, carried by delayq "
+            "bridge) is sent by the sync publisher only"
+        )
     headers = msg.headers
     if any(isinstance(v, (bytes, list, dict)) for v in headers.values()):
         headers = {k: _pamqp_value(v) for k, v in headers.items()}

@@ -15,6 +15,7 @@ import click
 
 from delayq import __version__
 from delayq.cli._common import Args
+from delayq.cli.bridge import bridge_commands
 from delayq.cli.cancel import cancel_commands
 from delayq.cli.heal import heal_options
 from delayq.cli.options import (
@@ -224,6 +225,7 @@ def build_cli() -> click.Group:
         topology_group(),
         *_run_commands(),
         *cancel_commands(),
+        *bridge_commands(),
         parked_group("dlq", "a destination's dead-letter queue"),
         parked_group("unrouted", "<ns>.unrouted, where due messages nobody bound are parked"),
         spark_group(),

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -187,6 +187,11 @@ class OutgoingMessage:
     timestamp_s: int
     headers: dict[str, Any]
     receipt: Receipt
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    """Further AMQP properties, pika's names (``correlation_id``, ``reply_to``, ``type``,
+    ``app_id``, ``priority``, ``content_encoding``; ``content_type`` and ``timestamp``
+    override the fields above): what an intake's bridge carries over from a message a
+    plugin-style publisher sent. Sent by the sync adapter only."""
 
 
 def encode_body(body: object) -> tuple[bytes, str]:

@@ -42,6 +42,17 @@ log = logging.getLogger("delayq.publisher")
 
 
 def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
+    if msg.properties:
+        return pika.BasicProperties(
+            **{
+                "content_type": msg.content_type,
+                "delivery_mode": 2,
+                "message_id": msg.message_id,
+                "timestamp": msg.timestamp_s,
+                **msg.properties,
+                "headers": msg.headers,
+            }
+        )
     return pika.BasicProperties(
         content_type=msg.content_type,
         delivery_mode=2,

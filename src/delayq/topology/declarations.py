@@ -158,12 +158,18 @@ def apply_marker(topology: Topology) -> ExchangeDecl:
 
 def is_destination_entity(topology: Topology, decl: Declaration) -> bool:
     """Whether ``decl`` is a destination queue, its DLQ, a binding to one of them, or a
-    retry tier's binding for one (keyed by the destination's name)."""
+    retry tier's binding for one (keyed by the destination's name); or an intake's
+    exchange, queue, DLQ or binding (several services may add intakes, as destinations,
+    without another apply marker)."""
     names = {name for dest in topology.destinations for name in (dest.queue, dest.dlq)}
+    ns = topology.namespace
+    names |= {n for i in topology.intakes for n in (i.queue_name(ns), i.dlq_name(ns))}
     if isinstance(decl, BindingDecl):
         return decl.destination_type == "queue" and (
             decl.destination in names or decl.routing_key in names
         )
+    if isinstance(decl, ExchangeDecl):
+        return decl.name in {intake.exchange for intake in topology.intakes}
     return isinstance(decl, QueueDecl) and decl.name in names
 
 
@@ -252,7 +258,34 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
             address = delivery_binding_key(levels, Kind.ADDRESS, dest.queue)
             bindings.append(BindingDecl(delivery, dest.queue, address))
 
+    _intakes(topology, exchanges, queues, bindings)
     return (*exchanges, *queues, *bindings)
+
+
+def _intakes(
+    topology: Topology,
+    exchanges: list[Declaration],
+    queues: list[Declaration],
+    bindings: list[Declaration],
+) -> None:
+    """Each intake (:mod:`delayq.topology.intakes`): its exchange, a fanout, into its
+    quorum queue, which dead-letters a message returned ``delivery_limit`` times to its
+    DLQ; the DLQ bound to ``<ns>.direct`` by its name, where the bridge parks."""
+    qtype, ns = topology.queue_type, topology.namespace
+    for intake in topology.intakes:
+        queue, dlq = intake.queue_name(ns), intake.dlq_name(ns)
+        exchanges.append(ExchangeDecl(intake.exchange, "fanout"))
+        arguments: dict[str, ArgumentValue] = {
+            **_safe_dead_lettering(qtype),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dlq,
+        }
+        if qtype is QueueType.QUORUM:
+            arguments["x-delivery-limit"] = intake.delivery_limit
+        queues.append(_parked(dlq, qtype, "intake-dlq"))
+        queues.append(QueueDecl(queue, arguments, role="intake"))
+        bindings.append(BindingDecl(intake.exchange, queue))
+        bindings.append(BindingDecl(topology.direct_exchange, dlq, dlq))
 
 
 def _rung(

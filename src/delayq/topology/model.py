@@ -37,6 +37,7 @@ from delayq.topology._validation import (
     shown,
 )
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.topology.intakes import Intake, check_intakes
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 from delayq.topology.marker import digest, marker_name
 from delayq.topology.shards import check_shards, shard_names
@@ -166,6 +167,9 @@ class Topology(Model):
     whose routing key matches neither a destination's bindings nor these raises
     :class:`~delayq.errors.UnboundRoutingKey` before anything is sent (it could only
     be parked in ``<ns>.unrouted`` when due); ``["#"]`` accepts every key."""
+    intakes: tuple[Intake, ...] = ()
+    """Exchanges plugin-style publishers publish to with ``x-delay`` headers, which
+    ``delayq bridge`` schedules (see :mod:`delayq.topology.intakes`)."""
 
     @field_validator("external_bindings")
     @classmethod
@@ -194,6 +198,7 @@ class Topology(Model):
                     f"{self.namespace}.tier.",
                     f"{self.namespace}.retry.",
                     f"{self.namespace}.level.",
+                    f"{self.namespace}.intake.",
                 )
             ):
                 raise ValueError(f"destination queue {dest.queue!r} uses a name delayq reserves")
@@ -201,6 +206,7 @@ class Topology(Model):
         if self.exact_enabled:
             self._check_cascade()
         self._names_fit()
+        check_intakes(self)
         return self
 
     def _names_fit(self) -> None:

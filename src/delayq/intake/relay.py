@@ -1,0 +1,195 @@
+"""What the bridge does with one message of an intake queue: pure, no I/O.
+
+A message a plugin-style publisher sent (:class:`Incoming`: its routing key, body and
+AMQP properties) becomes either a :class:`Forward`, the message scheduled into the
+tier its ``x-delay`` asks for (or the exact cascade), or a :class:`Park`, the message
+as it came, bound for the intake's DLQ with the reason. The bridge sends either with
+a publisher confirm and only then acks the original (:mod:`delayq.sync.bridge`).
+
+What a forwarded message keeps: its routing key, body, headers (``x-delay`` set to
+minus the delay, as the plugin left it, so consumers can tell it was delayed), message
+id, and its properties (content type and encoding, correlation id, reply-to, type, app
+id, priority, timestamp). Not ``expiration``: a per-message TTL would cut the tier's
+wait short and dead-letter the message early; nor ``user_id``, which the broker checks
+against the bridge's own user. delayq's envelope headers are added, as on any delayq
+message. A message without an id gets one derived from its content (exchange, routing
+key, headers, body, timestamp), so the copy a bridge sends again after a crash is a
+duplicate an idempotent consumer skips; two messages identical in all of these are then
+one message to such a consumer (give each its own ``message_id`` if that matters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+from delayq.consume.delivery import (
+    H_DEAD_LETTER_REASON,
+    H_ERROR_MESSAGE,
+    H_ERROR_TYPE,
+    H_FAILED_AT,
+    H_QUEUE,
+)
+from delayq.errors import InvalidInput
+from delayq.intake.delay import X_DELAY, BadDelay, read_delay
+from delayq.message.envelope import HEADER_PREFIX, OutgoingMessage, Receipt, epoch_ms
+from delayq.message.factory import MessageFactory
+from delayq.message.validate import validate_message_id
+from delayq.topology.intakes import Intake
+from delayq.topology.model import Topology
+
+__all__ = ["BAD_DELAY", "UNSCHEDULABLE", "Forward", "Incoming", "Park", "Relay"]
+
+BAD_DELAY = "bad-x-delay"
+"""The DLQ reason of a message whose ``x-delay`` cannot be read as a delay."""
+
+UNSCHEDULABLE = "unschedulable"
+"""The DLQ reason of a message delayq cannot schedule: a delay past the ladder, a routing
+key no destination binds, a body past the size limit, an invalid routing key."""
+
+CARRIED = ("content_encoding", "correlation_id", "reply_to", "type", "app_id", "priority")
+"""The AMQP properties a forwarded message keeps besides its headers, id, content type
+and timestamp (pika's names)."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One message of an intake queue, as the broker delivered it."""
+
+    routing_key: str
+    body: bytes
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    """pika's names: ``headers``, ``content_type``, ``message_id``, ``timestamp``..."""
+
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        return self.properties.get("headers") or {}
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Schedule ``message`` (its tier or cascade), then ack the original."""
+
+    message: OutgoingMessage
+
+
+@dataclass(frozen=True)
+class Park:
+    """Send ``message`` (the original, with the reason) to the intake's DLQ, then ack."""
+
+    message: OutgoingMessage
+    reason: str
+
+
+class Relay:
+    """Plans each message of one intake of ``topology``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        intake: Intake,
+        *,
+        clock_ms: Callable[[], int] = epoch_ms,
+    ) -> None:
+        self.topology = topology
+        self.intake = intake
+        self.queue = intake.queue_name(topology.namespace)
+        self.dlq = intake.dlq_name(topology.namespace)
+        self._factory = MessageFactory(topology, clock_ms=clock_ms)
+        self._clock_ms = clock_ms
+
+    def plan(self, incoming: Incoming) -> Forward | Park:
+        """A forward into the message's tier, or a park with the reason; never raises
+        for what the message holds."""
+        delay_ms = read_delay(incoming.headers)
+        if isinstance(delay_ms, BadDelay):
+            return self._park(incoming, BAD_DELAY, "InvalidDelay", delay_ms.reason)
+        message_id = self._message_id(incoming)
+        try:
+            built = self._factory.build(
+                incoming.body,
+                incoming.routing_key,
+                timedelta(milliseconds=delay_ms),
+                message_id=message_id,
+                strategy=self.intake.strategy,
+            )
+        except InvalidInput as exc:
+            return self._park(incoming, UNSCHEDULABLE, type(exc).__name__, str(exc))
+        headers = _their_headers(incoming.headers)
+        if X_DELAY in headers:
+            headers[X_DELAY] = -delay_ms  # as the plugin left it: delayed, not to be again
+        headers.update(built.headers)
+        properties = _carried(incoming.properties)
+        return Forward(replace(built, headers=headers, properties=properties))
+
+    def _message_id(self, incoming: Incoming) -> str:
+        given = incoming.properties.get("message_id")
+        if given:
+            try:
+                return validate_message_id(given)
+            except InvalidInput:
+                pass
+        digest = hashlib.sha256()
+        for part in (
+            self.intake.exchange,
+            incoming.routing_key,
+            json.dumps(_plain(incoming.headers), sort_keys=True, default=repr),
+            str(incoming.properties.get("timestamp")),
+        ):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+        digest.update(incoming.body)
+        return f"intake-{digest.hexdigest()[:32]}"
+
+    def _park(self, incoming: Incoming, reason: str, error: str, said: str) -> Park:
+        now = self._clock_ms()
+        headers = _their_headers(incoming.headers)
+        headers.update(
+            {
+                H_DEAD_LETTER_REASON: reason,
+                H_ERROR_TYPE: f"delayq.errors.{error}",
+                H_ERROR_MESSAGE: said[:1024],
+                H_FAILED_AT: now,
+                H_QUEUE: self.queue,
+            }
+        )
+        message_id = str(incoming.properties.get("message_id") or self._message_id(incoming))
+        exchange = self.topology.direct_exchange
+        message = OutgoingMessage(
+            exchange=exchange,
+            routing_key=self.dlq,
+            body=incoming.body,
+            content_type=incoming.properties.get("content_type") or "application/octet-stream",
+            message_id=message_id,
+            timestamp_s=int(incoming.properties.get("timestamp") or now // 1000),
+            headers=headers,
+            receipt=Receipt(message_id, self.dlq, exchange, None, 0, 0, now),
+            properties=_carried(incoming.properties),
+        )
+        return Park(message, f"{reason}: {said}")
+
+
+def _their_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The publisher's headers, without any of delayq's (an envelope is written anew)."""
+    return {k: v for k, v in headers.items() if not k.lower().startswith(HEADER_PREFIX)}
+
+
+def _carried(properties: Mapping[str, Any]) -> dict[str, Any]:
+    carried = {name: properties[name] for name in CARRIED if properties.get(name) is not None}
+    for name in ("content_type", "timestamp"):
+        if properties.get(name) is not None:
+            carried[name] = properties[name]
+    return carried
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    return value

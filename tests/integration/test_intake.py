@@ -1,0 +1,235 @@
+"""An intake: publishers written for the delayed-message-exchange plugin (raw pika here:
+an exchange name, an ``x-delay`` header in ms, nothing of delayq) keep publishing, and
+``delayq bridge`` schedules their messages into the tiers. Each reaches the queue its
+routing key is bound to once, never before its delay, with its properties; an
+``x-delay`` the plugin could not read, and a message delayq cannot schedule, land in the
+intake's DLQ with the reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+import pika
+import pytest
+
+from delayq.cli import main
+from delayq.errors import InvalidInput, TopologyNotApplied
+from delayq.sync import apply_topology
+from delayq.sync.bridge import Bridge
+from tests.amqp import depth
+from tests.waiting import wait_for
+
+
+class Running:
+    """A bridge in a thread of its own."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: bridge.started.is_set() or bool(self.error), 30, lambda: "bridge up")
+        if self.error:
+            raise self.error[0]
+
+    def _run(self) -> None:
+        try:
+            self.bridge.run(install_signal_handlers=False)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def stop(self) -> None:
+        self.bridge.request_stop()
+        self.thread.join(30)
+        if self.error:
+            raise self.error[0]
+
+
+def _intake_topology(make_topology: Any, kind: str = "direct") -> Any:
+    probe = make_topology()  # for a fresh namespace
+    ns = probe.namespace
+    return make_topology(
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a", "job.b"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": kind}],
+    )
+
+
+def _publish_plugin_style(url: str, exchange: str, messages: list[dict[str, Any]]) -> None:
+    """What a plugin publisher does: basic.publish to the exchange, x-delay in headers."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for m in messages:
+            m["sent_ms"] = time.time() * 1000
+            channel.basic_publish(
+                exchange,
+                m["routing_key"],
+                m["body"],
+                pika.BasicProperties(
+                    message_id=m["id"],
+                    headers=m["headers"],
+                    content_type="application/json",
+                    correlation_id=f"corr-{m['id']}",
+                    app_id="legacy-java",
+                    reply_to="replies",
+                ),
+            )
+    finally:
+        connection.close()
+
+
+GOOD_DELAYS: list[Any] = [0, 500, 1000, 1500, 2000, 3500, "1500", Decimal("999.7"), -5, None]
+"""Integers, a string of digits, a decimal (pika sends no floats; truncated, as the
+plugin did), a negative one and none at all (both: now)."""
+
+
+def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parked(
+    rabbitmq_url: str, make_topology: Any, collect: Any
+) -> None:
+    topology = _intake_topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    queue = topology.destinations[0].queue
+    intake = topology.intakes[0]
+    arrived = collect(queue)
+    parked = collect(intake.dlq_name(topology.namespace))
+    running = Running(Bridge(rabbitmq_url, topology, prefetch=200))
+    try:
+        messages = []
+        for n in range(300):
+            delay = GOOD_DELAYS[n % len(GOOD_DELAYS)]
+            headers: dict[str, Any] = {"tenant": "acme"}
+            if delay is not None:
+                headers["x-delay"] = delay
+            messages.append(
+                {"id": f"m-{n}", "routing_key": "job.a" if n % 2 else "job.b",
+                 "body": f'{{"n": {n}}}'.encode(), "headers": headers, "delay": delay}
+            )  # fmt: skip
+        bad = [
+            ("bad-text", {"x-delay": "soon"}, "job.a", "bad-x-delay"),
+            ("bad-bool", {"x-delay": True}, "job.a", "bad-x-delay"),
+            ("bad-table", {"x-delay": {"ms": 5}}, "job.a", "bad-x-delay"),
+            ("too-long", {"x-delay": 100_000}, "job.a", "unschedulable"),
+            ("unbound", {"x-delay": 10}, "job.nobody", "unschedulable"),
+        ]
+        for mid, headers, key, _reason in bad:
+            messages.append({"id": mid, "routing_key": key, "body": b"{}", "headers": headers})
+        _publish_plugin_style(rabbitmq_url, intake.exchange, messages)
+
+        got = arrived.wait(300, 60)
+        counts = Counter(a.message_id for a in got)
+        assert len(counts) == 300 and set(counts.values()) == {1}
+        sent = {m["id"]: m for m in messages}
+        for arrival in got:
+            m = sent[arrival.message_id]
+            ms = m["delay"]
+            wanted = 0 if ms is None else max(0, int(float(ms)))
+            assert arrival.at_ms >= m["sent_ms"] + wanted, f"{arrival.message_id} early"
+            assert arrival.routing_key == m["routing_key"]
+            assert arrival.body == m["body"]
+            props = arrival.properties
+            assert (props.correlation_id, props.app_id, props.reply_to) == (
+                f"corr-{m['id']}", "legacy-java", "replies"
+            )
+            assert props.content_type == "application/json"
+            assert arrival.headers["tenant"] == "acme"
+            if ms is not None:  # as the plugin left it: minus the delay
+                assert arrival.headers["x-delay"] == -wanted
+            else:
+                assert "x-delay" not in arrival.headers
+
+        dead = parked.wait(len(bad), 30)
+        reasons = {a.message_id: a.headers["delayq-dead-letter-reason"] for a in dead}
+        assert reasons == {mid: reason for mid, _h, _k, reason in bad}
+        said = {a.message_id: a.headers["delayq-error-message"] for a in dead}
+        assert "x-delay 'soon' is not a number of milliseconds" in str(said["bad-text"])
+        assert "is a boolean" in str(said["bad-bool"])
+        assert "job.nobody" in str(said["unbound"])
+        assert all(a.body == b"{}" for a in dead)
+    finally:
+        running.stop()
+    stats = running.bridge.stats
+    assert (stats.forwarded, stats.parked, stats.returned) == (300, len(bad), 0)
+
+
+def test_a_bridge_refuses_a_topology_not_applied_an_unknown_intake_or_none(
+    rabbitmq_url: str, make_topology: Any, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    topology = _intake_topology(make_topology)
+    with pytest.raises(TopologyNotApplied):
+        Bridge(rabbitmq_url, topology).run(install_signal_handlers=False)
+    with pytest.raises(InvalidInput, match="has no intake 'nosuch'"):
+        Bridge(rabbitmq_url, topology, "nosuch")
+    with pytest.raises(InvalidInput, match="declares no intakes"):
+        Bridge(rabbitmq_url, make_topology())
+    with pytest.raises(InvalidInput, match="prefetch must be an int"):
+        Bridge(rabbitmq_url, topology, prefetch=0)
+
+    import yaml
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    code = main(["bridge", "-f", str(path), "--url", rabbitmq_url, "--intake", "nosuch"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no intake 'nosuch'" in err and "Traceback" not in err
+    code = main(["bridge", "-f", str(path), "--url", rabbitmq_url])
+    err = capsys.readouterr().err
+    assert code == 1 and "delayq topology apply" in err and "Traceback" not in err
+
+
+def test_a_bridge_killed_mid_stream_loses_nothing_and_the_next_sends_duplicates_only(
+    rabbitmq_url: str, make_topology: Any, collect: Any, tmp_path: Any
+) -> None:
+    """SIGKILL the bridge process while it forwards: what it had not acked is still in
+    the intake queue, and the next bridge sends it (a copy already confirmed arrives
+    twice, under its id: an idempotent consumer skips it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    topology = _intake_topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    queue, intake = topology.destinations[0].queue, topology.intakes[0]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    arrived = collect(queue)
+    count = 5000
+    messages = [
+        {"id": f"k-{n}", "routing_key": "job.a", "body": b"{}", "headers": {"x-delay": 1000}}
+        for n in range(count)
+    ]
+    _publish_plugin_style(rabbitmq_url, intake.exchange, messages)
+    intake_queue = intake.queue_name(topology.namespace)
+    assert depth(rabbitmq_url, intake_queue) == count
+    # One message in hand at a time: still forwarding when it is killed.
+    command = [sys.executable, "-m", "delayq", "bridge", "-f", str(path), "--url",
+               rabbitmq_url, "--prefetch", "1"]  # fmt: skip
+    first = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        wait_for(
+            lambda: depth(rabbitmq_url, intake_queue) < count - 20,
+            60,
+            lambda: "the first bridge forwarding",
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    wait_for(lambda: depth(rabbitmq_url, intake_queue) > 0, 10, lambda: "a rest left")
+    second = Running(Bridge(rabbitmq_url, topology, prefetch=500))
+    try:
+        got = arrived.wait(count, 120)
+        ids = Counter(a.message_id for a in got)
+        assert set(ids) == {m["id"] for m in messages}  # every one, none lost
+        sent = {m["id"]: m["sent_ms"] for m in messages}
+        assert all(a.at_ms >= sent[a.message_id] + 1000 for a in got)  # none early
+    finally:
+        second.stop()

@@ -1,0 +1,162 @@
+"""The intake's pure parts: ``x-delay`` read as the plugin read it, each message's fate,
+and the topology checks of an intake."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from delayq import Topology, build_declarations
+from delayq.errors import InvalidTopology
+from delayq.intake import BadDelay, Forward, Incoming, Park, Relay, read_delay
+
+TOPO = Topology(
+    namespace="shop",
+    ladder=["1s", "5s", "1m"],
+    destinations=[{"queue": "emails", "bindings": ["email.welcome", "email.bye"]}],
+    intakes=[{"exchange": "delayed", "type": "direct"}],
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        (5000, 5000),
+        (0, 0),
+        (-300, 0),
+        ("1500", 1500),
+        (b"1500", 1500),
+        ("-20", 0),
+        ("+7", 7),
+        (Decimal("999.7"), 999),
+        (2.9, 2),
+        (2**40, 2**40),  # the plugin's 32-bit wrap is not reproduced: too long, parked
+    ],
+)
+def test_x_delay_is_read_as_the_plugin_read_it(value: Any, ms: int) -> None:
+    assert read_delay({"x-delay": value}) == ms
+
+
+def test_no_x_delay_means_now() -> None:
+    assert read_delay(None) == 0 and read_delay({}) == 0 and read_delay({"other": 1}) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("soon", "'soon' is not a number of milliseconds"),
+        ("15s", "'15s' is not a number of milliseconds"),
+        (" 15", "' 15' is not a number"),
+        ("1_000", "'1_000' is not a number"),
+        (True, "is a boolean"),
+        ({"ms": 5}, "of type dict"),
+        ([5], "of type list"),
+        (float("nan"), "not a finite number"),
+        (b"\xff\xfe", "is not UTF-8 text"),
+    ],
+)
+def test_an_x_delay_the_plugin_could_not_read_is_a_bad_delay(value: Any, said: str) -> None:
+    got = read_delay({"x-delay": value})
+    assert isinstance(got, BadDelay) and said in got.reason
+
+
+def _incoming(headers: dict[str, Any], key: str = "email.welcome", **props: Any) -> Incoming:
+    return Incoming(key, b'{"n": 1}', {"headers": headers, **props})
+
+
+def test_a_message_is_forwarded_to_its_tier_with_its_properties() -> None:
+    relay = Relay(TOPO, TOPO.intakes[0], clock_ms=lambda: 1_000_000)
+    plan = relay.plan(
+        _incoming(
+            {"x-delay": 3000, "tenant": "acme", "delayq-attempt": 9},
+            message_id="m-1",
+            content_type="application/json",
+            correlation_id="c-1",
+            expiration="100",
+            user_id="bob",
+            timestamp=123,
+        )
+    )
+    assert isinstance(plan, Forward)
+    msg = plan.message
+    assert (msg.exchange, msg.routing_key) == ("shop.tier.5s", "email.welcome")
+    assert msg.message_id == "m-1"
+    assert msg.headers["tenant"] == "acme" and msg.headers["x-delay"] == -3000
+    assert msg.headers["delayq-attempt"] == 1  # delayq's envelope written anew
+    assert msg.properties == {"content_type": "application/json", "correlation_id": "c-1",
+                              "timestamp": 123}  # fmt: skip
+    assert msg.receipt.delay_ms == 3000 and msg.receipt.tier == "5s"
+
+
+def test_a_message_without_an_id_gets_one_from_its_content() -> None:
+    relay = Relay(TOPO, TOPO.intakes[0])
+    one = relay.plan(_incoming({"x-delay": 10}))
+    again = relay.plan(_incoming({"x-delay": 10}))
+    other = relay.plan(_incoming({"x-delay": 11}))
+    assert isinstance(one, Forward) and isinstance(again, Forward) and isinstance(other, Forward)
+    assert one.message.message_id == again.message.message_id != other.message.message_id
+    assert one.message.message_id.startswith("intake-")
+
+
+@pytest.mark.parametrize(
+    ("headers", "key", "reason", "said"),
+    [
+        ({"x-delay": "soon"}, "email.welcome", "bad-x-delay", "is not a number"),
+        ({"x-delay": 3_600_000}, "email.welcome", "unschedulable", "1m"),
+        ({"x-delay": 10}, "email.unknown", "unschedulable", "email.unknown"),
+    ],
+)
+def test_what_cannot_be_scheduled_is_parked_as_it_came_with_the_reason(
+    headers: dict[str, Any], key: str, reason: str, said: str
+) -> None:
+    relay = Relay(TOPO, TOPO.intakes[0], clock_ms=lambda: 5_000)
+    plan = relay.plan(_incoming({**headers, "tenant": "acme"}, key, message_id="m-9"))
+    assert isinstance(plan, Park)
+    msg = plan.message
+    assert (msg.exchange, msg.routing_key) == ("shop.direct", "shop.intake.delayed.dlq")
+    assert msg.headers["delayq-dead-letter-reason"] == reason
+    assert said in msg.headers["delayq-error-message"] and plan.reason.startswith(reason)
+    assert msg.headers["tenant"] == "acme" and msg.headers["delayq-queue"] == "shop.intake.delayed"
+    assert msg.body == b'{"n": 1}' and msg.message_id == "m-9"
+
+
+def test_an_intake_declares_its_exchange_queue_and_dlq_outside_the_apply_marker() -> None:
+    names = [d.name for d in build_declarations(TOPO)]
+    assert "delayed" in names and "shop.intake.delayed" in names
+    assert "shop.intake.delayed.dlq" in names
+    plain = TOPO.model_copy(update={"intakes": ()})
+    assert build_declarations(TOPO)[-1].name == build_declarations(plain)[-1].name
+
+
+@pytest.mark.parametrize(
+    ("intakes", "bindings", "said"),
+    [
+        ([{"exchange": "d", "type": "headers"}], ["a"], "headers-type delayed exchange"),
+        ([{"exchange": "d", "type": "x-delayed-message"}], ["a"], "one of direct, topic"),
+        ([{"exchange": "d"}], ["a.*"], "binding key 'a.*' is a pattern"),
+        ([{"exchange": "d", "type": "fanout"}], ["a"], "does not bind '#'"),
+        ([{"exchange": "shop.d"}], ["a"], "reserves"),
+        ([{"exchange": "amq.direct"}], ["a"], "reserves"),
+        ([{"exchange": "d"}, {"exchange": "d"}], ["a"], "listed twice"),
+        ([{"exchange": "d" * 240}], ["a"], "RabbitMQ takes names of up to 255"),
+        ([{"exchange": "d", "delivery_limit": 0}], ["a"], "delivery_limit"),
+    ],
+)
+def test_an_intake_that_cannot_route_as_the_plugin_did_is_refused(
+    intakes: list[dict[str, Any]], bindings: list[str], said: str
+) -> None:
+    with pytest.raises(InvalidTopology, match=said.replace("*", r"\*")):
+        Topology(
+            namespace="shop",
+            destinations=[{"queue": "q", "bindings": bindings}],
+            intakes=intakes,
+        )
+
+
+def test_topic_and_fanout_intakes_route_by_their_bindings() -> None:
+    Topology(namespace="shop", destinations=[{"queue": "q", "bindings": ["a.*"]}],
+             intakes=[{"exchange": "d", "type": "topic"}])  # fmt: skip
+    Topology(namespace="shop", destinations=[{"queue": "q", "bindings": ["#"]}],
+             intakes=[{"exchange": "d", "type": "fanout"}])  # fmt: skip
