@@ -233,3 +233,58 @@ def test_a_bridge_killed_mid_stream_loses_nothing_and_the_next_sends_duplicates_
         assert all(a.at_ms >= sent[a.message_id] + 1000 for a in got)  # none early
     finally:
         second.stop()
+
+
+def test_the_intake_dlq_is_listed_and_replayed_through_the_intake_once_schedulable(
+    rabbitmq_url: str, make_topology: Any, collect: Any, tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``delayq dlq list|replay <intake>``: a message parked because no destination bound
+    its routing key goes back through the intake, under its own routing key, once a
+    destination binds it, and the bridge schedules it with its x-delay read again."""
+    import json
+
+    import yaml
+
+    first = _intake_topology(make_topology)
+    apply_topology(first, rabbitmq_url)
+    intake = first.intakes[0]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(first.model_dump(mode="json")))
+    running = Running(Bridge(rabbitmq_url, first))
+    try:
+        _publish_plugin_style(rabbitmq_url, intake.exchange, [
+            {"id": "late-key", "routing_key": "job.c", "body": b"{}",
+             "headers": {"x-delay": 1000}},
+        ])  # fmt: skip
+        wait_for(lambda: running.bridge.stats.parked == 1, 30, lambda: "parked")
+    finally:
+        running.stop()
+    assert main(["dlq", "list", intake.exchange, "-f", str(path), "--url", rabbitmq_url,
+                 "--json"]) == 0  # fmt: skip
+    listed = json.loads(capsys.readouterr().out)["messages"]
+    assert [m["message_id"] for m in listed] == ["late-key"]
+    assert "unschedulable" in json.dumps(listed[0])
+
+    # A destination now binds job.c: the same namespace, one more destination.
+    data = first.model_dump(mode="json")
+    data["destinations"].append({"queue": f"{first.namespace}x.late", "bindings": ["job.c"]})
+    path.write_text(yaml.safe_dump(data))
+    second = type(first).model_validate(data)
+    apply_topology(second, rabbitmq_url)
+    late = collect(f"{first.namespace}x.late")
+    running = Running(Bridge(rabbitmq_url, second))
+    try:
+        code = main(["dlq", "replay", intake.exchange, "--all", "-f", str(path),
+                     "--url", rabbitmq_url])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert "replayed 1 of 1 parked message" in out
+        [arrival] = late.wait(1, 30)
+        assert (arrival.message_id, arrival.routing_key) == ("late-key", "job.c")
+        assert arrival.headers["x-delay"] == -1000
+    finally:
+        running.stop()
+    from delayq.sync import delete_topology
+
+    delete_topology(second, rabbitmq_url)

@@ -17,6 +17,7 @@ from delayq.cli._common import (
 from delayq.cli._console import progress_bar, show_table
 from delayq.errors import InvalidInput
 from delayq.message.envelope import epoch_ms
+from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 from delayq.wording import counted
@@ -25,28 +26,40 @@ if TYPE_CHECKING:
     from delayq.ops.replay_marks import ReplayMarks
 
 
+def _intake(topology: Topology, name: str) -> Intake | None:
+    """The intake ``name`` names (its exchange, or its queue), if any."""
+    for intake in topology.intakes:
+        if name in (intake.exchange, intake.queue_name(topology.namespace)):
+            return intake
+    return None
+
+
 def _parking(args: Args) -> tuple[Topology, str, str]:
     """Topology, the parking queue, and what it is called in messages."""
     topology = load_cli_topology(args)
     if args.command == "dlq":
+        intake = _intake(topology, args.queue)
+        if intake is not None:
+            return topology, intake.dlq_name(topology.namespace), f"the DLQ of {args.queue}"
         try:
             topology.destination(args.queue)
         except KeyError:
+            intakes = ", ".join(i.exchange for i in topology.intakes)
             raise InvalidInput(
                 f"{args.queue!r} is not a destination queue of {args.file}; "
                 f"destinations: {', '.join(d.queue for d in topology.destinations) or 'none'}"
+                + (f"; intakes: {intakes}" if intakes else "")
             ) from None
         return topology, f"{args.queue}.dlq", f"the DLQ of {args.queue}"
     return topology, topology.unrouted, topology.unrouted
 
 
-def _print_parked(args: Args, queue: str, label: str) -> int:
+def _print_parked(args: Args, queue: str, label: str, source: str | None) -> int:
     """``list`` and ``show`` (see delayq.ops.parked_view)."""
     from delayq.ops import parked_view as view
     from delayq.sync import parking
 
     limit = args.limit if args.parked_command == "list" else 10_000
-    source = args.queue if args.command == "dlq" else None
     found = parking.browse(resolve_url(args.url), queue, limit=limit, dead_letters_of=source)
     # Everything in <ns>.unrouted is there because no destination bound its routing key.
     reason = None if args.command == "dlq" else "no binding"
@@ -120,10 +133,22 @@ def cmd_parked(args: Args) -> int:
             raise InvalidInput(f"purge deletes every message of {queue}: add --yes to confirm")
         print(f"purged {counted(parking.purge(url, queue), 'message')} from {queue}")
         return EXIT_OK
+    intake = _intake(topology, args.queue) if args.command == "dlq" else None
     if action in ("list", "show"):
-        return _print_parked(args, queue, label)
+        source = args.queue if args.command == "dlq" else None
+        if intake is not None:
+            source = intake.queue_name(topology.namespace)
+        return _print_parked(args, queue, label, source)
 
-    if args.command == "dlq":
+    if intake is not None:
+        exchange = intake.exchange
+
+        def target(parked: Any) -> tuple[str, str]:
+            # Back through the intake, under the routing key it was published with: the
+            # bridge reads its x-delay again (a tier or binding added since, say).
+            return exchange, parked.delivery.origin_routing_key
+
+    elif args.command == "dlq":
 
         def target(parked: Any) -> tuple[str, str]:
             return "", args.queue  # the default exchange: this queue alone

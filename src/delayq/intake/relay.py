@@ -36,7 +36,13 @@ from delayq.consume.delivery import (
 )
 from delayq.errors import InvalidInput
 from delayq.intake.delay import X_DELAY, BadDelay, read_delay
-from delayq.message.envelope import HEADER_PREFIX, OutgoingMessage, Receipt, epoch_ms
+from delayq.message.envelope import (
+    H_ROUTING_KEY,
+    HEADER_PREFIX,
+    OutgoingMessage,
+    Receipt,
+    epoch_ms,
+)
 from delayq.message.factory import MessageFactory
 from delayq.message.validate import validate_message_id
 from delayq.topology.intakes import Intake
@@ -154,6 +160,7 @@ class Relay:
                 H_ERROR_MESSAGE: said[:1024],
                 H_FAILED_AT: now,
                 H_QUEUE: self.queue,
+                H_ROUTING_KEY: incoming.routing_key,  # a replay goes back under it
             }
         )
         message_id = str(incoming.properties.get("message_id") or self._message_id(incoming))

@@ -13,6 +13,7 @@ from delayq.consume.delivery import (
     Delivery,
 )
 from delayq.consume.planner import republished
+from delayq.intake.delay import X_DELAY
 from delayq.message.envelope import (
     H_GENERATION,
     H_PUBLISHED_AT,
@@ -135,11 +136,14 @@ def replay_message(
     failure headers dropped (``delayq-replayed-at`` says when; ``delayq-replays`` and
     ``delayq-previous-attempts`` how often it was replayed and the attempts it used up
     before: see :mod:`delayq.observe.carrier`). A rescheduled copy keeps its generation:
-    replayed, it is that copy again, not an older one (which its own mark would cancel)."""
+    replayed, it is that copy again, not an older one (which its own mark would cancel).
+    The broker's ``x-`` headers are dropped, but ``x-delay``: the publisher's, which an
+    intake's bridge reads again when the message is replayed through the intake."""
     headers: dict[str, Any] = {
         k: v
         for k, v in parked.headers.items()
-        if not k.lower().startswith(HEADER_PREFIX) and not k.lower().startswith("x-")
+        if not k.lower().startswith(HEADER_PREFIX)
+        and (not k.lower().startswith("x-") or k.lower() == X_DELAY)
     }
     headers.update(envelope_headers(0, None, 0, now_ms, 1, parked.origin_routing_key))
     headers[H_REPLAYED_AT] = now_ms
