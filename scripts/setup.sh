@@ -54,6 +54,17 @@ if [ $with_test_servers = yes ]; then
   bash scripts/setup-rabbitmq-4.sh
 fi
 
+if [ $with_test_servers = yes ]; then
+  # Producers and a consumer in JavaScript speak the wire contract (tests/node).
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "==> installing nodejs and npm (apt-get)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  echo "==> installing amqplib for tests/node (npm ci)"
+  npm ci --prefix tests/node --no-audit --no-fund --silent
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   if ! python3 -m venv .venv 2>/dev/null; then

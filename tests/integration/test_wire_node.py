@@ -1,0 +1,167 @@
+"""delayq's wire contract (docs/reference/wire.md) from outside Python: producers and a
+consumer in JavaScript (amqplib, ``tests/node``, installed by ``scripts/setup.sh --test``)
+that know the contract, or only the plugin's, and none of delayq's code.
+
+- a Node producer publishing by the contract (tier exchange, headers, message id):
+  delayq's consumer handles each message once (a message sent twice under one id too),
+  none before its delay;
+- a Node producer publishing plugin-style (an exchange and ``x-delay``) to an intake:
+  the bridge schedules each, none early;
+- a Node consumer reading what delayq's publisher sent: ids, routing keys, JSON bodies
+  and delayq's headers as the contract states them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from delayq import Message
+from delayq.stores.memory import InMemoryStore
+from delayq.sync import Consumer, Publisher, apply_topology
+from delayq.sync.bridge import Bridge
+from tests.integration.conftest import SyncConsumerHandle
+from tests.waiting import wait_for
+
+NODE_DIR = Path(__file__).parent.parent / "node"
+DELAYS = [0, 300, 1000, 1500, 2000, 3000]
+
+
+def node(script: str, *args: str, stdin: str = "", timeout_s: float = 120) -> str:
+    """Run ``tests/node/<script>``; its stdout. Node and amqplib are required: a machine
+    without them fails here, saying how to install them (never a skip)."""
+    binary = shutil.which("node")
+    assert binary is not None, "node is not installed: scripts/setup.sh --test installs it"
+    assert (NODE_DIR / "node_modules" / "amqplib").is_dir(), (
+        "amqplib is not installed in tests/node: run scripts/setup.sh --test "
+        "(npm ci --prefix tests/node)"
+    )
+    done = subprocess.run(
+        [binary, str(NODE_DIR / script), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script} failed: {done.stderr}"
+    return done.stdout
+
+
+def _messages(count: int, prefix: str) -> list[dict[str, Any]]:
+    return [
+        {"id": f"{prefix}-{n}", "routing_key": "job.a", "delay_ms": DELAYS[n % len(DELAYS)],
+         "body": {"n": n, "id": f"{prefix}-{n}"}}
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def _lines(messages: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(m) + "\n" for m in messages)
+
+
+def test_a_node_producer_publishing_by_the_contract_is_handled_once_never_early(
+    rabbitmq_url: str, make_topology: Any, collect: Any
+) -> None:
+    topology = make_topology(
+        ladder=["1s", "2s", "4s"],
+        destinations=[
+            {"queue": f"w{time.time_ns()}", "bindings": ["job.#"]},
+            {"queue": f"r{time.time_ns()}", "bindings": ["job.#"]},
+        ],
+    )
+    apply_topology(topology, rabbitmq_url)
+    handled_queue, raw_queue = (d.queue for d in topology.destinations)
+    arrived = collect(raw_queue)
+    handled: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(body: dict[str, Any]) -> None:
+        with lock:
+            handled[body["id"]] += 1
+
+    consumer = SyncConsumerHandle(
+        Consumer(rabbitmq_url, topology, handled_queue, handler, store=InMemoryStore())
+    )
+    try:
+        messages = _messages(1000, "c")
+        again = messages[:50]  # sent twice under the same ids
+        ladder = json.dumps([[t.label, t.ttl_ms] for t in topology.ladder.tiers])
+        out = node("produce.js", "contract", rabbitmq_url, topology.namespace, ladder,
+                   stdin=_lines(messages + again))  # fmt: skip
+        assert out.strip() == "confirmed 1050"
+        got = arrived.wait(1050, 60)
+        assert len(got) == 1050  # the broker has both copies of the 50...
+        for arrival in got:
+            published = int(arrival.headers["delayq-published-at"])
+            assert arrival.at_ms >= published + int(arrival.headers["delayq-delay-ms"])
+        wait_for(
+            lambda: len(handled) == 1000 and consumer.stats.duplicates == 50,
+            60,
+            lambda: f"{len(handled)} of 1000 handled, {consumer.stats.duplicates} duplicates",
+        )
+        assert set(handled.values()) == {1}  # ...and delayq's consumer handles each once
+    finally:
+        consumer.stop()
+
+
+def test_a_node_producer_publishing_plugin_style_into_an_intake_is_scheduled(
+    rabbitmq_url: str, make_topology: Any, collect: Any
+) -> None:
+    probe = make_topology()
+    topology = make_topology(
+        ladder=["1s", "2s", "4s"],
+        destinations=[{"queue": f"{probe.namespace}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{probe.namespace}", "type": "direct"}],
+    )
+    apply_topology(topology, rabbitmq_url)
+    arrived = collect(topology.destinations[0].queue)
+    bridge = Bridge(rabbitmq_url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        messages = _messages(1000, "p")
+        out = node("produce.js", "plugin", rabbitmq_url, topology.intakes[0].exchange,
+                   stdin=_lines(messages))  # fmt: skip
+        assert out.strip() == "confirmed 1000"
+        got = arrived.wait(1000, 60)
+        assert Counter(a.message_id for a in got) == Counter(m["id"] for m in messages)
+        delays = {m["id"]: m["delay_ms"] for m in messages}
+        for arrival in got:
+            taken = int(arrival.headers["delayq-published-at"])  # when the bridge took it
+            assert arrival.at_ms >= taken + delays[arrival.message_id]
+            assert arrival.headers["x-delay"] == -delays[arrival.message_id]
+    finally:
+        bridge.request_stop()
+        thread.join(30)
+
+
+def test_a_node_consumer_reads_what_delayq_published(
+    rabbitmq_url: str, make_topology: Any
+) -> None:
+    topology = make_topology(ladder=["1s", "2s"])
+    apply_topology(topology, rabbitmq_url)
+    queue = topology.destinations[0].queue
+    with Publisher(rabbitmq_url, topology) as publisher:
+        receipts = publisher.publish_many(
+            [Message({"n": n}, "job.x", "1s", message_id=f"d-{n}") for n in range(200)]
+        )
+    sent_ms = {r.message_id: r.published_at_ms for r in receipts}
+    out = node("consume.js", rabbitmq_url, queue, "200")
+    got = [json.loads(line) for line in out.splitlines()]
+    assert sorted(m["message_id"] for m in got) == sorted(sent_ms)
+    for m in got:
+        assert m["routing_key"] == "job.x" and m["content_type"] == "application/json"
+        assert json.loads(m["body"]) == {"n": int(m["message_id"][2:])}
+        headers = m["headers"]
+        assert (headers["delayq-version"], headers["delayq-attempt"]) == (1, 1)
+        assert (headers["delayq-tier"], headers["delayq-delay-ms"]) == ("1s", 1000)
+        assert headers["delayq-routing-key"] == "job.x"
+        assert m["at_ms"] >= sent_ms[m["message_id"]] + 1000
+
