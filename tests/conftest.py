@@ -14,6 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis' per-example deadline (200 ms) times the machine, not the code: on a
+# 2-core machine running brokers and a JVM beside the tests one example of a pure
+# function can take longer, and the test would fail for it. Speed is measured by the
+# scripts in bench/, never by a test.
+settings.register_profile("delayq", deadline=None)
+settings.load_profile("delayq")
 
 
 @pytest.fixture(autouse=True)
