@@ -59,6 +59,8 @@ class Worker:
         self.defaults = defaults
         """Consumer options for every handler (``store=``, ``policy=``, ``key_scope=``, ...)."""
         self.registrations: list[Registration] = []
+        self.bridges: list[tuple[str, int]] = []
+        """The intakes bridged beside the handlers (:meth:`bridge`), with their prefetch."""
         self._check_options(None, defaults)
 
     def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
@@ -94,6 +96,18 @@ class Worker:
             return fn
 
         return register
+
+    def bridge(self, intake: str | None = None, *, prefetch: int = 1000) -> None:
+        """Also run the bridge of ``intake`` (the topology's only one when ``None``): what
+        ``delayq bridge`` runs, in a thread of this worker (see :mod:`delayq.sync.bridge`)."""
+        from delayq.sync.bridge import pick_intake
+
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        name = pick_intake(self.topology, intake).exchange
+        if any(name == bridged for bridged, _ in self.bridges):
+            raise InvalidInput(f"intake {name!r} is bridged already by this worker")
+        self.bridges.append((name, prefetch))
 
     def _check_free(self, queue: str, fn: Callable[..., Any] | None = None) -> None:
         """Refuse a second handler for ``queue``: two would share its messages at random."""
@@ -145,10 +159,14 @@ class Worker:
         --heal`` passes) runs in a thread of its own while the consumers run.
         """
         from delayq.aio.consumer import AsyncConsumer
+        from delayq.sync.bridge import Bridge
         from delayq.sync.consumer import Consumer
 
-        if not self.registrations:
-            raise InvalidInput("the worker has no handlers: register some with @worker.handler")
+        if not self.registrations and not self.bridges:
+            raise InvalidInput(
+                "the worker has no handlers: register some with @worker.handler "
+                "(or bridge an intake with worker.bridge())"
+            )
         if resolved_memory_name(url) is not None:
             raise InvalidInput(
                 "a worker on a memory broker is driven by the test: use broker.attach(worker) "
@@ -192,12 +210,28 @@ class Worker:
             except BaseException as exc:  # a handler's SystemExit too: it ends the worker
                 failed(consumer.queue, exc)
 
+        bridges = [
+            Bridge(url, self.topology, name, prefetch=count) for name, count in self.bridges
+        ]
+
+        def run_bridge(bridge: Bridge) -> None:
+            try:
+                bridge.run(install_signal_handlers=False)
+            except BaseException as exc:
+                failed(bridge.queue, exc)
+
         def sync_started() -> bool:
-            return all(c.started.is_set() for c in sync_consumers)
+            return all(c.started.is_set() for c in sync_consumers) and all(
+                b.started.is_set() for b in bridges
+            )
 
         threads = [
             threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
             for c in sync_consumers
+        ]
+        threads += [
+            threading.Thread(target=run_bridge, args=(b,), name=f"delayq bridge {b.queue}")
+            for b in bridges
         ]
         if watchdog is not None:  # it logs its own failures and keeps looking
             threads.append(
@@ -243,6 +277,8 @@ class Worker:
             stop.set()
             for consumer in sync_consumers:
                 consumer.request_stop()
+            for bridge in bridges:
+                bridge.request_stop()
             for thread in threads:
                 thread.join(60)
             for signum, old in previous.items():

@@ -83,6 +83,12 @@ def _publish_plugin_style(url: str, exchange: str, messages: list[dict[str, Any]
         connection.close()
 
 
+COUNT = 10_000
+
+TOLERANCE_MS = 1_000
+"""How long after its tier's TTL a message may arrive (test_delivery.py's bound), for 99 %
+of them: 10,000 expiring together are dead-lettered in a burst."""
+
 GOOD_DELAYS: list[Any] = [0, 500, 1000, 1500, 2000, 3500, "1500", Decimal("999.7"), -5, None]
 """Integers, a string of digits, a decimal (pika sends no floats; truncated, as the
 plugin did), a negative one and none at all (both: now)."""
@@ -100,7 +106,7 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
     running = Running(Bridge(rabbitmq_url, topology, prefetch=200))
     try:
         messages = []
-        for n in range(300):
+        for n in range(COUNT):
             delay = GOOD_DELAYS[n % len(GOOD_DELAYS)]
             headers: dict[str, Any] = {"tenant": "acme"}
             if delay is not None:
@@ -120,9 +126,15 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
             messages.append({"id": mid, "routing_key": key, "body": b"{}", "headers": headers})
         _publish_plugin_style(rabbitmq_url, intake.exchange, messages)
 
-        got = arrived.wait(300, 60)
+        got = arrived.wait(COUNT, 120)
         counts = Counter(a.message_id for a in got)
-        assert len(counts) == 300 and set(counts.values()) == {1}
+        assert len(counts) == COUNT and set(counts.values()) == {1}
+        # Lateness as the tier promises: past the tier's TTL from when the bridge took it.
+        late = sorted(
+            a.at_ms - int(a.headers["delayq-published-at"]) - int(a.headers["delayq-tier-ms"])
+            for a in got
+        )
+        assert late[int(len(late) * 0.99)] <= TOLERANCE_MS, f"p99 {late[int(len(late) * 0.99)]}"
         sent = {m["id"]: m for m in messages}
         for arrival in got:
             m = sent[arrival.message_id]
@@ -153,7 +165,7 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
     finally:
         running.stop()
     stats = running.bridge.stats
-    assert (stats.forwarded, stats.parked, stats.returned) == (300, len(bad), 0)
+    assert (stats.forwarded, stats.parked, stats.returned) == (COUNT, len(bad), 0)
 
 
 def test_a_bridge_refuses_a_topology_not_applied_an_unknown_intake_or_none(
@@ -288,3 +300,40 @@ def test_the_intake_dlq_is_listed_and_replayed_through_the_intake_once_schedulab
     from delayq.sync import delete_topology
 
     delete_topology(second, rabbitmq_url)
+
+
+def test_a_worker_bridges_an_intake_beside_the_handler_of_its_destination(
+    rabbitmq_url: str, make_topology: Any
+) -> None:
+    from delayq import Worker
+    from delayq.stores.memory import InMemoryStore
+
+    topology = _intake_topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    worker = Worker(topology, store=InMemoryStore())
+    with pytest.raises(InvalidInput, match="has no intake 'nosuch'"):
+        worker.bridge("nosuch")
+    worker.bridge(prefetch=100)
+    with pytest.raises(InvalidInput, match="bridged already"):
+        worker.bridge(topology.intakes[0].exchange)
+    handled: Counter[str] = Counter()
+
+    @worker.handler(topology.destinations[0].queue)
+    def handle(body: dict[str, Any]) -> None:
+        handled[body["id"]] += 1
+
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: worker.run(rabbitmq_url, stop=stop), daemon=True)
+    thread.start()
+    try:
+        _publish_plugin_style(rabbitmq_url, topology.intakes[0].exchange, [
+            {"id": f"w-{n}", "routing_key": "job.a", "body": f'{{"id": "w-{n}"}}'.encode(),
+             "headers": {"x-delay": 500 * (n % 3)}}
+            for n in range(100)
+        ])  # fmt: skip
+        wait_for(lambda: len(handled) == 100, 60, lambda: f"{len(handled)} of 100 handled")
+        assert set(handled.values()) == {1}
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
