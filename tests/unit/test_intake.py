@@ -160,3 +160,24 @@ def test_topic_and_fanout_intakes_route_by_their_bindings() -> None:
              intakes=[{"exchange": "d", "type": "topic"}])  # fmt: skip
     Topology(namespace="shop", destinations=[{"queue": "q", "bindings": ["#"]}],
              intakes=[{"exchange": "d", "type": "fanout"}])  # fmt: skip
+
+
+def test_an_existing_destination_is_only_bound_and_no_delayq_consumer_takes_it() -> None:
+    from delayq.errors import InvalidInput
+    from delayq.sync import Consumer
+    from delayq.topology.declarations import BindingDecl, QueueDecl
+
+    topology = Topology(
+        namespace="shop",
+        destinations=[{"queue": "theirs", "bindings": ["a.b"], "existing": True},
+                      {"queue": "ours", "bindings": ["c.d"]}],
+    )  # fmt: skip
+    decls = build_declarations(topology)
+    queues = {d.name for d in decls if isinstance(d, QueueDecl)}
+    assert "ours" in queues and "ours.dlq" in queues
+    assert "theirs" not in queues and "theirs.dlq" not in queues
+    bound = [(d.source, d.routing_key) for d in decls
+             if isinstance(d, BindingDecl) and d.destination == "theirs"]  # fmt: skip
+    assert bound == [("shop.ready", "a.b")]  # no direct or retry binding: delayq sends none
+    with pytest.raises(InvalidInput, match="existing queue the topology only binds"):
+        Consumer("amqp://guest:guest@127.0.0.1:1/", topology, "theirs", lambda body: None)

@@ -18,6 +18,7 @@ from delayq.cli._common import Args
 from delayq.cli.bridge import bridge_commands
 from delayq.cli.cancel import cancel_commands
 from delayq.cli.heal import heal_options
+from delayq.cli.migrate import migrate_group
 from delayq.cli.options import (
     CONTEXT,
     Invocation,
@@ -226,6 +227,7 @@ def build_cli() -> click.Group:
         *_run_commands(),
         *cancel_commands(),
         *bridge_commands(),
+        migrate_group(),
         parked_group("dlq", "a destination's dead-letter queue"),
         parked_group("unrouted", "<ns>.unrouted, where due messages nobody bound are parked"),
         spark_group(),

@@ -108,7 +108,12 @@ class DeliveryPlanner:
         scrubber: Scrubber | None = None,
     ) -> None:
         try:
-            topology.destination(queue)
+            if topology.destination(queue).existing:
+                raise InvalidInput(
+                    f"queue {queue!r} is an existing queue the topology only binds "
+                    "(existing: true): it has no DLQ or retry binding of delayq's; consume "
+                    "it with your own consumer, or make it a delayq destination"
+                )
         except KeyError:
             raise InvalidInput(
                 f"queue {queue!r} is not a destination of the topology (namespace "

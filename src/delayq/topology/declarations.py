@@ -226,6 +226,15 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
         _cascade(topology, exchanges, queues, bindings)
 
     for dest in topology.destinations:
+        if dest.existing:  # not delayq's: only bound
+            bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
+            if topology.exact_enabled:
+                levels, delivery = topology.exact_levels, topology.delivery_exchange
+                bindings.extend(
+                    BindingDecl(delivery, dest.queue, delivery_binding_key(levels, Kind.ROUTE, k))
+                    for k in dest.bindings
+                )
+            continue
         queues.append(_parked(dest.dlq, qtype, "dlq"))
         work_args: dict[str, ArgumentValue] = {
             **_safe_dead_lettering(qtype),

@@ -89,6 +89,10 @@ class Destination(Model):
     delivery_limit: int = Field(default=20, ge=1, le=1000)
     """Broker backstop: deliveries before a quorum queue dead-letters a message that
     keeps crashing its consumer (``x-delivery-limit``)."""
+    existing: bool = False
+    """A queue that is not delayq's (bound to the delayed-message plugin's exchange, say):
+    ``apply`` only binds it, never declares or changes it, and declares no DLQ or retry
+    binding for it; consume it with your own consumer (a delayq consumer refuses it)."""
 
     @field_validator("queue")
     @classmethod

@@ -1,0 +1,211 @@
+"""``delayq migrate plan``: a broker's delayed-message exchanges become delayq topologies.
+
+Pure: it reads RabbitMQ definitions (``rabbitmqctl export_definitions``, or the
+management API's ``/api/definitions``) and returns, for each exchange of type
+``x-delayed-message`` in the vhost, a topology and the ordered cut-over steps.
+
+Each plugin exchange ``E`` gets a namespace of its own, ``delayq.E``, with:
+
+- an intake (:mod:`delayq.topology.intakes`) of ``E``'s ``x-delayed-type``, under a new
+  exchange name, ``E.intake`` by default: while the plugin still holds delayed
+  messages ``E`` must stay (deleting it deletes them), so publishers move to the new
+  name (a configuration change) and ``E`` drains;
+- a destination ``existing: true`` for each queue bound to ``E``, with its binding keys
+  (a ``fanout`` exchange's: ``#``): delayq binds the queue, never declares or changes
+  it, so its consumers go on as they are;
+- ``external_bindings`` for each exchange bound to ``E`` (bound to ``delayq.E.ready``
+  by hand: a step says how);
+- a ladder: the default, or the best of 9 tiers for a sample of observed ``x-delay``
+  values (:func:`delayq.topology.fit.recommend_on_grid`).
+
+What cannot be reproduced is refused naming the entity: a ``headers`` exchange or
+binding, a direct binding key that a topic exchange would read as a pattern, an empty
+binding key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from delayq.durations import format_ms
+from delayq.errors import InvalidInput, InvalidTopology
+from delayq.topology.fit import recommend_on_grid
+from delayq.topology.model import Topology
+
+__all__ = ["PlannedExchange", "load_definitions", "plan_migration", "read_delays"]
+
+PLUGIN_TYPE = "x-delayed-message"
+
+
+@dataclass(frozen=True)
+class PlannedExchange:
+    """One plugin exchange's topology and cut-over steps."""
+
+    exchange: str
+    topology: Topology
+    steps: tuple[str, ...]
+
+    @property
+    def intake(self) -> str:
+        return self.topology.intakes[0].exchange
+
+
+def load_definitions(path: Path) -> dict[str, Any]:
+    """A definitions file as a dict; a clear error for what is not one."""
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read definitions {str(path)!r}: {exc.strerror}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"definitions {str(path)!r} are not JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("exchanges", []), list):
+        raise InvalidInput(
+            f"definitions {str(path)!r} are not RabbitMQ definitions (an object with "
+            "'exchanges' and 'bindings' lists: rabbitmqctl export_definitions)"
+        )
+    return data
+
+
+def read_delays(path: Path) -> Counter[int]:
+    """Observed ``x-delay`` values, in ms, one a line (``#`` comments, blank lines)."""
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read the delays sample {str(path)!r}: {exc}") from exc
+    delays: Counter[int] = Counter()
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not line.lstrip("-").isdigit():
+            raise InvalidInput(
+                f"{path}:{number}: {line!r} is not a delay in milliseconds (an integer)"
+            )
+        delays[max(0, int(line))] += 1
+    if not any(ms > 0 for ms in delays):
+        raise InvalidInput(f"the delays sample {str(path)!r} holds no positive delay")
+    return delays
+
+
+def plan_migration(
+    definitions: Mapping[str, Any],
+    *,
+    vhost: str = "/",
+    delays: Mapping[int, int] | None = None,
+    intake_name: str = "{exchange}.intake",
+) -> list[PlannedExchange]:
+    """A topology and the cut-over steps for each plugin exchange of ``vhost``."""
+    exchanges = [
+        e
+        for e in _entries(definitions, "exchanges")
+        if e.get("type") == PLUGIN_TYPE and e.get("vhost", "/") == vhost
+    ]
+    if not exchanges:
+        found = sorted({str(e.get("vhost", "/")) for e in _entries(definitions, "exchanges")
+                        if e.get("type") == PLUGIN_TYPE})  # fmt: skip
+        elsewhere = f" (there are some in vhost {', '.join(found)}: --vhost)" if found else ""
+        raise InvalidInput(f"no {PLUGIN_TYPE} exchange in vhost {vhost!r}{elsewhere}")
+    bindings = [b for b in _entries(definitions, "bindings") if b.get("vhost", "/") == vhost]
+    ladder = _ladder(delays) if delays else None
+    return [_plan_one(exchange, bindings, vhost, ladder, intake_name) for exchange in exchanges]
+
+
+def _entries(definitions: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    entries = definitions.get(key, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InvalidInput(f"definitions: {key!r} must be a list of objects")
+    return entries
+
+
+def _ladder(delays: Mapping[int, int]) -> list[str]:
+    fit = recommend_on_grid(delays, 9)
+    return [format_ms(ms) for ms in fit.tiers_ms]
+
+
+def _plan_one(
+    exchange: dict[str, Any],
+    bindings: Iterable[dict[str, Any]],
+    vhost: str,
+    ladder: list[str] | None,
+    intake_name: str,
+) -> PlannedExchange:
+    name = str(exchange.get("name", ""))
+    arguments = exchange.get("arguments") or {}
+    kind = arguments.get("x-delayed-type")
+    if kind is None:
+        raise InvalidInput(f"exchange {name!r} has no x-delayed-type argument")
+    if kind == "headers":
+        raise InvalidInput(
+            f"exchange {name!r} routes by headers (x-delayed-type headers): delayq routes "
+            "due messages by routing key, so it cannot take its place"
+        )
+    queues: dict[str, list[str]] = {}
+    external: list[str] = []
+    steps_bind: list[str] = []
+    namespace = f"delayq.{name}"
+    for binding in bindings:
+        if binding.get("source") != name:
+            continue
+        where = f"binding {name!r} -> {binding.get('destination')!r}"
+        if binding.get("arguments"):
+            raise InvalidInput(f"{where} has arguments (headers matching): not reproducible")
+        key = "#" if kind == "fanout" else str(binding.get("routing_key", ""))
+        if not key:
+            raise InvalidInput(
+                f"{where} has an empty routing key: delayq binds keys of a word or more"
+            )
+        if kind == "direct" and {"*", "#"} & set(key.split(".")):
+            raise InvalidInput(
+                f"{where} (direct) has key {key!r}, which delayq's topic ready exchange "
+                "would read as a pattern"
+            )
+        if binding.get("destination_type", "queue") == "exchange":
+            external.append(key)
+            steps_bind.append(
+                f"bind exchange {binding['destination']!r} to {namespace}.ready with routing "
+                f"key {key!r} (management UI or API: delayq binds no exchange of yours)"
+            )
+        else:
+            queues.setdefault(str(binding["destination"]), []).append(key)
+    data: dict[str, Any] = {
+        "namespace": namespace,
+        "vhost": vhost,
+        "destinations": [
+            {"queue": queue, "bindings": sorted(set(keys)), "existing": True}
+            for queue, keys in sorted(queues.items())
+        ],
+        "external_bindings": sorted(set(external)),
+        "intakes": [{"exchange": intake_name.format(exchange=name), "type": kind}],
+    }
+    if ladder is not None:
+        data["ladder"] = ladder
+    try:
+        topology = Topology.model_validate(data)
+    except InvalidTopology as exc:
+        raise InvalidInput(f"exchange {name!r} cannot become a delayq topology: {exc}") from exc
+    return PlannedExchange(name, topology, _steps(name, topology, steps_bind))
+
+
+def _steps(name: str, topology: Topology, binds: list[str]) -> tuple[str, ...]:
+    intake = topology.intakes[0].exchange
+    file = f"topology/{topology.namespace}.yaml"
+    largest = topology.ladder.tiers[-1].label
+    return (
+        f"delayq topology apply -f {file}   # tiers, the intake {intake!r}, bindings to "
+        "your queues (none declared or changed)",
+        *binds,
+        f"delayq bridge -f {file}   # or worker.bridge() in your worker; leave it running",
+        f"delayq migrate check -f {file}   # applied, and every intake bridged",
+        f"point the publishers at exchange {intake!r} instead of {name!r} (a configuration "
+        "change: the same routing keys and x-delay headers), one by one",
+        f"wait until {name!r} holds no delayed message: the longest x-delay your publishers "
+        f"sent it, counted from when the last one moved (delayq's ladder tops out at "
+        f"{largest}); deleting it earlier deletes what the plugin still holds",
+        f"delete exchange {name!r} (the management UI, or DELETE /api/exchanges/<vhost>/"
+        f"{name}); the plugin can then be disabled",
+    )
