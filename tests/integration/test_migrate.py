@@ -170,3 +170,97 @@ def test_plan_refuses_a_file_that_is_not_definitions_and_fits_a_ladder_to_a_samp
     delays.write_text("soon\n")
     assert main(["migrate", "plan", str(definitions), "--delays", str(delays)]) == 2
     assert "'soon' is not a delay in milliseconds" in capsys.readouterr().err
+
+
+def test_the_cut_over_loses_nothing_with_traffic_before_during_and_after(
+    rabbitmq_url: str, tmp_path: Path, collect: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The guide's steps in order, a publisher sending plugin-style messages throughout
+    and moved from the old exchange to the intake half-way. The delayed-message plugin
+    itself cannot be installed on these machines (no package registry they reach has
+    it): the old exchange is a direct exchange standing in for it, bound as the plugin's
+    was, which delivers at once. Every confirmed message reaches the queue exactly once,
+    the queue is never redeclared, and what went through the intake is never early."""
+    import time
+
+    tag = f"c{uuid.uuid4().hex[:8]}"
+    old, queue = f"{tag}-billing", f"{tag}-invoices"
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text(json.dumps({
+        "exchanges": [{"name": old, "vhost": "/", "type": "x-delayed-message",
+                       "durable": True, "auto_delete": False, "internal": False,
+                       "arguments": {"x-delayed-type": "direct"}}],
+        "bindings": [{"source": old, "vhost": "/", "destination": queue,
+                      "destination_type": "queue", "routing_key": "invoice.due",
+                      "arguments": {}}],
+    }))  # fmt: skip
+    delays = tmp_path / "delays.txt"
+    delays.write_text("1000\n2000\n")
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    admin = connection.channel()
+    admin.exchange_declare(old, "direct", durable=True)  # the plugin's stand-in
+    admin.queue_declare(queue, durable=True, arguments={"x-max-priority": 5})  # theirs
+    admin.queue_bind(queue, old, "invoice.due")
+    arrived = collect(queue)
+    target = {"exchange": old}
+    sent: dict[str, tuple[str, float, int]] = {}
+    stop = threading.Event()
+
+    def publish() -> None:
+        out = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        channel = out.channel()
+        channel.confirm_delivery()
+        n = 0
+        while not stop.is_set():
+            exchange, delay = target["exchange"], 1000 * (1 + n % 2)
+            mid = f"i-{n}"
+            channel.basic_publish(exchange, "invoice.due", b"{}", pika.BasicProperties(
+                message_id=mid, headers={"x-delay": delay}))  # fmt: skip
+            sent[mid] = (exchange, time.time() * 1000, delay)  # confirmed
+            n += 1
+            time.sleep(0.005)
+        out.close()
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    path = tmp_path / "topology" / f"delayq.{old}.yaml"
+    bridge = None
+    try:
+        wait_for(lambda: len(sent) > 100, 30, lambda: "traffic before")
+        assert main(["migrate", "plan", str(definitions), "--out", str(path.parent),
+                     "--delays", str(delays)]) == 0  # fmt: skip
+        assert main(["topology", "apply", "-f", str(path), "--url", rabbitmq_url]) == 0
+        topology = load_topology(path)
+        bridge = Bridge(rabbitmq_url, topology)
+        thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+        thread.start()
+        wait_for(bridge.started.is_set, 30, lambda: "bridge up")
+        assert main(["migrate", "check", "-f", str(path), "--url", rabbitmq_url]) == 0
+        before = len(sent)
+        target["exchange"] = f"{old}.intake"  # the publishers' configuration change
+        wait_for(lambda: len(sent) > before + 200, 30, lambda: "traffic during")
+        admin.exchange_delete(old)  # drained: the stand-in holds nothing
+        after = len(sent)
+        wait_for(lambda: len(sent) > after + 100, 30, lambda: "traffic after")
+    finally:
+        stop.set()
+        publisher.join(30)
+    try:
+        got = arrived.wait(len(sent), 60)
+        ids = [a.message_id for a in got]
+        assert sorted(ids) == sorted(sent) and len(set(ids)) == len(ids)  # once each
+        through_intake = [a for a in got if sent[a.message_id][0] == f"{old}.intake"]
+        assert len(through_intake) > 300
+        for arrival in through_intake:
+            _exchange, at_ms, delay = sent[arrival.message_id]
+            assert arrival.at_ms >= at_ms + delay, f"{arrival.message_id} early"
+        declared = admin.queue_declare(queue, durable=True, arguments={"x-max-priority": 5})
+        assert declared.method.message_count == 0  # the queue is theirs, as it was
+    finally:
+        if bridge is not None:
+            bridge.request_stop()
+            thread.join(30)
+        delete_topology(load_topology(path), rabbitmq_url)
+        admin.queue_delete(queue)
+        connection.close()
+    capsys.readouterr()
