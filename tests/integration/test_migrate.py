@@ -133,6 +133,7 @@ def test_plan_writes_topologies_apply_accepts_and_check_passes_once_bridged(
         (lambda d: d["bindings"][1].update({"routing_key": ""}), "has an empty routing key"),
         (lambda d: d.update({"exchanges": d["exchanges"][2:]}), "no x-delayed-message exchange"),
         (lambda d: d.update({"bindings": 5}), "'bindings' must be a list"),
+        (lambda d: d["bindings"][0].pop("destination"), "names no destination"),
     ],
 )  # fmt: skip
 def test_plan_refuses_what_cannot_be_reproduced_naming_it(
@@ -264,3 +265,19 @@ def test_the_cut_over_loses_nothing_with_traffic_before_during_and_after(
         admin.queue_delete(queue)
         connection.close()
     capsys.readouterr()
+
+
+def test_plan_reads_the_definitions_from_the_management_api(
+    local_rabbitmq_management_node: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """This node has no plugin exchange (the plugin cannot be installed here), so the
+    plan says none is there: the definitions were read from the API, not a file."""
+    node = local_rabbitmq_management_node
+    code = main(["migrate", "plan", "--management-url", node.management_url,
+                 "--out", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "no x-delayed-message exchange in vhost '/'" in err, err
+    assert main(["migrate", "plan", "--management-url", node.management_url,
+                 str(tmp_path / "d.json")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "definitions" in err and "--management-url" in err, err

@@ -27,7 +27,14 @@ def migrate_group() -> click.Group:
                 "write a topology per x-delayed-message exchange of a definitions file, and "
                 "print the cut-over steps (no broker)",
                 [
-                    click.Argument(["definitions"], type=click.Path(path_type=Path)),
+                    click.Argument(
+                        ["definitions"], type=click.Path(path_type=Path), required=False
+                    ),
+                    once(
+                        "--management-url",
+                        help="read the definitions from this management API "
+                        "(http://user:pass@host:15672/) instead of a file",
+                    ),
                     once("--vhost", default="/", help="the vhost to migrate (default /)"),
                     once(
                         "--out",
@@ -52,6 +59,7 @@ def migrate_group() -> click.Group:
                 ],
                 url=False,
                 file=False,
+                one_of=[("definitions", "management_url")],
             ),
             leaf(
                 "check",
@@ -68,7 +76,12 @@ def migrate_group() -> click.Group:
 def cmd_migrate_plan(args: Args) -> int:
     from delayq.ops.migrate import load_definitions, plan_migration, read_delays
 
-    definitions = load_definitions(args.definitions)
+    if args.management_url is not None:
+        from delayq.ops.management import ManagementAPI
+
+        definitions = ManagementAPI(args.management_url).get("/definitions")
+    else:
+        definitions = load_definitions(args.definitions)
     delays = read_delays(args.delays) if args.delays is not None else None
     if "{exchange}" not in args.intake_name:
         raise InvalidInput("--intake-name must contain {exchange}, e.g. {exchange}.intake")

@@ -152,6 +152,8 @@ def _plan_one(
         if binding.get("source") != name:
             continue
         where = f"binding {name!r} -> {binding.get('destination')!r}"
+        if not isinstance(binding.get("destination"), str) or not binding["destination"]:
+            raise InvalidInput(f"{where} names no destination: definitions incomplete")
         if binding.get("arguments"):
             raise InvalidInput(f"{where} has arguments (headers matching): not reproducible")
         key = "#" if kind == "fanout" else str(binding.get("routing_key", ""))
