@@ -150,6 +150,8 @@ class HandlerRunner:
             uncancel = getattr(task, "uncancel", None)  # Python 3.11+
             if uncancel is not None:
                 uncancel()
+            if running is not None:  # its thread goes on: what it ends with is logged
+                running.add_done_callback(_ended_after_timeout)
             raise HandlerTimeout(
                 f"handler for {self._queue!r} ran longer than {self._timeout_ms / 1000:g} s"
             ) from None
@@ -169,3 +171,13 @@ class HandlerRunner:
                 del self._deadlines[task]
                 self._timed_out.add(task)
                 task.cancel()
+
+
+def _ended_after_timeout(running: asyncio.Future[Any]) -> None:
+    """A handler thread abandoned past its timeout ended: say how (a transactional one's
+    ``ClaimLost``: its writes were rolled back), never "exception was never retrieved"."""
+    if running.cancelled():
+        return
+    error = running.exception()
+    if error is not None:
+        log.warning("a handler abandoned past its timeout ended with %r", error)
