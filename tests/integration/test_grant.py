@@ -371,3 +371,52 @@ def test_a_consumer_refused_configure_on_a_topology_never_applied_says_what_to_d
     queue = f"{g.topology.namespace}.work"
     with pytest.raises(TopologyMissing, match="topology apply"):
         run_consumer(driver_kind, g.consumer.url, g.topology, queue)
+
+
+def test_an_intake_runs_under_the_grant_plugin_publishers_and_bridge_as_the_producer(
+    local_rabbitmq_management_node: LocalNode, make_user: Any, tmp_path: Any, collect: Any
+) -> None:
+    """With intakes the admin applies them, plugin-style publishers publish to them as the
+    producer user, and ``delayq bridge`` runs as that user: nothing more is granted."""
+    import yaml
+
+    from delayq.sync.bridge import Bridge
+
+    node = local_rabbitmq_management_node
+    ns = f"o{uuid.uuid4().hex[:10]}"
+    topology = Topology(
+        namespace=ns, ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )  # fmt: skip
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    users = [make_user(role) for role in ("producer", "consumer", "admin")]
+    run = _grant(node, path, "--producer-user", users[0].name, "--consumer-user",
+                 users[1].name, "--admin-user", users[2].name)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    applied = delayq("topology", "apply", "--file", str(path), "--url", users[2].url)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    arrived = collect(f"{ns}x.work", url=node.url)
+    bridge = Bridge(users[0].url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        wait_for(bridge.started.is_set, 30, lambda: "the bridge up as the producer")
+        raw = Raw(users[0].url)
+        try:
+            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": 500})
+            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": "soon"})  # parked
+            # The producer still may not consume a destination queue.
+            assert refused(lambda: raw.channel().basic_get(f"{ns}x.work"))
+        finally:
+            raw.close()
+        [arrival] = arrived.wait(1, 30)
+        assert arrival.routing_key == "job.a"
+        wait_for(lambda: bridge.stats.parked == 1, 30, lambda: "the bad one parked")
+    finally:
+        bridge.request_stop()
+        thread.join(30)
+        from delayq.sync import delete_topology
+
+        delete_topology(topology, node.url)

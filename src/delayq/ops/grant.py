@@ -133,22 +133,37 @@ def _names(topology: Topology) -> dict[str, str]:
     }
 
 
+def _intakes(topology: Topology) -> tuple[list[str], list[str], list[str]]:
+    """The intakes' exchanges, queues and DLQs (:mod:`delayq.topology.intakes`)."""
+    ns = topology.namespace
+    return (
+        [_escape(i.exchange) for i in topology.intakes],
+        [_escape(i.queue_name(ns)) for i in topology.intakes],
+        [_escape(i.dlq_name(ns)) for i in topology.intakes],
+    )
+
+
 def _cascade(topology: Topology, names: dict[str, str]) -> list[str]:
     """The exact strategy's levels and delivery exchange, when the topology has them."""
     return [names["cascade"]] if topology.exact_enabled else []
 
 
 def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
-    """Publish to the tier exchanges and the ready exchange; nothing else."""
+    """Publish to the tier exchanges and the ready exchange; with intakes, also publish to
+    the intakes' exchanges (plugin-style publishers) and run their bridge (consume the
+    intake queues, park in their DLQs through ``<ns>.direct``); nothing else."""
     n = _names(topology)
+    exchanges, queues, _dlqs = _intakes(topology)
+    bridge = [n["direct"]] if queues else []
+    intakes = ", ".join(i.exchange for i in topology.intakes)
     return Grant(
         role=Role.PRODUCER,
         user=user,
         vhost=vhost or topology.vhost,
         permissions=Permissions(
             configure=NOTHING,
-            write=_pattern([n["ready"], n["tier"], *_cascade(topology, n)]),
-            read=NOTHING,
+            write=_pattern([n["ready"], n["tier"], *_cascade(topology, n), *exchanges, *bridge]),
+            read=_pattern(queues),
         ),
         reasons=(
             "configure: nothing (a producer only checks exchanges with passive declares)",
@@ -158,8 +173,18 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
                 f", and to the cascade levels {topology.namespace}.level.<k>"
                 if topology.exact_enabled
                 else ""
+            )
+            + (
+                f"; to the intakes ({intakes}), and to {topology.direct_exchange}, where "
+                "the bridge parks what it cannot schedule"
+                if queues
+                else ""
             ),
-            "read: nothing (a producer never consumes or gets)",
+            (
+                "read: the intake queues, which delayq bridge (run as this user) consumes"
+                if queues
+                else "read: nothing (a producer never consumes or gets)"
+            ),
         ),
     )
 
@@ -201,14 +226,16 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
     """Apply the topology: declare and bind every entity of the namespace."""
     n = _names(topology)
     queues = [_escape(d.queue) for d in topology.destinations]
-    dlqs = [_escape(d.dlq) for d in topology.destinations]
+    dlqs = [_escape(d.dlq) for d in topology.destinations if not d.existing]
     cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
     direct = [n["direct"], n["retry_direct"]]
+    intake_exchanges, intake_queues, intake_dlqs = _intakes(topology)
     entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, n["marker"]]
-    entities += [*queues, *dlqs]
+    entities += [*queues, *dlqs, *intake_exchanges, *intake_queues, *intake_dlqs]
     write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
-    write += [*queues, *dlqs]
+    write += [*queues, *dlqs, *intake_queues, *intake_dlqs]
     read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues]
+    read += [*intake_exchanges, *intake_queues]
     return Grant(
         role=Role.ADMIN,
         user=user,
