@@ -337,3 +337,38 @@ def test_a_worker_bridges_an_intake_beside_the_handler_of_its_destination(
         stop.set()
         thread.join(60)
     assert not thread.is_alive()
+
+
+def test_an_exact_intake_schedules_through_the_cascade_never_early(
+    rabbitmq_url: str, make_topology: Any, collect: Any
+) -> None:
+    probe = make_topology()
+    ns = probe.namespace
+    topology = make_topology(
+        ladder=["1s", "4s"],
+        exact={"unit": "250ms", "levels": 5},
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "strategy": "exact"}],
+    )
+    apply_topology(topology, rabbitmq_url)
+    arrived = collect(topology.destinations[0].queue)
+    running = Running(Bridge(rabbitmq_url, topology))
+    try:
+        delays = [250, 600, 1300, 2100, 3700]
+        messages = [
+            {"id": f"x-{n}", "routing_key": "job.a", "body": b"{}",
+             "headers": {"x-delay": delays[n % len(delays)]}, "delay": delays[n % len(delays)]}
+            for n in range(200)
+        ]  # fmt: skip
+        _publish_plugin_style(rabbitmq_url, topology.intakes[0].exchange, messages)
+        got = arrived.wait(200, 60)
+        assert sorted(a.message_id for a in got) == sorted(m["id"] for m in messages)
+        sent = {m["id"]: m for m in messages}
+        for arrival in got:
+            m = sent[arrival.message_id]
+            assert arrival.at_ms >= m["sent_ms"] + m["delay"], f"{arrival.message_id} early"
+            assert arrival.headers["delayq-tier"] == "exact"
+            # Whole units of 250 ms: exact to the unit, not a tier's rounding up.
+            assert int(arrival.headers["delayq-tier-ms"]) - m["delay"] < 250
+    finally:
+        running.stop()
