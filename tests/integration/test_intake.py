@@ -191,6 +191,10 @@ def test_a_bridge_refuses_a_topology_not_applied_an_unknown_intake_or_none(
     code = main(["bridge", "-f", str(path), "--url", rabbitmq_url])
     err = capsys.readouterr().err
     assert code == 1 and "delayq topology apply" in err and "Traceback" not in err
+    code = main(["bridge", "-f", str(path), "--url", "amqp://guest:guest@127.0.0.1:1/"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot connect to the broker" in err, err
+    assert "Traceback" not in err and "pika" not in err  # one line of delayq's, no log noise
 
 
 def test_a_bridge_killed_mid_stream_loses_nothing_and_the_next_sends_duplicates_only(

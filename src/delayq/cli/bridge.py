@@ -57,6 +57,10 @@ def cmd_bridge(args: Args) -> int:
     from delayq.sync.bridge import Bridge, pick_intake
 
     configure_logging(args.log_level, "text")
+    if args.log_level != "debug":
+        # delayq says what failed in one line of its own; pika's records (a traceback per
+        # failed connection) only repeat it, as `delayq worker` does.
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
