@@ -32,7 +32,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import pika
-from benchlib import broker, broker_version, command_line, load_average, log, positive_int
+from benchlib import (
+    broker,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+    positive_int,
+    queue_depth,
+)
 
 from delayq import Topology
 from delayq.sync import apply_topology, delete_topology
@@ -72,20 +80,12 @@ def fill(url: str, exchange: str, count: int) -> None:
         connection.close()
 
 
-def depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
-
-
 def timed(url: str, queue: str, count: int, start: Any, stop: Any) -> tuple[float, float]:
     """Run a relay until ``queue`` is empty; (msg/s, CPU µs per message)."""
     cpu0 = time.process_time()
     start()
     began = time.monotonic()
-    while depth(url, queue) > 0:
+    while queue_depth(url, queue) > 0:
         time.sleep(POLL_S)
     elapsed = time.monotonic() - began
     stop()

@@ -210,9 +210,7 @@ class Worker:
             except BaseException as exc:  # a handler's SystemExit too: it ends the worker
                 failed(consumer.queue, exc)
 
-        bridges = [
-            Bridge(url, self.topology, name, prefetch=count) for name, count in self.bridges
-        ]
+        bridges = [Bridge(url, self.topology, name, prefetch=count) for name, count in self.bridges]
 
         def run_bridge(bridge: Bridge) -> None:
             try:
@@ -257,7 +255,11 @@ class Worker:
                     while not stop.is_set() and not sync_started():
                         await asyncio.sleep(0.05)
                     if not stop.is_set():
-                        log.info("worker running %d handlers", len(self.registrations))
+                        log.info(
+                            "worker running %d handlers, %d bridges",
+                            len(self.registrations),
+                            len(bridges),
+                        )
                     while not stop.is_set():
                         await asyncio.sleep(0.2)
                 except Exception as exc:
@@ -271,7 +273,11 @@ class Worker:
                 while not stop.is_set() and not sync_started():
                     stop.wait(0.05)
                 if not stop.is_set():
-                    log.info("worker running %d handlers", len(self.registrations))
+                    log.info(
+                        "worker running %d handlers, %d bridges",
+                        len(self.registrations),
+                        len(bridges),
+                    )
                 stop.wait()
         finally:
             stop.set()

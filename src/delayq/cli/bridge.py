@@ -4,11 +4,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import sys
-import threading
-from types import FrameType
-from typing import Any
 
 import click
 
@@ -54,7 +49,8 @@ def bridge_commands() -> list[click.Command]:
 
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
-    from delayq.sync.bridge import Bridge, pick_intake
+    from delayq.sync.bridge import pick_intake
+    from delayq.worker import Worker
 
     configure_logging(args.log_level, "text")
     if args.log_level != "debug":
@@ -64,54 +60,17 @@ def cmd_bridge(args: Args) -> int:
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
-    intakes = [pick_intake(topology, name) for name in names] or [pick_intake(topology, None)]
-    bridges = [Bridge(url, topology, intake.exchange, prefetch=args.prefetch) for intake in intakes]
+    worker = Worker(topology)  # a worker of bridges alone: its threads, signals, failures
+    for name in names or [pick_intake(topology, None).exchange]:
+        worker.bridge(name, prefetch=args.prefetch)
+    ns = topology.namespace
     print(
-        f"delayq bridge: {', '.join(b.intake.exchange + ' -> ' + b.queue for b in bridges)} "
-        f"on {redact(url)}",
+        "delayq bridge: "
+        + ", ".join(
+            f"{name} -> {pick_intake(topology, name).queue_name(ns)}" for name, _ in worker.bridges
+        )
+        + f" on {redact(url)}",
         flush=True,
     )
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def run(bridge: Bridge) -> None:
-        try:
-            bridge.run(install_signal_handlers=False)
-        except BaseException as exc:  # the first failure stops every bridge
-            failures.append(exc)
-            stop.set()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous: dict[int, Any] = {
-        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
-    threads = [
-        threading.Thread(target=run, args=(b,), name=f"delayq bridge {b.queue}") for b in bridges
-    ]
-    try:
-        for thread in threads:
-            thread.start()
-        while not stop.wait(0.2):
-            if not any(thread.is_alive() for thread in threads):
-                break
-    finally:
-        for bridge in bridges:
-            bridge.request_stop()
-        for thread in threads:
-            thread.join(60)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for bridge in bridges:
-        stats = bridge.stats
-        print(
-            f"delayq bridge: {bridge.intake.exchange}: {stats.forwarded:,} forwarded, "
-            f"{stats.parked:,} parked in {bridge.relay.dlq}, {stats.returned:,} returned, "
-            f"{stats.reconnects} reconnects",
-            file=sys.stderr,
-        )
-    if failures:
-        raise failures[0]
-    logging.getLogger("delayq.bridge").info("bridge stopped")
+    worker.run(url)  # each bridge logs what it did when it stops
     return EXIT_OK

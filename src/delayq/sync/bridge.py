@@ -20,11 +20,9 @@ messages wait in the intake queue and arrive late by that much, never early.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 import pika
@@ -35,6 +33,7 @@ from delayq.intake.relay import Forward, Incoming, Park, Relay
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, LOST, channel_error
+from delayq.sync._signals import stopping_on_signals
 from delayq.sync.publisher import Publisher
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
@@ -127,32 +126,36 @@ class Bridge:
         """Bridge until SIGTERM or SIGINT (or :meth:`request_stop`). A lost connection
         is reopened (back-off up to ``RECONNECT_MAX_S``); a missing intake queue, a
         topology not applied or a refused permission raise at once."""
-        previous: dict[int, Any] = {}
-        if install_signal_handlers:
+        with stopping_on_signals(self.request_stop, install=install_signal_handlers):
+            try:
+                self._run()
+            finally:
+                self._publisher.close()
+                log.info(
+                    "bridge of %s stopped: %d forwarded, %d parked in %s, %d returned, "
+                    "%d reconnects",
+                    self.queue,
+                    self.stats.forwarded,
+                    self.stats.parked,
+                    self.relay.dlq,
+                    self.stats.returned,
+                    self.stats.reconnects,
+                )
 
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                self.request_stop()
-
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
-            self._publisher.connect()  # the topology applied (its marker), or raise
-            delay = RECONNECT_MIN_S
-            while not self._stop.is_set():
-                try:
-                    self._serve()
-                    return
-                except RECONNECTABLE as exc:
-                    if not self.started.is_set():
-                        raise
-                    log.warning("bridge of %s lost the broker (%s); reconnecting", self.queue, exc)
-                self._stop.wait(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S)
-                self.stats.reconnects += 1
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            self._publisher.close()
+    def _run(self) -> None:
+        self._publisher.connect()  # the topology applied (its marker), or raise
+        delay = RECONNECT_MIN_S
+        while not self._stop.is_set():
+            try:
+                self._serve()
+                return
+            except RECONNECTABLE as exc:
+                if not self.started.is_set():
+                    raise
+                log.warning("bridge of %s lost the broker (%s); reconnecting", self.queue, exc)
+            self._stop.wait(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+            self.stats.reconnects += 1
 
     def _serve(self) -> None:
         connection = connect(self._url, name=f"delayq-bridge {self.queue}")

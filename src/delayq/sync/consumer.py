@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import collections
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, ClassVar
 
 from delayq.consume.delivery import Delivery, is_fresh
@@ -34,6 +32,7 @@ from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
 from delayq.stores.base import IdempotencyStore
 from delayq.sync._deliveries import DeliveryFlow, Incoming
+from delayq.sync._signals import stopping_on_signals
 from delayq.sync._threads import HandlerThreads
 from delayq.sync.publisher import Publisher
 
@@ -190,32 +189,25 @@ class Consumer(DeliveryFlow):
             if not self._open_now:
                 self.start()
             return
-        previous: dict[int, Any] = {}
-        if install_signal_handlers:
-
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                self.request_stop()
-
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
-            if not self._open_now:
-                self.start()
-            while True:
-                try:
-                    self._serve()
-                    break
-                except FeedLost as exc:
-                    if self._stop.is_set():
+        with stopping_on_signals(self.request_stop, install=install_signal_handlers):
+            try:
+                if not self._open_now:
+                    self.start()
+                while True:
+                    try:
+                        self._serve()
                         break
-                    log.warning(
-                        "lost the broker while consuming %s (%s); reconnecting", self.queue, exc
-                    )
-                self._reconnect()
-        finally:
-            for signum, old_handler in previous.items():
-                signal.signal(signum, old_handler)
-            self.close()
+                    except FeedLost as exc:
+                        if self._stop.is_set():
+                            break
+                        log.warning(
+                            "lost the broker while consuming %s (%s); reconnecting",
+                            self.queue,
+                            exc,
+                        )
+                    self._reconnect()
+            finally:
+                self.close()
         if self._fatal is not None:
             raise self._fatal
 
