@@ -28,8 +28,10 @@ and aiormq are translated at one place per adapter, its error map
     │   └── PublishError: the fate of a message is not "confirmed"
     │       ├── Unroutable
     │       │   └── UnboundRoutingKey (also an InvalidInput): no binding matches; not sent
+    │       ├── HeaderFrameTooLarge (also HeadersTooLarge): over the frame_max; not sent
     │       ├── PublishRejected
     │       ├── PublishUnconfirmed
+    │       │   ├── PublishNotSent: never written; the broker could not be reached
     │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
     │       ├── PublishBackpressure: the publisher's in-flight bound is full; not sent
     │       └── PublishBatchError: some messages of a batch failed
@@ -59,6 +61,7 @@ __all__ = [
     "ExecutorEnvironment",
     "HandlerTimeout",
     "HandlersStuck",
+    "HeaderFrameTooLarge",
     "HeadersTooLarge",
     "InvalidBody",
     "InvalidDelay",
@@ -75,6 +78,7 @@ __all__ = [
     "PublishBatchError",
     "PublishBlocked",
     "PublishError",
+    "PublishNotSent",
     "PublishRejected",
     "PublishUnconfirmed",
     "RecordsLost",
@@ -285,12 +289,26 @@ class UnboundRoutingKey(Unroutable, InvalidInput):
     the topology's ``external_bindings``."""
 
 
+class HeaderFrameTooLarge(HeadersTooLarge, PublishError):
+    """A message's properties and headers do not fit in one frame of the ``frame_max``
+    the broker negotiated (lower than the topology's ``limits.frame_max``, which publish
+    checks first). It was not sent: the broker would have closed the connection, and
+    everything in flight on it with it. Raised by a single publish, named among a
+    batch's failures; the rest of the batch goes on."""
+
+
 class PublishRejected(PublishError):
     """The broker nacked the message (for example a full tier with reject-publish)."""
 
 
 class PublishUnconfirmed(PublishError):
     """The connection was lost before a confirm, and the retries ran out."""
+
+
+class PublishNotSent(PublishUnconfirmed):
+    """A message of a batch was never written to a connection: the broker could not be
+    reached (again) before the publisher gave up (``reconnect_within``). It is not at
+    the broker; publishing it again sends it once."""
 
 
 class PublishBlocked(PublishUnconfirmed):

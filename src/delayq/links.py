@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from delayq.errors import InvalidInput
+from delayq.message.limits import FRAME_MAX
+from delayq.retrying import DEFAULT_RECONNECT_WITHIN_S
 from delayq.topology.declarations import apply_marker
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
@@ -221,12 +223,19 @@ class LinkOptions:
 
     publish_attempts: int = 3
     connect_attempts: int = 3
+    """Rounds over the URL's hosts for a first connection (see :mod:`delayq.retrying`)."""
+    reconnect_within_s: float | None = DEFAULT_RECONNECT_WITHIN_S
+    """How long a link that has been up keeps trying to reach its broker again
+    (``None``: ``connect_attempts`` rounds, as a first connection)."""
     retry_backoff_s: float = 0.2
     blocked_timeout_s: float = 30.0
     """How long the broker may block publishers (a resource alarm) before a publish fails."""
     confirm_timeout_s: float = 60.0
     """How long an asyncio publish waits for its confirm."""
     max_in_flight_bytes: int = 64 * 1024 * 1024
+    frame_max: int = FRAME_MAX
+    """The topology's ``limits.frame_max``, which messages were checked against when built:
+    a connection that negotiates less checks each content header before sending it."""
     """The most a stream keeps sent and unconfirmed, in bytes (:mod:`delayq.message.inflight`)."""
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiormq.exceptions as aex
+import pika
 import pika.exceptions as pex
 import pytest
 
@@ -254,6 +255,7 @@ class FakeBlockingConnection:
     def __init__(self, error: BaseException | None) -> None:
         self.chan = FakeBlockingChannel(error)
         self.is_open = True
+        self.params = pika.ConnectionParameters()  # frame_max as negotiated: the default
 
     def channel(self) -> FakeBlockingChannel:
         return self.chan

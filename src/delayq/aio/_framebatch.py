@@ -5,9 +5,12 @@ A batch runs in *rounds*, one per connection (as the sync pipeline,
 next message takes at once (its frames join the loop turn's one write). When the
 connection or the publish channel is lost, what was in flight goes back to the
 front and the next round sends it again (same message ids: idempotent consumers
-skip duplicates). A round that confirmed nothing costs one of ``publish_attempts``;
-when they are spent, or no connection can be opened, what is left is reported
-:class:`~delayq.errors.PublishUnconfirmed`.
+skip duplicates). A round that confirmed nothing costs one of ``publish_attempts``
+until the link has been up, and counts against ``reconnect_within`` after
+(:class:`delayq.retrying.Reconnecting`); when they are spent, or no connection can
+be opened, what is left is reported: :class:`~delayq.errors.PublishUnconfirmed` for
+what was written to a lost connection, :class:`~delayq.errors.PublishNotSent` for
+what never was.
 
 The confirm watchdog: with messages in flight and no confirm for the link's
 confirm timeout, a blocked broker (``connection.blocked``: a resource alarm) fails
@@ -29,6 +32,7 @@ from delayq.errors import (
     BrokerError,
     ConnectionFailed,
     DelayqError,
+    HeaderFrameTooLarge,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -36,6 +40,7 @@ from delayq.errors import (
 )
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.retrying import pause_s
 from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 
 if TYPE_CHECKING:
@@ -80,14 +85,14 @@ class _Round:
             if index is None:
                 break
             msg = built[index]
+            try:
+                frames = publish_frames(msg, PUBLISH_CHANNEL, frame_max)
+            except HeaderFrameTooLarge as exc:  # not sent; the rest of the batch goes on
+                batch.failures[index] = exc
+                continue
             in_flight.add(index)
             try:
-                wire.publish(
-                    publish_frames(msg, PUBLISH_CHANNEL, frame_max),
-                    self,
-                    index,
-                    (msg.exchange, msg.routing_key, msg.message_id),
-                )
+                wire.publish(frames, self, index, (msg.exchange, msg.routing_key, msg.message_id))
             except (WireClosed, ChannelClosed) as exc:
                 self.failed(index, exc)
                 return
@@ -157,10 +162,16 @@ class _Batch:
 
     def left(self) -> list[int]:
         """What is neither settled nor in flight (taken out)."""
-        rest = [*self.again, *range(self.next, len(self.built))]
+        written, never = self.left_apart()
+        return [*written, *never]
+
+    def left_apart(self) -> tuple[list[int], list[int]]:
+        """What is neither settled nor in flight (taken out): what a lost connection had
+        in flight (its fate unknown), and what was never written."""
+        written, never = list(self.again), list(range(self.next, len(self.built)))
         self.again.clear()
         self.next = len(self.built)
-        return rest
+        return written, never
 
     def channel_failure(self, index: int, exc: ChannelClosed) -> None:
         msg = self.built[index]
@@ -172,44 +183,54 @@ class _Batch:
         else:
             self.failures[index] = outcomes.rejected(msg, str(error))
 
-    def fail_left(self, make: type[Exception] | None, cause: BaseException | None) -> None:
-        link = self.link
+    def fail_left(self, cause: BaseException | None, spent: str) -> None:
+        """Settle what is left once the connection cannot be had again: what was written
+        ``PublishUnconfirmed`` (its fate unknown), the rest ``PublishNotSent``."""
+        url = self.link.shown_url
+        written, never = self.left_apart()
+        for index in written:
+            self.failures[index] = outcomes.unconfirmed(self.built[index], spent, url, cause)
+        for index in never:
+            self.failures[index] = outcomes.not_sent(self.built[index], spent, url, cause)
+
+    def fail_missing(self, cause: TopologyMissing) -> None:
         for index in self.left():
             msg = self.built[index]
-            if make is TopologyMissing:
-                self.failures[index] = PublishUnconfirmed(str(cause), msg.message_id)
-            else:
-                self.failures[index] = outcomes.unconfirmed(
-                    msg, link.publish_attempts, link.shown_url, cause
-                )
+            self.failures[index] = PublishUnconfirmed(str(cause), msg.message_id)
 
     async def run(self) -> None:
+        """Rounds until everything is settled. A lost connection is opened again
+        (:meth:`FrameLink.wire`: for ``reconnect_within`` once the link has been up); a
+        round that confirmed nothing counts against the same budget
+        (:meth:`delayq.retrying.Reconnecting.gives_up`)."""
         link = self.link
+        reconnecting = link.reconnecting
         barren = 0
+        quiet_since = time.monotonic()
         handed_over = False
         last: BaseException | None = None
         while self.again or self.next < len(self.built):
             if barren:
-                await asyncio.sleep(link.backoff_s * 2 ** (barren - 1))
+                await asyncio.sleep(pause_s(barren, link.backoff_s))
             try:
                 wire = await link.wire()
                 await link.check_exchanges(wire, {m.exchange for m in self.built})
             except ConnectionFailed as exc:
                 if not handed_over:
                     raise  # nothing of the batch was sent: say so plainly
-                self.fail_left(None, exc)
+                self.fail_left(exc, reconnecting.spent(barren + 1))
                 return
             except DelayqError as exc:
                 if not handed_over:
                     raise
                 if isinstance(exc, TopologyMissing):  # deleted during the batch
-                    self.fail_left(TopologyMissing, exc)
+                    self.fail_missing(exc)
                     return
                 raise
             except WireClosed as exc:
                 last = exc
                 barren += 1
-                if barren >= link.publish_attempts:
+                if reconnecting.gives_up(barren, link.publish_attempts, quiet_since):
                     break
                 continue
             rnd = _Round(self, wire)
@@ -228,11 +249,14 @@ class _Batch:
                 link.warn_lost(wire, rnd.lost, "re-sending the batch's unconfirmed messages")
                 if isinstance(rnd.lost, WireClosed):
                     link.drop(wire)
-            barren = 0 if rnd.confirmed else barren + 1
-            if barren >= link.publish_attempts:
+            if rnd.confirmed:
+                barren, quiet_since = 0, time.monotonic()
+            else:
+                barren += 1
+            if reconnecting.gives_up(barren, link.publish_attempts, quiet_since):
                 break
         if self.again or self.next < len(self.built):
-            self.fail_left(None, last)
+            self.fail_left(last, reconnecting.spent(barren))
 
     async def _watch(self, rnd: _Round) -> bool:
         """Wait for the round to end; returns whether the broker blocked it for good."""

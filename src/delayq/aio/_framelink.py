@@ -37,10 +37,11 @@ from delayq.errors import (
 from delayq.links import LinkOptions
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.retrying import CONNECT_BACKOFF_S, Reconnecting, Tries
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport
-from delayq.urls import BrokerURL, connection_plan, parse_url, redact, tried_hosts
+from delayq.urls import BrokerURL, parse_url, redact, tried_hosts
 
 __all__ = ["FrameLink", "endpoint_of", "open_wire"]
 
@@ -69,15 +70,23 @@ def endpoint_of(broker: BrokerURL, name: str) -> Endpoint:
 
 
 async def open_wire(
-    url: str, *, attempts: int, name: str, backoff_s: float = 0.25, publish: bool = True
+    url: str,
+    *,
+    attempts: int,
+    name: str,
+    backoff_s: float = CONNECT_BACKOFF_S,
+    within_s: float | None = None,
+    publish: bool = True,
 ) -> Wire:
     """A connection to the first host of ``url`` that takes one, ``attempts`` rounds over
-    them; refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`).
+    them (given ``within_s``, rounds for that many seconds: :class:`delayq.retrying.Tries`);
+    refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`).
     Without ``publish``, it has no publish channel (a consumer's). ``wire.url`` is the
     single-host URL it connected to."""
     broker = parse_url(url)
     last: BaseException | None = None
-    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s):
+    tries = Tries(url, attempts=attempts, backoff_s=backoff_s, within_s=within_s)
+    for pause_s, one in tries:
         if pause_s:
             await asyncio.sleep(pause_s)
         broker = parse_url(one)
@@ -112,7 +121,7 @@ async def open_wire(
                 f"cannot use broker URL {redact(url)}: {type(exc).__name__}"
             ) from None
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"cannot connect to the broker at {redact(url)} {tries.spent()}"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 
@@ -144,7 +153,9 @@ class FrameLink:
         self.shown_url = redact(url)
         self._gate = gate
         self.publish_attempts = max(1, options.publish_attempts)
-        self._connect_attempts = max(1, options.connect_attempts)
+        self.reconnecting = Reconnecting(
+            options.connect_attempts, CONNECT_BACKOFF_S, options.reconnect_within_s
+        )
         self.backoff_s = options.retry_backoff_s
         self.confirm_timeout_s = options.confirm_timeout_s
         self._wire: Wire | None = None
@@ -184,9 +195,14 @@ class FrameLink:
             if wire is not None:
                 wire.abort()
             self._wire = None
+            reconnecting = self.reconnecting
             wire = await open_wire(
-                self.url, attempts=self._connect_attempts, name="delayq-publisher"
+                self.url,
+                attempts=reconnecting.attempts,
+                within_s=reconnecting.within_s if reconnecting.up else None,
+                name="delayq-publisher",
             )
+            reconnecting.up = True
             try:
                 await wire.exchange_exists(self._gate.marker)
             except ChannelClosed as exc:

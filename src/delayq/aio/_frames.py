@@ -21,6 +21,7 @@ from typing import Any
 from pamqp import encode
 
 from delayq.errors import InvalidInput
+from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
 __all__ = ["FRAME_OVERHEAD", "pamqp_value", "publish_frames", "table"]
@@ -137,7 +138,11 @@ def _pamqp_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
-    """The frames publishing ``msg`` (mandatory, persistent) on ``channel``."""
+    """The frames publishing ``msg`` (mandatory, persistent) on ``channel``.
+
+    :raises HeaderFrameTooLarge: its content header does not fit in one frame of
+        ``frame_max`` (the connection's, negotiated with the broker).
+    """
     if msg.properties:
         raise InvalidInput(
             "a message with further AMQP properties (an intake's, carried by delayq "
@@ -156,6 +161,8 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
         + _pack_u64(msg.timestamp_s)
     )
     header = _pack_header(60, 0, size, _FLAGS) + properties
+    if len(header) + FRAME_OVERHEAD > frame_max:  # the broker would close the connection
+        raise outcomes.header_frame_too_large(msg, len(header) + FRAME_OVERHEAD, frame_max)
     parts = [
         _pack_frame(1, channel, len(method)),
         method,

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from delayq.aio._admission import Admission
+from delayq.durations import Duration
 from delayq.errors import DelayqError, PublishBatchError, PublishError
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
 from delayq.message import outcomes
@@ -33,6 +34,7 @@ from delayq.message.inflight import InFlightLimit, batch_window, limit_or_defaul
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
+from delayq.retrying import within_seconds
 from delayq.stores.base import (
     Cancel,
     CancellingStore,
@@ -65,6 +67,13 @@ class AsyncPublisher:
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
 
+    A first connection makes ``connect_attempts`` rounds over the URL's hosts (a wrong
+    URL fails in about a second); once connected, a lost broker (a restart, a failover)
+    is waited for up to ``reconnect_within`` (30 s; ``None``: ``connect_attempts``
+    rounds again) before what is left fails: written and unconfirmed
+    :class:`~delayq.errors.PublishUnconfirmed`, never written
+    :class:`~delayq.errors.PublishNotSent` (see :mod:`delayq.retrying`).
+
     ``in_flight`` bounds what all of this publisher's concurrent publishes hold sent
     but unconfirmed (10,000 messages or 64 MiB by default): a publish that would
     pass it waits for confirms, up to ``in_flight.wait``, then raises
@@ -83,6 +92,7 @@ class AsyncPublisher:
         max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
+        reconnect_within: Duration | None = "30s",
         retry_backoff_s: float = 0.2,
         confirm_timeout_s: float = 60.0,
         clock_ms: Callable[[], int] = epoch_ms,
@@ -105,6 +115,8 @@ class AsyncPublisher:
             options = LinkOptions(
                 publish_attempts=publish_attempts,
                 connect_attempts=connect_attempts,
+                reconnect_within_s=within_seconds(reconnect_within),
+                frame_max=self.topology.limits.frame_max,
                 retry_backoff_s=retry_backoff_s,
                 confirm_timeout_s=confirm_timeout_s,
             )

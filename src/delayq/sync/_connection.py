@@ -9,8 +9,9 @@ from typing import Any
 import pika
 
 from delayq.errors import ConnectionFailed
+from delayq.retrying import CONNECT_BACKOFF_S, Tries
 from delayq.sync._errors import CONNECTION_ERRORS, connect_error
-from delayq.urls import BrokerURL, connection_plan, hosts_in_turn, parse_url, redact, tried_hosts
+from delayq.urls import BrokerURL, hosts_in_turn, parse_url, redact, tried_hosts
 
 __all__ = ["close_quietly", "connect", "host_parameters", "parameters"]
 
@@ -66,11 +67,13 @@ def connect(
     *,
     name: str = "delayq",
     attempts: int = 3,
-    backoff_s: float = 0.25,
+    backoff_s: float = CONNECT_BACKOFF_S,
+    within_s: float | None = None,
     blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
     rng: random.Random | None = None,
 ) -> pika.BlockingConnection:
-    """Open a blocking connection, retrying ``attempts`` times with doubling back-off.
+    """Open a blocking connection, retrying ``attempts`` times with doubling back-off
+    (or, given ``within_s``, for that many seconds: :class:`delayq.retrying.Tries`).
 
     A TLS failure (an untrusted certificate, a client certificate the broker
     wants) is not retried: it raises :class:`ConnectionFailed` saying what failed.
@@ -79,7 +82,8 @@ def connect(
     """
     broker = parse_url(url)
     last: BaseException | None = None
-    for pause_s, one in connection_plan(url, attempts=attempts, backoff_s=backoff_s, rng=rng):
+    tries = Tries(url, attempts=attempts, backoff_s=backoff_s, within_s=within_s, rng=rng)
+    for pause_s, one in tries:
         if pause_s:
             time.sleep(pause_s)
         broker = parse_url(one)
@@ -91,7 +95,7 @@ def connect(
                 raise failure from exc
             last = exc
     raise ConnectionFailed(
-        f"cannot connect to the broker at {redact(url)} after {attempts} attempts"
+        f"cannot connect to the broker at {redact(url)} {tries.spent()}"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
 

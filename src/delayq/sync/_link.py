@@ -21,6 +21,7 @@ from delayq.errors import ConnectionFailed, DelayqError, PublishBlocked
 from delayq.links import LinkOptions, Settle
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.retrying import CONNECT_BACKOFF_S, Reconnecting
 from delayq.sync._connection import close_quietly, connect, host_parameters
 from delayq.sync._errors import (
     CHANNEL_CLOSED,
@@ -30,6 +31,7 @@ from delayq.sync._errors import (
     publish_refusal,
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
+from delayq.sync._sending import check_header_frame
 from delayq.sync.provision import apply_topology
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
@@ -71,10 +73,13 @@ class PikaLink:
         self._url = url
         self._gate = gate
         self._publish_attempts = max(1, options.publish_attempts)
-        self._connect_attempts = max(1, options.connect_attempts)
+        self._reconnecting = Reconnecting(
+            options.connect_attempts, CONNECT_BACKOFF_S, options.reconnect_within_s
+        )
         self._backoff_s = options.retry_backoff_s
         self._blocked_timeout_s = options.blocked_timeout_s
         self._max_bytes = options.max_in_flight_bytes
+        self._frame_max = options.frame_max
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._gated: pika.BlockingConnection | None = None  # the connection that passed it
@@ -87,12 +92,15 @@ class PikaLink:
 
     def _ensure_channel(self) -> BlockingChannel:
         if self._connection is None or not self._connection.is_open:
+            reconnecting = self._reconnecting
             self._connection = connect(
                 self._url,
                 name="delayq-publisher",
-                attempts=self._connect_attempts,
+                attempts=reconnecting.attempts,
+                within_s=reconnecting.within_s if reconnecting.up else None,
                 blocked_timeout_s=self._blocked_timeout_s,
             )
+            reconnecting.up = True
             self._channel = None
         if self._channel is None or not self._channel.is_open:
             channel = self._connection.channel()
@@ -135,6 +143,8 @@ class PikaLink:
                 time.sleep(self._backoff_s * 2 ** (attempt - 1))
             try:
                 channel = self._ensure_channel()
+                assert self._connection is not None
+                check_header_frame(msg, properties, self._connection, self._frame_max)
                 handed_over = True
                 channel.basic_publish(
                     msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
@@ -184,6 +194,8 @@ class PikaLink:
             properties=pika_properties,
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,
+            reconnecting=self._reconnecting,
+            frame_max=self._frame_max,
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
             gate=self._gate,
@@ -202,6 +214,8 @@ class PikaLink:
             properties=pika_properties,
             attempts=self._publish_attempts,
             backoff_s=self._backoff_s,
+            reconnecting=self._reconnecting,
+            frame_max=self._frame_max,
             url_for_errors=redact(self._url),
             explain=broker.tls_failure,
             gate=self._gate,

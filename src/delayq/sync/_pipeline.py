@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pika
@@ -20,6 +20,7 @@ from pika.spec import Basic
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    HeaderFrameTooLarge,
     PublishBatchError,
     PublishError,
     PublishRejected,
@@ -29,7 +30,10 @@ from delayq.links import Settle
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.inflight import size_of
+from delayq.message.limits import FRAME_MAX
+from delayq.retrying import Reconnecting, pause_s
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
+from delayq.sync._sending import Source, check_header_frame
 from delayq.topology.marker import Gate
 
 __all__ = ["publish_pipelined", "send_pipelined"]
@@ -40,54 +44,22 @@ CONFIRM_IDLE_TIMEOUT_S = 60.0
 """A round with messages unconfirmed and no confirm for this long is abandoned."""
 
 
-class _Source:
-    """What is left to send: first what a lost round left unconfirmed, then the stream.
-
-    Messages are pulled from the stream only as the window frees up, so a stream
-    of millions holds at most ``window`` messages in memory.
-    """
-
-    def __init__(self, stream: Iterator[tuple[int, OutgoingMessage]]) -> None:
-        self.again: deque[tuple[int, OutgoingMessage]] = deque()
-        self._stream = stream
-        self.exhausted = False
-
-    def next(self) -> tuple[int, OutgoingMessage] | None:
-        if self.again:
-            return self.again.popleft()
-        if self.exhausted:
-            return None
-        item = next(self._stream, None)
-        if item is None:
-            self.exhausted = True
-        return item
-
-    def push_front(self, items: Iterable[tuple[int, OutgoingMessage]]) -> None:
-        self.again.extendleft(reversed(list(items)))
-
-    @property
-    def done(self) -> bool:
-        return self.exhausted and not self.again
-
-    def drain(self) -> Iterator[tuple[int, OutgoingMessage]]:
-        while (item := self.next()) is not None:
-            yield item
-
-
 class _Round:
     """One connection's worth of publishing; what it could not finish goes to the next."""
 
     def __init__(
         self,
         params: pika.ConnectionParameters,
-        source: _Source,
+        source: Source,
         window: int,
         properties: Callable[[OutgoingMessage], pika.BasicProperties],
         settle: Settle,
         gate: Gate | None = None,
         max_bytes: int | None = None,
+        frame_max: int = FRAME_MAX,
     ) -> None:
         self.params = params
+        self.frame_max = frame_max
         self.max_bytes = max_bytes
         self.outstanding_bytes = 0
         self.gate = gate
@@ -101,6 +73,7 @@ class _Round:
         self.returned: set[int] = set()
         self.settled = 0
         self.next_tag = 1
+        self.opened = False
         self.fatal: BaseException | None = None
         self.lost: BaseException | None = None
         self.settle_error: BaseException | None = None
@@ -150,6 +123,7 @@ class _Round:
     # connection and channel ---------------------------------------------------
 
     def _on_open(self, connection: pika.SelectConnection) -> None:
+        self.opened = True
         connection.channel(on_open_callback=self._on_channel)
         self._watchdog()
 
@@ -233,11 +207,18 @@ class _Round:
             if msg.exchange not in self.checked:
                 self._check_exchange(item)
                 return
+            properties = self.properties(msg)
+            try:
+                check_header_frame(msg, properties, self.connection, self.frame_max)
+            except HeaderFrameTooLarge as exc:  # not sent; the rest goes on
+                self.settled += 1
+                self._report(item[0], msg, exc)
+                continue
             self.outstanding[self.next_tag] = item
             self.outstanding_bytes += size_of(msg)
             self.next_tag += 1
             channel.basic_publish(
-                msg.exchange, msg.routing_key, msg.body, self.properties(msg), mandatory=True
+                msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
             )
         if self.source.done and not self.outstanding:
             self._finish()
@@ -287,6 +268,9 @@ class _Round:
             error: PublishError | None = outcomes.unroutable(msg)
         else:
             error = None if acked else outcomes.rejected(msg)
+        self._report(index, msg, error)
+
+    def _report(self, index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
         try:
             self.settle(index, msg, error)
         except BaseException as exc:
@@ -307,6 +291,8 @@ def send_pipelined(
     explain: Callable[[BaseException], str | None] = lambda _exc: None,
     gate: Gate | None = None,
     max_bytes: int | None = None,
+    reconnecting: Reconnecting | None = None,
+    frame_max: int = FRAME_MAX,
 ) -> None:
     """Stream ``messages`` with up to ``window`` unconfirmed; ``settle`` hears each fate once.
 
@@ -316,8 +302,12 @@ def send_pipelined(
     ``messages`` is pulled lazily (a generator of millions is fine). A lost
     connection costs an attempt only when its round confirmed nothing, so a long
     stream survives several drops; what was in flight is sent again (same
-    message ids: idempotent consumers skip the duplicates). When the attempts
-    are spent, every message not yet settled is settled as unconfirmed; if
+    message ids: idempotent consumers skip the duplicates). Once a connection has
+    been up (``reconnecting.up``), the rounds go on until nothing was confirmed for
+    ``reconnecting.within_s`` seconds (a broker restart is ridden through); before,
+    ``attempts`` rounds (:class:`delayq.retrying.Reconnecting`). When they are
+    spent, every message not yet settled is settled: ``PublishUnconfirmed`` if it
+    was written to a connection (its fate unknown), ``PublishNotSent`` if never; if
     nothing was ever written to a socket, :class:`~delayq.errors.ConnectionFailed`
     is raised instead. ``explain`` names a failure that no retry can mend (TLS):
     nothing sent yet, it raises at once. Each round after a lost one goes to the
@@ -327,17 +317,28 @@ def send_pipelined(
     :class:`~delayq.errors.TopologyNotApplied` when a round's connection finds no
     apply marker of ``gate`` (checked before its first publish).
     """
-    source = _Source(enumerate(messages))
+    source = Source(enumerate(messages))
+    if reconnecting is None:
+        reconnecting = Reconnecting(attempts, backoff_s, None)
+    quiet_since = time.monotonic()
     barren_rounds = 0
     last: BaseException | None = None
     handed_over = False  # did any round write a message to a socket?
     rounds = 0
     while True:
         rnd = _Round(
-            hosts[rounds % len(hosts)], source, window, properties, settle, gate, max_bytes
+            hosts[rounds % len(hosts)],
+            source,
+            window,
+            properties,
+            settle,
+            gate,
+            max_bytes,
+            frame_max,
         )
         rounds += 1
         rnd.run()
+        reconnecting.up = reconnecting.up or rnd.opened
         handed_over = handed_over or rnd.next_tag > 1
         if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
             raise rnd.fatal
@@ -348,23 +349,31 @@ def send_pipelined(
         reason = explain(last) if last is not None and not handed_over else None
         if reason is not None:
             raise ConnectionFailed(reason) from last
-        barren_rounds = 0 if rnd.settled else barren_rounds + 1
-        if barren_rounds >= attempts * len(hosts):
+        if rnd.settled:
+            barren_rounds, quiet_since = 0, time.monotonic()
+        else:
+            barren_rounds += 1
+        if reconnecting.gives_up(barren_rounds, attempts * len(hosts), quiet_since):
             break
-        log.warning(
-            "batch connection ended (%s) with %d messages unconfirmed; sending them again",
-            type(last).__name__ if last else "closed",
-            len(source.again),
-        )
-        if barren_rounds % len(hosts) == 0:  # back off after a whole pass over the hosts
-            time.sleep(backoff_s * 2 ** max(0, barren_rounds // len(hosts) - 1))
+        if rnd.opened:
+            log.warning(
+                "batch connection ended (%s) with %d messages unconfirmed; sending them again",
+                type(last).__name__ if last else "closed",
+                len(source.again),
+            )
+        if barren_rounds and barren_rounds % len(hosts) == 0:  # after a pass over the hosts
+            time.sleep(pause_s(barren_rounds // len(hosts), backoff_s))
+    spent = reconnecting.spent(-(-barren_rounds // len(hosts)))
     if not handed_over:
         raise ConnectionFailed(
-            f"cannot connect to the broker at {url_for_errors} after {attempts} attempts "
+            f"cannot connect to the broker at {url_for_errors} {spent} "
             f"({type(last).__name__}); nothing of the batch was sent"
         ) from last
+    written, source.again = source.again, deque()  # each was on a connection: fate unknown
+    for index, msg in written:
+        settle(index, msg, outcomes.unconfirmed(msg, spent, url_for_errors, last))
     for index, msg in source.drain():
-        settle(index, msg, outcomes.unconfirmed(msg, attempts, url_for_errors, last))
+        settle(index, msg, outcomes.not_sent(msg, spent, url_for_errors, last))
 
 
 def publish_pipelined(
@@ -378,6 +387,8 @@ def publish_pipelined(
     url_for_errors: str,
     explain: Callable[[BaseException], str | None] = lambda _exc: None,
     gate: Gate | None = None,
+    reconnecting: Reconnecting | None = None,
+    frame_max: int = FRAME_MAX,
 ) -> None:
     """Publish ``messages`` with up to ``window`` unconfirmed; raise for any not confirmed.
 
@@ -401,6 +412,8 @@ def publish_pipelined(
         url_for_errors=url_for_errors,
         explain=explain,
         gate=gate,
+        reconnecting=reconnecting,
+        frame_max=frame_max,
     )
     if failures:
         receipts = [None if i in failures else messages[i].receipt for i in range(len(messages))]

@@ -11,6 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from delayq.durations import Duration
 from delayq.errors import PublishBatchError, PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
 from delayq.message.cancel import (
@@ -28,6 +29,7 @@ from delayq.message.inflight import InFlightLimit, batch_window, limit_or_defaul
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
+from delayq.retrying import within_seconds
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
@@ -53,6 +55,13 @@ class Publisher:
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
 
+    A first connection makes ``connect_attempts`` rounds over the URL's hosts (a wrong
+    URL fails in about a second); once connected, a lost broker (a restart, a failover)
+    is waited for up to ``reconnect_within`` (30 s; ``None``: ``connect_attempts``
+    rounds again) before what is left fails: written and unconfirmed
+    :class:`~delayq.errors.PublishUnconfirmed`, never written
+    :class:`~delayq.errors.PublishNotSent` (see :mod:`delayq.retrying`).
+
     ``in_flight`` bounds what a batch or stream keeps sent but unconfirmed (10,000
     messages or 64 MiB by default, lowering ``window`` where needed): the caller
     waits while confirms are behind, since a stream is pulled only as confirms
@@ -70,6 +79,7 @@ class Publisher:
         max_body_bytes: int | None = None,
         publish_attempts: int = 3,
         connect_attempts: int = 3,
+        reconnect_within: Duration | None = "30s",
         retry_backoff_s: float = 0.2,
         blocked_timeout_s: float = BLOCKED_CONNECTION_TIMEOUT_S,
         clock_ms: Callable[[], int] = epoch_ms,
@@ -92,6 +102,8 @@ class Publisher:
             options = LinkOptions(
                 publish_attempts=publish_attempts,
                 connect_attempts=connect_attempts,
+                reconnect_within_s=within_seconds(reconnect_within),
+                frame_max=self.topology.limits.frame_max,
                 retry_backoff_s=retry_backoff_s,
                 blocked_timeout_s=blocked_timeout_s,
                 max_in_flight_bytes=self._in_flight.bytes,

@@ -1,0 +1,70 @@
+"""What a pipelined round sends: its source (first what a lost round left unconfirmed,
+then the stream), and the check of each content header against the connection's
+negotiated ``frame_max``."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pika
+
+from delayq.message import outcomes
+from delayq.message.envelope import OutgoingMessage
+
+__all__ = ["CONTENT_HEADER_FIXED_BYTES", "Source", "check_header_frame"]
+
+CONTENT_HEADER_FIXED_BYTES = 20
+"""A content header frame's bytes besides the encoded properties: the frame's type,
+channel, size and end (8), class, weight and body size (12)."""
+
+
+def check_header_frame(
+    msg: OutgoingMessage, properties: pika.BasicProperties, connection: Any, checked_max: int
+) -> None:
+    """Raise :class:`~delayq.errors.HeaderFrameTooLarge` if ``msg``'s content header does
+    not fit in one frame of the ``frame_max`` ``connection`` negotiated (pika's blocking or
+    select connection). Free when that is at least ``checked_max``, the topology's
+    ``limits.frame_max``, which the message was checked against when built."""
+    params = getattr(connection, "_impl", connection).params
+    frame_max = params.frame_max
+    if frame_max >= checked_max:
+        return
+    size = CONTENT_HEADER_FIXED_BYTES + sum(len(part) for part in properties.encode())
+    if size > frame_max:
+        raise outcomes.header_frame_too_large(msg, size, frame_max)
+
+
+class Source:
+    """What is left to send: first what a lost round left unconfirmed, then the stream.
+
+    Messages are pulled from the stream only as the window frees up, so a stream
+    of millions holds at most ``window`` messages in memory.
+    """
+
+    def __init__(self, stream: Iterator[tuple[int, OutgoingMessage]]) -> None:
+        self.again: deque[tuple[int, OutgoingMessage]] = deque()
+        self._stream = stream
+        self.exhausted = False
+
+    def next(self) -> tuple[int, OutgoingMessage] | None:
+        if self.again:
+            return self.again.popleft()
+        if self.exhausted:
+            return None
+        item = next(self._stream, None)
+        if item is None:
+            self.exhausted = True
+        return item
+
+    def push_front(self, items: Iterable[tuple[int, OutgoingMessage]]) -> None:
+        self.again.extendleft(reversed(list(items)))
+
+    @property
+    def done(self) -> bool:
+        return self.exhausted and not self.again
+
+    def drain(self) -> Iterator[tuple[int, OutgoingMessage]]:
+        while (item := self.next()) is not None:
+            yield item

@@ -1,0 +1,98 @@
+"""Headers are checked against the ``frame_max`` the broker negotiated before sending.
+
+A broker configured with ``frame_max = 4096`` (the smallest AMQP allows) takes a topology
+that assumes the default 131,072. A message whose headers pass the topology's limits but
+not one 4,096-byte frame is refused by the publisher with ``HeaderFrameTooLarge``, nothing
+sent; before, the broker closed the shared connection over it and everything in flight
+on it was sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from delayq import HeaderFrameTooLarge, HeadersTooLarge, Message, Publisher, PublishError
+from delayq.aio import AsyncPublisher
+from delayq.errors import PublishBatchError
+from delayq.local.node import LocalNode
+from delayq.sync import apply_topology
+from delayq.topology.model import Topology
+from tests.amqp import depth
+
+BIG = {"note": "x" * 6000}  # 6 KB: inside the default limits (16 KiB), over one 4 KiB frame
+
+
+@pytest.fixture(scope="module")
+def small_frames(local_rabbitmq_node: LocalNode, _delayq_nodes: Any) -> LocalNode:
+    """A node of its own that negotiates 4,096-byte frames (the session's node first: it
+    skips or fails, as the session says, without rabbitmq-server)."""
+    node: LocalNode = _delayq_nodes.start(config={"frame_max": "4096"})
+    return node
+
+
+@pytest.fixture
+def applied(small_frames: LocalNode, make_topology: Callable[..., Topology]) -> Topology:
+    topo = make_topology(["1h"])
+    apply_topology(topo, small_frames.url)
+    return topo
+
+
+def _messages(tag: str) -> list[Message]:
+    return [
+        Message({"n": n}, "job.frame", "1h", message_id=f"{tag}-{n}", headers=BIG if n == 3 else {})
+        for n in range(10)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_oversized_header_is_refused_and_the_connection_kept(
+    kind: str, small_frames: LocalNode, applied: Topology
+) -> None:
+    url, tier = small_frames.url, applied.tier_name(applied.ladder.tiers[0])
+    batch = _messages(f"{kind}-batch")
+
+    def check_batch(error: BaseException) -> None:
+        assert isinstance(error, PublishBatchError), repr(error)
+        assert set(error.failures) == {3}
+        failure = error.failures[3]
+        assert isinstance(failure, HeaderFrameTooLarge)
+        assert isinstance(failure, HeadersTooLarge) and isinstance(failure, PublishError)
+        assert "frame_max (4,096 bytes, negotiated" in str(failure)
+        assert "limits: {frame_max: 4096}" in str(failure)
+        assert [r is None for r in error.receipts] == [n == 3 for n in range(10)]
+
+    if kind == "sync":
+        with Publisher(url, applied) as pub:
+            pub.publish({"n": 0}, "job.frame", "1h", message_id="first")
+            connection = pub.link._connection  # type: ignore[attr-defined]
+            with pytest.raises(HeaderFrameTooLarge, match="was not sent"):
+                pub.publish({"n": 1}, "job.frame", "1h", headers=BIG)
+            pub.publish({"n": 2}, "job.frame", "1h", message_id="after")
+            assert pub.link._connection is connection  # type: ignore[attr-defined]
+            with pytest.raises(PublishBatchError) as caught:
+                pub.publish_many(batch)
+            check_batch(caught.value)
+    else:
+
+        async def run() -> None:
+            async with AsyncPublisher(url, applied) as pub:
+                await pub.publish({"n": 0}, "job.frame", "1h", message_id="first")
+                wire = await pub.link.wire()  # type: ignore[attr-defined]
+                # An oversized publish among concurrent ones: the others are confirmed
+                # on the same connection, none of them sent twice.
+                results = await asyncio.gather(
+                    pub.publish({"n": 1}, "job.frame", "1h", headers=BIG),
+                    pub.publish_many(batch),
+                    return_exceptions=True,
+                )
+                assert isinstance(results[0], HeaderFrameTooLarge), repr(results[0])
+                check_batch(results[1])
+                await pub.publish({"n": 2}, "job.frame", "1h", message_id="after")
+                assert await pub.link.wire() is wire  # type: ignore[attr-defined]
+
+        asyncio.run(run())
+    assert depth(url, tier) == 2 + 9  # first, after and the batch's 9: nothing twice
