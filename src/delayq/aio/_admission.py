@@ -36,15 +36,23 @@ class Admission:
         which gets whether it had to wait for it; raises
         :class:`~delayq.errors.PublishBackpressure` (nothing was sent) when none is free in
         time."""
-        waited = await self._take(count, size)
+        waited = await self.take(count, size)
         try:
             yield waited
         finally:
-            self.book.give(count, size)
+            self.give(count, size)
+
+    def give(self, count: int, size: int) -> None:
+        """Give back what :meth:`take` took (one call per take, however the send ended)."""
+        self.book.give(count, size)
+        if self._waiters:
             self._wake()
 
-    async def _take(self, count: int, size: int) -> bool:
-        """Take room, waiting for it if need be; returns whether it waited."""
+    async def take(self, count: int, size: int) -> bool:
+        """Take room, waiting for it if need be; returns whether it waited. Raises
+        :class:`~delayq.errors.PublishBackpressure` (nothing was sent) when none is free
+        in time. :meth:`hold` is the ``async with`` form; a caller of this one calls
+        :meth:`give` once it is done, however it ended."""
         if not self._waiters and self.book.fits(count, size):
             self.book.take(count, size)
             return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -158,6 +159,7 @@ class FrameLink:
         )
         self.backoff_s = options.retry_backoff_s
         self.confirm_timeout_s = options.confirm_timeout_s
+        self._deadlines = _Deadlines(options.confirm_timeout_s)
         self._wire: Wire | None = None
         self._checked: set[str] = set()
         self._lock = asyncio.Lock()
@@ -261,13 +263,16 @@ class FrameLink:
             try:
                 if msg.exchange not in self._checked:
                     await self.check_exchanges(wire, {msg.exchange})
-                await wire.drained()  # the socket takes writes (its buffer is bounded)
-                future: asyncio.Future[tuple[bool, bool]] = wire.loop.create_future()
+                if not wire.writable:
+                    await wire.drained()  # the socket takes writes (its buffer is bounded)
+                loop = wire.loop
+                future: asyncio.Future[tuple[bool, bool]] = loop.create_future()
                 frames = publish_frames(msg, PUBLISH_CHANNEL, wire.frame_max)
                 route = (msg.exchange, msg.routing_key, msg.message_id)
                 wire.publish(frames, _One(future), 0, route)
                 handed_over = True
-                acked, returned = await asyncio.wait_for(future, self.confirm_timeout_s)
+                self._deadlines.watch(loop, future)
+                acked, returned = await future
             except ChannelClosed as exc:  # the publish itself closed the channel
                 error = channel_error(exc)
                 if isinstance(error, (TopologyMissing, AccessRefused)):
@@ -293,6 +298,47 @@ class FrameLink:
 
     async def send_batch(self, built: list[OutgoingMessage], window: int) -> None:
         await send_batch(self, built, window)
+
+
+class _Deadlines:
+    """The confirm deadlines of a link's single sends, in the order they were sent (one
+    timeout for all, so the oldest is due first): one timer for the link, looking at
+    most every second, instead of ``asyncio.wait_for`` (a wrapper, a timer and callbacks
+    per message). A send past its deadline sees ``asyncio.TimeoutError``."""
+
+    SWEEP_S = 1.0
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._queue: deque[tuple[float, asyncio.Future[tuple[bool, bool]]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def watch(
+        self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[tuple[bool, bool]]
+    ) -> None:
+        if loop is not self._loop:  # a publisher used again under another event loop
+            self._queue.clear()
+            self._loop, self._timer = loop, None
+        self._queue.append((loop.time() + self.timeout_s, future))
+        if self._timer is None:
+            self._timer = loop.call_later(min(self.timeout_s, self.SWEEP_S), self._sweep)
+
+    def _sweep(self) -> None:
+        loop, queue = self._loop, self._queue
+        assert loop is not None
+        self._timer = None
+        now = loop.time()
+        while queue:
+            deadline, future = queue[0]
+            if not future.done() and deadline > now:
+                break
+            queue.popleft()
+            if not future.done():
+                future.set_exception(asyncio.TimeoutError())
+        if queue:
+            wait_s = min(queue[0][0] - now, self.SWEEP_S)
+            self._timer = loop.call_later(max(0.0, wait_s), self._sweep)
 
 
 def _name(exc: BaseException) -> str:

@@ -188,15 +188,20 @@ class AsyncPublisher:
     async def _send(self, msg: OutgoingMessage, *, keep: bool) -> OutgoingMessage:
         """Send ``msg``; returns it as sent (restamped if it waited for room)."""
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=keep):
-            async with self._admission.hold(1, size_of(msg)) as waited:
+            # take/give rather than ``async with hold``: a publish per coroutine of a web
+            # application pays this per message (an async context manager is a generator).
+            admission, size = self._admission, size_of(msg)
+            waited = await admission.take(1, size)
+            try:
                 if waited:
                     (msg,) = self._factory.restamp([msg])
-                try:
-                    await self._link.send(msg)
-                except DelayqError:
-                    raise
-                except Exception as exc:
-                    raise self._unexpected(exc, msg) from exc
+                await self._link.send(msg)
+            except DelayqError:
+                raise
+            except Exception as exc:
+                raise self._unexpected(exc, msg) from exc
+            finally:
+                admission.give(1, size)
         return msg
 
     @property
