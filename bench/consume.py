@@ -1,4 +1,4 @@
-"""Consume throughput of delayq's ``AsyncConsumer`` against a raw aio-pika consumer.
+"""Consume throughput of delayq's consumers against raw aio-pika and raw pika consumers.
 
 What it measures (messages per second, handled and acked), in one run against
 one broker, so that the ratios compare like with like: the time to drain
@@ -20,11 +20,25 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
    when that module can be imported and a Redis URL is at hand (``--redis-url``,
    else ``REDIS_URL``, else a server started with
    ``delayq.local.servers.LocalRedis`` when that module exists); otherwise the
-   mode is skipped with a note.
+   mode is skipped with a note;
+6. raw pika: a ``BlockingConnection`` channel with ``basic_qos(prefetch)``,
+   ``basic_consume`` with manual acks and a callback that only acks
+   (``channel.basic_ack(tag)``), ``start_consuming()`` in the main thread: the
+   blocking pattern, which the sync modes' ratios divide by;
+7. ``delayq.sync.Consumer`` with a no-op handler, its default handler threads
+   (``concurrency`` = min(prefetch, 8)) and ``store=InMemoryStore()``, ``start()``
+   before the clock and ``run()`` in the main thread; its cautious start (prefetch 1
+   until the first fresh delivery, then consuming again with ``--prefetch``) is
+   part of its figure, as it is of every start;
+8. and 9. the same with ``SQLiteStore`` and ``RedisStore``, set up as in 4. and 5.
 
-Targets (median msg/s over median raw aio-pika msg/s): 2.0 with the in-memory
-store, 1.5 with SQLite, 1.0 with Redis (whose every claim and completion is a
-round trip). ``--modes memory,limit`` runs only those besides raw aio-pika.
+Targets (median msg/s over the median msg/s of the raw client of the same kind):
+over raw aio-pika, 2.0 with the in-memory store, 1.5 with SQLite, 1.0 with Redis
+(whose every claim and completion is a round trip); over raw pika, 1.0 for the
+sync ``Consumer`` with the in-memory store (none for its other stores).
+``--modes memory,limit`` runs only those besides raw aio-pika, ``--modes
+sync-memory,raw-pika`` only those (raw pika runs when a sync mode does, raw aio-pika
+when an asyncio mode does).
 ``--tracing`` adds ``AsyncConsumer + InMemoryStore`` traced (an OpenTelemetry SDK
 provider whose spans are batched and dropped, the queue filled by a traced publisher so
 each message carries a context to extract and link), in the same rounds, and prints
@@ -44,16 +58,20 @@ messages and no duplicate, retry or dead letter.
 
 Timing: the clock starts at the first delivery (the raw callback, or the first
 call of delayq's handler) and stops when the ack count reaches ``--count``.
-Both sides are watched the same way: a loop that looks at the count every
+Every side is watched the same way: a loop that looks at the count every
 ``POLL_S`` seconds (the raw callback's count, or ``consumer.stats.handled``,
-which delayq increments after the ack), so both pay the same polling cost and
-quantisation. Connecting, declaring and ``consume`` happen before the clock
-starts; stopping happens after it stops.
+which delayq increments after the ack), so all pay the same polling cost and
+quantisation; in the asyncio modes it runs on the consumer's event loop, in the
+blocking modes (whose connection's loop holds the main thread) in a thread of its
+own, which then stops the consumer (``stop_consuming``, ``request_stop()``).
+Connecting, declaring and ``consume`` happen before the clock starts; stopping
+happens after it stops.
 
 Every mode runs ``--rounds`` times, in reverse order every other round, and
 the table shows the median per mode. Besides msg/s, the report shows the
 client's CPU time per message (this process's ``time.process_time``, all
-threads: the store's calls run in a thread of its own): it moves much
+threads: the store's calls run in a thread of its own, a sync Consumer's handlers
+in threads too): it moves much
 less than wall-clock time on a busy machine and is what the framework itself
 adds. The broker runs on the same machine when it is a local node, so on a
 machine with few CPUs client and broker compete; look at the per-round figures
@@ -67,6 +85,7 @@ Run it::
     python bench/consume.py --count 20000 --profile sqlite   # plus a cProfile of one drain
     python bench/consume.py --modes limit,memory --rounds 1  # a quick look
     python bench/consume.py --modes memory --tracing          # tracing on vs off
+    python bench/consume.py --modes sync-memory --profile sync-memory  # raw pika + sync
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
@@ -106,34 +125,76 @@ from benchlib import (
     positive_int,
 )
 from consume_modes import (
-    LABELS,
+    LABELS as ASYNC_LABELS,
+)
+from consume_modes import (
     LIMIT,
-    MEASURE,
     MEMORY,
     MEMORY_TRACED,
-    PROFILE_CHOICES,
     RAW,
     REDIS,
     SQLITE,
-    TARGETS,
     Context,
     Settings,
     Timing,
     expect_depth,
     fill,
 )
+from consume_modes import (
+    MEASURE as ASYNC_MEASURE,
+)
+from consume_modes import (
+    PROFILE_CHOICES as ASYNC_CHOICES,
+)
+from consume_modes import (
+    TARGETS as ASYNC_TARGETS,
+)
+from consume_sync_modes import (
+    RAW_PIKA,
+    SYNC_CHOICES,
+    SYNC_KEYS,
+    SYNC_LABELS,
+    SYNC_MEASURE,
+    SYNC_MEMORY,
+    SYNC_REDIS,
+    SYNC_SQLITE,
+    SYNC_TARGETS,
+)
 
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 
+LABELS = {**ASYNC_LABELS, **SYNC_LABELS}
+"""Every mode, in the report's order: the asyncio ones, then the blocking ones."""
+TARGETS = {**ASYNC_TARGETS, **SYNC_TARGETS}
+PROFILE_CHOICES = {**ASYNC_CHOICES, **SYNC_CHOICES}
+MEASURE = {**ASYNC_MEASURE, **SYNC_MEASURE}
+REDIS_KEYS = (REDIS, SYNC_REDIS)
+
+
+def baseline(key: str) -> str:
+    """The raw client a mode's ratio divides by: raw pika for the blocking ones."""
+    return RAW_PIKA if key == RAW_PIKA or key in SYNC_KEYS else RAW
+
 
 def modes_of(ctx: Context) -> tuple[str, ...]:
-    """The modes of this run, raw first (even rounds run them in this order)."""
-    every = (RAW, LIMIT, MEMORY, SQLITE) + ((REDIS,) if ctx.redis_class is not None else ())
-    chosen = ctx.settings.modes
-    modes = tuple(key for key in every if key == RAW or not chosen or key in chosen)
+    """The modes of this run, each group's raw client first (even rounds run them in this
+    order); a raw client runs when a mode of its group does."""
+    redis = ctx.redis_class is not None
+    groups = (
+        (RAW, LIMIT, MEMORY, SQLITE) + ((REDIS,) if redis else ()),
+        (RAW_PIKA, SYNC_MEMORY, SYNC_SQLITE) + ((SYNC_REDIS,) if redis else ()),
+    )
+    chosen = set(ctx.settings.modes)
+    every = not chosen
     if ctx.tracing is not None:
-        modes += (MEMORY,) if MEMORY not in modes else ()
+        chosen.add(MEMORY)
+    modes: tuple[str, ...] = ()
+    for raw, *others in groups:
+        picked = tuple(key for key in others if every or key in chosen)
+        if picked or raw in chosen or every:
+            modes += (raw, *picked)
+    if ctx.tracing is not None:
         modes += (MEMORY_TRACED,)
     return modes
 
@@ -163,8 +224,9 @@ class Results:
         return statistics.median(s.cpu_us for s in self.samples[key])
 
     def round_ratios(self, key: str) -> list[float]:
-        """Each round's rate over the same round's raw rate."""
-        return [s.rate / r.rate for s, r in zip(self.samples[key], self.samples[RAW], strict=True)]
+        """Each round's rate over the same round's rate of its raw client."""
+        raw = self.samples[baseline(key)]
+        return [s.rate / r.rate for s, r in zip(self.samples[key], raw, strict=True)]
 
 
 def drained(ctx: Context, key: str, prefix: str) -> Timing:
@@ -197,7 +259,8 @@ def run_rounds(ctx: Context) -> Results:
 
 
 def profile(ctx: Context, key: str, out: Path | None) -> None:
-    """One extra, untimed drain under cProfile (main thread only); top functions to stderr."""
+    """One extra, untimed drain under cProfile (main thread only: a blocking mode's
+    connection loop runs there, its handler threads do not); top functions to stderr."""
     fill(ctx)
     gc.collect()
     profiler = cProfile.Profile()
@@ -227,23 +290,26 @@ class Environment:
 
 def report(ctx: Context, results: Results, env: Environment) -> str:
     s = ctx.settings
-    raw_rate, raw_cpu = results.rate(RAW), results.cpu_us(RAW)
     width = max(len(v) for v in LABELS.values()) + 2
     limit_rate = results.rate(LIMIT) if LIMIT in results.samples else None
     lines = [
         f"{'mode (prefetch ' + str(s.prefetch) + ')':<{width}}{'msg/s':>9}{'ratio':>8}"
-        f"{'of limit':>10}{'CPU us/msg':>12}   target (ratio to raw aio-pika)"
+        f"{'of limit':>10}{'CPU us/msg':>12}   target (ratio to the raw client above it)"
     ]
     for key, label in LABELS.items():
         if key == MEMORY_TRACED and key not in results.samples:
             continue  # not asked for (--tracing)
+        if baseline(key) not in results.samples:
+            continue  # no mode of this group was asked for
         if key not in results.samples:
             chosen = s.modes
             why = "not among --modes" if chosen and key not in chosen else env.redis_note
             lines.append(f"{label:<{width}}{'skipped':>9}   ({why})")
             continue
+        if key == RAW_PIKA and RAW in results.samples:
+            lines.append("")  # the blocking group: its ratios are to raw pika
         rate, cpu = results.rate(key), results.cpu_us(key)
-        ratio = round(rate / raw_rate, 2)  # judged as shown
+        ratio = round(rate / results.rate(baseline(key)), 2)  # judged as shown
         share = f"{rate / limit_rate:.0%}" if limit_rate else "-"
         target = TARGETS.get(key)
         verdict = ""
@@ -252,13 +318,16 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
         lines.append(
             f"{label:<{width}}{rate:>9,.0f}{ratio:>8.2f}{share:>10}{cpu:>12.0f}   {verdict}"
         )
-    lines.append(
-        f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per quarter of it)"
-    )
+    if limit_rate:
+        lines.append(
+            f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per quarter "
+            "of it, asyncio)"
+        )
 
     lines += [
         "",
-        f"per mode: msg/s in each of {s.rounds} rounds (ratio to the same round's raw); medians",
+        f"per mode: msg/s in each of {s.rounds} rounds (ratio to the same round's raw client); "
+        "medians",
     ]
     for key, label in LABELS.items():
         if key not in results.samples:
@@ -271,10 +340,11 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             f"  {label:<{width}}{per_round}  median {results.rate(key):,.0f} msg/s, "
             f"{results.cpu_us(key):.0f} us CPU/msg"
         )
-    lines.append("client CPU per message over the raw aio-pika consumer's:")
+    lines.append("client CPU per message over its raw client's (aio-pika, or pika: sync modes):")
     for key, label in LABELS.items():
-        if key == RAW or key not in results.samples:
+        if key in (RAW, RAW_PIKA) or key not in results.samples:
             continue
+        raw_cpu = results.cpu_us(baseline(key))
         extra = results.cpu_us(key) - raw_cpu
         lines.append(f"  {label:<{width}}{extra:+.0f} us ({extra / raw_cpu:+.0%} of raw)")
     if MEMORY_TRACED in results.samples:
@@ -297,7 +367,8 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
         f"command:   {env.command}",
         f"broker:    {env.version}, {redact(ctx.url)}",
         f"client:    Python {platform.python_version()}, aio-pika {package_version('aio-pika')}, "
-        f"aiormq {package_version('aiormq')}, delayq {package_version('delayq')}",
+        f"aiormq {package_version('aiormq')}, pika {package_version('pika')}, "
+        f"delayq {package_version('delayq')}",
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, load average {env.load}",
         f"workload:  {s.count} messages of {s.body_bytes} bytes per drain, prefetch "
         f"{s.prefetch}, {ctx.topology.queue_type.value} queue {ctx.queue}",
@@ -321,15 +392,15 @@ def benchmark(
     ctx = Context.create(url, settings, redis_url, redis_class, provider)
     log(f"broker {version} at {redact(url)}; namespace {ctx.topology.namespace}")
     if redis_class is None:
-        log(f"note: skipping {LABELS[REDIS]}: {redis_note}")
+        log(f"note: skipping {LABELS[REDIS]} and {LABELS[SYNC_REDIS]}: {redis_note}")
     load_before = load_average()
     try:
         apply_topology(ctx.topology, url)
         results = run_rounds(ctx)
         load = f"{load_before} before, {load_average()} after (1/5/15 min)"
         if profile_key is not None:
-            if profile_key == REDIS and redis_class is None:
-                log(f"note: cannot profile {LABELS[REDIS]}: {redis_note}")
+            if profile_key in REDIS_KEYS and redis_class is None:
+                log(f"note: cannot profile {LABELS[profile_key]}: {redis_note}")
             else:
                 profile(ctx, profile_key, profile_out)
     finally:
@@ -390,7 +461,7 @@ def redis_server(args: argparse.Namespace) -> Iterator[tuple[str | None, Any, st
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/consume.py",
-        description="Consume throughput of delayq's AsyncConsumer against raw aio-pika.",
+        description="Consume throughput of delayq's consumers against raw aio-pika and pika.",
     )
     parser.add_argument("--url", help="broker URL (default: $RABBITMQ_URL, else a local node)")
     parser.add_argument(
@@ -418,7 +489,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--modes",
         default="",
-        help="comma-separated modes to run besides raw ("
+        help="comma-separated modes to run besides their raw client ("
         + ",".join(PROFILE_CHOICES)
         + "; default all)",
     )
@@ -445,7 +516,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="also run AsyncConsumer + InMemoryStore traced (OpenTelemetry SDK, spans dropped)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.modes.split(",") if name and name not in PROFILE_CHOICES]
+    if unknown:
+        parser.error(
+            f"unknown --modes {', '.join(unknown)}; choose from {', '.join(PROFILE_CHOICES)}"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,7 +76,7 @@ class Settings:
     limit_prefetch: int
     """The physical limit's prefetch (high: the broker never waits for an ack)."""
     modes: frozenset[str]
-    """The modes to run besides raw aio-pika (empty: all)."""
+    """The modes to run besides their raw client (empty: all)."""
     rounds: int
     sqlite_dir: Path
 

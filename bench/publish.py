@@ -18,6 +18,22 @@ against one broker, so that the ratios compare like with like:
    starts, written to a plain socket with up to ``W`` unconfirmed and the
    broker's acks counted (no framework, no future per message, next to no client
    CPU): what the broker alone takes. Each pipelined mode is shown as a share of it.
+5. ``--callers`` N (100) coroutines sharing one ``AsyncPublisher``, each awaiting
+   ``publish(...)`` (one message, its confirm) in a loop until ``--batch-count`` are
+   sent between them, vs ``AsyncPublisher.publish_many(window=W)`` of the same
+   messages (pair 2's figure): the target is at least 0.8x. Beside it, the raw twin:
+   N coroutines sharing one aio-pika confirm channel, each awaiting
+   ``exchange.publish``.
+6. N threads calling ``Publisher.publish`` vs ``Publisher.publish_many(window=W)``
+   (pair 3's figure), target at least 0.8x. ``Publisher`` is not thread-safe (its
+   docstring and docs/guides/publishing.md: "one per thread"), so it is measured as
+   it may be used: one ``Publisher`` shared behind a ``threading.Lock`` around each
+   call ("1 locked": one confirm at a time), and one ``Publisher`` per thread ("1
+   each": N connections). Beside the latter, the raw twin: N threads with a pika
+   ``BlockingConnection`` and ``confirm_delivery()`` channel each.
+   Each caller takes a ticket from a shared counter before every publish, so exactly
+   ``--batch-count`` are sent; the clock starts when all N are ready (connections
+   open, warm-up sent the same way, threads waiting at a barrier).
 
 Every message goes, with ``mandatory=True`` and ``delivery_mode=2``, to the
 tier exchange of a throwaway namespace (``bench<hex>``, ladder ``["1h"]``,
@@ -44,7 +60,9 @@ process's ``time.process_time``): it moves much less than wall-clock time on a
 busy machine and is what the framework itself adds. On a shared machine, look
 at the per-round figures and the load average before trusting a ratio.
 
-``--tracing`` adds the traced twins of the three delayq modes (an OpenTelemetry SDK
+``--modes`` runs a subset (``--modes async-callers,sync-callers-each``; a callers mode
+brings the ``publish_many`` it is compared with). ``--tracing`` adds the traced twins
+of the three delayq modes (an OpenTelemetry SDK
 provider whose spans are batched and dropped: ``benchlib.discarding_tracer_provider``),
 run in the same rounds, and a table of what tracing costs next to the untraced figure.
 
@@ -54,6 +72,7 @@ Run it::
     python bench/publish.py --url amqp://guest:guest@localhost:5672/ --rounds 5
     python bench/publish.py --tracing              # tracing on vs off, same run
     RABBITMQ_URL=amqp://... python bench/publish.py --count 5000 --batch-count 50000
+    python bench/publish.py --modes async-callers,raw-aio-callers --callers 100
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
@@ -87,13 +106,22 @@ from benchlib import (
     purge,
     queue_depth,
 )
+from publish_concurrent_modes import (
+    ASYNC_CALLERS,
+    CALLERS_LABELS,
+    CALLERS_MEASURE,
+    CALLERS_VS_MANY_TARGET,
+    RAW_AIO_CALLERS,
+    RAW_PIKA_CALLERS,
+    SYNC_CALLERS_EACH,
+    SYNC_CALLERS_LOCKED,
+)
 from publish_modes import (
     ASYNC_MANY,
     ASYNC_MANY_TRACED,
     ASYNC_VS_RAW_AIO_TARGET,
     ASYNC_VS_SYNC_MANY_TARGET,
     FRAMEWORK_VS_RAW_TARGET,
-    LABELS,
     PIPELINED_VS_SINGLE_TARGET,
     RAW_AIO_PIPELINED,
     RAW_FRAMES,
@@ -113,6 +141,9 @@ from publish_modes import (
     raw_frames_socket,
     single_publish_pair,
     warmup_count,
+)
+from publish_modes import (
+    LABELS as PUBLISH_LABELS,
 )
 
 from delayq.sync import apply_topology
@@ -136,29 +167,61 @@ def pipelined(key: str, measure: Callable[[Context], Timing]) -> Step:
     return Step((key,), True, lambda ctx, _framework_first: {key: measure(ctx)})
 
 
+LABELS = {**PUBLISH_LABELS, **CALLERS_LABELS}
+
 STEPS: tuple[Step, ...] = (
     Step((SYNC_PUBLISH, RAW_PIKA_SINGLE), False, single_publish_pair),
     pipelined(ASYNC_MANY, delayq_async_publish_many),
     pipelined(RAW_AIO_PIPELINED, raw_aio_pika_pipelined),
     pipelined(SYNC_MANY, delayq_sync_publish_many),
     pipelined(RAW_FRAMES, raw_frames_socket),
+    *(pipelined(key, measure) for key, measure in CALLERS_MEASURE.items()),
 )
 """Even rounds run these in this order, framework first; odd rounds reversed."""
 
+MODE_CHOICES = {
+    "single": SYNC_PUBLISH,
+    "async-many": ASYNC_MANY,
+    "raw-aio": RAW_AIO_PIPELINED,
+    "sync-many": SYNC_MANY,
+    "raw-frames": RAW_FRAMES,
+    "async-callers": ASYNC_CALLERS,
+    "raw-aio-callers": RAW_AIO_CALLERS,
+    "sync-callers-locked": SYNC_CALLERS_LOCKED,
+    "sync-callers-each": SYNC_CALLERS_EACH,
+    "raw-pika-callers": RAW_PIKA_CALLERS,
+}
+"""``--modes`` names ("single": the two single-publish modes, which take turns)."""
+COMPARED_WITH = {
+    ASYNC_CALLERS: ASYNC_MANY,
+    SYNC_CALLERS_LOCKED: SYNC_MANY,
+    SYNC_CALLERS_EACH: SYNC_MANY,
+}
+"""The ``publish_many`` a callers mode is judged against, run whenever it is."""
+
 
 def steps_of(ctx: Context) -> tuple[Step, ...]:
-    """The run's steps: :data:`STEPS`, with the traced twins when ``--tracing``."""
-    if ctx.tracing is None:
-        return STEPS
-    pair = Step((SYNC_PUBLISH, RAW_PIKA_SINGLE, SYNC_PUBLISH_TRACED), False, single_publish_pair)
-    traced_async = functools.partial(delayq_async_publish_many, traced=True)
-    traced_sync = functools.partial(delayq_sync_publish_many, traced=True)
-    return (
-        pair,
-        *STEPS[1:],
-        pipelined(ASYNC_MANY_TRACED, traced_async),
-        pipelined(SYNC_MANY_TRACED, traced_sync),
-    )
+    """The run's steps: :data:`STEPS` (those of ``--modes``), with the traced twins when
+    ``--tracing``."""
+    steps = STEPS
+    if ctx.tracing is not None:
+        pair = Step(
+            (SYNC_PUBLISH, RAW_PIKA_SINGLE, SYNC_PUBLISH_TRACED), False, single_publish_pair
+        )
+        traced_async = functools.partial(delayq_async_publish_many, traced=True)
+        traced_sync = functools.partial(delayq_sync_publish_many, traced=True)
+        steps = (
+            pair,
+            *STEPS[1:],
+            pipelined(ASYNC_MANY_TRACED, traced_async),
+            pipelined(SYNC_MANY_TRACED, traced_sync),
+        )
+    chosen = ctx.settings.modes
+    if not chosen:
+        return steps
+    wanted = set(chosen) | {COMPARED_WITH[k] for k in chosen if k in COMPARED_WITH}
+    wanted |= {TRACED[k] for k in wanted if k in TRACED and ctx.tracing is not None}
+    return tuple(step for step in steps if wanted.intersection(step.keys))
 
 
 # Running and reporting --------------------------------------------------------------------
@@ -225,74 +288,88 @@ class Row:
     label: str
     framework: str
     raw: str
-    target: float
+    """The mode it is compared with: a raw client's, or another of delayq's."""
+    target: float | None
+    raw_client: bool = True
+    """Whether ``raw`` is a raw client's mode (then the CPU delayq adds is shown)."""
 
     def ratio(self, results: Results) -> float:
         return results.rate(self.framework) / results.rate(self.raw)
 
 
+def rows_of(s: Settings) -> list[Row]:
+    n, w = s.callers, s.window
+    return [
+        Row("sync publish (1 confirm at a time)", SYNC_PUBLISH, RAW_PIKA_SINGLE,
+            FRAMEWORK_VS_RAW_TARGET),
+        Row(f"async publish_many (window {w})", ASYNC_MANY, RAW_AIO_PIPELINED,
+            ASYNC_VS_RAW_AIO_TARGET),
+        Row("async publish_many vs sync publish_many", ASYNC_MANY, SYNC_MANY,
+            ASYNC_VS_SYNC_MANY_TARGET, raw_client=False),
+        Row(f"sync publish_many (window {w}) vs raw pika single", SYNC_MANY, RAW_PIKA_SINGLE,
+            PIPELINED_VS_SINGLE_TARGET, raw_client=False),
+        Row(f"{n} coroutines x async publish vs publish_many", ASYNC_CALLERS, ASYNC_MANY,
+            CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"{n} coroutines x async publish vs raw aio-pika", ASYNC_CALLERS, RAW_AIO_CALLERS,
+            None),
+        Row(f"{n} threads x 1 locked Publisher vs publish_many", SYNC_CALLERS_LOCKED, SYNC_MANY,
+            CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"{n} threads x 1 Publisher each vs publish_many", SYNC_CALLERS_EACH, SYNC_MANY,
+            CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"{n} threads x 1 Publisher each vs raw pika", SYNC_CALLERS_EACH, RAW_PIKA_CALLERS,
+            None),
+    ]  # fmt: skip
+
+
 def report(ctx: Context, results: Results, command: str, version: str, load: str) -> str:
     s = ctx.settings
-    rows = [
-        Row(
-            "sync publish (1 confirm at a time)",
-            SYNC_PUBLISH,
-            RAW_PIKA_SINGLE,
-            FRAMEWORK_VS_RAW_TARGET,
-        ),
-        Row(
-            f"async publish_many (window {s.window})",
-            ASYNC_MANY,
-            RAW_AIO_PIPELINED,
-            ASYNC_VS_RAW_AIO_TARGET,
-        ),
-        Row(
-            "async publish_many vs sync publish_many",
-            ASYNC_MANY,
-            SYNC_MANY,
-            ASYNC_VS_SYNC_MANY_TARGET,
-        ),
-        Row(
-            f"sync publish_many (window {s.window}) vs raw pika single",
-            SYNC_MANY,
-            RAW_PIKA_SINGLE,
-            PIPELINED_VS_SINGLE_TARGET,
-        ),
-    ]
-    width = max(len(r.label) for r in rows) + 2
-    lines = [f"{'mode':<{width}}{'delayq msg/s':>13}{'raw msg/s':>12}{'ratio':>8}   target"]
+    measured = results.samples
+    rows = [r for r in rows_of(s) if r.framework in measured and r.raw in measured]
+    width = max((len(r.label) for r in rows), default=4) + 2
+    lines = [f"{'mode':<{width}}{'delayq msg/s':>13}{'vs msg/s':>12}{'ratio':>8}   target"]
     for row in rows:
         ratio = round(row.ratio(results), 2)  # judged as shown
-        verdict = "" if ratio >= row.target else "   BELOW TARGET"
+        verdict = "" if row.target is None else f"   >= {row.target:.2f}"
+        if row.target is not None and ratio < row.target:
+            verdict += "   BELOW TARGET"
         lines.append(
             f"{row.label:<{width}}{results.rate(row.framework):>13,.0f}"
-            f"{results.rate(row.raw):>12,.0f}{ratio:>8.2f}   >= {row.target:.2f}{verdict}"
+            f"{results.rate(row.raw):>12,.0f}{ratio:>8.2f}{verdict}"
         )
 
     lines += [
         "",
         f"per mode: msg/s in each of {s.rounds} rounds; medians of msg/s and of client CPU",
     ]
-    shown = {k: label for k, label in LABELS.items() if k in results.samples}
-    rates = {k: ", ".join(f"{x.rate:,.0f}" for x in results.samples[k]) for k in shown}
+    shown = {k: label for k, label in LABELS.items() if k in measured}
+    label_width = max(len(label) for label in shown.values())
+    rates = {k: ", ".join(f"{x.rate:,.0f}" for x in measured[k]) for k in shown}
     rates_width = max(len(r) for r in rates.values())
     for key, label in shown.items():
         lines.append(
-            f"  {label:<36} {rates[key]:<{rates_width}}  median {results.rate(key):>7,.0f} msg/s, "
-            f"{results.cpu_us(key):>4.0f} us CPU/msg"
+            f"  {label:<{label_width}} {rates[key]:<{rates_width}}  "
+            f"median {results.rate(key):>7,.0f} msg/s, {results.cpu_us(key):>4.0f} us CPU/msg"
         )
-    lines.append(f"share of the physical limit ({LABELS[RAW_FRAMES]}, window {s.window}):")
-    limit = results.rate(RAW_FRAMES)
-    for key in (ASYNC_MANY, SYNC_MANY, RAW_AIO_PIPELINED):
-        lines.append(f"  {LABELS[key]:<36} {results.rate(key) / limit:>5.0%}")
-    lines.append("client CPU that delayq adds per message:")
-    for row in rows[:2]:
+    if CALLERS_LABELS.keys() & shown.keys():
+        lines.append(f"  (N = {s.callers} callers, sharing one publisher unless '1 each')")
+    if RAW_FRAMES in measured:
+        lines.append(f"share of the physical limit ({LABELS[RAW_FRAMES]}, window {s.window}):")
+        limit = results.rate(RAW_FRAMES)
+        for key in (ASYNC_MANY, SYNC_MANY, RAW_AIO_PIPELINED, ASYNC_CALLERS, RAW_AIO_CALLERS):
+            if key in measured:
+                lines.append(f"  {LABELS[key]:<{label_width}} {results.rate(key) / limit:>5.0%}")
+    cpu_rows = [r for r in rows if r.raw_client]
+    if cpu_rows:
+        lines.append("client CPU that delayq adds per message:")
+    for row in cpu_rows:
         extra = results.cpu_us(row.framework) - results.cpu_us(row.raw)
         share = extra / results.cpu_us(row.raw)
-        lines.append(f"  {row.label:<36} {extra:+.0f} us ({share:+.0%} of raw)")
+        lines.append(f"  {row.label:<{width}} {extra:+.0f} us ({share:+.0%} of raw)")
     if ctx.tracing is not None:
         lines += ["", "tracing on (SDK, spans dropped) vs off, same run (medians):"]
         for plain, traced in TRACED.items():
+            if traced not in measured:
+                continue  # not among --modes
             ratio = results.rate(traced) / results.rate(plain)
             extra = results.cpu_us(traced) - results.cpu_us(plain)
             lines.append(
@@ -310,7 +387,7 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, load average {load}",
         f"workload:  {s.body_bytes}-byte body, {ctx.topology.queue_type.value} tier queue "
         f"{ctx.queue}; {s.single_count} single / {s.batch_count} pipelined messages per "
-        f"measurement, window {s.window}",
+        f"measurement, window {s.window}; {s.callers} callers in the callers modes",
     ]
     return "\n".join(lines)
 
@@ -366,11 +443,26 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="rounds, alternating the order of modes; medians are reported",
     )
     parser.add_argument(
+        "--callers",
+        type=positive_int,
+        default=100,
+        help="concurrent callers (coroutines or threads) of the callers modes (default 100)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="",
+        help="comma-separated modes to run (" + ",".join(MODE_CHOICES) + "; default all)",
+    )
+    parser.add_argument(
         "--tracing",
         action="store_true",
         help="also run the delayq modes traced (OpenTelemetry SDK, spans dropped), same run",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.modes.split(",") if name and name not in MODE_CHOICES]
+    if unknown:
+        parser.error(f"unknown --modes {', '.join(unknown)}; choose from {', '.join(MODE_CHOICES)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -382,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         body_bytes=args.body_bytes,
         window=args.window,
         rounds=args.rounds,
+        callers=args.callers,
+        modes=frozenset(MODE_CHOICES[name] for name in args.modes.split(",") if name),
     )
     with broker(args.url) as (url, _node):
         benchmark(url, settings, command_line(argv), tracing=args.tracing)

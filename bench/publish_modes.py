@@ -55,6 +55,10 @@ class Settings:
     body_bytes: int
     window: int
     rounds: int
+    callers: int = 100
+    """Concurrent callers of the single-publish modes with callers (``--callers``)."""
+    modes: frozenset[str] = frozenset()
+    """The modes to run (empty: all); see ``bench/publish.py --modes``."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,216 @@
+"""The concurrent single-publish modes of ``bench/publish.py``: ``--callers`` callers
+(coroutines or threads) that each publish one message at a time, waiting for its
+confirm, in a loop until ``count`` are sent between them, all through one shared
+publisher (or, where a shared one is not safe, what is), with the raw clients' twins.
+
+Each caller takes a ticket before every publish (a counter shared by all), so exactly
+``count`` messages are sent whichever caller is faster. The clock starts when every
+caller is ready (the tasks created, the threads waiting at a barrier, the connections
+open and a warm-up of ``warmup_count(count)`` messages sent the same way) and stops
+when the last caller is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import threading
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import aio_pika
+import pika
+from publish_modes import (
+    DELAY,
+    ROUTING_KEY,
+    Context,
+    Stopwatch,
+    Timing,
+    raw_pika_publish,
+    warmup_count,
+)
+
+from delayq.aio import AsyncPublisher
+from delayq.sync import Publisher
+
+ASYNC_CALLERS = "delayq-async-callers"
+RAW_AIO_CALLERS = "raw-aio-pika-callers"
+SYNC_CALLERS_LOCKED = "delayq-sync-callers-locked"
+SYNC_CALLERS_EACH = "delayq-sync-callers-each"
+RAW_PIKA_CALLERS = "raw-pika-callers"
+
+CALLERS_LABELS = {
+    ASYNC_CALLERS: "delayq AsyncPublisher.publish, N coroutines",
+    RAW_AIO_CALLERS: "raw aio-pika publish, N coroutines",
+    SYNC_CALLERS_LOCKED: "delayq Publisher.publish, N threads, 1 locked",
+    SYNC_CALLERS_EACH: "delayq Publisher.publish, N threads, 1 each",
+    RAW_PIKA_CALLERS: "raw pika publish, N threads, 1 each",
+}
+"""N is ``--callers``. "1 locked": one ``Publisher`` shared by all threads, each call
+under a ``threading.Lock`` (``Publisher`` is not thread-safe); "1 each": one
+``Publisher`` (or pika connection) per thread, as delayq's docs advise."""
+
+CALLERS_VS_MANY_TARGET = 0.80
+"""N concurrent single publishes against ``publish_many`` of the same messages."""
+
+
+# Callers ----------------------------------------------------------------------------------
+
+
+async def _coroutines(callers: int, total: int, send: Callable[[], Awaitable[object]]) -> None:
+    """``callers`` tasks awaiting ``send()`` one at a time until ``total`` are sent."""
+    tickets = itertools.count()
+
+    async def caller() -> None:
+        while next(tickets) < total:
+            await send()
+
+    await asyncio.gather(*(caller() for _ in range(callers)))
+
+
+def _threads(senders: list[Callable[[], object]], total: int) -> Timing:
+    """A thread per sender, each calling it one at a time until ``total`` are sent between
+    them; timed from the barrier that releases them all to the last one's end."""
+    tickets = itertools.count()  # next() is one C call: atomic under the GIL
+    ready = threading.Barrier(len(senders) + 1)
+    errors: list[BaseException] = []
+
+    def work(send: Callable[[], object]) -> None:
+        ready.wait()
+        try:
+            while next(tickets) < total:
+                send()
+        except BaseException as exc:  # raised in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in senders]
+    for thread in threads:
+        thread.start()
+    watch = Stopwatch()
+    ready.wait()
+    for thread in threads:
+        thread.join()
+    timing = watch.read()
+    if errors:
+        raise errors[0]
+    return timing
+
+
+def _warmed_threads(ctx: Context, senders: list[Callable[[], object]]) -> Timing:
+    count = ctx.settings.batch_count
+    _threads(senders, warmup_count(count))
+    return _threads(senders, count)
+
+
+# The measurements -------------------------------------------------------------------------
+
+
+def delayq_async_callers(ctx: Context) -> Timing:
+    """N coroutines sharing one ``AsyncPublisher``, each awaiting ``publish`` (the confirm)
+    before its next one."""
+    count, callers = ctx.settings.batch_count, ctx.settings.callers
+
+    async def run() -> Timing:
+        async with AsyncPublisher(ctx.url, ctx.topology) as publisher:
+
+            def send() -> Awaitable[object]:
+                return publisher.publish(ctx.body, ROUTING_KEY, DELAY)
+
+            await publisher.connect()
+            await _coroutines(callers, warmup_count(count), send)
+            watch = Stopwatch()
+            await _coroutines(callers, count, send)
+            return watch.read()
+
+    return asyncio.run(run())
+
+
+def raw_aio_pika_callers(ctx: Context) -> Timing:
+    """N coroutines sharing one aio-pika ``publisher_confirms`` channel, each awaiting
+    ``exchange.publish`` (the confirm) before its next one: the same messages."""
+    count, callers = ctx.settings.batch_count, ctx.settings.callers
+    timestamp = datetime.fromtimestamp(ctx.timestamp_s, tz=timezone.utc)
+
+    async def run() -> Timing:
+        connection = await aio_pika.connect(ctx.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            exchange = await channel.get_exchange(ctx.exchange, ensure=False)
+
+            def send() -> Awaitable[object]:
+                # Waits for the confirm; raises on a Basic.Return or Basic.Nack.
+                message = aio_pika.Message(
+                    ctx.body,
+                    headers=ctx.headers,
+                    content_type=ctx.content_type,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    message_id=uuid.uuid4().hex,
+                    timestamp=timestamp,
+                )
+                sent: Awaitable[object] = exchange.publish(message, ROUTING_KEY, mandatory=True)
+                return sent
+
+            await _coroutines(callers, warmup_count(count), send)
+            watch = Stopwatch()
+            await _coroutines(callers, count, send)
+            return watch.read()
+
+    return asyncio.run(run())
+
+
+def delayq_sync_callers_locked(ctx: Context) -> Timing:
+    """N threads sharing one ``Publisher``, each call of ``publish`` under one lock: the
+    safe way to share it (it is not thread-safe), so one confirm at a time."""
+    lock = threading.Lock()
+    with Publisher(ctx.url, ctx.topology) as publisher:
+        publisher.connect()
+
+        def send() -> object:
+            with lock:
+                return publisher.publish(ctx.body, ROUTING_KEY, DELAY)
+
+        return _warmed_threads(ctx, [send] * ctx.settings.callers)
+
+
+def delayq_sync_callers_each(ctx: Context) -> Timing:
+    """N threads, one ``Publisher`` (one connection) each, all open before the clock."""
+    publishers = [Publisher(ctx.url, ctx.topology) for _ in range(ctx.settings.callers)]
+    try:
+        senders: list[Callable[[], object]] = []
+        for publisher in publishers:
+            publisher.connect()
+            senders.append(functools.partial(publisher.publish, ctx.body, ROUTING_KEY, DELAY))
+        return _warmed_threads(ctx, senders)
+    finally:
+        for publisher in publishers:
+            publisher.close()
+
+
+def raw_pika_callers(ctx: Context) -> Timing:
+    """N threads, one pika ``BlockingConnection`` with a ``confirm_delivery()`` channel
+    each (pika is not thread-safe either), one ``basic_publish`` at a time."""
+    connections: list[Any] = []
+    try:
+        senders: list[Callable[[], object]] = []
+        for _ in range(ctx.settings.callers):
+            connection = pika.BlockingConnection(pika.URLParameters(ctx.url))
+            connections.append(connection)
+            channel = connection.channel()
+            channel.confirm_delivery()
+            senders.append(functools.partial(raw_pika_publish, ctx, channel))
+        return _warmed_threads(ctx, senders)
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
+    ASYNC_CALLERS: delayq_async_callers,
+    RAW_AIO_CALLERS: raw_aio_pika_callers,
+    SYNC_CALLERS_LOCKED: delayq_sync_callers_locked,
+    SYNC_CALLERS_EACH: delayq_sync_callers_each,
+    RAW_PIKA_CALLERS: raw_pika_callers,
+}

@@ -1,0 +1,55 @@
+"""The benchmarks of docs/project/performance.md run as documented, against a real broker:
+small counts, one round, each mode's own checks (every message delivered once, queues
+left empty) on. The figures are not looked at: they are measured by the scripts, never
+asserted by a test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(script: str, *args: str, url: str) -> str:
+    result = subprocess.run(
+        [sys.executable, f"bench/{script}", "--url", url, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"{script} {args}: exit {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+@pytest.mark.timeout(700)
+def test_the_end_to_end_bench_runs_the_raw_path_and_delayq(rabbitmq_url: str) -> None:
+    out = _bench("e2e.py", "--modes", "raw,memory", "--seconds", "5", url=rabbitmq_url)
+    assert "raw frames (the ceiling)" in out and "AsyncConsumer + InMemoryStore" in out
+    assert "PROBLEM" not in out
+
+
+@pytest.mark.timeout(700)
+def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: str) -> None:
+    out = _bench(
+        "consume.py", "--count", "2000", "--rounds", "1", "--modes", "raw-pika,sync-memory",
+        url=rabbitmq_url,
+    )
+    assert "raw pika consumer" in out and "sync Consumer + InMemoryStore" in out
+
+
+@pytest.mark.timeout(700)
+def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
+    out = _bench(
+        "publish.py", "--modes", "async-callers,sync-callers-each", "--callers", "20",
+        "--batch-count", "2000", "--rounds", "1",
+        url=rabbitmq_url,
+    )
+    assert "coroutines x async publish vs publish_many" in out
+    assert "threads x 1 Publisher each vs publish_many" in out
