@@ -17,7 +17,10 @@ Modes (``--modes``, default all; ``sync`` is extra):
 - ``memory``, ``sqlite``, ``redis``: ``AsyncPublisher.publish_many`` + ``AsyncConsumer`` with
   ``InMemoryStore``, ``SQLiteStore(<fresh file>)``, ``RedisStore`` (``--redis-url``, else
   ``$REDIS_URL``, else a LocalRedis, as bench/consume.py; skipped with a note if none);
-- ``sync``: the same publisher + ``delayq.sync.Consumer`` with ``InMemoryStore``.
+- ``sync``: the same publisher + ``delayq.sync.Consumer`` with ``InMemoryStore``;
+- ``pub-only`` (delayq's publisher, the raw consumer) and ``cons-only`` (the raw publisher,
+  ``AsyncConsumer`` with ``InMemoryStore``): delayq on one side only, to tell which side
+  costs the path its rate.
 
 Every body carries its sequence number and its publish time (``time.time_ns()``), so the
 consumer process counts each message (exactly once, none early) and its lateness after the
@@ -76,7 +79,7 @@ from delayq.local.node import LocalNode
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 
-MODES = ("raw", "memory", "sqlite", "redis", "sync")
+MODES = ("raw", "memory", "sqlite", "redis", "sync", "pub-only", "cons-only")
 DEFAULT_MODES = "raw,memory,sqlite,redis"
 GOALS = {"memory": 0.8, "sqlite": 0.6, "redis": 0.6}
 """Sustained rate over the raw path's (issue 31)."""
@@ -368,7 +371,7 @@ def report(env: Env, runs: dict[str, tuple[Outcome | None, Outcome]], meta: list
                 else (f"; pacer lag max {out.max_lag_s:.2f} s, lateness grew {ms(out.growth_s)} ms")
             )
             lines.append(
-                f"  {mode:<7}{asked:<10} sent {out.sent:>8,}  offered {out.offered:>7,.0f}  "
+                f"  {mode:<10}{asked:<10} sent {out.sent:>8,}  offered {out.offered:>7,.0f}  "
                 f"delivered {out.delivered:>7,.0f}  late p50 {ms(out.late_s[0]):>5} ms  held at "
                 f"most: destination {out.max_depth[0]:,}, tier {out.max_depth[1]:,}{extra}"
                 + "".join(f"\n    PROBLEM: {p}" for p in out.problems)

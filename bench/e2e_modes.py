@@ -34,6 +34,7 @@ from typing import Any
 
 from consume_modes import make_redis_store
 from pamqp import commands
+from pamqp import frame as pframe
 from publish_modes import ROUTING_KEY, Context, Settings, _FrameSocket, encoded_publishes
 
 from delayq import Message, Topology
@@ -80,7 +81,12 @@ MODE_LABELS = {
     "sqlite": "AsyncConsumer + SQLiteStore",
     "redis": "AsyncConsumer + RedisStore",
     "sync": "sync Consumer + InMemoryStore",
+    "pub-only": "delayq publisher, raw consumer",
+    "cons-only": "raw publisher, AsyncConsumer + memory",
 }
+RAW_PUBLISHER = ("raw", "cons-only")
+RAW_CONSUMER = ("raw", "pub-only")
+"""The split modes put delayq on one side only: which side costs the path its rate."""
 
 
 @dataclass(frozen=True)
@@ -207,9 +213,19 @@ class Pacer:
 
 
 def publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
-    if spec.mode == "raw":
+    if spec.mode in RAW_PUBLISHER:
         return raw_publish(spec, shared, conn)
     return asyncio.run(delayq_publish(spec, shared, conn))
+
+
+def _message_id_at(encoded: bytes) -> int:
+    """Where the message id (32 hex digits) of one encoded publish starts."""
+    start = 8 + int.from_bytes(encoded[3:7], "big")  # past the method frame
+    _, _, header = pframe.unmarshal(encoded[start:])
+    message_id = header.properties.message_id.encode()
+    found = encoded.find(message_id, start)
+    assert found > 0 and len(message_id) == 32
+    return found
 
 
 def raw_publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
@@ -229,6 +245,7 @@ def raw_publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
         pool = encoded_publishes(ctx, RAW_POOL, wire.frame_max)
         at = len(pool[0]) - 1 - spec.body_bytes  # the body: the last frame's payload
         assert all(len(f) == len(pool[0]) and f[at : at + len(template)] == template for f in pool)
+        ids_at = [_message_id_at(f) for f in pool]  # each publish gets a message id of its own
         confirmed = 0
 
         def read_confirms(timeout_s: float) -> None:
@@ -251,6 +268,8 @@ def raw_publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
                 for seq in range(sent, sent + n):
                     frame = bytearray(pool[seq % RAW_POOL])
                     STAMP.pack_into(frame, at, seq, stamp_ns)
+                    id_at = ids_at[seq % RAW_POOL]
+                    frame[id_at : id_at + 16] = b"%016x" % seq
                     frames.append(frame)
                 wire.sock.sendall(b"".join(frames))
                 pacer.sent += n
@@ -386,7 +405,7 @@ class Watch:
 def consume(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
     if spec.mode == "sync":
         return sync_consume(spec, shared, conn)
-    run = raw_consume if spec.mode == "raw" else delayq_consume
+    run = raw_consume if spec.mode in RAW_CONSUMER else delayq_consume
     return asyncio.run(run(spec, shared, conn))
 
 
