@@ -106,6 +106,7 @@ def publish_partition(
             topology,
             publish_attempts=1,  # the waiting is send_resilient's
             connect_attempts=1,
+            reconnect_within=None,  # and the budget: send_resilient's retry_for
             retry_backoff_s=policy.backoff_ms / 1000,
             tracing=provider,  # None: as without tracing= (a worker's global provider, if set)
         ) as publisher:
