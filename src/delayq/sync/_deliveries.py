@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from queue import Empty
 from typing import Any, ClassVar, Protocol, cast
 
 from delayq.consume.base import ConsumerBase
@@ -32,15 +31,15 @@ from delayq.consume.flow import (
     PutBack,
     RunHandler,
     Settlement,
-    advance,
     delivery_flow,
 )
 from delayq.consume.handlers import plain
 from delayq.errors import DelayqError, HandlersStuck, HandlerTimeout, StoreError
-from delayq.observe.logs import bound_delivery
+from delayq.observe.logs import bind_delivery, bound_delivery, unbind_delivery
 from delayq.observe.tracing import ProcessSpan
 from delayq.stores.base import (
     IdempotencyStore,
+    StoreOp,
     TransactionalStore,
     answer_op,
     call_in_transaction,
@@ -111,11 +110,16 @@ class DeliveryFlow(ConsumerBase):
             log.warning("pruning the idempotency store failed: %r", exc)
 
     def _start_pending(self) -> None:
-        while self._pending and self._threads.free() > 0:
-            job = self._begin(*self._pending.popleft())
+        pending, threads = self._pending, self._threads
+        if not pending:
+            return
+        free = threads.free()
+        while pending and free > 0:
+            job = self._begin(*pending.popleft())
             if job is not None:
-                self._threads.submit(job)
-        if self._pending and self._threads.stuck():
+                threads.submit(job)
+                free -= 1
+        if pending and threads.stuck():
             self._dead_letter_timed_out()
 
     def _dead_letter_timed_out(self) -> None:
@@ -148,20 +152,21 @@ class DeliveryFlow(ConsumerBase):
         """Start the flow of a delivery: a :class:`Job` to run its handler, or ``None``
         when it is settled already (undecodable, duplicate, deferred, store down)."""
         received_ms = self._clock_ms()
-        span = self._trace(delivery, received_ms)
+        span = None if self._tracing is None else self._trace(delivery, received_ms)
         if span is not None:
             self._spans[id(delivery)] = span
             span.attach()
+        token = bind_delivery(delivery)
         try:
-            with bound_delivery(delivery):
-                flow = delivery_flow(delivery, self._flow_context)
-                step = self._drive(flow, None, settler, delivery, received_ms)
-                if step is None:
-                    return None
-                # The job's context is copied here: the handler's thread logs with this
-                # delivery's fields (see delayq.observe.logs) and runs in its span.
-                return Job(settler, delivery, received_ms, flow, self._handler_call(step))
+            flow = delivery_flow(delivery, self._flow_context)
+            step = self._drive(flow, None, settler, delivery, received_ms)
+            if step is None:
+                return None
+            # The job's context is copied here: the handler's thread logs with this
+            # delivery's fields (see delayq.observe.logs) and runs in its span.
+            return Job(settler, delivery, received_ms, flow, self._handler_call(step))
         finally:
+            unbind_delivery(token)
             if span is not None:
                 span.detach()
 
@@ -192,10 +197,12 @@ class DeliveryFlow(ConsumerBase):
     ) -> RunHandler | None:
         """Do the flow's steps here up to its handler (returned) or its settlement."""
         while True:
-            step = advance(flow, answer)
-            if isinstance(step, RunHandler):
-                return step
-            if isinstance(step, Publish):
+            step = flow.send(answer)  # advance(), without a call per step
+            kind = type(step)  # by identity, not isinstance: this runs per step
+            if kind is RunHandler:
+                return cast(RunHandler, step)
+            if kind is Publish:
+                step = cast(Publish, step)
                 span = self._spans.get(id(delivery))
                 if not settler.current:  # its channel is gone: the broker has it back
                     flow.close()
@@ -206,12 +213,12 @@ class DeliveryFlow(ConsumerBase):
                 if span is not None:
                     span.carry(step.message)
                 answer = self._republish(step)
-            elif isinstance(step, (Ack, PutBack, GiveUp)):
-                self._settle(step, settler, delivery, received_ms)
+            elif kind is Ack or kind is PutBack or kind is GiveUp:
+                self._settle(cast(Settlement, step), settler, delivery, received_ms)
                 return None
             else:
                 assert self._store is not None
-                answer = answer_op(self._store, step)
+                answer = answer_op(self._store, cast(StoreOp, step))
 
     def _republish(self, step: Publish) -> DelayqError | None:
         try:
@@ -234,7 +241,7 @@ class DeliveryFlow(ConsumerBase):
         elif not settler.current:
             return  # a lost channel's delivery: its key is recorded, its tag is void
         elif isinstance(settlement, Ack):
-            settler.ack()  # by tag, never multiple: handlers end in any order
+            settler.ack()  # sent with the loop turn's others (see delayq.sync._acks)
             self._settled(delivery, settlement, received_ms)
         else:
             self._putting_back(delivery, settlement.why)
@@ -242,13 +249,12 @@ class DeliveryFlow(ConsumerBase):
             settler.requeue()
 
     def _settle_finished(self) -> None:
-        while True:
+        for job in self._threads.take_finished():
+            token = bind_delivery(job.delivery)
             try:
-                job = self._threads.finished.get_nowait()
-            except Empty:
-                return
-            with bound_delivery(job.delivery):
                 self._finish(job)
+            finally:
+                unbind_delivery(token)
 
     def _time_out_overruns(self) -> None:
         for job in self._threads.overrun():

@@ -2,12 +2,16 @@
 
 pika's BlockingConnection is not thread-safe, so handlers run here and only hand
 their outcome back: the connection's thread drains :attr:`HandlerThreads.finished`
-and does every ack, nack and republish itself. A handler past its timeout cannot
-be killed; it is *abandoned*: its slot is given back at once (the delivery is
-retried) while its thread runs on, and what it returns is ignored. Abandoned
-threads are bounded too: at most ``spare`` of them beyond the ``size`` working
-ones, so the consumer never has more than ``size + spare`` handler threads; when
-that many are stuck, no new handler starts until one of them ends.
+(:meth:`HandlerThreads.take_finished`) and does every ack, nack and republish
+itself. A handler's end wakes that thread only when nothing else has since it
+last drained them (a wake crosses threads through pika's socket pair: costly).
+
+A handler past its timeout cannot be killed; it is *abandoned*: its slot is given
+back at once (the delivery is retried) while its thread runs on, and what it
+returns is ignored. Abandoned threads are bounded too: at most ``spare`` of them
+beyond the ``size`` working ones, so the consumer never has more than
+``size + spare`` handler threads; when that many are stuck, no new handler starts
+until one of them ends.
 
 Threads are daemons: a handler stuck forever must not keep the process from
 exiting after a graceful stop (``concurrent.futures`` threads are joined at exit).
@@ -28,7 +32,7 @@ from delayq.consume.delivery import Delivery
 __all__ = ["HandlerThreads", "Job"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One delivery whose handler runs in a thread, and what came of it."""
 
@@ -84,12 +88,22 @@ class HandlerThreads:
         self._abandoned = 0
         self.finished: queue.SimpleQueue[Job] = queue.SimpleQueue()
         """Jobs whose handler ended in time, for the connection's thread to settle."""
+        self._woken = False
+        """Whether a handler's end woke the connection's thread since it last took the
+        finished jobs: later ends need not wake it again (it takes them too)."""
 
     @property
     def running(self) -> int:
         """Jobs in their slot: started, not finished, not abandoned."""
         with self._lock:
             return len(self._running)
+
+    def unsettled(self) -> bool:
+        """Whether a job started in time is not yet taken by :meth:`take_finished`: its
+        handler runs, or it ended and waits in :attr:`finished` (a job leaves its slot
+        only once it is there, so none is ever in neither)."""
+        with self._lock:
+            return bool(self._running) or not self.finished.empty()
 
     @property
     def abandoned(self) -> int:
@@ -154,6 +168,16 @@ class HandlerThreads:
             self._running.clear()
         return jobs
 
+    def take_finished(self) -> list[Job]:
+        """The jobs whose handler ended in time, in the order they ended (the connection's
+        thread; the next end after this call wakes it again)."""
+        self._woken = False  # before draining: a job put after this is taken, or wakes
+        finished = self.finished
+        jobs: list[Job] = []
+        while not finished.empty():  # this thread alone takes: not empty, then it gets
+            jobs.append(finished.get_nowait())
+        return jobs
+
     def close(self) -> None:
         """Let idle threads end; stuck ones are daemons and end with the process."""
         with self._lock:
@@ -172,10 +196,12 @@ class HandlerThreads:
             with self._lock:
                 in_time = job in self._running
                 if in_time:
+                    self.finished.put(job)  # first: see unsettled()
                     self._running.discard(job)
                 else:
                     self._abandoned -= 1
                 self._idle += 1
-            if in_time:
-                self.finished.put(job)
-                self._wake()
+            if in_time:  # put, then the flag: see take_finished
+                if not self._woken:
+                    self._woken = True
+                    self._wake()

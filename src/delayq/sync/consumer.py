@@ -9,6 +9,11 @@ republish, ack and nack. On an inline feed (a memory broker) the broker delivers
 in the caller's thread and the handler runs there, with no timeout.
 A handler that hangs holds one slot only: the others keep flowing.
 
+Handing work between threads costs more than a no-op handler: a handler's end
+wakes the consumer's thread only when nothing else has since it last looked, and
+pika's feed acks settled deliveries together, a ``multiple`` ack at a time, never
+past one that is not settled (:mod:`delayq.sync._acks`).
+
 After every (re)connect the consumer subscribes with a prefetch of 1 and keeps it
 while the deliveries are redeliveries, widening to ``prefetch`` at the first
 fresh one. A quorum queue charges every unacked delivery of a dead connection to
@@ -216,8 +221,15 @@ class Consumer(DeliveryFlow):
         tick_s = max(0.005, min(0.2, self._timeout_ms / 10_000))
         self._last_delivery = time.monotonic()
         stop_by: float | None = None
+        feed, threads = self._feed, self._threads
+        # With deliveries at hand and every slot busy, only a handler's end matters: a
+        # feed that can wait for that alone (pika's) reads without waiting, then does.
+        until_wake: Callable[[float], None] | None = getattr(feed, "pump_until_wake", None)
         while True:
-            self._feed.pump(tick_s)
+            if until_wake is not None and self._pending and not threads.free():
+                until_wake(tick_s)
+            else:
+                feed.pump(tick_s)
             self._settle_finished()
             self._time_out_overruns()
             self._watch_stuck()
@@ -227,8 +239,8 @@ class Consumer(DeliveryFlow):
                     self._feed.unsubscribe()
                 if time.monotonic() >= stop_by:
                     self._pending.clear()  # back to the queue when the channel closes
-                if not self._pending and not self._threads.running:
-                    return
+                if not self._pending and not threads.unsettled():
+                    return  # nothing started is left unsettled (ended, not taken yet)
             elif self._widen:
                 self._widen_prefetch()
             self._start_pending()
@@ -272,7 +284,7 @@ class Consumer(DeliveryFlow):
     def _check_stalled(self) -> None:
         """Ready messages, none delivered for a while: subscribe again (a consumer the
         broker forgot without telling, see AsyncConsumer._watch_stalls)."""
-        if self._pending or self._threads.running or self._stop.is_set():
+        if self._pending or self._threads.unsettled() or self._stop.is_set():
             return
         if time.monotonic() - self._last_delivery < STALL_CHECK_S:
             return
