@@ -1,20 +1,25 @@
-"""Throughput of ``delayq bridge`` (an intake's relay) against a raw pika relay.
+"""Throughput of ``delayq bridge`` (an intake's relay) against two raw pika relays.
 
-Both drain ``--count`` plugin-style messages (``x-delay`` header, raw pika publishes)
-from the intake queue of a throwaway namespace into its tiers, each publish confirmed
-before its delivery is acked, prefetch ``--prefetch``:
+Each mode drains ``--count`` plugin-style messages (``x-delay`` header, raw pika
+publishes) from the intake queue of a throwaway namespace into its tiers, each publish
+confirmed before its delivery is acked, prefetch ``--prefetch`` (the relays:
+``bench/bridge_modes.py``):
 
-1. raw pika: one connection consuming, one publishing on a confirm channel; each
-   message of a batch in hand published to the tier its ``x-delay`` names (a dict
-   lookup, nothing checked, its properties as they came), pika's blocking confirm per
-   publish, then the batch acked: what a relay written by hand on pika does;
-2. delayq's :class:`~delayq.sync.bridge.Bridge`: reading ``x-delay`` as the plugin did,
-   choosing the tier, the message id, the properties carried, the DLQ for what cannot
-   be scheduled, pipelined confirms.
+1. ``raw-each``: raw pika, the batch in hand published with pika's blocking confirm
+   per publish (one round trip each), then acked: the plain way on pika;
+2. ``raw-pipelined``: raw pika on a ``SelectConnection``, each delivery published as
+   it arrives and acked once its confirm comes (a window of the prefetch): the fastest
+   raw pika relay doing the same job;
+3. ``bridge``: delayq's :class:`~delayq.sync.bridge.Bridge`: reading ``x-delay`` as the
+   plugin did, choosing the tier, the message id, the properties carried, the DLQ for
+   what cannot be scheduled, pipelined confirms.
 
-The clock runs from the first delivery to the last ack (the intake queue's depth read
-every ``POLL_S``). Reported: messages per second (median of ``--rounds``), client CPU
-per message (this process's ``time.process_time``), and the ratio delayq / raw.
+The clock runs from the relay's consume to its last ack (its own count, read every
+``POLL_S``). Then each mode is checked: every message reaches the destination queue
+once its tier expires, nothing is left in the intake queue, its DLQ or the tiers (a
+``PROBLEM`` line and exit 1 otherwise). Reported: messages per second (median of
+``--rounds``), client CPU per message (this process's ``time.process_time``), and the
+bridge's rate over each mode's.
 
     .venv/bin/python bench/bridge.py --count 20000 --rounds 3
     DELAYQ_RABBITMQ_SERVER=4.0 .venv/bin/python bench/bridge.py
@@ -25,14 +30,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import pika
 from benchlib import (
+    admin_channel,
     broker,
     broker_version,
     command_line,
@@ -41,13 +45,24 @@ from benchlib import (
     positive_int,
     queue_depth,
 )
+from bridge_modes import MODES, RelayRun
 
 from delayq import Topology
 from delayq.sync import apply_topology, delete_topology
-from delayq.sync.bridge import Bridge
 
 POLL_S = 0.01
 DELAYS = (500, 1000, 2000, 3000)
+LADDER = ["1s", "2s", "4s"]
+
+
+def modes_arg(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(MODES)}"
+        )
+    return modes
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -56,6 +71,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--count", type=positive_int, default=20_000)
     parser.add_argument("--prefetch", type=positive_int, default=1000)
     parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument(
+        "--modes", type=modes_arg, default=list(MODES), help=f"of {','.join(MODES)} (all)"
+    )
     return parser.parse_args(argv)
 
 
@@ -80,113 +98,94 @@ def fill(url: str, exchange: str, count: int) -> None:
         connection.close()
 
 
-def timed(url: str, queue: str, count: int, start: Any, stop: Any) -> tuple[float, float]:
-    """Run a relay until ``queue`` is empty; (msg/s, CPU µs per message)."""
+def timed(relay: RelayRun, count: int) -> tuple[float, float]:
+    """Run ``relay`` until it acked ``count`` deliveries; (msg/s, CPU µs per message)."""
     cpu0 = time.process_time()
-    start()
+    relay.start()
+    if not relay.consuming.wait(60):
+        relay.problems.append("not consuming after 60 s")
     began = time.monotonic()
-    while queue_depth(url, queue) > 0:
+    deadline = began + max(60.0, count / 200)
+    while relay.acked < count and not relay.problems and time.monotonic() < deadline:
         time.sleep(POLL_S)
     elapsed = time.monotonic() - began
-    stop()
+    relay.stop()
     cpu = time.process_time() - cpu0
+    if relay.acked != count:
+        relay.problems.append(f"{relay.acked:,} of {count:,} deliveries acked")
     return count / elapsed, cpu / count * 1e6
 
 
-def raw_relay(url: str, topology: Topology, queue: str, prefetch: int) -> tuple[Any, Any]:
-    """A raw pika relay: each delivery published to its tier on a confirm channel (pika's
-    blocking confirm per publish), with its properties, then the batch acked: what a
-    hand-written relay on pika does, nothing checked."""
-    tiers = {t.ttl_ms: topology.tier_name(t) for t in topology.ladder.tiers}
-    halt = threading.Event()
-
-    def run() -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        out = pika.BlockingConnection(pika.URLParameters(url))
-        channel, publish = connection.channel(), out.channel()
-        publish.confirm_delivery()
-        channel.basic_qos(prefetch_count=prefetch)
-        batch: list[tuple[int, Any, bytes, str]] = []
-        channel.basic_consume(
-            queue, lambda ch, m, p, b: batch.append((m.delivery_tag, p, b, m.routing_key))
-        )
-        while not halt.is_set():
-            connection.process_data_events(time_limit=0.01)
-            if not batch:
-                continue
-            taken, batch[:] = list(batch), []
-            for _tag, props, body, key in taken:
-                delay = int(props.headers["x-delay"])
-                tier = tiers[min(ms for ms in tiers if ms >= delay)]
-                publish.basic_publish(tier, key, body, props, mandatory=True)
-            channel.basic_ack(taken[-1][0], multiple=True)
-        connection.close()
-        out.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-
-    def stop() -> None:
-        halt.set()
-        thread.join(30)
-
-    return thread.start, stop
+def check_delivered(url: str, topology: Topology, count: int) -> list[str]:
+    """Every message in the destination queue once its tier expired, none left behind;
+    then the tiers and the destination are emptied for the next mode."""
+    ns, intake = topology.namespace, topology.intakes[0]
+    work = topology.destinations[0].queue
+    deadline = time.monotonic() + topology.ladder.tiers[-1].ttl_ms / 1000 + 60
+    while queue_depth(url, work) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {q: queue_depth(url, q) for q in (intake.queue_name(ns), intake.dlq_name(ns))}
+    left |= {topology.tier_name(t): queue_depth(url, topology.tier_name(t))
+             for t in topology.ladder.tiers}  # fmt: skip
+    problems = [f"{depth:,} message(s) left in {q}" for q, depth in left.items() if depth]
+    delivered = queue_depth(url, work)
+    if delivered != count:
+        problems.append(f"{delivered:,} of {count:,} messages in {work}")
+    with admin_channel(url) as channel:
+        for queue in [*left, work]:
+            channel.queue_purge(queue)
+    return problems
 
 
-def bridge_relay(url: str, topology: Topology, prefetch: int) -> tuple[Any, Any]:
-    bridge = Bridge(url, topology, prefetch=prefetch)
-    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False), daemon=True)
-
-    def stop() -> None:
-        bridge.request_stop()
-        thread.join(30)
-
-    return thread.start, stop
+def report(argv: Sequence[str], url: str, count: int, rates: dict[str, list[tuple[float, float]]]
+           ) -> None:  # fmt: skip
+    print(f"# {command_line(argv)}")
+    print(f"# broker {broker_version(url)}; load {load_average()}; {count:,} messages")
+    bridge = MODES["bridge"].label
+    print(f"{'mode':<29} {'msg/s':>10} {'CPU µs/msg':>11} {'bridge / mode':>14}")
+    medians = {mode: statistics.median(r for r, _ in measured) for mode, measured in rates.items()}
+    for mode, measured in rates.items():
+        cpu = statistics.median(c for _, c in measured)
+        ratio = f"{medians[bridge] / medians[mode]:.2f}" if bridge in medians else "-"
+        print(f"{mode:<29} {medians[mode]:>10,.0f} {cpu:>11.1f} {ratio:>14}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    modes = [MODES[m] for m in args.modes]
+    problems: list[str] = []
     with broker(args.url) as (url, _node):
         ns = f"bench{uuid.uuid4().hex[:8]}"
-        topology = Topology(
-            namespace=ns,
-            ladder=["1s", "2s", "4s"],
-            destinations=[{"queue": f"{ns}.work", "bindings": ["bench.#"]}],
-            intakes=[{"exchange": f"plugin-{ns}", "type": "topic"}],
+        topology = Topology.model_validate(
+            {
+                "namespace": ns,
+                "ladder": LADDER,
+                "destinations": [{"queue": f"{ns}.work", "bindings": ["bench.#"]}],
+                "intakes": [{"exchange": f"plugin-{ns}", "type": "topic"}],
+            }
         )
         apply_topology(topology, url)
         intake = topology.intakes[0]
-        queue = intake.queue_name(ns)
-        rates: dict[str, list[tuple[float, float]]] = {"raw relay": [], "delayq bridge": []}
+        rates: dict[str, list[tuple[float, float]]] = {m.label: [] for m in modes}
         try:
             for round_no in range(args.rounds):
-                order = list(rates) if round_no % 2 == 0 else list(reversed(rates))
-                for mode in order:
+                for mode in modes if round_no % 2 == 0 else reversed(modes):
                     fill(url, intake.exchange, args.count)
-                    if mode == "raw relay":
-                        start, stop = raw_relay(url, topology, queue, args.prefetch)
-                    else:
-                        start, stop = bridge_relay(url, topology, args.prefetch)
-                    rate, cpu_us = timed(url, queue, args.count, start, stop)
-                    rates[mode].append((rate, cpu_us))
-                    log(f"round {round_no + 1} {mode}: {rate:,.0f} msg/s, {cpu_us:.1f} µs CPU/msg")
-                    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
-                        channel = connection.channel()
-                        for tier in topology.ladder.tiers:
-                            channel.queue_purge(topology.tier_name(tier))
-                        channel.queue_purge(f"{ns}.work")
+                    relay = mode(url, topology, intake.queue_name(ns), args.prefetch)
+                    rate, cpu_us = timed(relay, args.count)
+                    rates[mode.label].append((rate, cpu_us))
+                    log(f"round {round_no + 1} {mode.label}: {rate:,.0f} msg/s, "
+                        f"{cpu_us:.1f} µs CPU/msg")  # fmt: skip
+                    found = relay.problems + check_delivered(url, topology, args.count)
+                    problems += [f"round {round_no + 1} {mode.label}: {p}" for p in found]
         finally:
             delete_topology(topology, url)
-        print(f"# {command_line(argv)}")
-        print(f"# broker {broker_version(url)}; load {load_average()}; {args.count:,} messages")
-        print(f"{'mode':<15} {'msg/s':>10} {'CPU µs/msg':>11}")
-        medians = {}
-        for mode, measured in rates.items():
-            medians[mode] = statistics.median(r for r, _ in measured)
-            cpu = statistics.median(c for _, c in measured)
-            print(f"{mode:<15} {medians[mode]:>10,.0f} {cpu:>11.1f}")
-        print(f"ratio delayq / raw: {medians['delayq bridge'] / medians['raw relay']:.2f}")
-    return 0
+        report(argv, url, args.count, rates)
+    for problem in problems:
+        print(f"PROBLEM {problem}")
+        log(f"PROBLEM {problem}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

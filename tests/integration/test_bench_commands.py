@@ -53,3 +53,11 @@ def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     )
     assert "coroutines x async publish vs publish_many" in out
     assert "threads x 1 Publisher each vs publish_many" in out
+
+
+@pytest.mark.timeout(700)
+def test_the_bridge_bench_runs_the_bridge_beside_both_raw_relays(rabbitmq_url: str) -> None:
+    out = _bench("bridge.py", "--count", "2000", "--rounds", "1", url=rabbitmq_url)
+    for mode in ("raw pika, confirm each", "raw pika, pipelined confirms", "delayq bridge"):
+        assert mode in out, out
+    assert "bridge / mode" in out and "PROBLEM" not in out, out

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 
-from delayq import load_topology
+from delayq import Topology, load_topology
 from delayq.cli import main
 from delayq.sync import delete_topology
 from delayq.sync.bridge import Bridge
@@ -52,72 +55,215 @@ def _definitions(tag: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _bridged(url: str, topology: Topology) -> tuple[Bridge, threading.Thread]:
+    """A bridge of the topology's intake, running in a thread, consuming."""
+    bridge = Bridge(url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    wait_for(bridge.started.is_set, 30, lambda: f"the bridge of {bridge.queue} up")
+    return bridge, thread
+
+
+def _unbridged(running: list[tuple[Bridge, threading.Thread]]) -> None:
+    for bridge, thread in running:
+        bridge.request_stop()
+        thread.join(30)
+        assert not thread.is_alive(), f"the bridge of {bridge.queue} did not stop"
+
+
+def _quiet(channel: Any, topologies: list[Topology]) -> Callable[[], bool]:
+    """True once no tier and no intake queue of ``topologies`` holds a message: nothing
+    more is on its way to the destinations."""
+    queues = [t.tier_name(tier) for t in topologies for tier in t.ladder.tiers]
+    queues += [i.queue_name(t.namespace) for t in topologies for i in t.intakes]
+    return lambda: all(
+        channel.queue_declare(q, passive=True).method.message_count == 0 for q in queues
+    )
+
+
 def test_plan_writes_topologies_apply_accepts_and_check_passes_once_bridged(
-    rabbitmq_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    rabbitmq_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], collect: Any
 ) -> None:
     tag = f"m{uuid.uuid4().hex[:8]}"
     definitions = tmp_path / "definitions.json"
     definitions.write_text(json.dumps(_definitions(tag)))
+    delays = tmp_path / "delays.txt"
+    delays.write_text("1000\n2000\n")  # the grid's smallest tier, 15 s, serves both
     out = tmp_path / "topology"
-    assert main(["migrate", "plan", str(definitions), "--out", str(out)]) == 0
+    assert main(["migrate", "plan", str(definitions), "--out", str(out),
+                 "--delays", str(delays)]) == 0  # fmt: skip
     said = capsys.readouterr().out
     files = {f"{tag}-notify": out / f"delayq.{tag}-notify.yaml",
              f"{tag}-billing": out / f"delayq.{tag}-billing.yaml"}  # fmt: skip
     for exchange, path in files.items():
         assert f"exchange {exchange!r} -> {path}" in said
     assert "point the publishers at exchange" in said and "holds no delayed message" in said
+    assert "bind exchange" not in said  # only queues are bound to these
     notify, billing = (load_topology(files[e]) for e in (f"{tag}-notify", f"{tag}-billing"))
     assert {d.queue: d.bindings for d in notify.destinations} == {
         f"{tag}-audit": ("notify.#",), f"{tag}-emails": ("notify.email.*",),
         f"{tag}-sms": ("notify.sms",),
     }  # fmt: skip
+    assert {d.queue: d.bindings for d in billing.destinations} == {
+        f"{tag}-audit": ("invoice.paid",), f"{tag}-invoices": ("invoice.due",)}  # fmt: skip
     assert all(d.existing for d in notify.destinations + billing.destinations)
     assert (notify.intakes[0].exchange, notify.intakes[0].type) == (f"{tag}-notify.intake", "topic")
     assert (billing.intakes[0].exchange, billing.intakes[0].type) == (
         f"{tag}-billing.intake", "direct")  # fmt: skip
+    assert [t.ttl_ms for t in notify.ladder.tiers] == [15_000]
 
     # The queues exist as the plugin's users made them (classic here): only bound.
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     channel = connection.channel()
-    for queue in ("emails", "sms", "audit", "invoices"):
-        channel.queue_declare(f"{tag}-{queue}", durable=True)
+    queues = [f"{tag}-{q}" for q in ("emails", "sms", "audit", "invoices")]
+    for queue in queues:
+        channel.queue_declare(queue, durable=True)
+    running: list[tuple[Bridge, threading.Thread]] = []
     try:
         for path in files.values():
             assert main(["topology", "apply", "-f", str(path), "--url", rabbitmq_url]) == 0
             capsys.readouterr()
             code = main(["migrate", "check", "-f", str(path), "--url", rabbitmq_url])
             said = capsys.readouterr().out
-            assert code == 1 and "no bridge consumes" in said
-        topology = load_topology(files[f"{tag}-billing"])
-        bridge = Bridge(rabbitmq_url, topology)
-        thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
-        thread.start()
-        try:
-            wait_for(bridge.started.is_set, 30, lambda: "bridge up")
-            path = files[f"{tag}-billing"]
+            assert code == 1 and "no bridge consumes" in said, said
+        running.append(_bridged(rabbitmq_url, notify))
+        # One intake bridged is not all: the other's check still fails, naming it.
+        code = main(["migrate", "check", "-f", str(files[f"{tag}-billing"]), "--url",
+                     rabbitmq_url])  # fmt: skip
+        said = capsys.readouterr().out
+        assert code == 1 and f"{billing.namespace}.intake.{tag}-billing.intake" in said, said
+        running.append(_bridged(rabbitmq_url, billing))
+        for exchange, path in files.items():
             code = main(["migrate", "check", "-f", str(path), "--url", rabbitmq_url])
             said = capsys.readouterr().out
             assert code == 0, said
-            assert "applied, and every intake bridged" in said
-            # A plugin-style message through the new intake reaches the queue as it is
-            # (due now: the default ladder's first tier is 30 s).
-            channel.basic_publish(f"{tag}-billing.intake", "invoice.due", b"{}",
-                                  pika.BasicProperties(message_id="i-1",
-                                                       headers={"x-delay": 0}))  # fmt: skip
-            wait_for(
-                lambda: channel.queue_declare(f"{tag}-invoices", passive=True).method.message_count
-                == 1,
-                30,
-                lambda: "the invoice arriving",
-            )
-        finally:
-            bridge.request_stop()
-            thread.join(30)
+            assert f"applied, and every intake bridged ({exchange}.intake)" in said
+
+        # Plugin-style messages through both intakes (raw pika, an x-delay header, the
+        # routing keys the plugin exchanges had), confirmed: each reaches the queues the
+        # plugin's bindings reached, once, and never before its x-delay.
+        arrived = collect(*queues)
+        publisher = connection.channel()
+        publisher.confirm_delivery()
+        sent = {  # message id: (intake, routing key, x-delay in ms)
+            "n-email": (f"{tag}-notify.intake", "notify.email.welcome", 1000),
+            "n-sms": (f"{tag}-notify.intake", "notify.sms", 2000),
+            "b-due": (f"{tag}-billing.intake", "invoice.due", 1000),
+            "b-paid": (f"{tag}-billing.intake", "invoice.paid", 2000),
+        }
+        expected = Counter({
+            (f"{tag}-emails", "n-email"): 1, (f"{tag}-audit", "n-email"): 1,
+            (f"{tag}-sms", "n-sms"): 1, (f"{tag}-audit", "n-sms"): 1,
+            (f"{tag}-invoices", "b-due"): 1, (f"{tag}-audit", "b-paid"): 1,
+        })  # fmt: skip
+        sent_at_ms: dict[str, float] = {}
+        for message_id, (exchange, key, delay) in sent.items():
+            sent_at_ms[message_id] = time.time() * 1000
+            publisher.basic_publish(exchange, key, b"{}", pika.BasicProperties(
+                message_id=message_id, headers={"x-delay": delay}), mandatory=True)  # fmt: skip
+        arrived.wait(sum(expected.values()), 60)
+        wait_for(_quiet(channel, [notify, billing]), 30, "the tiers and intakes drained")
+        got = arrived.wait(sum(expected.values()), 0)
+        assert Counter((a.queue, a.message_id) for a in got) == expected
+        for arrival in got:
+            delay = sent[arrival.message_id][2]
+            assert arrival.at_ms >= sent_at_ms[arrival.message_id] + delay, (
+                f"{arrival.message_id} reached {arrival.queue} early")  # fmt: skip
     finally:
+        _unbridged(running)
         for path in files.values():
             delete_topology(load_topology(path), rabbitmq_url)
-        for queue in ("emails", "sms", "audit", "invoices"):
-            channel.queue_delete(f"{tag}-{queue}")
+        for queue in queues:
+            channel.queue_delete(queue)
+        connection.close()
+
+
+def test_an_exchange_bound_to_the_plugin_exchange_is_bound_by_hand_and_reached(
+    rabbitmq_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], collect: Any
+) -> None:
+    """An exchange bound to the plugin exchange (here a fanout of the user's, a queue
+    behind it) becomes an ``external_bindings`` key and a step to bind it by hand: once
+    applied and bound as the step says, a message through the intake reaches the queue
+    behind that exchange."""
+    tag = f"e{uuid.uuid4().hex[:8]}"
+    plugin, fanout, behind, created = (f"{tag}-events", f"{tag}-fanout", f"{tag}-behind",
+                                       f"{tag}-created")  # fmt: skip
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text(json.dumps({
+        "exchanges": [
+            {"name": plugin, "vhost": "/", "type": "x-delayed-message", "durable": True,
+             "auto_delete": False, "internal": False, "arguments": {"x-delayed-type": "topic"}},
+            {"name": fanout, "vhost": "/", "type": "fanout", "durable": True,
+             "auto_delete": False, "internal": False, "arguments": {}},
+        ],
+        "bindings": [
+            {"source": plugin, "vhost": "/", "destination": fanout,
+             "destination_type": "exchange", "routing_key": "event.#", "arguments": {}},
+            {"source": plugin, "vhost": "/", "destination": created,
+             "destination_type": "queue", "routing_key": "event.created", "arguments": {}},
+            {"source": fanout, "vhost": "/", "destination": behind,
+             "destination_type": "queue", "routing_key": "", "arguments": {}},
+        ],
+    }))  # fmt: skip
+    delays = tmp_path / "delays.txt"
+    delays.write_text("1000\n")
+    out = tmp_path / "topology"
+    assert main(["migrate", "plan", str(definitions), "--out", str(out),
+                 "--delays", str(delays)]) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    path = out / f"delayq.{plugin}.yaml"
+    topology = load_topology(path)
+    assert topology.external_bindings == ("event.#",)
+    assert {d.queue: d.bindings for d in topology.destinations} == {created: ("event.created",)}
+    assert "external_bindings:\n- event.#\n" in path.read_text()
+    ready = f"delayq.{plugin}.ready"
+    assert ready == topology.ready_exchange
+    steps = [line.strip() for line in said.splitlines() if line.startswith("  ")]
+    assert steps[0].startswith(f"1. delayq topology apply -f {path}")
+    assert steps[1] == (
+        f"2. bind exchange {fanout!r} to {ready} with routing key 'event.#' (management UI "
+        "or API: delayq binds no exchange of yours)"
+    )
+    assert steps[2].startswith(f"3. delayq bridge -f {path}")
+
+    # The user's entities, as they were: the fanout exchange, a queue behind it, a queue.
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    channel.exchange_declare(fanout, "fanout", durable=True)
+    for queue in (behind, created):
+        channel.queue_declare(queue, durable=True)
+    channel.queue_bind(behind, fanout)
+    running: list[tuple[Bridge, threading.Thread]] = []
+    try:
+        assert main(["topology", "apply", "-f", str(path), "--url", rabbitmq_url]) == 0
+        channel.exchange_bind(destination=fanout, source=ready, routing_key="event.#")  # step 2
+        running.append(_bridged(rabbitmq_url, topology))
+        capsys.readouterr()
+        code = main(["migrate", "check", "-f", str(path), "--url", rabbitmq_url])
+        assert code == 0, capsys.readouterr().out
+        arrived = collect(behind, created)
+        publisher = connection.channel()
+        publisher.confirm_delivery()
+        sent_at_ms = {}
+        for message_id, key in (("e-signup", "event.user.signup"), ("e-created", "event.created")):
+            sent_at_ms[message_id] = time.time() * 1000
+            publisher.basic_publish(f"{plugin}.intake", key, b"{}", pika.BasicProperties(
+                message_id=message_id, headers={"x-delay": 1000}), mandatory=True)  # fmt: skip
+        expected = Counter({(behind, "e-signup"): 1, (behind, "e-created"): 1,
+                            (created, "e-created"): 1})  # fmt: skip
+        arrived.wait(sum(expected.values()), 60)
+        wait_for(_quiet(channel, [topology]), 30, "the tier and the intake drained")
+        got = arrived.wait(sum(expected.values()), 0)
+        assert Counter((a.queue, a.message_id) for a in got) == expected
+        for arrival in got:
+            assert arrival.at_ms >= sent_at_ms[arrival.message_id] + 1000, (
+                f"{arrival.message_id} reached {arrival.queue} early")  # fmt: skip
+    finally:
+        _unbridged(running)
+        delete_topology(topology, rabbitmq_url)
+        channel.exchange_delete(fanout)
+        for queue in (behind, created):
+            channel.queue_delete(queue)
         connection.close()
 
 
@@ -182,8 +328,6 @@ def test_the_cut_over_loses_nothing_with_traffic_before_during_and_after(
     it): the old exchange is a direct exchange standing in for it, bound as the plugin's
     was, which delivers at once. Every confirmed message reaches the queue exactly once,
     the queue is never redeclared, and what went through the intake is never early."""
-    import time
-
     tag = f"c{uuid.uuid4().hex[:8]}"
     old, queue = f"{tag}-billing", f"{tag}-invoices"
     definitions = tmp_path / "definitions.json"
