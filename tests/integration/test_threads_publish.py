@@ -54,7 +54,7 @@ def _join(threads: list[threading.Thread], timeout_s: float = 120) -> None:
 
 
 def _shared(pub: Publisher) -> SharedSender:
-    shared = pub._sends.shared  # noqa: SLF001 - the test checks the overlap took it
+    shared = pub._sends.shared
     assert shared is not None, "no caller went through the shared connection"
     return shared
 
@@ -85,7 +85,7 @@ def _overlapping(
     first, out0 = _callers(1, call)
     wait_for(proxy.holding.is_set, 30, "the first publish held")
     rest, out = _callers(n - 1, lambda i: call(i + 1))
-    wait_for(lambda: pub._sends.shared is not None, 30, "the shared connection opened")  # noqa: SLF001
+    wait_for(lambda: pub._sends.shared is not None, 30, "the shared connection opened")
     wait_for(lambda: _shared(pub).waiting >= n - 1, 60, lambda: f"{_shared(pub).waiting} waiting")
     proxy.release()
     _join(first + rest)
@@ -101,7 +101,9 @@ def test_a_hundred_threads_share_one_publisher_each_message_confirmed_once(
 
         def call(c: int) -> list[str]:
             return [
-                pub.publish({"c": c, "n": n}, "job.threads", "1h", message_id=f"t{c}-{n}").message_id
+                pub.publish(
+                    {"c": c, "n": n}, "job.threads", "1h", message_id=f"t{c}-{n}"
+                ).message_id
                 for n in range(each)
             ]
 
@@ -165,10 +167,10 @@ def test_close_while_threads_wait_gives_each_its_outcome_and_ends_the_io_thread(
     first, out0 = _callers(1, call)
     wait_for(held.holding.is_set, 30, "the first publish held")
     rest, out = _callers(19, lambda i: call(i + 1))
-    wait_for(lambda: pub._sends.shared is not None and _shared(pub).waiting == 19, 60, "19 waiting")  # noqa: SLF001
+    wait_for(lambda: pub._sends.shared is not None and _shared(pub).waiting == 19, 60, "19 waiting")
     shared = _shared(pub)
     closing, _ = _callers(1, lambda _i: pub.close())
-    wait_for(lambda: pub._sends.shared is None, 30, "close() took the shared connection")  # noqa: SLF001
+    wait_for(lambda: pub._sends.shared is None, 30, "close() took the shared connection")
     assert closing[0].is_alive(), "close() returned while callers were still waiting"
     held.release()
     _join(closing + first + rest)
@@ -204,7 +206,11 @@ def test_an_interrupted_caller_leaves_the_others_and_the_publisher_working(
             assert main == threading.get_ident()
 
             def kill_when_waiting(_i: int) -> None:
-                wait_for(lambda: pub._sends.shared is not None and _shared(pub).waiting == 1, 30, "main waiting")  # noqa: SLF001
+                wait_for(
+                    lambda: pub._sends.shared is not None and _shared(pub).waiting == 1,
+                    30,
+                    "main waiting",
+                )
                 assert main is not None
                 signal.pthread_kill(main, signal.SIGINT)
 
@@ -232,9 +238,10 @@ def test_a_broker_restart_mid_way_loses_nothing_confirmed(
     topo = make_topology(["1h"])
     apply_topology(topo, node.url)
     each = 30
-    with HoldingProxy(node.url, hold_after=CALLERS * each // 3) as proxy, Publisher(
-        proxy.url, topo
-    ) as pub:
+    with (
+        HoldingProxy(node.url, hold_after=CALLERS * each // 3) as proxy,
+        Publisher(proxy.url, topo) as pub,
+    ):
 
         def call(c: int) -> list[str]:
             return [
@@ -246,7 +253,7 @@ def test_a_broker_restart_mid_way_loses_nothing_confirmed(
         wait_for(proxy.holding.is_set, 120, "a third of the publishes through")
         node.restart()  # the proxy lets the node close both connections, then they resume
         _join(threads, 180)
-        assert pub._sends.shared is not None  # noqa: SLF001
+        assert pub._sends.shared is not None
     errors = [r for r in out if isinstance(r, BaseException)]
     assert not errors, errors[:3]
     sent = {f"r{c}-{n}" for c in range(CALLERS) for n in range(each)}

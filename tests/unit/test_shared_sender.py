@@ -19,7 +19,14 @@ from delayq.errors import (
 )
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.factory import MessageFactory
-from delayq.sync._shared import LiveLink, LiveSource, SharedSender, Waiter, failed_for
+from delayq.sync._shared import (
+    LiveLink,
+    LiveSource,
+    SharedSender,
+    ThreadSafeSends,
+    Waiter,
+    failed_for,
+)
 from delayq.topology.model import Topology
 from tests.waiting import wait_for
 
@@ -123,12 +130,10 @@ class FakeLink:
     def __init__(self, fail: BaseException | None = None) -> None:
         self.fail = fail
         self.streams = 0
-        self.gate = threading.Event()
-        self.gate.set()
+        self.stream_gate = threading.Event()
+        self.stream_gate.set()
 
-    def send_live(
-        self, source: LiveSource, settle: Callable[..., None], window: int
-    ) -> None:
+    def send_live(self, source: LiveSource, settle: Callable[..., None], window: int) -> None:
         self.streams += 1
         woken = threading.Event()
         source.attach(woken.set)
@@ -141,12 +146,14 @@ class FakeLink:
                 woken.wait()
                 woken.clear()
                 continue
-            self.gate.wait()
+            self.stream_gate.wait()
             if self.fail is not None:
                 source.push_front([item])
                 raise self.fail
             index, msg = item
-            error = Unroutable("returned", msg.message_id) if msg.message_id.startswith("bad") else None
+            error = (
+                Unroutable("returned", msg.message_id) if msg.message_id.startswith("bad") else None
+            )
             settle(index, msg, error)
 
 
@@ -190,7 +197,7 @@ def test_each_caller_hears_its_own_outcome_through_one_stream() -> None:
 
 def test_close_lets_queued_callers_finish_and_ends_the_thread() -> None:
     link = FakeLink()
-    link.gate.clear()  # the stream holds the first message it pulls
+    link.stream_gate.clear()  # the stream holds the first message it pulls
     sender = SharedSender(link, window=10)
     results: list[object] = []
     threads = [
@@ -202,7 +209,7 @@ def test_close_lets_queued_callers_finish_and_ends_the_thread() -> None:
     closing = threading.Thread(target=sender.close)
     closing.start()
     wait_for(lambda: sender.waiting == 0 and sender.threads == 1, 10, "close took the stream")
-    link.gate.set()
+    link.stream_gate.set()
     closing.join(10)
     for thread in threads:
         thread.join(10)
@@ -222,3 +229,70 @@ def test_a_fatal_stream_error_reaches_every_waiting_caller_as_its_own_copy(
     out = _callers(5, lambda i: sender.send(_msg(i)))
     assert all(type(e) is type(fail) and e is not fail and e.__cause__ is fail for e in out)
     wait_for(lambda: sender.threads == 0, 10, "the failed stream's thread ended")
+
+
+class BlockingFakeLink:
+    """A link whose ``send`` blocks until ``gate`` opens, noting any overlap."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.inside = 0
+        self.overlaps = 0
+        self.sent: list[str] = []
+        self.closed = 0
+
+    def send(self, msg: OutgoingMessage) -> None:
+        self.inside += 1
+        self.overlaps += self.inside > 1
+        self.gate.wait()
+        self.sent.append(msg.message_id)
+        self.inside -= 1
+
+    def connect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class LiveBlockingFakeLink(BlockingFakeLink, FakeLink):
+    def __init__(self) -> None:
+        BlockingFakeLink.__init__(self)
+        FakeLink.__init__(self)
+
+
+def test_without_live_streams_callers_take_the_blocking_channel_in_turn() -> None:
+    link = BlockingFakeLink()
+    sends = ThreadSafeSends(link, window=10)  # type: ignore[arg-type]
+    threads, _out = _callers_started(5, lambda i: sends.send(_msg(i)))
+    wait_for(lambda: link.inside == 1, 10, "one caller inside")
+    link.gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(link.sent) == [f"m{i}" for i in range(5)] and link.overlaps == 0
+    assert sends.shared is None
+
+
+def test_a_caller_finding_the_blocking_channel_busy_goes_through_the_shared_stream() -> None:
+    link = LiveBlockingFakeLink()
+    sends = ThreadSafeSends(link, window=10)  # type: ignore[arg-type]
+    first, _ = _callers_started(1, lambda i: sends.send(_msg(i)))
+    wait_for(lambda: link.inside == 1, 10, "the first caller on the blocking channel")
+    _callers(4, lambda i: sends.send(_msg(i + 1)))  # they return while the first waits
+    assert link.sent == [] and link.streams == 1 and sends.shared is not None
+    link.gate.set()
+    first[0].join(10)
+    assert link.sent == ["m0"] and link.overlaps == 0
+    shared = sends.shared
+    sends.close()
+    assert sends.shared is None and shared.threads == 0 and link.closed == 1
+
+
+def _callers_started(
+    n: int, call: Callable[[int], object]
+) -> tuple[list[threading.Thread], list[object]]:
+    out: list[object] = [None] * n
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, call(i))) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads, out

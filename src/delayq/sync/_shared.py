@@ -228,6 +228,10 @@ class ThreadSafeSends:
         self._shared: SharedSender | None = None
 
     def send(self, msg: OutgoingMessage) -> None:
+        shared = self._shared
+        if shared is not None and shared.waiting:  # a burst under way: join it
+            shared.send(msg)
+            return
         if self._solo.acquire(blocking=False):
             try:
                 self._link.send(msg)
