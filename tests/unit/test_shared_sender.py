@@ -20,6 +20,7 @@ from delayq.errors import (
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.factory import MessageFactory
 from delayq.sync._shared import (
+    Baton,
     LiveLink,
     LiveSource,
     SharedSender,
@@ -296,3 +297,62 @@ def _callers_started(
     for thread in threads:
         thread.start()
     return threads, out
+
+
+def test_the_baton_wakes_settled_callers_one_at_a_time_in_order() -> None:
+    baton = Baton()
+    first, second, third = (Waiter(baton.settled) for _ in range(3))
+    first.settle(None)
+    second.settle(Unroutable("returned", "m2"))
+    third.settle(None)
+    assert first.block(blocking=False) and not second.block(blocking=False)
+    baton.pass_on()  # the first caller leaves
+    assert second.block(blocking=False) and not third.block(blocking=False)
+    baton.pass_on()
+    assert third.block(blocking=False)
+    baton.pass_on()
+    fourth = Waiter(baton.settled)
+    fourth.settle(None)
+    assert fourth.block(blocking=False), "a free baton did not wake the next settled caller"
+
+
+def test_the_baton_skips_an_abandoned_caller() -> None:
+    baton = Baton()
+    first, gone, last = (Waiter(baton.settled) for _ in range(3))
+    first.settle(None)
+    gone.settle(None)
+    last.settle(None)
+    gone.abandoned = True
+    baton.pass_on()
+    assert last.block(blocking=False) and not gone.block(blocking=False)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class InterruptedWaiter(Waiter):
+    """A caller interrupted in its blocking wait, after (``woken``) or before its
+    outcome came."""
+
+    __slots__ = ()
+
+    def block(self, blocking: bool = True) -> bool:
+        if blocking:
+            raise _Interrupted
+        return super().block(blocking)
+
+
+@pytest.mark.parametrize("woken", [True, False])
+def test_an_interrupted_caller_never_keeps_the_baton(woken: bool) -> None:
+    baton = Baton()
+    interrupted, next_one = InterruptedWaiter(baton.settled), Waiter(baton.settled)
+    if woken:
+        interrupted.settle(None)
+    with pytest.raises(_Interrupted):
+        baton.wait(interrupted)
+    assert interrupted.abandoned is not woken
+    if not woken:
+        interrupted.settle(None)  # its outcome comes later: nobody to wake, no baton taken
+    next_one.settle(None)
+    assert next_one.block(blocking=False), "the baton was lost with the interrupted caller"

@@ -28,18 +28,22 @@ from delayq.links import Link
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync._sending import Source
 
-__all__ = ["LiveLink", "LiveSource", "SharedSender", "ThreadSafeSends", "Waiter"]
+__all__ = ["Baton", "LiveLink", "LiveSource", "SharedSender", "ThreadSafeSends", "Waiter"]
 
 
 class Waiter:
-    """One caller's wait for its message's outcome (a lock released once settled)."""
+    """One caller's wait for its message's outcome (a lock released once settled, by
+    ``on_settled`` when given: a :class:`Baton`)."""
 
-    __slots__ = ("_done", "error", "settled")
+    __slots__ = ("_done", "_on_settled", "abandoned", "error", "settled")
 
-    def __init__(self) -> None:
+    def __init__(self, on_settled: Callable[[Waiter], None] | None = None) -> None:
         self._done = threading.Lock()
         self._done.acquire()
+        self._on_settled = on_settled
         self.settled = False
+        self.abandoned = False
+        """Its caller stopped waiting (interrupted): nobody to wake."""
         self.error: BaseException | None = None
 
     def settle(self, error: BaseException | None) -> None:
@@ -47,13 +51,73 @@ class Waiter:
         if self.settled:
             return
         self.error, self.settled = error, True
+        if self._on_settled is None:
+            self._done.release()
+        else:
+            self._on_settled(self)
+
+    def wake(self) -> None:
         self._done.release()
+
+    def block(self, blocking: bool = True) -> bool:
+        """Wait until woken (``blocking=False``: whether it was)."""
+        return self._done.acquire(blocking)
 
     def wait(self) -> None:
         """Block until settled; raise the error if it was not confirmed."""
-        self._done.acquire()
+        self.block()
+        self.outcome()
+
+    def outcome(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+class Baton:
+    """Wakes settled callers one at a time: each woken caller wakes the next as it
+    leaves. Waking all of a multiple confirm's callers at once would have them fight
+    the I/O thread and one another for the GIL, a few thread switches per message;
+    in turn, about one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: deque[Waiter] = deque()
+        self._held = False
+
+    def settled(self, waiter: Waiter) -> None:
+        """``waiter``'s outcome is in: wake it now, or once the woken before it left."""
+        with self._lock:
+            if waiter.abandoned:
+                return
+            if self._held:
+                self._ready.append(waiter)
+                return
+            self._held = True
+            waiter.wake()
+
+    def pass_on(self) -> None:
+        """The woken caller is leaving: wake the next one settled."""
+        with self._lock:
+            while self._ready:
+                waiter = self._ready.popleft()
+                if not waiter.abandoned:
+                    waiter.wake()
+                    return
+            self._held = False
+
+    def wait(self, waiter: Waiter) -> None:
+        """Block the caller until its ``waiter`` is woken, pass on, raise its error."""
+        try:
+            waiter.block()
+        except BaseException:  # interrupted: it may hold the baton, or never will
+            with self._lock:
+                woken = waiter.block(blocking=False)
+                waiter.abandoned = not woken
+            if woken:
+                self.pass_on()
+            raise
+        self.pass_on()
+        waiter.outcome()
 
 
 class LiveSource(Source):
@@ -152,12 +216,13 @@ class SharedSender:
         self._lock = threading.Lock()
         self._source: LiveSource | None = None
         self._threads: set[threading.Thread] = set()
+        self._baton = Baton()
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send ``msg`` and wait for its confirm; raise what a single publish would."""
-        waiter = Waiter()
+        waiter = Waiter(self._baton.settled)
         self._put(msg, waiter)
-        waiter.wait()
+        self._baton.wait(waiter)
 
     def _put(self, msg: OutgoingMessage, waiter: Waiter) -> None:
         while True:
