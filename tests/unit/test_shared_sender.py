@@ -66,7 +66,9 @@ def test_what_a_lost_round_left_goes_before_the_queue() -> None:
     assert [source.next(), source.next()] == [first, (1, source.waiters[1][0])]
 
 
-def test_only_a_message_into_an_empty_queue_wakes_the_round() -> None:
+def test_only_a_message_with_none_in_flight_before_it_wakes_the_round() -> None:
+    """Under a burst the confirms wake the round (it pulls after each): a put wakes it
+    only when nothing else is unsettled."""
     source, wakes = LiveSource(), []
     source.attach(lambda: wakes.append(1))
     source.put(_msg(0), Waiter())
@@ -74,7 +76,13 @@ def test_only_a_message_into_an_empty_queue_wakes_the_round() -> None:
     assert len(wakes) == 1
     source.next(), source.next()
     source.put(_msg(2), Waiter())
-    assert len(wakes) == 2
+    assert len(wakes) == 1, "woken while two were in flight"
+    source.settle(0, _msg(0), None)
+    source.settle(1, _msg(1), None)
+    source.next()
+    source.settle(2, _msg(2), None)
+    source.put(_msg(3), Waiter())
+    assert len(wakes) == 2, "a message with nothing in flight did not wake the round"
     source.end()
     assert len(wakes) == 3, "end did not wake the round to finish"
 

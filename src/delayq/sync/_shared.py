@@ -143,9 +143,10 @@ class LiveSource(Source):
             index = next(self._indices)
             self.waiters[index] = (msg, waiter)
             self._queue.append((index, msg))
-            # A round pulls until the queue is empty or its window full (a confirm then
-            # pulls again), so only a first message into an empty queue needs to wake it.
-            if len(self._queue) == 1 and self._wake is not None:
+            # A round pulls whenever a confirm comes in, so only a message with none in
+            # flight before it (none unsettled but itself) needs to wake the round:
+            # under a burst the I/O thread is woken by the confirms alone.
+            if len(self.waiters) == 1 and self._wake is not None:
                 self._wake()
         return True
 
@@ -173,7 +174,8 @@ class LiveSource(Source):
 
     def settle(self, index: int, _msg: OutgoingMessage, error: PublishError | None) -> None:
         """The round's ``settle``: wake the caller of message ``index``."""
-        found = self.waiters.pop(index, None)  # one dict operation: atomic under the GIL
+        with self._lock:  # put counts the unsettled
+            found = self.waiters.pop(index, None)
         if found is not None:
             found[1].settle(error)
 
