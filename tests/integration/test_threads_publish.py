@@ -1,6 +1,6 @@
 """``Publisher.publish`` from many threads at once, through one publisher, on a real
 broker: every caller hears its own outcome (its confirm, or the error a single publish
-raises), nothing confirmed is lost when the broker restarts mid-way, ``close()`` lets
+raises; a missing exchange fails only the callers publishing there), nothing confirmed is lost when the broker restarts mid-way, ``close()`` lets
 waiting callers finish and ends the I/O thread, and an interrupted caller harms nobody.
 
 Overlap is made certain, not hoped for: the publishes go through
@@ -20,6 +20,7 @@ import pika
 import pytest
 
 from delayq import Publisher, Unroutable
+from delayq.errors import TopologyMissing
 from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
 from delayq.sync._shared import SharedSender
@@ -156,6 +157,39 @@ def test_good_and_unroutable_messages_from_many_threads_each_get_their_own_outco
     routable = {f"m{c}-{n}" for c in range(40) for n in range(5) if not (c + n) % 2}
     ids = _message_ids(rabbitmq_url, topo.tier_name(topo.ladder.tiers[1]))
     assert ids == Counter(dict.fromkeys(routable, 1))
+
+
+def test_a_missing_exchange_fails_only_the_threads_publishing_there(
+    rabbitmq_url: str, make_topology: Callable[..., Topology], held: HoldingProxy
+) -> None:
+    """The shared connection's channel closes at the missing exchange: its callers get
+    ``TopologyMissing``, as a single publish does; the others' messages are sent again
+    on a fresh connection and confirmed."""
+    topo = make_topology(["1s", "30s"])
+    apply_topology(topo, rabbitmq_url)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        connection.channel().exchange_delete(topo.tier_name(topo.ladder.tiers[0]))
+    finally:
+        connection.close()
+    with Publisher(held.url, topo) as pub:
+
+        def call(c: int) -> Any:
+            delay = "1s" if c % 4 == 1 else "30s"
+            try:
+                return pub.publish(b"x", "job.gone", delay, message_id=f"g{c}")
+            except TopologyMissing as exc:
+                return exc
+
+        out = _overlapping(pub, held, 20, call)
+    for c, result in enumerate(out):
+        if c % 4 == 1:
+            assert isinstance(result, TopologyMissing), (c, result)
+        else:
+            assert not isinstance(result, BaseException), (c, result)
+            assert result.message_id == f"g{c}"
+    ids = _message_ids(rabbitmq_url, topo.tier_name(topo.ladder.tiers[1]))
+    assert set(ids) == {f"g{c}" for c in range(20) if c % 4 != 1}
 
 
 def test_close_while_threads_wait_gives_each_its_outcome_and_ends_the_io_thread(
