@@ -1,7 +1,8 @@
 """``Publisher.publish`` from many threads at once, through one publisher, on a real
 broker: every caller hears its own outcome (its confirm, or the error a single publish
-raises; a missing exchange fails only the callers publishing there), nothing confirmed is lost when the broker restarts mid-way, ``close()`` lets
-waiting callers finish and ends the I/O thread, and an interrupted caller harms nobody.
+raises; a missing exchange fails only the callers publishing there), nothing confirmed
+is lost when the broker restarts mid-way, ``close()`` lets waiting callers finish and
+ends the I/O thread, and an interrupted caller harms nobody.
 
 Overlap is made certain, not hoped for: the publishes go through
 :class:`tests.proxy.HoldingProxy`, which holds the first one (on the blocking channel)
