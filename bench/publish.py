@@ -25,11 +25,11 @@ against one broker, so that the ratios compare like with like:
    N coroutines sharing one aio-pika confirm channel, each awaiting
    ``exchange.publish``.
 6. N threads calling ``Publisher.publish`` vs ``Publisher.publish_many(window=W)``
-   (pair 3's figure), target at least 0.8x. ``Publisher`` is not thread-safe (its
-   docstring and docs/guides/publishing.md: "one per thread"), so it is measured as
-   it may be used: one ``Publisher`` shared behind a ``threading.Lock`` around each
-   call ("1 locked": one confirm at a time), and one ``Publisher`` per thread ("1
-   each": N connections). Beside the latter, the raw twin: N threads with a pika
+   (pair 3's figure), target at least 0.8x: one ``Publisher`` called by all N at once
+   ("1 shared": it is thread-safe, the callers share its pipelined connection). Beside
+   it, how it was shared before: behind a ``threading.Lock`` around each call ("1
+   locked": one confirm at a time), and one ``Publisher`` per thread ("1 each": N
+   connections), with that one's raw twin: N threads with a pika
    ``BlockingConnection`` and ``confirm_delivery()`` channel each.
    Each caller takes a ticket from a shared counter before every publish, so exactly
    ``--batch-count`` are sent; the clock starts when all N are ready (connections
@@ -115,6 +115,7 @@ from publish_concurrent_modes import (
     RAW_PIKA_CALLERS,
     SYNC_CALLERS_EACH,
     SYNC_CALLERS_LOCKED,
+    SYNC_CALLERS_SHARED,
 )
 from publish_modes import (
     ASYNC_MANY,
@@ -187,6 +188,7 @@ MODE_CHOICES = {
     "raw-frames": RAW_FRAMES,
     "async-callers": ASYNC_CALLERS,
     "raw-aio-callers": RAW_AIO_CALLERS,
+    "sync-callers-shared": SYNC_CALLERS_SHARED,
     "sync-callers-locked": SYNC_CALLERS_LOCKED,
     "sync-callers-each": SYNC_CALLERS_EACH,
     "raw-pika-callers": RAW_PIKA_CALLERS,
@@ -194,6 +196,7 @@ MODE_CHOICES = {
 """``--modes`` names ("single": the two single-publish modes, which take turns)."""
 COMPARED_WITH = {
     ASYNC_CALLERS: ASYNC_MANY,
+    SYNC_CALLERS_SHARED: SYNC_MANY,
     SYNC_CALLERS_LOCKED: SYNC_MANY,
     SYNC_CALLERS_EACH: SYNC_MANY,
 }
@@ -312,6 +315,8 @@ def rows_of(s: Settings) -> list[Row]:
             CALLERS_VS_MANY_TARGET, raw_client=False),
         Row(f"{n} coroutines x async publish vs raw aio-pika", ASYNC_CALLERS, RAW_AIO_CALLERS,
             None),
+        Row(f"{n} threads x 1 shared Publisher vs publish_many", SYNC_CALLERS_SHARED,
+            SYNC_MANY, CALLERS_VS_MANY_TARGET, raw_client=False),
         Row(f"{n} threads x 1 locked Publisher vs publish_many", SYNC_CALLERS_LOCKED, SYNC_MANY,
             CALLERS_VS_MANY_TARGET, raw_client=False),
         Row(f"{n} threads x 1 Publisher each vs publish_many", SYNC_CALLERS_EACH, SYNC_MANY,

@@ -39,6 +39,7 @@ ASYNC_CALLERS = "delayq-async-callers"
 RAW_AIO_CALLERS = "raw-aio-pika-callers"
 SYNC_CALLERS_LOCKED = "delayq-sync-callers-locked"
 SYNC_CALLERS_EACH = "delayq-sync-callers-each"
+SYNC_CALLERS_SHARED = "delayq-sync-callers-shared"
 RAW_PIKA_CALLERS = "raw-pika-callers"
 
 CALLERS_LABELS = {
@@ -46,11 +47,13 @@ CALLERS_LABELS = {
     RAW_AIO_CALLERS: "raw aio-pika publish, N coroutines",
     SYNC_CALLERS_LOCKED: "delayq Publisher.publish, N threads, 1 locked",
     SYNC_CALLERS_EACH: "delayq Publisher.publish, N threads, 1 each",
+    SYNC_CALLERS_SHARED: "delayq Publisher.publish, N threads, 1 shared",
     RAW_PIKA_CALLERS: "raw pika publish, N threads, 1 each",
 }
-"""N is ``--callers``. "1 locked": one ``Publisher`` shared by all threads, each call
-under a ``threading.Lock`` (``Publisher`` is not thread-safe); "1 each": one
-``Publisher`` (or pika connection) per thread, as delayq's docs advise."""
+"""N is ``--callers``. "1 shared": one ``Publisher`` called by all threads at once (it
+is thread-safe: the callers share its pipelined connection); "1 locked": the same, each
+call under a ``threading.Lock`` (so one confirm at a time, as before ``Publisher`` was
+thread-safe); "1 each": one ``Publisher`` (or pika connection) per thread."""
 
 CALLERS_VS_MANY_TARGET = 0.80
 """N concurrent single publishes against ``publish_many`` of the same messages."""
@@ -149,9 +152,18 @@ def raw_aio_pika_callers(ctx: Context) -> Timing:
     return asyncio.run(run())
 
 
+def delayq_sync_callers_shared(ctx: Context) -> Timing:
+    """N threads calling ``publish`` on one ``Publisher`` at once: one caller on its
+    blocking channel, the others through its shared pipelined connection."""
+    with Publisher(ctx.url, ctx.topology) as publisher:
+        publisher.connect()
+        send = functools.partial(publisher.publish, ctx.body, ROUTING_KEY, DELAY)
+        return _warmed_threads(ctx, [send] * ctx.settings.callers)
+
+
 def delayq_sync_callers_locked(ctx: Context) -> Timing:
-    """N threads sharing one ``Publisher``, each call of ``publish`` under one lock: the
-    safe way to share it (it is not thread-safe), so one confirm at a time."""
+    """N threads sharing one ``Publisher``, each call of ``publish`` under one lock: one
+    confirm at a time (how it had to be shared before it was thread-safe)."""
     lock = threading.Lock()
     with Publisher(ctx.url, ctx.topology) as publisher:
         publisher.connect()
@@ -198,6 +210,7 @@ def raw_pika_callers(ctx: Context) -> Timing:
 CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
     ASYNC_CALLERS: delayq_async_callers,
     RAW_AIO_CALLERS: raw_aio_pika_callers,
+    SYNC_CALLERS_SHARED: delayq_sync_callers_shared,
     SYNC_CALLERS_LOCKED: delayq_sync_callers_locked,
     SYNC_CALLERS_EACH: delayq_sync_callers_each,
     RAW_PIKA_CALLERS: raw_pika_callers,

@@ -31,7 +31,8 @@ from delayq.sync._errors import (
     publish_refusal,
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
-from delayq.sync._sending import check_header_frame
+from delayq.sync._sending import Source, check_header_frame
+from delayq.sync._shared import LiveSource
 from delayq.sync.provision import apply_topology
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
@@ -202,11 +203,18 @@ class PikaLink:
         )
 
     def send_stream(self, messages: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
+        self._stream(messages, settle, window, "delayq-publisher-stream")
+
+    def send_live(self, source: LiveSource, settle: Settle, window: int) -> None:
+        """The stream of single publishes from many threads (:mod:`delayq.sync._shared`)."""
+        self._stream(source, settle, window, "delayq-publisher-shared")
+
+    def _stream(
+        self, messages: Iterable[OutgoingMessage] | Source, settle: Settle, window: int, name: str
+    ) -> None:
         broker = parse_url(self._url)
         send_pipelined(
-            host_parameters(
-                self._url, name="delayq-publisher-stream", blocked_timeout_s=self._blocked_timeout_s
-            ),
+            host_parameters(self._url, name=name, blocked_timeout_s=self._blocked_timeout_s),
             messages,
             settle=settle,
             window=max(1, window),

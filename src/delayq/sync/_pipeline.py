@@ -133,6 +133,7 @@ class _Round:
         self.connection.ioloop.stop()
 
     def _on_closed(self, _conn: Any, reason: BaseException) -> None:
+        self.source.attach(None)
         if self.outstanding or not self.source.done:
             self.lost = self.lost or reason
         assert self.connection is not None
@@ -147,17 +148,30 @@ class _Round:
     def _pass_gate(self, _frame: Any) -> None:
         """Every connection checks the apply marker before its first publish."""
         if self.gate is None:
-            self._fill()
+            self._attach()
             return
 
         def passed(_frame: Any) -> None:
             self.gating = False
-            self._fill()
+            self._attach()
 
         self.gating = True
         self.channel.exchange_declare(self.gate.marker, passive=True, callback=passed)
 
+    def _attach(self) -> None:
+        """Let a live source wake this round from another thread, then fill."""
+        assert self.connection is not None
+        ioloop, channel = self.connection.ioloop, self.channel
+
+        def fill() -> None:
+            if channel.is_open:
+                self._fill()
+
+        self.source.attach(lambda: ioloop.add_callback_threadsafe(fill))
+        self._fill()
+
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
+        self.source.attach(None)
         error = closed_by_broker(reason)
         if error is not None:
             if self.gating and self.gate is not None and is_missing(reason):
@@ -280,7 +294,7 @@ class _Round:
 
 def send_pipelined(
     hosts: Sequence[pika.ConnectionParameters],
-    messages: Iterable[OutgoingMessage],
+    messages: Iterable[OutgoingMessage] | Source,
     *,
     settle: Settle,
     window: int,
@@ -299,7 +313,8 @@ def send_pipelined(
     ``max_bytes`` bounds what is unconfirmed in bytes too (body plus an allowance per
     message: :func:`delayq.message.inflight.size_of`).
 
-    ``messages`` is pulled lazily (a generator of millions is fine). A lost
+    ``messages`` is pulled lazily (a generator of millions is fine; a
+    :class:`~delayq.sync._sending.Source` may say "nothing now" and wake the round). A lost
     connection costs an attempt only when its round confirmed nothing, so a long
     stream survives several drops; what was in flight is sent again (same
     message ids: idempotent consumers skip the duplicates). Once a connection has
@@ -317,7 +332,7 @@ def send_pipelined(
     :class:`~delayq.errors.TopologyNotApplied` when a round's connection finds no
     apply marker of ``gate`` (checked before its first publish).
     """
-    source = Source(enumerate(messages))
+    source = messages if isinstance(messages, Source) else Source(enumerate(messages))
     if reconnecting is None:
         reconnecting = Reconnecting(attempts, backoff_s, None)
     quiet_since = time.monotonic()

@@ -5,7 +5,7 @@ negotiated ``frame_max``."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pika
@@ -57,6 +57,11 @@ class Source:
         if item is None:
             self.exhausted = True
         return item
+
+    def attach(self, wake: Callable[[], None] | None) -> None:
+        """A round's way to be woken when the source has more to send (``None``: the
+        round is over). A stream never needs it; a live source
+        (:class:`delayq.sync._shared.LiveSource`) says "nothing now" and wakes the round."""
 
     def push_front(self, items: Iterable[tuple[int, OutgoingMessage]]) -> None:
         self.again.extendleft(reversed(list(items)))

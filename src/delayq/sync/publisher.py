@@ -33,6 +33,7 @@ from delayq.retrying import within_seconds
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
+from delayq.sync._shared import ThreadSafeSends
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
 
@@ -46,7 +47,15 @@ class Publisher:
     ...     receipt = pub.publish({"order": 42}, "orders.remind", "15m")
 
     ``publish_many`` pipelines confirms and is several times faster for batches.
-    Not thread-safe: use one publisher per thread.
+
+    Thread-safe: ``publish`` and ``send`` may be called from many threads at once
+    (a web application's workers sharing one publisher). One caller at a time uses
+    the blocking channel; a thread that finds it busy hands its message to a second,
+    pipelined connection that the publisher opens at the first such overlap and
+    keeps, run by its own I/O thread, and waits for its own confirm there: the same
+    errors, observers, spans, in-flight bound and ``reconnect_within`` as a single
+    publish (see ``docs/guides/publishing.md``). :meth:`close` lets what threads have
+    queued finish (each hears its outcome) and ends that thread.
 
     Bodies and headers are checked against ``topology.limits`` before anything
     is sent (see :mod:`delayq.message.limits`); ``max_body_bytes`` overrides the body
@@ -107,6 +116,7 @@ class Publisher:
             )
             link = open_link(self._url, self._gate, options)
         self._link = link
+        self._sends = ThreadSafeSends(link, self._in_flight.messages)
         if clock_ms is epoch_ms and link.clock_ms is not None:
             clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
         self._clock_ms = clock_ms
@@ -122,7 +132,7 @@ class Publisher:
 
     def connect(self) -> None:
         """Open the connection now instead of at the first publish."""
-        self._link.connect()
+        self._sends.connect()
 
     @property
     def link(self) -> Link:
@@ -130,8 +140,12 @@ class Publisher:
         return self._link
 
     def close(self) -> None:
-        """Close the connection; later publishes reconnect."""
-        self._link.close()
+        """Close the connection; later publishes reconnect.
+
+        Threads waiting in :meth:`publish` hear their outcome first: what they queued
+        on the shared connection is still sent and confirmed (or fails as a publish
+        does, within ``reconnect_within``); its I/O thread then ends."""
+        self._sends.close()
 
     def __enter__(self) -> Publisher:
         return self
@@ -172,14 +186,14 @@ class Publisher:
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=False):
-            self._link.send(msg)
+            self._sends.send(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries (one that
         carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=True):
-            self._link.send(msg)
+            self._sends.send(msg)
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
         """Publish a batch with pipelined confirms (up to ``window`` unconfirmed).
