@@ -2,6 +2,7 @@
 // (docs/reference/wire.md), or only the delayed-message-exchange plugin's (an exchange
 // and an x-delay header). Messages come as JSON lines on stdin:
 //   {"id": "m-1", "routing_key": "job.a", "delay_ms": 1500, "body": {...}}
+// and in plugin mode may carry "x_delay": any JSON value, sent as the x-delay header as is.
 //
 //   node produce.js contract URL NAMESPACE LADDER_JSON   # LADDER_JSON: [["1s", 1000], ...]
 //   node produce.js plugin URL EXCHANGE
@@ -59,8 +60,11 @@ function contractMessage(namespace, ladder, m) {
   };
 }
 
+// x_delay, when a message has one, is sent as it is: a float (a double, which pika cannot
+// send), or what a publisher may send by mistake (text, a boolean, a table, an array).
 function pluginMessage(exchange, m) {
-  const headers = m.delay_ms === null ? {} : { "x-delay": m.delay_ms };
+  const delay = "x_delay" in m ? m.x_delay : m.delay_ms;
+  const headers = delay === null ? {} : { "x-delay": delay };
   return {
     exchange,
     routingKey: m.routing_key,

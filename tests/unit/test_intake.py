@@ -10,7 +10,7 @@ import pytest
 
 from delayq import Topology, build_declarations
 from delayq.errors import InvalidTopology
-from delayq.intake import BadDelay, Forward, Incoming, Park, Relay, read_delay
+from delayq.intake import FANOUT_KEY, BadDelay, Forward, Incoming, Park, Relay, read_delay
 
 TOPO = Topology(
     namespace="shop",
@@ -120,6 +120,77 @@ def test_what_cannot_be_scheduled_is_parked_as_it_came_with_the_reason(
     assert said in msg.headers["delayq-error-message"] and plan.reason.startswith(reason)
     assert msg.headers["tenant"] == "acme" and msg.headers["delayq-queue"] == "shop.intake.delayed"
     assert msg.body == b'{"n": 1}' and msg.message_id == "m-9"
+
+
+FANOUT = Topology(
+    namespace="shop",
+    ladder=["1s", "5s", "1m"],
+    exact={"unit": "250ms", "levels": 5},
+    destinations=[{"queue": "audit", "bindings": ["#"]}, {"queue": "mail", "bindings": ["#"]}],
+    intakes=[{"exchange": "events", "type": "fanout"},
+             {"exchange": "events.exact", "type": "fanout", "strategy": "exact"}],
+)  # fmt: skip
+
+
+def test_a_fanout_intake_schedules_the_empty_key_under_the_fanout_key() -> None:
+    """Fanout publishers leave the key empty: scheduled under ``fanout`` (which every
+    destination's ``#`` matches), in the tiers and in the cascade; a key given is kept."""
+    tiered = Relay(FANOUT, FANOUT.intakes[0])
+    plan = tiered.plan(_incoming({"x-delay": 3000}, "", message_id="f-1"))
+    assert isinstance(plan, Forward)
+    assert (plan.message.exchange, plan.message.routing_key) == ("shop.tier.5s", FANOUT_KEY)
+    assert plan.message.headers["delayq-routing-key"] == FANOUT_KEY == "fanout"
+    assert plan.message.receipt.routing_key == FANOUT_KEY
+    now = tiered.plan(_incoming({}, "", message_id="f-2"))
+    assert isinstance(now, Forward)
+    assert (now.message.exchange, now.message.routing_key) == ("shop.ready", FANOUT_KEY)
+    kept = tiered.plan(_incoming({"x-delay": 3000}, "order.created", message_id="f-3"))
+    assert isinstance(kept, Forward) and kept.message.routing_key == "order.created"
+
+    exact = Relay(FANOUT, FANOUT.intakes[1]).plan(_incoming({"x-delay": 2500}, ""))
+    assert isinstance(exact, Forward)
+    msg = exact.message  # 10 units of 250 ms on 5 levels, then the key:
+    assert (msg.exchange, msg.routing_key) == ("shop.level.3", "0.1.0.1.0.r.fanout")
+    assert msg.headers["delayq-routing-key"] == FANOUT_KEY
+
+
+def test_a_fanout_message_parked_with_the_empty_key_is_replayed_under_the_fanout_key() -> None:
+    plan = Relay(FANOUT, FANOUT.intakes[0]).plan(_incoming({"x-delay": "15s"}, ""))
+    assert isinstance(plan, Park) and plan.reason.startswith("bad-x-delay")
+    assert plan.message.headers["delayq-routing-key"] == FANOUT_KEY
+
+
+@pytest.mark.parametrize("kind", ["direct", "topic"])
+def test_a_direct_or_topic_intake_parks_the_empty_key_saying_why(kind: str) -> None:
+    """The plugin routed the empty key as any other: a direct exchange to no binding
+    delayq can declare, a topic one to ``#`` bindings only. Parked, never dropped."""
+    topology = Topology(
+        namespace="shop",
+        destinations=[{"queue": "q", "bindings": ["#" if kind == "topic" else "a.b"]}],
+        intakes=[{"exchange": "d", "type": kind}],
+    )
+    plan = Relay(topology, topology.intakes[0]).plan(_incoming({"x-delay": 10}, ""))
+    assert isinstance(plan, Park)
+    said = plan.message.headers["delayq-error-message"]
+    assert plan.reason.startswith("unschedulable: routing key is empty")
+    assert f"a {kind} intake routes by the key" in said and "type: fanout" in said
+    assert plan.message.headers["delayq-error-type"] == "delayq.errors.InvalidRoutingKey"
+    assert plan.message.headers["delayq-routing-key"] == ""
+
+
+def test_a_topic_intake_schedules_by_pattern_and_parks_a_key_nothing_binds() -> None:
+    topology = Topology(
+        namespace="shop",
+        destinations=[{"queue": "a", "bindings": ["order.*"]},
+                      {"queue": "b", "bindings": ["*.created"]}],
+        intakes=[{"exchange": "d", "type": "topic"}],
+    )  # fmt: skip
+    relay = Relay(topology, topology.intakes[0])
+    for key in ("order.created", "order.paid", "invoice.created"):
+        plan = relay.plan(_incoming({"x-delay": 10}, key))
+        assert isinstance(plan, Forward) and plan.message.routing_key == key
+    plan = relay.plan(_incoming({"x-delay": 10}, "invoice.paid"))
+    assert isinstance(plan, Park) and "'invoice.paid' matches no binding" in plan.reason
 
 
 def test_an_intake_declares_its_exchange_queue_and_dlq_outside_the_apply_marker() -> None:

@@ -4,6 +4,6 @@ delayq's tiers. :mod:`delayq.intake.delay` reads ``x-delay`` as the plugin did,
 consumes an intake queue is :class:`delayq.sync.bridge.Bridge` (``delayq bridge``)."""
 
 from delayq.intake.delay import BadDelay, read_delay
-from delayq.intake.relay import Forward, Incoming, Park, Relay
+from delayq.intake.relay import FANOUT_KEY, Forward, Incoming, Park, Relay
 
-__all__ = ["BadDelay", "Forward", "Incoming", "Park", "Relay", "read_delay"]
+__all__ = ["FANOUT_KEY", "BadDelay", "Forward", "Incoming", "Park", "Relay", "read_delay"]

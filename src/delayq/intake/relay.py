@@ -6,7 +6,8 @@ tier its ``x-delay`` asks for (or the exact cascade), or a :class:`Park`, the me
 as it came, bound for the intake's DLQ with the reason. The bridge sends either with
 a publisher confirm and only then acks the original (:mod:`delayq.sync.bridge`).
 
-What a forwarded message keeps: its routing key, body, headers (``x-delay`` set to
+What a forwarded message keeps: its routing key (a fanout intake's empty key becomes
+:data:`FANOUT_KEY`; a direct or topic intake parks it), body, headers (``x-delay`` set to
 minus the delay, as the plugin left it, so consumers can tell it was delayed), message
 id, and its properties (content type and encoding, correlation id, reply-to, type, app
 id, priority, timestamp). Not ``expiration``: a per-message TTL would cut the tier's
@@ -48,7 +49,7 @@ from delayq.message.validate import validate_message_id
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
 
-__all__ = ["BAD_DELAY", "UNSCHEDULABLE", "Forward", "Incoming", "Park", "Relay"]
+__all__ = ["BAD_DELAY", "FANOUT_KEY", "UNSCHEDULABLE", "Forward", "Incoming", "Park", "Relay"]
 
 BAD_DELAY = "bad-x-delay"
 """The DLQ reason of a message whose ``x-delay`` cannot be read as a delay."""
@@ -56,6 +57,13 @@ BAD_DELAY = "bad-x-delay"
 UNSCHEDULABLE = "unschedulable"
 """The DLQ reason of a message delayq cannot schedule: a delay past the ladder, a routing
 key no destination binds, a body past the size limit, an invalid routing key."""
+
+FANOUT_KEY = "fanout"
+"""The routing key a ``fanout`` intake schedules a message under when it was published
+with the empty key, as fanout publishers do. delayq routes, retries and replays by key,
+and cannot by the empty one (a retry's key would fall back to its queue's name); every
+destination of a fanout intake binds ``#``, which matches this key, so the message still
+reaches each of them. A non-empty key is kept as it came."""
 
 CARRIED = ("content_encoding", "correlation_id", "reply_to", "type", "app_id", "priority")
 """The AMQP properties a forwarded message keeps besides its headers, id, content type
@@ -111,14 +119,25 @@ class Relay:
     def plan(self, incoming: Incoming) -> Forward | Park:
         """A forward into the message's tier, or a park with the reason; never raises
         for what the message holds."""
+        routing_key = self.routing_key(incoming.routing_key)
         delay_ms = read_delay(incoming.headers)
         if isinstance(delay_ms, BadDelay):
             return self._park(incoming, BAD_DELAY, "InvalidDelay", delay_ms.reason)
+        if not routing_key:
+            return self._park(
+                incoming,
+                UNSCHEDULABLE,
+                "InvalidRoutingKey",
+                f"routing key is empty: a {self.intake.type} intake routes by the key, and "
+                "delayq schedules nothing under the empty key (no destination can bind it; "
+                "a topic exchange would match it by '#' alone). Publish with a key, or "
+                "declare the intake type: fanout if every destination is meant",
+            )
         message_id = self._message_id(incoming)
         try:
             built = self._factory.build(
                 incoming.body,
-                incoming.routing_key,
+                routing_key,
                 timedelta(milliseconds=delay_ms),
                 message_id=message_id,
                 strategy=self.intake.strategy,
@@ -131,6 +150,13 @@ class Relay:
         headers.update(built.headers)
         properties = _carried(incoming.properties)
         return Forward(replace(built, headers=headers, properties=properties))
+
+    def routing_key(self, published: str) -> str:
+        """The key a message published under ``published`` is scheduled (and parked)
+        under: its own, but :data:`FANOUT_KEY` for the empty key on a fanout intake."""
+        if published or self.intake.type != "fanout":
+            return published
+        return FANOUT_KEY
 
     def _message_id(self, incoming: Incoming) -> str:
         given = incoming.properties.get("message_id")
@@ -160,7 +186,7 @@ class Relay:
                 H_ERROR_MESSAGE: said[:1024],
                 H_FAILED_AT: now,
                 H_QUEUE: self.queue,
-                H_ROUTING_KEY: incoming.routing_key,  # a replay goes back under it
+                H_ROUTING_KEY: self.routing_key(incoming.routing_key),  # a replay's key
             }
         )
         message_id = str(incoming.properties.get("message_id") or self._message_id(incoming))

@@ -1,0 +1,109 @@
+"""What the intake tests share: a bridge in a thread, a plugin-style publisher (raw
+pika), and a settle period before the arrivals are taken as final."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pika
+
+from delayq import build_declarations
+from delayq.sync.bridge import Bridge
+from delayq.topology.declarations import QueueDecl
+from tests.waiting import wait_for
+
+
+class Running:
+    """A bridge in a thread of its own."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: bridge.started.is_set() or bool(self.error), 30, lambda: "bridge up")
+        if self.error:
+            raise self.error[0]
+
+    def _run(self) -> None:
+        try:
+            self.bridge.run(install_signal_handlers=False)
+        except BaseException as exc:
+            self.error.append(exc)
+
+    def stop(self) -> None:
+        self.bridge.request_stop()
+        self.thread.join(30)
+        if self.error:
+            raise self.error[0]
+
+
+def publish_plugin_style(url: str, exchange: str, messages: list[dict[str, Any]]) -> None:
+    """What a plugin publisher does: basic.publish to the exchange, x-delay in headers."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for m in messages:
+            m["sent_ms"] = time.time() * 1000
+            channel.basic_publish(
+                exchange,
+                m["routing_key"],
+                m["body"],
+                pika.BasicProperties(
+                    message_id=m["id"],
+                    headers=m["headers"],
+                    content_type="application/json",
+                    correlation_id=f"corr-{m['id']}",
+                    app_id="legacy-java",
+                    reply_to="replies",
+                ),
+            )
+    finally:
+        connection.close()
+
+
+def _depths(url: str, queues: list[str]) -> dict[str, int]:
+    """Ready messages in each of ``queues`` (one connection, passive declares)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        return {q: int(channel.queue_declare(q, passive=True).method.message_count)
+                for q in queues}  # fmt: skip
+    finally:
+        connection.close()
+
+
+QUIET_S = 1.0
+"""The settle period: no delivery for this long, every queue of the namespace empty,
+before the arrivals are taken as final, so a late duplicate would be seen."""
+
+
+def settled(collector: Any, url: str, topology: Any, count: int, timeout_s: float) -> list[Any]:
+    """Every arrival at ``collector``, once ``count`` came, every queue of ``topology``
+    (tiers, levels, intakes, destinations) is empty and no delivery came for
+    :data:`QUIET_S`."""
+    wait_for(
+        lambda: len(collector.arrivals) >= count,
+        timeout_s,
+        lambda: f"{len(collector.arrivals)} of {count} arrivals",
+    )
+    queues = [d.name for d in build_declarations(topology) if isinstance(d, QueueDecl)]
+    seen = {"count": -1, "since": 0.0}
+
+    def quiet() -> bool:
+        now, arrived = time.monotonic(), len(collector.arrivals)
+        if arrived != seen["count"]:
+            seen["count"], seen["since"] = arrived, now
+            return False
+        if now - seen["since"] < QUIET_S:
+            return False
+        full = {q: n for q, n in _depths(url, queues).items() if n}
+        if full:
+            seen["since"] = now  # still in flight: quiet counts from when they drain
+        return not full
+
+    wait_for(quiet, 60, lambda: f"quiet after {len(collector.arrivals)} arrivals")
+    return list(collector.arrivals)
