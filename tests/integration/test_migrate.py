@@ -124,8 +124,9 @@ def test_plan_writes_topologies_apply_accepts_and_check_passes_once_bridged(
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        (lambda d: d["exchanges"][0]["arguments"].update({"x-delayed-type": "headers"}),
-         "routes by headers"),
+        (lambda d: (d["exchanges"][0]["arguments"].update({"x-delayed-type": "headers"}),
+                    d["bindings"][0].update({"arguments": {"x-match": "any"}})),
+         "an x-match 'any' table with no header matches no message"),
         (lambda d: d["exchanges"][0]["arguments"].clear(), "has no x-delayed-type"),
         (lambda d: d["bindings"][3].update({"routing_key": "invoice.*"}),
          "(direct) has key 'invoice.*'"),

@@ -37,6 +37,7 @@ from delayq.topology._validation import (
     shown,
 )
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.topology.headers import HeaderTable, check_header_routing, check_tables
 from delayq.topology.intakes import Intake, check_intakes
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 from delayq.topology.marker import digest, marker_name
@@ -80,12 +81,17 @@ LadderField = Annotated[
 
 
 class Destination(Model):
-    """An application queue bound to the ready exchange."""
+    """An application queue bound to the ready exchange by routing keys, or to the
+    headers exchange by x-match tables (see :mod:`delayq.topology.headers`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     queue: str
-    bindings: tuple[str, ...] = Field(min_length=1)
+    bindings: tuple[str, ...] = ()
+    """Topic binding keys on ``<ns>.ready``."""
+    headers: tuple[HeaderTable, ...] = ()
+    """x-match tables, each a binding from ``<ns>.headers``: ``{"x-match": "any",
+    "tenant": "acme"}``."""
     delivery_limit: int = Field(default=20, ge=1, le=1000)
     """Broker backstop: deliveries before a quorum queue dead-letters a message that
     keeps crashing its consumer (``x-delivery-limit``)."""
@@ -106,6 +112,20 @@ class Destination(Model):
     @classmethod
     def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return check_binding_keys(value)
+
+    @field_validator("headers")
+    @classmethod
+    def _header_tables(cls, value: tuple[HeaderTable, ...]) -> tuple[HeaderTable, ...]:
+        return check_tables(value)
+
+    @model_validator(mode="after")
+    def _bound(self) -> Destination:
+        if not self.bindings and not self.headers:
+            raise ValueError(
+                f"destination {self.queue!r} has no bindings (routing keys) and no headers "
+                "(x-match tables): it would receive nothing"
+            )
+        return self
 
     @property
     def dlq(self) -> str:
@@ -193,6 +213,7 @@ class Topology(Model):
             self.unrouted,
             self.delivery_exchange,
             self.direct_exchange,
+            self.headers_exchange,
         }
         for dest in self.destinations:
             if dest.queue in seen:
@@ -210,6 +231,7 @@ class Topology(Model):
         if self.exact_enabled:
             self._check_cascade()
         self._names_fit()
+        check_header_routing(self)
         check_intakes(self)
         return self
 
@@ -260,6 +282,20 @@ class Topology(Model):
     def unrouted(self) -> str:
         """Exchange and queue that park due messages no binding wanted."""
         return f"{self.namespace}.unrouted"
+
+    @property
+    def headers_exchange(self) -> str:
+        """A headers exchange bound from the ready exchange with ``#``, where destinations
+        bind x-match tables; declared when :attr:`routes_by_headers`."""
+        return f"{self.namespace}.headers"
+
+    @property
+    def routes_by_headers(self) -> bool:
+        """A headers intake, or a destination with ``headers``: due messages are routed by
+        their headers (see :mod:`delayq.topology.headers`)."""
+        return any(i.type == "headers" for i in self.intakes) or any(
+            d.headers for d in self.destinations
+        )
 
     @property
     def direct_exchange(self) -> str:
@@ -325,7 +361,10 @@ class Topology(Model):
 
     @property
     def binding_keys(self) -> tuple[str, ...]:
-        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``."""
+        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``;
+        ``#`` (the headers exchange's) when :attr:`routes_by_headers`."""
+        if self.routes_by_headers:
+            return ("#",)
         keys = [key for dest in self.destinations for key in dest.bindings]
         return tuple(dict.fromkeys([*keys, *self.external_bindings]))
 
