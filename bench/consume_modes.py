@@ -236,6 +236,40 @@ def raw_aio_pika(ctx: Context) -> Timing:
     return asyncio.run(run())
 
 
+class BatchAcks:
+    """A raw reader's acks: one ``basic.ack(multiple=True)`` for everything received once
+    ``batch`` deliveries are, or 10 ms after the first (the raw modes' least work)."""
+
+    def __init__(self, wire: Any, batch: int) -> None:
+        self.wire, self.batch = wire, batch
+        self.loop = asyncio.get_running_loop()
+        self.acked = self.last_tag = self.pending = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def received(self, tag: int) -> None:
+        self.last_tag = tag
+        self.pending += 1
+        if self.pending >= self.batch:
+            self.flush()
+        elif self.timer is None:
+            self.timer = self.loop.call_later(0.01, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.pending:
+            self.wire.send_frames(ack_frame(CONSUME_CHANNEL, self.last_tag, True))
+            self.acked += self.pending
+            self.pending = 0
+
+    def cancelled(self, consumer_tag: str) -> None:
+        pass
+
+    def closed(self, exc: Exception) -> None:
+        pass
+
+
 def raw_frames_limit(ctx: Context) -> Timing:
     """What consuming costs at the least, in Python: delayq's own AMQP wire with a reader
     that takes only the delivery tag of each ``Basic.Deliver`` frame (header and body
@@ -249,41 +283,15 @@ def raw_frames_limit(ctx: Context) -> Timing:
     async def run() -> Timing:
         drain = Drain(count)
         wire = await open_wire(ctx.url, attempts=3, name="bench limit", publish=False)
-        loop = asyncio.get_running_loop()
 
-        class Reader:
-            acked = 0
-            last_tag = 0
-            pending = 0
-            timer: asyncio.TimerHandle | None = None
-
-            def flush(self) -> None:
-                if self.timer is not None:
-                    self.timer.cancel()
-                    self.timer = None
-                if self.pending:
-                    wire.send_frames(ack_frame(CONSUME_CHANNEL, self.last_tag, True))
-                    self.acked += self.pending
-                    self.pending = 0
-
+        class Reader(BatchAcks):
             def content(self, kind: int, payload: bytes) -> None:
                 if kind != 1:
                     return  # a header or a body: not even looked at
                 drain.first_delivery()
-                self.last_tag = int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big")
-                self.pending += 1
-                if self.pending >= batch:
-                    self.flush()
-                elif self.timer is None:
-                    self.timer = loop.call_later(0.01, self.flush)
+                self.received(int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big"))
 
-            def cancelled(self, consumer_tag: str) -> None:
-                pass
-
-            def closed(self, exc: Exception) -> None:
-                pass
-
-        reader = Reader()
+        reader = Reader(wire, batch)
         try:
             await wire.open_channel(CONSUME_CHANNEL)
             wire.readers[CONSUME_CHANNEL] = reader
@@ -385,12 +393,16 @@ def make_redis_store(cls: Any, url: str, prefix: str) -> IdempotencyStore:
     return store
 
 
-def delayq_redis(ctx: Context) -> Timing:
-    assert ctx.redis_class is not None and ctx.redis_url is not None
+def redis_stores(ctx: Context) -> Callable[[], IdempotencyStore]:
+    """A fresh Redis store per call, its keys under the bench namespace's prefix."""
+    cls, url = ctx.redis_class, ctx.redis_url
+    assert cls is not None and url is not None
     prefix = f"{ctx.topology.namespace}:idem:"
-    return async_consumer(
-        ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or "", prefix)
-    )
+    return lambda: make_redis_store(cls, url, prefix)
+
+
+def delayq_redis(ctx: Context) -> Timing:
+    return async_consumer(ctx, redis_stores(ctx))
 
 
 MEASURE: dict[str, Callable[[Context], Timing]] = {

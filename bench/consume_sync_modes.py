@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from consume_modes import Context, Drain, Timing, make_redis_store
+from consume_modes import Context, Drain, Timing, redis_stores
 
 from delayq.message.envelope import epoch_ms
 from delayq.stores.base import IdempotencyStore
@@ -153,11 +153,7 @@ def sync_sqlite(ctx: Context) -> Timing:
 
 
 def sync_redis(ctx: Context) -> Timing:
-    assert ctx.redis_class is not None and ctx.redis_url is not None
-    prefix = f"{ctx.topology.namespace}:idem:"
-    return sync_consumer(
-        ctx, lambda: make_redis_store(ctx.redis_class, ctx.redis_url or "", prefix)
-    )
+    return sync_consumer(ctx, redis_stores(ctx))
 
 
 SYNC_MEASURE: dict[str, Callable[[Context], Timing]] = {

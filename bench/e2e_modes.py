@@ -32,14 +32,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from consume_modes import make_redis_store
+from consume_modes import BatchAcks, make_redis_store
 from pamqp import commands
 from pamqp import frame as pframe
 from publish_modes import ROUTING_KEY, Context, Settings, _FrameSocket, encoded_publishes
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
-from delayq.aio._deliveries import ack_frame
 from delayq.aio._framelink import open_wire
 from delayq.aio._wire import CONSUME_CHANNEL
 from delayq.aio.consumer import AsyncConsumer
@@ -429,42 +428,21 @@ async def raw_consume(spec: Spec, shared: Shared, conn: Connection) -> dict[str,
     ``basic.ack(multiple=True)`` per quarter of the prefetch or 10 ms after the first."""
     recorder = Recorder()
     wire = await open_wire(spec.url, attempts=3, name="bench e2e raw", publish=False)
-    loop = asyncio.get_running_loop()
     batch = RAW_PREFETCH // 4
 
-    class Reader:
-        tag = last_tag = pending = 0
-        timer: asyncio.TimerHandle | None = None
-
-        def flush(self) -> None:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            if self.pending:
-                wire.send_frames(ack_frame(CONSUME_CHANNEL, self.last_tag, True))
-                self.pending = 0
+    class Reader(BatchAcks):
+        tag = 0
 
         def content(self, kind: int, payload: bytes) -> None:
             if kind == 1:
                 self.tag = int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big")
             elif kind == 3:
                 recorder.add(payload)
-                self.last_tag = self.tag
-                self.pending += 1
-                if self.pending >= batch:
-                    self.flush()
-                elif self.timer is None:
-                    self.timer = loop.call_later(0.01, self.flush)
-
-        def cancelled(self, consumer_tag: str) -> None:
-            pass
-
-        def closed(self, exc: Exception) -> None:
-            pass
+                self.received(self.tag)
 
     try:
         await wire.open_channel(CONSUME_CHANNEL)
-        wire.readers[CONSUME_CHANNEL] = Reader()
+        wire.readers[CONSUME_CHANNEL] = Reader(wire, batch)
         await wire.call(
             CONSUME_CHANNEL, commands.Basic.Qos(prefetch_count=RAW_PREFETCH), commands.Basic.QosOk
         )

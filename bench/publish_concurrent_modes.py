@@ -16,12 +16,9 @@ import asyncio
 import functools
 import itertools
 import threading
-import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any
 
-import aio_pika
 import pika
 from publish_modes import (
     DELAY,
@@ -29,6 +26,8 @@ from publish_modes import (
     Context,
     Stopwatch,
     Timing,
+    confirming_exchange,
+    raw_message,
     raw_pika_publish,
     warmup_count,
 )
@@ -132,25 +131,14 @@ def raw_aio_pika_callers(ctx: Context) -> Timing:
     """N coroutines sharing one aio-pika ``publisher_confirms`` channel, each awaiting
     ``exchange.publish`` (the confirm) before its next one: the same messages."""
     count, callers = ctx.settings.batch_count, ctx.settings.callers
-    timestamp = datetime.fromtimestamp(ctx.timestamp_s, tz=timezone.utc)
 
     async def run() -> Timing:
-        connection = await aio_pika.connect(ctx.url)
-        async with connection:
-            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            exchange = await channel.get_exchange(ctx.exchange, ensure=False)
+        async with confirming_exchange(ctx) as exchange:
 
             def send() -> Awaitable[object]:
-                # Waits for the confirm; raises on a Basic.Return or Basic.Nack.
-                message = aio_pika.Message(
-                    ctx.body,
-                    headers=ctx.headers,
-                    content_type=ctx.content_type,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    message_id=uuid.uuid4().hex,
-                    timestamp=timestamp,
+                sent: Awaitable[object] = exchange.publish(
+                    raw_message(ctx), ROUTING_KEY, mandatory=True
                 )
-                sent: Awaitable[object] = exchange.publish(message, ROUTING_KEY, mandatory=True)
                 return sent
 
             await _coroutines(callers, warmup_count(count), send)

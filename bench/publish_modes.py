@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import secrets
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -271,34 +273,45 @@ def delayq_async_publish_many(ctx: Context, traced: bool = False) -> Timing:
     return asyncio.run(run())
 
 
+@contextlib.asynccontextmanager
+async def confirming_exchange(ctx: Context) -> AsyncIterator[aio_pika.abc.AbstractExchange]:
+    """The bench exchange on an aio-pika channel with publisher confirms (a publish waits
+    for its confirm and raises on a Basic.Return or Basic.Nack)."""
+    connection = await aio_pika.connect(ctx.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        yield await channel.get_exchange(ctx.exchange, ensure=False)
+
+
+def raw_message(ctx: Context) -> aio_pika.Message:
+    """One message as delayq's publishers send it: persistent, an id and a timestamp."""
+    return aio_pika.Message(
+        ctx.body,
+        headers=ctx.headers,
+        content_type=ctx.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=uuid.uuid4().hex,
+        timestamp=utc(ctx.timestamp_s),
+    )
+
+
+@functools.cache
+def utc(timestamp_s: int) -> datetime:
+    return datetime.fromtimestamp(timestamp_s, tz=timezone.utc)
+
+
 def raw_aio_pika_pipelined(ctx: Context) -> Timing:
     count, window = ctx.settings.batch_count, ctx.settings.window
-    timestamp = datetime.fromtimestamp(ctx.timestamp_s, tz=timezone.utc)
 
     async def run() -> Timing:
-        connection = await aio_pika.connect(ctx.url)
-        async with connection:
-            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            exchange = await channel.get_exchange(ctx.exchange, ensure=False)
+        async with confirming_exchange(ctx) as exchange:
 
             async def publish(n: int) -> None:
                 slots = asyncio.Semaphore(window)
 
                 async def publish_one() -> None:
                     try:
-                        # Waits for the confirm; raises on a Basic.Return or Basic.Nack.
-                        await exchange.publish(
-                            aio_pika.Message(
-                                ctx.body,
-                                headers=ctx.headers,
-                                content_type=ctx.content_type,
-                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                message_id=uuid.uuid4().hex,
-                                timestamp=timestamp,
-                            ),
-                            ROUTING_KEY,
-                            mandatory=True,
-                        )
+                        await exchange.publish(raw_message(ctx), ROUTING_KEY, mandatory=True)
                     finally:
                         slots.release()
 

@@ -11,6 +11,11 @@ Two situations, two rules (the Java client's automatic recovery draws the same l
   default), pausing at most :data:`MAX_PAUSE_S` between rounds, so a broker back
   within the budget costs a batch nothing but its in-flight window sent again.
 
+When the budget is spent, what is left fails and says which it is: a message written
+and not confirmed is :class:`~delayq.errors.PublishUnconfirmed` (it may be at the
+broker), one never written is :class:`~delayq.errors.PublishNotSent` (it is not). A
+batch gives up only once nothing has been confirmed for the whole budget.
+
 :class:`Reconnecting` is a link's memory of having been up; :class:`Tries` yields the
 connection attempts one rule allows, each a ``(pause_s, single-host URL)``:
 

@@ -145,8 +145,14 @@ def parse_url(url: object, environ: Mapping[str, str] | None = None) -> BrokerUR
         query[key] = value
     passed = {k: v for k, v in query.items() if k in CLIENT_OPTIONS}
     heartbeat = passed.get("heartbeat")
-    if heartbeat is not None and not (heartbeat.isdigit() and int(heartbeat) <= 65535):
-        raise InvalidURL(f"heartbeat={heartbeat!r} must be whole seconds from 0 to 65535")
+    # isascii: str.isdigit() also takes "²", which int() refuses, and other scripts' digits.
+    if heartbeat is not None and not (
+        heartbeat.isascii() and heartbeat.isdigit() and int(heartbeat) <= 65535
+    ):
+        raise InvalidURL(
+            f"broker URL {redact(url)}: heartbeat={heartbeat!r} must be whole seconds from 0 "
+            "to 65535 (0 turns heartbeats off)"
+        )
     tls = tls_options(
         parts.scheme,
         {k: v for k, v in query.items() if k in TLS_OPTIONS},

@@ -184,6 +184,24 @@ def test_the_built_api_reference_goes_by_role(site: Path) -> None:
     assert objects[0] == "delayq.Publisher"
 
 
+@pytest.mark.parametrize("cls", ["Publisher", "AsyncPublisher", "Consumer", "Worker"])
+def test_a_class_members_are_in_the_order_of_its_source_not_alphabetical(
+    site: Path, cls: str
+) -> None:
+    import inspect
+
+    import delayq
+
+    target = getattr(delayq, cls)
+    html = _html(site, "reference/api")
+    shown = re.findall(rf'id="delayq\.{cls}\.([a-z][a-z_]*)"', html)
+    methods = [n for n in shown if inspect.isfunction(inspect.getattr_static(target, n, None))]
+    line = {n: inspect.getsourcelines(getattr(target, n))[1] for n in methods}
+    assert len(methods) >= 3, shown
+    assert methods == sorted(methods, key=line.__getitem__), "members not in source order"
+    assert methods != sorted(methods), "alphabetical order (members_order: source in mkdocs.yml)"
+
+
 @pytest.mark.parametrize("page", ["reference/api", "reference/errors"])
 def test_docstring_examples_render_as_code(site: Path, page: str) -> None:
     html = _html(site, page)

@@ -97,7 +97,10 @@ def test_flags_are_not_needed_for_a_classic_topology() -> None:
 
 def test_vhost_of_the_url_must_be_the_topologys() -> None:
     assert check_vhost(TOPO, "/").status is Status.OK
-    wrong = check_vhost(TOPO, "/other")
+    assert check_vhost(TOPO, "/other").status is Status.OK, "no vhost named: the URL's"
+    named = TOPO.model_copy(update={"vhost": "/"})
+    assert check_vhost(named, "/").status is Status.OK
+    wrong = check_vhost(named, "/other")
     assert wrong.status is Status.FAIL and "'/other'" in wrong.detail
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from delayq.errors import InvalidTopology
 from delayq.topology.model import Topology, load_topology
+from delayq.urls import check_vhost, memory_broker_name, resolve_url, url_vhost
 
 if TYPE_CHECKING:
     from delayq.sync._broker import ManagementChoice
@@ -25,7 +26,9 @@ __all__ = [
     "fail",
     "load_cli_topology",
     "management_choice",
+    "on_url_vhost",
     "print_json",
+    "topology_and_url",
 ]
 
 EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
@@ -45,6 +48,31 @@ def load_cli_topology(args: Args) -> Topology:
             "destinations (see topology/delayq.yaml in the delayq repository)"
         )
     return topology
+
+
+def on_url_vhost(topology: Topology, url: str) -> Topology:
+    """``topology`` in the vhost ``url`` connects to: the rule of every command that takes
+    a topology file and a URL (see docs/concepts/topology.md, "vhost").
+
+    A topology that names another vhost is refused (:func:`delayq.urls.check_vhost`:
+    :class:`~delayq.errors.InvalidInput`, exit 2, apply's message). One that names none
+    takes the URL's, set as its ``vhost``: what later reads ``topology.vhost`` (the
+    management API's paths, grants, the watchdog) works where the URL points, not in
+    ``/`` by default.
+    """
+    check_vhost(topology.declared_vhost, url)
+    if topology.declared_vhost is not None or memory_broker_name(url) is not None:
+        return topology
+    return topology.model_copy(update={"vhost": url_vhost(url)})
+
+
+def topology_and_url(args: Args) -> tuple[Topology, str]:
+    """The topology file (``--file``) and the broker URL (``--url``, else the
+    environment's) of a command that uses both, checked by :func:`on_url_vhost` before
+    the command does or prints anything."""
+    topology = load_cli_topology(args)
+    url = resolve_url(args.url)
+    return on_url_vhost(topology, url), url
 
 
 def management_choice(args: Args, url: str) -> ManagementChoice | None:

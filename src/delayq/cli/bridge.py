@@ -7,9 +7,9 @@ import logging
 
 import click
 
-from delayq.cli._common import EXIT_OK, Args, load_cli_topology
+from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import PositiveInt, leaf, once
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact
 
 __all__ = ["bridge_commands"]
 
@@ -57,8 +57,7 @@ def cmd_bridge(args: Args) -> int:
         # delayq says what failed in one line of its own; pika's records (a traceback per
         # failed connection) only repeat it, as `delayq worker` does.
         logging.getLogger("pika").setLevel(logging.CRITICAL)
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
     worker = Worker(topology)  # a worker of bridges alone: its threads, signals, failures
     for name in names or [pick_intake(topology, None).exchange]:

@@ -19,7 +19,14 @@ from typing import Any
 
 import click
 
-from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    Args,
+    load_cli_topology,
+    print_json,
+    topology_and_url,
+)
 from delayq.cli._console import show_table
 from delayq.cli.options import (
     flag,
@@ -268,12 +275,12 @@ def cmd_reschedule(args: Args) -> int:
     from delayq.cli.run import _body
     from delayq.sync.publisher import Publisher
 
-    topology = load_cli_topology(args)
+    topology, url = topology_and_url(args)  # before the store is opened
     body = _body(args, topology.limits.max_body_bytes)
     due_at = _due_at(args)
     store = open_store(args.store)
     try:
-        with Publisher(args.url, topology, store=store) as publisher:
+        with Publisher(url, topology, store=store) as publisher:
             found = publisher.reschedule(
                 body,
                 args.routing_key,

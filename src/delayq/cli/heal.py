@@ -13,14 +13,21 @@ from pathlib import Path
 
 import click
 
-from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    Args,
+    on_url_vhost,
+    print_json,
+    topology_and_url,
+)
 from delayq.cli.options import flag, once
 from delayq.errors import InvalidInput
 from delayq.ops.heal import DEFAULT_INTERVAL, DEFAULT_THRESHOLD
 from delayq.ops.management import ManagementAPI, management_url_for
 from delayq.ops.watchdog import HealObserver, HealOutcome, TransferLeadership, Watchdog
 from delayq.topology.model import Topology
-from delayq.urls import host_urls, resolve_url
+from delayq.urls import host_urls
 from delayq.wording import counted
 
 __all__ = ["build_watchdog", "check_worker_heal", "cmd_heal", "heal_options"]
@@ -100,7 +107,9 @@ def build_watchdog(
     prefix: str = "",
     observers: Iterable[HealObserver] = (),
 ) -> Watchdog:
-    """The watchdog the options describe (``prefix``: ``heal_`` for ``delayq worker``)."""
+    """The watchdog the options describe (``prefix``: ``heal_`` for ``delayq worker``),
+    watching ``topology`` in the vhost of ``url`` (:func:`on_url_vhost`)."""
+    topology = on_url_vhost(topology, url)
     remedy = None
     if getattr(args, f"{prefix}move_leaders"):
         command = shlex.split("rabbitmqctl" if args.rabbitmqctl is None else args.rabbitmqctl)
@@ -144,8 +153,7 @@ def check_worker_heal(args: Args) -> None:
 
 
 def cmd_heal(args: Args) -> int:
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     dog = build_watchdog(args, topology, url)
     if args.watch:
         return _watch(dog)

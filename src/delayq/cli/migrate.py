@@ -8,10 +8,16 @@ from pathlib import Path
 import click
 import yaml
 
-from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
+from delayq.cli._common import (
+    EXIT_BROKER,
+    EXIT_OK,
+    Args,
+    print_json,
+    topology_and_url,
+)
 from delayq.cli.options import group, json_flag, leaf, once
 from delayq.errors import InvalidInput
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact
 
 __all__ = ["migrate_group"]
 
@@ -131,10 +137,9 @@ def cmd_migrate_check(args: Args) -> int:
     from delayq.sync.depths import queue_depths
     from delayq.sync.verify import verify_topology
 
-    topology = load_cli_topology(args)
+    topology, url = topology_and_url(args)
     if not topology.intakes:
         raise InvalidInput(f"{args.file} declares no intakes: not a migration topology")
-    url = resolve_url(args.url)
     checks = verify_topology(topology, url, management=None, probe=False)
     problems = [f"{c.subject}: {c.detail}" for c in checks if not passed([c])]
     queues = [i.queue_name(topology.namespace) for i in topology.intakes]

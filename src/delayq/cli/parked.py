@@ -12,14 +12,13 @@ from delayq.cli._common import (
     EXIT_OK,
     Args,
     fail,
-    load_cli_topology,
+    topology_and_url,
 )
 from delayq.cli._console import progress_bar, show_table
 from delayq.errors import InvalidInput
 from delayq.message.envelope import epoch_ms
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
-from delayq.urls import resolve_url
 from delayq.wording import counted
 
 if TYPE_CHECKING:
@@ -34,13 +33,12 @@ def _intake(topology: Topology, name: str) -> Intake | None:
     return None
 
 
-def _parking(args: Args) -> tuple[Topology, str, str]:
-    """Topology, the parking queue, and what it is called in messages."""
-    topology = load_cli_topology(args)
+def _parking(args: Args, topology: Topology) -> tuple[str, str]:
+    """The parking queue, and what it is called in messages."""
     if args.command == "dlq":
         intake = _intake(topology, args.queue)
         if intake is not None:
-            return topology, intake.dlq_name(topology.namespace), f"the DLQ of {args.queue}"
+            return intake.dlq_name(topology.namespace), f"the DLQ of {args.queue}"
         try:
             topology.destination(args.queue)
         except KeyError:
@@ -50,17 +48,17 @@ def _parking(args: Args) -> tuple[Topology, str, str]:
                 f"destinations: {', '.join(d.queue for d in topology.destinations) or 'none'}"
                 + (f"; intakes: {intakes}" if intakes else "")
             ) from None
-        return topology, f"{args.queue}.dlq", f"the DLQ of {args.queue}"
-    return topology, topology.unrouted, topology.unrouted
+        return f"{args.queue}.dlq", f"the DLQ of {args.queue}"
+    return topology.unrouted, topology.unrouted
 
 
-def _print_parked(args: Args, queue: str, label: str, source: str | None) -> int:
+def _print_parked(args: Args, url: str, queue: str, label: str, source: str | None) -> int:
     """``list`` and ``show`` (see delayq.ops.parked_view)."""
     from delayq.ops import parked_view as view
     from delayq.sync import parking
 
     limit = args.limit if args.parked_command == "list" else 10_000
-    found = parking.browse(resolve_url(args.url), queue, limit=limit, dead_letters_of=source)
+    found = parking.browse(url, queue, limit=limit, dead_letters_of=source)
     # Everything in <ns>.unrouted is there because no destination bound its routing key.
     reason = None if args.command == "dlq" else "no binding"
     now = epoch_ms()
@@ -125,8 +123,8 @@ def _close(store: object) -> None:
 def cmd_parked(args: Args) -> int:
     from delayq.sync import parking
 
-    topology, queue, label = _parking(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)  # the file's vhost is the URL's, or refused
+    queue, label = _parking(args, topology)
     action = args.parked_command
     if action == "purge":
         if not args.yes:
@@ -138,7 +136,7 @@ def cmd_parked(args: Args) -> int:
         source = args.queue if args.command == "dlq" else None
         if intake is not None:
             source = intake.queue_name(topology.namespace)
-        return _print_parked(args, queue, label, source)
+        return _print_parked(args, url, queue, label, source)
 
     if intake is not None:
         exchange = intake.exchange

@@ -20,6 +20,7 @@ from delayq.cli._common import (
     load_cli_topology,
     management_choice,
     print_json,
+    topology_and_url,
 )
 from delayq.cli._console import show_table
 from delayq.consume.retry import (
@@ -44,8 +45,7 @@ from delayq.wording import counted
 def cmd_stats(args: Args) -> int:
     from delayq.sync.depths import queue_depths
 
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     rows = stats_rows(topology)
     depths, source = queue_depths(stats_queues(rows), url, management=management_choice(args, url))
     if args.json:
@@ -109,9 +109,9 @@ def _body(args: Args, limit: int) -> Any:
 def cmd_publish(args: Args) -> int:
     from delayq.sync.publisher import Publisher
 
-    topology = load_cli_topology(args)
+    topology, url = topology_and_url(args)
     body = _body(args, topology.limits.max_body_bytes)
-    with Publisher(args.url, topology) as publisher:
+    with Publisher(url, topology) as publisher:
         receipt = publisher.publish(body, args.routing_key, args.delay, message_id=args.message_id)
     fields = {
         "message_id": receipt.message_id,

@@ -12,12 +12,13 @@ from delayq.cli._common import (
     EXIT_OK,
     Args,
     load_cli_topology,
+    topology_and_url,
 )
 from delayq.cli._console import progress_bar
 from delayq.cli.spark_inputs import CSV_OPTIONS, check_source, read_source, rows_progress
 from delayq.durations import format_ms, to_ms
 from delayq.errors import InvalidInput
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact
 from delayq.wording import counted
 
 
@@ -84,8 +85,7 @@ def cmd_spark_schedule(args: Args) -> int:
     max_rejected = None if args.allow_rejected else args.max_rejected
     RejectionLimit.parse(max_rejected)  # a bad value is refused before Spark starts
     RetryPolicy.parse(args.retry_for, args.backoff)  # so are bad durations
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     check_source(args)
     session = _spark_session(args)
     df, source = read_source(session, args)

@@ -18,11 +18,11 @@ from typing import Any
 
 import click
 
-from delayq.cli._common import EXIT_OK, Args, load_cli_topology
+from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import Command, flag, leaf, once
 from delayq.cli.spark_inputs import CSV_OPTIONS
 from delayq.errors import InvalidInput
-from delayq.urls import redact, resolve_url
+from delayq.urls import redact
 
 __all__ = ["SHARED", "cmd_spark_stream", "stream_command"]
 
@@ -134,8 +134,7 @@ def cmd_spark_stream(args: Args) -> int:
     trigger = AVAILABLE_NOW if args.available_now else args.trigger
     trigger_options(trigger)  # a bad trigger is refused before Spark starts
     RetryPolicy.parse(args.retry_for, args.backoff)
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     if "://" not in args.input and not Path(args.input).is_dir():
         raise InvalidInput(f"--input {args.input} is not a directory (the folder to watch)")
     session = _spark_session(args)

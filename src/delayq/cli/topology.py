@@ -13,6 +13,7 @@ from delayq.cli._common import (
     load_cli_topology,
     management_choice,
     print_json,
+    topology_and_url,
 )
 from delayq.cli._console import show_table
 from delayq.durations import to_ms
@@ -57,8 +58,7 @@ def cmd_plan(args: Args) -> int:
 def cmd_apply(args: Args) -> int:
     from delayq.sync.provision import apply_topology
 
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     if not args.quiet:
         print(f"applying {args.file} (namespace {topology.namespace!r}) to {redact(url)}")
     report = apply_topology(topology, url, raise_on_conflict=False)
@@ -103,8 +103,7 @@ def cmd_export(args: Args) -> int:
 def cmd_verify(args: Args) -> int:
     from delayq.sync.verify import verify_topology
 
-    topology = load_cli_topology(args)
-    url = resolve_url(args.url)
+    topology, url = topology_and_url(args)
     bound_ms = to_ms(args.probe_timeout, what="--probe-timeout")
     management = management_choice(args, url)
     if not args.json:
@@ -137,7 +136,9 @@ def cmd_grant(args: Args) -> int:
         replacement_refused,
     )
 
-    topology = load_cli_topology(args)
+    # --vhost names the vhost to grant on; without it, the topology's as every command
+    # that takes a URL reads it (the URL's when the file names none).
+    topology = load_cli_topology(args) if args.vhost is not None else topology_and_url(args)[0]
     if not (args.producer_user or args.consumer_user or args.admin_user):
         raise InvalidInput("give --producer-user, --consumer-user, --admin-user, or several")
     grants = grants_for(

@@ -100,7 +100,9 @@ def topology_group() -> click.Group:
                     once("--producer-user", metavar="USER", help="the user that publishes"),
                     once("--consumer-user", metavar="USER", help="the user that runs consumers"),
                     once("--admin-user", metavar="USER", help="the user that runs topology apply"),
-                    once("--vhost", help="default: the topology's vhost"),
+                    once(
+                        "--vhost", help="default: the topology's vhost (the URL's if it names none)"
+                    ),
                     flag("--apply", help="set the permissions (else print)"),
                     flag(
                         "--replace",

@@ -116,7 +116,12 @@ class MessageLimits(BaseModel):
 
 
 def _invalid(exc: ValidationError) -> InvalidInput:
-    """pydantic's refusal as delayq's: one line naming each field and why."""
+    """pydantic's refusal as delayq's: one line naming each field and why (a refusal of
+    delayq's own, raised by ``__init__`` inside pydantic's validation, as it was)."""
+    for err in exc.errors():
+        raised = err.get("ctx", {}).get("error")
+        if isinstance(raised, InvalidInput):
+            return raised
     problems = "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: "
         f"{err['msg'].removeprefix('Value error, ')}"

@@ -146,14 +146,18 @@ def check_feature_flags(
 
 
 def check_vhost(topology: Topology, vhost: str) -> Check:
-    """The URL's vhost is the topology's."""
-    if vhost == topology.vhost:
-        return Check("vhost", Status.OK, f"{vhost!r}")
+    """The URL's vhost (``vhost``) is the topology's: the one it names, or, when it names
+    none, the URL's, as for apply, publishers and consumers
+    (:attr:`~delayq.topology.model.Topology.declared_vhost`, :func:`delayq.urls.check_vhost`)."""
+    declared = topology.declared_vhost
+    if declared in (None, vhost):
+        named = "" if declared else " (the URL's: the topology names none)"
+        return Check("vhost", Status.OK, f"{vhost!r}{named}")
     return Check(
         "vhost",
         Status.FAIL,
-        f"the URL's vhost is {vhost!r}, the topology's {topology.vhost!r}: put the "
-        "topology's vhost in the URL, or change the topology",
+        f"the topology names vhost {declared!r}, the URL connects to vhost {vhost!r}: put "
+        "the topology's vhost in the URL, or change the topology's vhost",
     )
 
 

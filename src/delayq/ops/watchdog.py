@@ -154,7 +154,10 @@ class HealObserver(Protocol):
 
 
 class Watchdog:
-    """Looks at a topology's dead-lettering queues and heals the stalled ones."""
+    """Looks at a topology's dead-lettering queues and heals the stalled ones.
+
+    It looks in ``topology.vhost``: ``/`` for a topology that names none (it has no AMQP
+    URL whose vhost it could follow; ``delayq topology heal`` gives it the URL's)."""
 
     def __init__(
         self,

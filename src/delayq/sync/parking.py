@@ -33,7 +33,7 @@ from delayq.sync.publisher import Publisher
 from delayq.topology.conflicts import conflict_from_reply, parked_at_risk
 from delayq.topology.declarations import parked_arguments
 from delayq.topology.model import QueueType, Topology
-from delayq.urls import resolve_url
+from delayq.urls import check_vhost, resolve_url
 
 __all__ = ["ReplayReport", "browse", "purge", "replay"]
 
@@ -175,9 +175,16 @@ def replay(
 
     ``tracing``: as a publisher's (:mod:`delayq.observe.tracing`): when traced, each
     message's replay is a span of its own trace (:mod:`delayq.observe.replays`).
+
+    A ``topology`` that names another vhost than the URL's is refused before anything is
+    opened (:class:`~delayq.errors.InvalidInput`, :func:`delayq.urls.check_vhost`).
     """
     if rate_per_s is not None and not 0 < rate_per_s < float("inf"):
         raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
+    url = resolve_url(url)
+    # Before the parking queue is opened: the publisher refuses another vhost, but only
+    # once the queue's messages are being taken.
+    check_vhost(topology.declared_vhost, url)
     wanted = None if ids is None else set(ids)
     traces = tracing_for(tracing)
     report = ReplayReport()

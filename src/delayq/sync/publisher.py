@@ -55,12 +55,9 @@ class Publisher:
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
 
-    A first connection makes ``connect_attempts`` rounds over the URL's hosts (a wrong
-    URL fails in about a second); once connected, a lost broker (a restart, a failover)
-    is waited for up to ``reconnect_within`` (30 s; ``None``: ``connect_attempts``
-    rounds again) before what is left fails: written and unconfirmed
-    :class:`~delayq.errors.PublishUnconfirmed`, never written
-    :class:`~delayq.errors.PublishNotSent` (see :mod:`delayq.retrying`).
+    ``reconnect_within``: how long a lost broker is waited for once connected (30 s;
+    ``None``: ``connect_attempts`` rounds, as for a first connection); the rules and
+    what a batch then reports are in :mod:`delayq.retrying`.
 
     ``in_flight`` bounds what a batch or stream keeps sent but unconfirmed (10,000
     messages or 64 MiB by default, lowering ``window`` where needed): the caller
