@@ -373,21 +373,30 @@ def test_a_consumer_refused_configure_on_a_topology_never_applied_says_what_to_d
         run_consumer(driver_kind, g.consumer.url, g.topology, queue)
 
 
+@pytest.mark.parametrize("kind", ["direct", "headers"])
 def test_an_intake_runs_under_the_grant_plugin_publishers_and_bridge_as_the_producer(
-    local_rabbitmq_management_node: LocalNode, make_user: Any, tmp_path: Any, collect: Any
+    local_rabbitmq_management_node: LocalNode,
+    make_user: Any,
+    tmp_path: Any,
+    collect: Any,
+    kind: str,
 ) -> None:
     """With intakes the admin applies them, plugin-style publishers publish to them as the
-    producer user, and ``delayq bridge`` runs as that user: nothing more is granted."""
+    producer user, and ``delayq bridge`` runs as that user: nothing more is granted. A
+    headers intake's namespace adds its headers exchange to the admin's grant alone."""
     import yaml
 
     from delayq.sync.bridge import Bridge
 
     node = local_rabbitmq_management_node
     ns = f"o{uuid.uuid4().hex[:10]}"
+    bound: dict[str, Any] = {"bindings": ["job.a"]}
+    if kind == "headers":
+        bound = {"headers": [{"tenant": "acme"}]}
     topology = Topology(
         namespace=ns, ladder=["1s"],
-        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
-        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+        destinations=[{"queue": f"{ns}x.work", **bound}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": kind}],
     )  # fmt: skip
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
@@ -405,7 +414,7 @@ def test_an_intake_runs_under_the_grant_plugin_publishers_and_bridge_as_the_prod
         wait_for(bridge.started.is_set, 30, lambda: "the bridge up as the producer")
         raw = Raw(users[0].url)
         try:
-            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": 500})
+            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": 500, "tenant": "acme"})
             raw.publish(f"plugin-{ns}", "job.a", {"x-delay": "soon"})  # parked
             # The producer still may not consume a destination queue.
             assert refused(lambda: raw.channel().basic_get(f"{ns}x.work"))

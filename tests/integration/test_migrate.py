@@ -270,8 +270,9 @@ def test_an_exchange_bound_to_the_plugin_exchange_is_bound_by_hand_and_reached(
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        (lambda d: d["exchanges"][0]["arguments"].update({"x-delayed-type": "headers"}),
-         "routes by headers"),
+        (lambda d: (d["exchanges"][0]["arguments"].update({"x-delayed-type": "headers"}),
+                    d["bindings"][0].update({"arguments": {"x-match": "any"}})),
+         "an x-match 'any' table with no header matches no message"),
         (lambda d: d["exchanges"][0]["arguments"].clear(), "has no x-delayed-type"),
         (lambda d: d["bindings"][3].update({"routing_key": "invoice.*"}),
          "(direct) has key 'invoice.*'"),

@@ -178,7 +178,7 @@ def test_cli_apply_quiet_prints_only_the_summary_when_all_is_well(
         (lambda: Topology(namespace="bad name"), "namespace 'bad name'"),
         (lambda: Topology(ladder=5), "ladder must be a list"),
         (lambda: Topology(nmespace="x"), "nmespace: Extra inputs"),
-        (lambda: Topology(destinations=[{"queue": "q"}]), "destinations.0.bindings: Field"),
+        (lambda: Topology(destinations=[{"queue": "q"}]), "destinations.0: destination 'q' has no"),
         (lambda: Topology(destinations=[{"queue": "q", "bindings": ["a b"]}]), "'a b'"),
         (lambda: Destination(queue="q", bindings=[]), "bindings"),
         (lambda: Topology(exact={"unit": 5}), "exact.unit 5 is a bare number"),

@@ -204,7 +204,7 @@ def test_an_intake_declares_its_exchange_queue_and_dlq_outside_the_apply_marker(
 @pytest.mark.parametrize(
     ("intakes", "bindings", "said"),
     [
-        ([{"exchange": "d", "type": "headers"}], ["a"], "headers-type delayed exchange"),
+        ([{"exchange": "d", "type": "headers"}], ["a"], "'q' binds routing keys in a namespace"),
         ([{"exchange": "d", "type": "x-delayed-message"}], ["a"], "one of direct, topic"),
         ([{"exchange": "d"}], ["a.*"], "binding key 'a.*' is a pattern"),
         ([{"exchange": "d", "type": "fanout"}], ["a"], "does not bind '#'"),

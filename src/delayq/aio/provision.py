@@ -59,12 +59,13 @@ async def _declare(chan: AbstractChannel, decl: ExchangeDecl | QueueDecl, passiv
 async def _bind(channels: _Channels, decl: BindingDecl) -> ApplyResult:
     channel = await channels.get()
     try:
+        arguments: Any = dict(decl.arguments) or None  # aio-pika's FieldTable
         if decl.destination_type == "exchange":
             target = await channel.get_exchange(decl.destination, ensure=False)
-            await target.bind(decl.source, decl.routing_key)
+            await target.bind(decl.source, decl.routing_key, arguments=arguments)
         else:
             queue = await channel.get_queue(decl.destination, ensure=False)
-            await queue.bind(decl.source, decl.routing_key)
+            await queue.bind(decl.source, decl.routing_key, arguments=arguments)
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED
         raise channel_error(exc) from exc
     return ApplyResult(decl, ApplyStatus.BOUND)

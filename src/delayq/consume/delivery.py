@@ -190,7 +190,9 @@ class Delivery:
         value = self.headers.get(H_ROUTING_KEY)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        return value if isinstance(value, str) and value else self.routing_key
+        # "" is a key too: a headers namespace's publishers may send none (the exact
+        # cascade would otherwise stand in its own wire key).
+        return value if isinstance(value, str) else self.routing_key
 
 
 def _delivery_count(redelivered: object, headers: Mapping[str, Any] | None) -> int:

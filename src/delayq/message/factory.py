@@ -97,6 +97,8 @@ class MessageFactory:
         self.router = Router(topology)
         self._strategy = topology.strategy
         self._bound = BindingKeys(topology.binding_keys)
+        # Headers-exchange publishers often send no routing key; routing ignores it there.
+        self._keyless = topology.routes_by_headers
 
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
         """Validate a whole batch first, so bad input anywhere sends nothing."""
@@ -142,7 +144,8 @@ class MessageFactory:
         ``strategy``: ``"tiered"``, ``"exact"``, or ``None`` for the topology's default)."""
         delay_ms = to_ms(delay)
         chosen = self._strategy if strategy is None else self.router.strategy(strategy)
-        routing_key = validate_routing_key(routing_key)
+        if not (self._keyless and routing_key == ""):
+            routing_key = validate_routing_key(routing_key)
         message_id = self._new_id() if message_id is None else validate_message_id(message_id)
         exchange, wire_key, wait = self.router.to_destinations(
             delay_ms, routing_key, chosen, message_id

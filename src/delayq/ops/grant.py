@@ -129,6 +129,7 @@ def _names(topology: Topology) -> dict[str, str]:
         "rungs": f"{ns}\\.(?:tier|retry)\\.{_LABEL}{shard}",
         "levels": f"{ns}\\.level\\.[0-9]+",
         "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
+        "headers": f"{ns}\\.headers",
         "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.topology.marker: applies declare it
     }
 
@@ -230,11 +231,13 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
     cascade = _cascade(topology, n)  # levels: exchange-to-exchange binds need write and read
     direct = [n["direct"], n["retry_direct"]]
     intake_exchanges, intake_queues, intake_dlqs = _intakes(topology)
-    entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, n["marker"]]
+    # The headers exchange: bound to from <ns>.ready (write), bound from (read).
+    headers = [n["headers"]] if topology.routes_by_headers else []
+    entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *headers, n["marker"]]
     entities += [*queues, *dlqs, *intake_exchanges, *intake_queues, *intake_dlqs]
     write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
-    write += [*queues, *dlqs, *intake_queues, *intake_dlqs]
-    read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *queues]
+    write += [*headers, *queues, *dlqs, *intake_queues, *intake_dlqs]
+    read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *headers, *queues]
     read += [*intake_exchanges, *intake_queues]
     return Grant(
         role=Role.ADMIN,

@@ -18,9 +18,15 @@ Each plugin exchange ``E`` gets a namespace of its own, ``delayq.E``, with:
 - a ladder: the default, or the best of 9 tiers for a sample of observed ``x-delay``
   values (:func:`delayq.topology.fit.recommend_on_grid`).
 
-What cannot be reproduced is refused naming the entity: a ``headers`` exchange or
-binding, a direct binding key that a topic exchange would read as a pattern, an empty
-binding key.
+A ``headers`` exchange (``x-delayed-type: headers``) becomes a headers intake: each
+queue bound to it a destination with ``headers``, one x-match table per binding (its
+arguments), and each exchange bound to it a step to bind it to ``delayq.E.headers``
+with the same arguments (:mod:`delayq.topology.headers`).
+
+What cannot be reproduced is refused naming the entity: a binding with arguments on an
+exchange of another type, a table delayq cannot bind (an ``x-match: any`` without keys,
+a ``delayq-`` header), a direct binding key that a topic exchange would read as a
+pattern, an empty binding key.
 """
 
 from __future__ import annotations
@@ -139,12 +145,8 @@ def _plan_one(
     kind = arguments.get("x-delayed-type")
     if kind is None:
         raise InvalidInput(f"exchange {name!r} has no x-delayed-type argument")
-    if kind == "headers":
-        raise InvalidInput(
-            f"exchange {name!r} routes by headers (x-delayed-type headers): delayq routes "
-            "due messages by routing key, so it cannot take its place"
-        )
     queues: dict[str, list[str]] = {}
+    tables: dict[str, list[dict[str, Any]]] = {}
     external: list[str] = []
     steps_bind: list[str] = []
     namespace = f"delayq.{name}"
@@ -154,8 +156,14 @@ def _plan_one(
         where = f"binding {name!r} -> {binding.get('destination')!r}"
         if not isinstance(binding.get("destination"), str) or not binding["destination"]:
             raise InvalidInput(f"{where} names no destination: definitions incomplete")
+        if kind == "headers":
+            steps_bind += _headers_binding(binding, where, namespace, tables)
+            continue
         if binding.get("arguments"):
-            raise InvalidInput(f"{where} has arguments (headers matching): not reproducible")
+            raise InvalidInput(
+                f"{where} has arguments, which a {kind} exchange does not match on: "
+                "not reproducible"
+            )
         key = "#" if kind == "fanout" else str(binding.get("routing_key", ""))
         if not key:
             raise InvalidInput(
@@ -180,6 +188,10 @@ def _plan_one(
         "destinations": [
             {"queue": queue, "bindings": sorted(set(keys)), "existing": True}
             for queue, keys in sorted(queues.items())
+        ]
+        + [
+            {"queue": queue, "headers": _unique(found), "existing": True}
+            for queue, found in sorted(tables.items())
         ],
         "external_bindings": sorted(set(external)),
         "intakes": [{"exchange": intake_name.format(exchange=name), "type": kind}],
@@ -191,6 +203,37 @@ def _plan_one(
     except InvalidTopology as exc:
         raise InvalidInput(f"exchange {name!r} cannot become a delayq topology: {exc}") from exc
     return PlannedExchange(name, topology, _steps(name, topology, steps_bind))
+
+
+def _headers_binding(
+    binding: Mapping[str, Any],
+    where: str,
+    namespace: str,
+    tables: dict[str, list[dict[str, Any]]],
+) -> list[str]:
+    """A binding of a headers plugin exchange: its arguments become an x-match table of
+    the queue's (a destination with ``headers``), or, for an exchange, a step to bind it
+    to the namespace's headers exchange by hand. The steps it adds."""
+    arguments = binding.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise InvalidInput(f"{where} has arguments that are not an object: definitions broken")
+    destination = str(binding["destination"])
+    if binding.get("destination_type", "queue") == "exchange":
+        return [
+            f"bind exchange {destination!r} to {namespace}.headers with arguments "
+            f"{json.dumps(arguments, sort_keys=True)} (management UI or API: delayq binds no "
+            "exchange of yours)"
+        ]
+    tables.setdefault(destination, []).append(dict(arguments))
+    return []
+
+
+def _unique(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tables once each (two bindings of a queue with equal arguments are one binding)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for table in tables:
+        seen.setdefault(json.dumps(table, sort_keys=True), table)
+    return list(seen.values())
 
 
 def _steps(name: str, topology: Topology, binds: list[str]) -> tuple[str, ...]:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from delayq.durations import format_ms
 from delayq.errors import InvalidInput, TopologyConflict
 from delayq.tables import Column, Table
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, rung_arguments
+from delayq.topology.headers import table_text
 from delayq.topology.model import QueueType, Topology
 from delayq.topology.shards import leftover_shards
 
@@ -267,7 +268,9 @@ def compare_bindings(
 ) -> Check:
     """Every binding the topology wants exists; delayq's own exchanges have no others.
 
-    ``observed`` maps a source exchange to its (queue, routing key) bindings.
+    ``observed`` maps a source exchange to its (queue, routing key) bindings; on the
+    headers exchange, (queue, x-match table as :func:`~delayq.topology.headers.table_text`
+    spells it).
     ``owned`` are the exchanges only delayq binds from (tiers, retries,
     unrouted): another queue bound there would receive copies of every message.
     The ready exchange is not owned: other applications' queues bind there.
@@ -277,7 +280,10 @@ def compare_bindings(
     def key(source: str, routing_key: str) -> str:
         return "" if source in keyless else routing_key
 
-    wanted = {(b.source, b.destination, key(b.source, b.routing_key)) for b in expected}
+    def wants(b: BindingDecl) -> str:
+        return table_text(b.arguments) if b.arguments else key(b.source, b.routing_key)
+
+    wanted = {(b.source, b.destination, wants(b)) for b in expected}
     present = {
         (src, dest, key(src, routing_key))
         for src, pairs in observed.items()
@@ -326,6 +332,9 @@ class ProbePlan:
     message_id: str
     ttl_ms: int
     bound_ms: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """In a namespace routed by headers: the message's headers, and the inbox's binding
+    table on ``exchange`` (the headers exchange, which every due message reaches)."""
 
 
 def plan_probe(
@@ -341,14 +350,18 @@ def plan_probe(
         **rung_arguments(topology.queue_type, ttl_ms, topology.ready_exchange),
         "x-expires": PROBE_EXPIRES_MS,
     }
+    # A namespace routed by headers sends every due message on to its headers exchange,
+    # whose alternate would park a probe that matched no table: the inbox binds there.
+    by_headers = topology.routes_by_headers
     return ProbePlan(
         queue=QueueDecl(name, arguments, role="probe"),
         inbox=f"{name}.in",
-        exchange=topology.ready_exchange,
+        exchange=topology.headers_exchange if by_headers else topology.ready_exchange,
         routing_key=name,
         message_id=f"delayq-verify-{token}",
         ttl_ms=ttl_ms,
         bound_ms=bound_ms,
+        headers={"delayq-verify": token} if by_headers else {},
     )
 
 

@@ -44,7 +44,7 @@ def _wait_for(channel: BlockingChannel, plan: ProbePlan, started: float) -> int 
 
 def _send_and_wait(channel: BlockingChannel, plan: ProbePlan) -> int | None:
     channel.queue_declare(plan.inbox, exclusive=True, auto_delete=True)
-    channel.queue_bind(plan.inbox, plan.exchange, plan.routing_key)
+    channel.queue_bind(plan.inbox, plan.exchange, plan.routing_key, arguments=plan.headers or None)
     channel.queue_declare(plan.queue.name, durable=True, arguments=dict(plan.queue.arguments))
     channel.confirm_delivery()
     started = time.monotonic()
@@ -52,7 +52,9 @@ def _send_and_wait(channel: BlockingChannel, plan: ProbePlan) -> int | None:
         "",  # the default exchange: straight into the probe queue
         plan.routing_key,
         b"delayq verify probe",
-        pika.BasicProperties(message_id=plan.message_id, delivery_mode=2),
+        pika.BasicProperties(
+            message_id=plan.message_id, delivery_mode=2, headers=dict(plan.headers) or None
+        ),
         mandatory=True,
     )
     return _wait_for(channel, plan, started)

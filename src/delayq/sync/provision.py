@@ -94,10 +94,15 @@ def declare_checked(
 def _apply_one(channels: Channels, decl: Declaration) -> ApplyResult:
     if isinstance(decl, BindingDecl):
         try:
+            arguments = dict(decl.arguments) or None
             if decl.destination_type == "exchange":
-                channels.channel.exchange_bind(decl.destination, decl.source, decl.routing_key)
+                channels.channel.exchange_bind(
+                    decl.destination, decl.source, decl.routing_key, arguments=arguments
+                )
             else:
-                channels.channel.queue_bind(decl.destination, decl.source, decl.routing_key)
+                channels.channel.queue_bind(
+                    decl.destination, decl.source, decl.routing_key, arguments=arguments
+                )
         except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED
             raise channel_error(exc) from exc
         return ApplyResult(decl, ApplyStatus.BOUND)

@@ -14,6 +14,8 @@ It gathers what the broker shows and lets :mod:`delayq.ops.verify` judge it:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
+from typing import Any
 
 from delayq.errors import ConnectionFailed, DelayqError
 from delayq.ops.management import ManagementAPI
@@ -41,6 +43,7 @@ from delayq.sync._errors import CONNECTION_ERRORS
 from delayq.sync.probe import run_probe
 from delayq.sync.provision import Channels, declare_checked
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.headers import table_text
 from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url, url_vhost
 
@@ -101,19 +104,28 @@ def _bindings(api: ManagementAPI | None, topology: Topology, vhost: str) -> Chec
     expected = [d for d in decls if isinstance(d, BindingDecl)]
     sources = sorted({b.source for b in expected})
     observed: dict[str, set[tuple[str, str]]] = {}
+    headers = topology.headers_exchange
     try:
         for source in sources:
             rows = api.bindings_from(vhost, source) or []
             observed[source] = {
-                (str(r["destination"]), str(r.get("routing_key", "")))
+                (str(r["destination"]), _matched(source == headers, r))
                 for r in rows
                 if r.get("destination_type") in ("queue", "exchange")
             }
     except DelayqError as exc:
         return Check("bindings", Status.FAIL, str(exc))
-    owned = {s for s in sources if s != topology.ready_exchange}
+    owned = {s for s in sources if s not in (topology.ready_exchange, headers)}
     fanout = {d.name for d in decls if isinstance(d, ExchangeDecl) and d.type == "fanout"}
     return compare_bindings(expected, observed, owned, keyless=fanout)
+
+
+def _matched(by_headers: bool, row: Mapping[str, Any]) -> str:
+    """What a listed binding matches: its x-match table on the headers exchange (as
+    :attr:`BindingDecl.match` spells it), else its routing key."""
+    if by_headers:
+        return table_text(row.get("arguments") or {})
+    return str(row.get("routing_key", ""))
 
 
 def _flags(api: ManagementAPI | None) -> tuple[dict[str, str] | None, str]:

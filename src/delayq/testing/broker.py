@@ -243,7 +243,7 @@ class MemoryBroker(BrokerViews):
             seq=0,
             expiration_ms=expiration_ms,
         )
-        route = self._world.route(exchange, routing_key)
+        route = self._world.route(exchange, routing_key, message.headers)
         self._world.enqueue(message, route)
         if route.rejected:
             names = ", ".join(q.name for q in route.rejected)

@@ -19,12 +19,13 @@ from delayq.errors import InvalidInput, TopologyConflict, TopologyMissing
 from delayq.testing.clock import VirtualClock
 from delayq.testing.model import Exchange, Queue, StoredMessage
 from delayq.topology.declarations import BindingDecl, Declaration, ExchangeDecl, QueueDecl
+from delayq.topology.headers import table_matches
 from delayq.topology.report import ApplyResult, ApplyStatus
 from delayq.topology.topic import topic_matches
 
 __all__ = ["Dropped", "Entities", "Route"]
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
 @dataclass(frozen=True)
@@ -128,32 +129,39 @@ class Entities:
                 f"queue {name!r} does not exist on memory broker {self.name!r}"
             ) from None
 
-    def route(self, exchange: str, routing_key: str) -> Route:
+    def route(
+        self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
+    ) -> Route:
         if exchange == "":  # the default exchange: straight to the queue of that name
             queue = self.queues.get(routing_key)
             return Route([queue] if queue is not None else [])
         found: dict[str, Queue] = {}
-        self._route_into(self.exchange(exchange), routing_key, found, set())
+        self._route_into(self.exchange(exchange), routing_key, headers or {}, found, set())
         return Route(list(found.values()))
 
     def _route_into(
-        self, exchange: Exchange, key: str, found: dict[str, Queue], seen: set[str]
+        self,
+        exchange: Exchange,
+        key: str,
+        headers: Mapping[str, Any],
+        found: dict[str, Queue],
+        seen: set[str],
     ) -> None:
         if exchange.name in seen:
             return
         seen.add(exchange.name)
-        matched = [b for b in exchange.bindings if _matches(exchange.type, b.routing_key, key)]
+        matched = [b for b in exchange.bindings if _matches(exchange.type, b, key, headers)]
         if not matched:
             # Only what this exchange's own bindings miss goes to its alternate.
             alternate = self.exchanges.get(exchange.alternate or "")
             if alternate is not None:
-                self._route_into(alternate, key, found, seen)
+                self._route_into(alternate, key, headers, found, seen)
             return
         for binding in matched:
             if binding.destination_type == "exchange":
                 target = self.exchanges.get(binding.destination)
                 if target is not None:
-                    self._route_into(target, key, found, seen)
+                    self._route_into(target, key, headers, found, seen)
             else:
                 queue = self.queues.get(binding.destination)
                 if queue is not None:
@@ -197,18 +205,22 @@ class Entities:
         if exchange and exchange not in self.exchanges:
             self.dropped.append(Dropped(dead, queue.name, f"{reason}: no exchange {exchange}", now))
             return
-        route = self.route(exchange, key)
+        route = self.route(exchange, key, headers)
         self.enqueue(dead, route)
         if not route.queues:
             self.dropped.append(Dropped(dead, queue.name, f"{reason}: unroutable", now))
 
 
-def _matches(exchange_type: str, binding_key: str, routing_key: str) -> bool:
+def _matches(
+    exchange_type: str, binding: BindingDecl, routing_key: str, headers: Mapping[str, Any]
+) -> bool:
     if exchange_type == "fanout":
         return True
     if exchange_type == "topic":
-        return topic_matches(binding_key, routing_key)
-    return binding_key == routing_key
+        return topic_matches(binding.routing_key, routing_key)
+    if exchange_type == "headers":
+        return table_matches(binding.arguments, headers)
+    return binding.routing_key == routing_key
 
 
 def _with_death(message: StoredMessage, queue: str, reason: str, now: int) -> dict[str, Any]:

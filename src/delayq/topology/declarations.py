@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from delayq.topology import marker
 from delayq.topology.cascade import Kind, delivery_binding_key, level_binding_keys
+from delayq.topology.headers import table_text
 from delayq.topology.model import QueueType, Topology
 from delayq.topology.shards import LEADER_LOCATOR
 
@@ -80,15 +81,23 @@ class BindingDecl:
     routing_key: str = ""
     destination_type: str = "queue"
     """``queue``, or ``exchange`` for an exchange-to-exchange binding (cascade levels)."""
+    arguments: Mapping[str, ArgumentValue] = field(default_factory=dict)
+    """A binding from the headers exchange: its x-match table (see
+    :mod:`delayq.topology.headers`); empty for every other binding."""
 
     @property
     def kind(self) -> str:
         return "binding"
 
     @property
+    def match(self) -> str:
+        """What the binding matches: its x-match table, else its key."""
+        return table_text(self.arguments) if self.arguments else self.routing_key or "(any)"
+
+    @property
     def name(self) -> str:
         arrow = "=>" if self.destination_type == "exchange" else "->"
-        return f"{self.source} {arrow} {self.destination} [{self.routing_key or '(any)'}]"
+        return f"{self.source} {arrow} {self.destination} [{self.match}]"
 
 
 Declaration = ExchangeDecl | QueueDecl | BindingDecl
@@ -224,8 +233,14 @@ def _entities(topology: Topology) -> tuple[Declaration, ...]:
 
     if topology.exact_enabled:
         _cascade(topology, exchanges, queues, bindings)
+    if topology.routes_by_headers:
+        _headers_exchange(topology, exchanges, bindings)
 
     for dest in topology.destinations:
+        bindings.extend(
+            BindingDecl(topology.headers_exchange, dest.queue, arguments=table)
+            for table in dest.headers
+        )
         if dest.existing:  # not delayq's: only bound
             bindings.extend(BindingDecl(ready, dest.queue, key) for key in dest.bindings)
             if topology.exact_enabled:
@@ -297,6 +312,23 @@ def _intakes(
         bindings.append(BindingDecl(topology.direct_exchange, dlq, dlq))
 
 
+def _headers_exchange(
+    topology: Topology, exchanges: list[Declaration], bindings: list[Declaration]
+) -> None:
+    """The headers exchange (:mod:`delayq.topology.headers`): every due message of the
+    ready exchange (``#``) and every cascade route of the delivery exchange (never a
+    ``q.`` retry address) reaches it; what no table matches goes to ``<ns>.unrouted``,
+    since the ready exchange's own alternate never fires past a ``#`` binding."""
+    name = topology.headers_exchange
+    exchanges.append(ExchangeDecl(name, "headers", {"alternate-exchange": topology.unrouted}))
+    bindings.append(BindingDecl(topology.ready_exchange, name, "#", destination_type="exchange"))
+    if topology.exact_enabled:
+        key = delivery_binding_key(topology.exact_levels, Kind.ROUTE, "#")
+        bindings.append(
+            BindingDecl(topology.delivery_exchange, name, key, destination_type="exchange")
+        )
+
+
 def _rung(
     topology: Topology, shard: int, ttl_ms: int, dead_letter_exchange: str
 ) -> dict[str, ArgumentValue]:
@@ -348,7 +380,8 @@ def describe(decl: Declaration) -> str:
     if isinstance(decl, QueueDecl):
         return f"queue    {decl.name} [{decl.role}] ({_format_args(decl.arguments)})"
     arrow = "=>" if decl.destination_type == "exchange" else "->"
-    return f"binding  {decl.source} {arrow} {decl.destination} key={decl.routing_key or '(any)'}"
+    what = f"headers={decl.match}" if decl.arguments else f"key={decl.match}"
+    return f"binding  {decl.source} {arrow} {decl.destination} {what}"
 
 
 def _format_args(arguments: Mapping[str, ArgumentValue]) -> str:

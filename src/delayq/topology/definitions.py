@@ -52,7 +52,7 @@ def export_definitions(topology: Topology) -> dict[str, Any]:
                     "destination": decl.destination,
                     "destination_type": decl.destination_type,
                     "routing_key": decl.routing_key,
-                    "arguments": {},
+                    "arguments": dict(decl.arguments),
                 }
             )
     return {

@@ -16,8 +16,11 @@ properties and body, confirmed before it is acked; what cannot be scheduled goes
 ``<ns>.intake.<exchange>.dlq`` with the reason. When due, a message is routed by the
 namespace's ready exchange (a topic exchange), as the plugin routed it by its
 ``x-delayed-type``: a ``direct`` intake's destinations bind exact keys (no wildcard,
-which the topic exchange would read as a pattern), a ``fanout`` intake's bind ``#``;
-a ``headers`` type cannot be expressed there and is refused.
+which the topic exchange would read as a pattern), a ``fanout`` intake's bind ``#``,
+and a ``headers`` intake's bind x-match tables (``headers:``) on the namespace's headers
+exchange ``<ns>.headers``, which the ready exchange feeds every message
+(:mod:`delayq.topology.headers`); such a namespace routes by headers alone. Its
+publishers may send an empty routing key, as headers-exchange publishers often do.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INTAKE_TYPES", "Intake", "check_intakes"]
 
-INTAKE_TYPES = ("direct", "topic", "fanout")
+INTAKE_TYPES = ("direct", "topic", "fanout", "headers")
 """The plugin's ``x-delayed-type`` values an intake reproduces."""
 
 
@@ -62,12 +65,6 @@ class Intake(Model):
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:
-        if value == "headers":
-            raise ValueError(
-                "a headers-type delayed exchange cannot be an intake: due messages are "
-                "routed by the namespace's topic exchange, which matches routing keys, not "
-                "headers; route by routing key (type: direct or topic)"
-            )
         if value not in INTAKE_TYPES:
             raise ValueError(
                 f"intake type must be the plugin exchange's x-delayed-type, one of "

@@ -46,6 +46,8 @@ def _wire(decl: Declaration) -> dict[str, Any]:
     """What the broker holds of a declaration: names, types, arguments, durability
     (``role`` only says why delayq declares it)."""
     fields = {k: v for k, v in dataclasses.asdict(decl).items() if k not in ("role", "legacy")}
+    if decl.kind == "binding" and not fields["arguments"]:
+        del fields["arguments"]  # a binding without arguments digests as before they existed
     legacy = getattr(decl, "legacy", ())
     if legacy:  # an apply that found the earlier form is as complete as one that made it
         fields["arguments"] = dict(legacy[0])

@@ -32,11 +32,12 @@ from delayq.topology._validation import (
     Model,
     check_alphabet,
     check_binding_keys,
-    check_name,
     problems,
     shown,
 )
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.topology.destination import Destination
+from delayq.topology.headers import check_header_routing
 from delayq.topology.intakes import Intake, check_intakes
 from delayq.topology.ladder import DEFAULT_LADDER, MAX_TIER_MS, Ladder, Tier
 from delayq.topology.marker import digest, marker_name
@@ -77,39 +78,6 @@ LadderField = Annotated[
     BeforeValidator(_parse_ladder),
     PlainSerializer(lambda ladder: [t.label for t in ladder.tiers], return_type=list),
 ]
-
-
-class Destination(Model):
-    """An application queue bound to the ready exchange."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    queue: str
-    bindings: tuple[str, ...] = Field(min_length=1)
-    delivery_limit: int = Field(default=20, ge=1, le=1000)
-    """Broker backstop: deliveries before a quorum queue dead-letters a message that
-    keeps crashing its consumer (``x-delivery-limit``)."""
-    existing: bool = False
-    """A queue that is not delayq's (bound to the delayed-message plugin's exchange, say):
-    ``apply`` only binds it, never declares or changes it, and declares no DLQ or retry
-    binding for it; consume it with your own consumer (a delayq consumer refuses it)."""
-
-    @field_validator("queue")
-    @classmethod
-    def _queue_name(cls, value: str) -> str:
-        check_name(value, "queue name", suffix=".dlq", why="to name its dead-letter queue")
-        if value.endswith(".dlq"):
-            raise ValueError(f"queue name {value!r} must not end in '.dlq' (reserved for DLQs)")
-        return value
-
-    @field_validator("bindings")
-    @classmethod
-    def _binding_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return check_binding_keys(value)
-
-    @property
-    def dlq(self) -> str:
-        return f"{self.queue}.dlq"
 
 
 def _parse_unit(value: object) -> int:
@@ -193,6 +161,7 @@ class Topology(Model):
             self.unrouted,
             self.delivery_exchange,
             self.direct_exchange,
+            self.headers_exchange,
         }
         for dest in self.destinations:
             if dest.queue in seen:
@@ -210,6 +179,7 @@ class Topology(Model):
         if self.exact_enabled:
             self._check_cascade()
         self._names_fit()
+        check_header_routing(self)
         check_intakes(self)
         return self
 
@@ -260,6 +230,20 @@ class Topology(Model):
     def unrouted(self) -> str:
         """Exchange and queue that park due messages no binding wanted."""
         return f"{self.namespace}.unrouted"
+
+    @property
+    def headers_exchange(self) -> str:
+        """A headers exchange bound from the ready exchange with ``#``, where destinations
+        bind x-match tables; declared when :attr:`routes_by_headers`."""
+        return f"{self.namespace}.headers"
+
+    @property
+    def routes_by_headers(self) -> bool:
+        """A headers intake, or a destination with ``headers``: due messages are routed by
+        their headers (see :mod:`delayq.topology.headers`)."""
+        return any(i.type == "headers" for i in self.intakes) or any(
+            d.headers for d in self.destinations
+        )
 
     @property
     def direct_exchange(self) -> str:
@@ -325,7 +309,10 @@ class Topology(Model):
 
     @property
     def binding_keys(self) -> tuple[str, ...]:
-        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``."""
+        """Every binding key on ``<ns>.ready``: the destinations' and ``external_bindings``;
+        ``#`` (the headers exchange's) when :attr:`routes_by_headers`."""
+        if self.routes_by_headers:
+            return ("#",)
         keys = [key for dest in self.destinations for key in dest.bindings]
         return tuple(dict.fromkeys([*keys, *self.external_bindings]))
 
