@@ -123,7 +123,7 @@ class Relay:
         delay_ms = read_delay(incoming.headers)
         if isinstance(delay_ms, BadDelay):
             return self._park(incoming, BAD_DELAY, "InvalidDelay", delay_ms.reason)
-        if not routing_key:
+        if not routing_key and not self.topology.routes_by_headers:  # headers: no key needed
             return self._park(
                 incoming,
                 UNSCHEDULABLE,
