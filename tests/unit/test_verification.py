@@ -7,21 +7,19 @@ import pytest
 from delayq import Topology
 from delayq.errors import InvalidInput, TopologyConflict
 from delayq.ops.verify import (
-    PROBE_EXPIRES_MS,
     Check,
     Observed,
     Status,
     check_feature_flags,
-    check_probe,
     check_version,
     check_vhost,
     compare_bindings,
     compare_entity,
     compare_redeclared,
     passed,
-    plan_probe,
     render_checks,
 )
+from delayq.ops.verify_probe import PROBE_EXPIRES_MS, check_probe, plan_probe
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 
 TOPO = Topology(

@@ -21,7 +21,8 @@ import time
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.ops.verify import Check, ProbePlan, check_probe
+from delayq.ops.verify import Check
+from delayq.ops.verify_probe import ProbePlan, check_probe
 from delayq.sync._connection import close_quietly
 from delayq.sync._errors import CHANNEL_CLOSED, NOT_TAKEN, channel_error
 

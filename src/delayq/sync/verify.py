@@ -30,8 +30,8 @@ from delayq.ops.verify import (
     compare_bindings,
     compare_entity,
     compare_redeclared,
-    plan_probe,
 )
+from delayq.ops.verify_probe import plan_probe
 from delayq.sync._broker import (
     ManagementChoice,
     Reach,
