@@ -99,19 +99,7 @@ class AsyncConsumer(AsyncDeliveryFlow):
         self._arrivals = 0
         """Deliveries so far: the stall guard looks whether it moved."""
         self._pruner: asyncio.Task[None] | None = None
-        # Retries and dead letters make their connection rounds only, as before the
-        # publishers' reconnect budget: a broker lost here has usually taken the feed's
-        # connection too, so the delivery goes back to the queue anyway, and a republish
-        # that waited for the broker would only add a copy of the retry its redelivery
-        # sends again.
-        self._publisher = AsyncPublisher(
-            self._url,
-            self.topology,
-            clock_ms=self._clock_ms,
-            link=self._link,
-            tracing=False,
-            reconnect_within=None,
-        )
+        self._publisher = AsyncPublisher(self._url, self.topology, **self._republisher_options())
         self._open_now = False
         self._in_flight: set[asyncio.Task[None]] = set()
         self._acks = AckCoalescer(ack_batch(self._prefetch))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from pydantic import BaseModel
 
@@ -71,6 +71,15 @@ def _check_marks_outlive_copies(
     ttl = getattr(store, "retention_ms", None)
     if isinstance(ttl, int) and not isinstance(ttl, bool):
         check_mark_retention(ttl, topology, policy, what=f"{store!r} retention_ms", queue=queue)
+
+
+class RepublisherOptions(TypedDict):
+    """What a consumer passes the publisher of its retries and dead letters."""
+
+    clock_ms: Callable[[], int]
+    link: Any  # a Link or an AsyncLink (None: the URL's)
+    tracing: bool
+    reconnect_within: None
 
 
 class ConsumerBase:
@@ -178,6 +187,20 @@ class ConsumerBase:
     def _adapt(self, handler: Callable[..., Any], store: IdempotencyStore | None) -> None:
         """Keep ``handler`` and ``store`` in the shape this adapter runs them."""
         raise NotImplementedError
+
+    def _republisher_options(self) -> RepublisherOptions:
+        """The options of the publisher a consumer sends its retries and dead letters with.
+
+        Connection rounds only (``reconnect_within=None``), as before the publishers'
+        reconnect budget: a broker lost here has usually taken the feed's connection too,
+        so the delivery goes back to the queue anyway, and a republish that waited for
+        the broker would only add a copy of the retry its redelivery sends again."""
+        return {
+            "clock_ms": self._clock_ms,
+            "link": self._link,
+            "tracing": False,
+            "reconnect_within": None,
+        }
 
     def __repr__(self) -> str:
         return f"{self._name}(url={redact(self._url)!r}, queue={self.queue!r})"

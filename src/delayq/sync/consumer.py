@@ -86,19 +86,7 @@ class Consumer(DeliveryFlow):
         self.concurrency = self._settings.concurrency or min(self._prefetch, DEFAULT_CONCURRENCY)
         """Handlers running at once, at most."""
         self._stop_grace_s = STOP_GRACE_S
-        # Retries and dead letters make their connection rounds only, as before the
-        # publishers' reconnect budget: a broker lost here has usually taken the feed's
-        # connection too, so the delivery goes back to the queue anyway, and a republish
-        # that waited for the broker would only add a copy of the retry its redelivery
-        # sends again.
-        self._publisher = Publisher(
-            self._url,
-            self.topology,
-            clock_ms=self._clock_ms,
-            link=self._link,
-            tracing=False,
-            reconnect_within=None,
-        )
+        self._publisher = Publisher(self._url, self.topology, **self._republisher_options())
         self._open_now = False
         self._cautious = False
         self._widen = False
