@@ -12,7 +12,6 @@ One node with the management plugin serves the file (``DELAYQ_RABBITMQ_SERVER`` 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -28,8 +27,8 @@ from delayq.local.node import LocalNode
 from delayq.sync import apply_topology, delete_topology
 from delayq.sync.bridge import Bridge
 from tests.integration.conftest import Collector
+from tests.integration.intake_support import Running, publish_plugin_style
 from tests.integration.ops import delayq, rows
-from tests.integration.test_intake import Running
 from tests.waiting import wait_for
 
 EU = {"x-match": "all", "tenant": "acme", "region": "eu"}
@@ -71,19 +70,20 @@ def _topology(strategy: str) -> Topology:
 
 
 def _publish(url: str, exchange: str, messages: list[dict[str, Any]]) -> None:
-    """A plugin publisher: basic.publish to the exchange, x-delay among its headers."""
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for m in messages:
-            m["sent_ms"] = time.time() * 1000
-            headers = {**m["headers"], "x-delay": m["delay"]}
-            channel.basic_publish(
-                exchange, m["key"], b"{}", pika.BasicProperties(message_id=m["id"], headers=headers)
-            )
-    finally:
-        connection.close()
+    """A plugin publisher (:func:`publish_plugin_style`): x-delay among the message's
+    headers, an empty JSON body; each message's ``sent_ms`` is when it was sent."""
+    sent = [
+        {
+            "id": m["id"],
+            "routing_key": m["key"],
+            "body": b"{}",
+            "headers": {**m["headers"], "x-delay": m["delay"]},
+        }
+        for m in messages
+    ]
+    publish_plugin_style(url, exchange, sent)
+    for m, s in zip(messages, sent, strict=True):
+        m["sent_ms"] = s["sent_ms"]
 
 
 def _barrier(url: str, topology: Topology, collector: Collector) -> None:
