@@ -88,7 +88,14 @@ def _overlapping(
     wait_for(proxy.holding.is_set, 30, "the first publish held")
     rest, out = _callers(n - 1, lambda i: call(i + 1))
     wait_for(lambda: pub._sends.shared is not None, 30, "the shared connection opened")
-    wait_for(lambda: _shared(pub).waiting >= n - 1, 60, lambda: f"{_shared(pub).waiting} waiting")
+
+    def handed_over() -> int:
+        # Waiting on the shared connection, or answered already: a stream checks each
+        # exchange (no publish, so not held) before it sends there, and a missing one
+        # fails its callers while the others are still arriving.
+        return _shared(pub).waiting + sum(r is not None for r in out)
+
+    wait_for(lambda: handed_over() >= n - 1, 60, lambda: f"{handed_over()} handed over")
     proxy.release()
     _join(first + rest)
     return out0 + out
