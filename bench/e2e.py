@@ -44,6 +44,7 @@ Run it::
     python bench/e2e.py                                  # throwaway local node, all modes
     python bench/e2e.py --modes raw,memory --seconds 10
     python bench/e2e.py --modes memory,sqlite --rate 3000 --profile /tmp/e2e-prof
+    python bench/e2e.py --rounds 3                       # medians of per-round ratios
 
 It exits 1 when a message was lost, duplicated or early, or a queue was left non-empty.
 """
@@ -125,6 +126,10 @@ class Outcome:
 
 
 # Running one measurement ---------------------------------------------------------------------
+
+
+Runs = dict[str, tuple[Outcome | None, Outcome]]
+"""One round: each mode's search run (``None`` with ``--rate``) and fixed run."""
 
 
 def broker_cpu_s(node: LocalNode | None) -> float | None:
@@ -379,6 +384,37 @@ def report(env: Env, runs: dict[str, tuple[Outcome | None, Outcome]], meta: list
     return "\n".join([*lines, "", *meta])
 
 
+def rounds_summary(rounds: list[Runs]) -> str:
+    """Each mode over the rounds: its sustained rate and its ratio to the same round's raw
+    path (a ratio from one run moves by up to 2x on a shared machine), and the medians."""
+    lines = [
+        f"over {len(rounds)} rounds: sustained msg/s | ratio to the same round's raw path "
+        f"| p99 lateness ms at {LOAD_SHARE:.0%} (kept up)"
+    ]
+    width = max(len(MODE_LABELS[m]) for m in rounds[0]) + 2
+    for mode in rounds[0]:
+        rates = [sustained(runs[mode]) for runs in rounds]
+        raws = [sustained(runs["raw"]) if "raw" in runs else 0.0 for runs in rounds]
+        ratios = [rate / raw for rate, raw in zip(rates, raws, strict=True) if raw]
+        fixed = [runs[mode][1] for runs in rounds]
+        ratio_text = "-"
+        if ratios:
+            median = statistics.median(ratios)
+            ratio_text = ", ".join(f"{r:.2f}" for r in ratios) + f" median {median:.2f}"
+            goal = GOALS.get(mode)
+            if goal is not None:
+                ratio_text += f" (goal {goal:.1f} {'ok' if median >= goal else 'NO'})"
+        late = ", ".join(
+            f"{ms(out.late_s[1])}{'' if out.kept_up else ' SATURATED'}" for out in fixed
+        )
+        lines.append(
+            f"  {MODE_LABELS[mode]:<{width}}"
+            + ", ".join(f"{r:,.0f}" for r in rates)
+            + f" median {statistics.median(rates):,.0f} | {ratio_text} | {late}"
+        )
+    return "\n".join(lines)
+
+
 def sustained(pair: tuple[Outcome | None, Outcome]) -> float:
     search, fixed = pair
     return (search or fixed).delivered
@@ -466,22 +502,28 @@ def benchmark(args: argparse.Namespace, url: str, node: LocalNode | None, redis:
     )
     env = Env(url, node, topology, queue, args, redis_url if redis_class else None)
     load_before = load_average()
-    runs: dict[str, tuple[Outcome | None, Outcome]] = {}
+    rounds: list[Runs] = []
     notes = []
+    modes = list(args.modes)
+    if "redis" in modes and env.redis_url is None:
+        modes.remove("redis")
+        notes.append(f"{MODE_LABELS['redis']} skipped: {redis_note}")
+        log(f"note: {notes[-1]}")
     apply_topology(topology, url)
     try:
-        for mode in args.modes:
-            if mode == "redis" and env.redis_url is None:
-                notes.append(f"{MODE_LABELS[mode]} skipped: {redis_note}")
-                log(f"note: {notes[-1]}")
-                continue
-            search = None if args.rate else run_once(env, mode, None, "search")
-            if args.rate:
-                rate = args.rate
-            else:  # each mode at 80 % of what it sustained itself
-                assert search is not None
-                rate = LOAD_SHARE * search.delivered
-            runs[mode] = (search, run_once(env, mode, rate, "fixed"))
+        for index in range(args.rounds):
+            runs: Runs = {}
+            # Every other round in reverse: a mode is not always the one after the raw path.
+            for mode in modes if index % 2 == 0 else modes[::-1]:
+                label = "" if args.rounds == 1 else f"round {index + 1}/{args.rounds}, "
+                search = None if args.rate else run_once(env, mode, None, f"{label}search")
+                if args.rate:
+                    rate = args.rate
+                else:  # each mode at 80 % of what it sustained itself
+                    assert search is not None
+                    rate = LOAD_SHARE * search.delivered
+                runs[mode] = (search, run_once(env, mode, rate, f"{label}fixed"))
+            rounds.append({mode: runs[mode] for mode in modes})
     finally:
         delete_topology(topology, url)
         log(f"deleted the queues and exchanges of {namespace}")
@@ -498,10 +540,23 @@ def benchmark(args: argparse.Namespace, url: str, node: LocalNode | None, redis:
         f"prefetch {args.prefetch} (raw consumer {RAW_PREFETCH}); warm-up "
         f"{min(WARMUP_S, args.seconds / 4):g} s excluded",
     ]
-    print(report(env, runs, meta), flush=True)
+    if len(rounds) == 1:
+        print(report(env, rounds[0], meta), flush=True)
+    else:
+        for index, runs in enumerate(rounds):
+            print(f"round {index + 1}/{len(rounds)}:", flush=True)
+            print(report(env, runs, []) + "\n", flush=True)
+        print(rounds_summary(rounds) + "\n\n" + "\n".join(meta), flush=True)
     if args.profile is not None:
-        print("\n" + profile_report(runs), flush=True)
-    failed = [f"{m}: {p}" for m, pair in runs.items() for o in pair if o for p in o.problems]
+        print("\n" + profile_report(rounds[-1]), flush=True)
+    failed = [
+        f"{m}: {p}"
+        for runs in rounds
+        for m, pair in runs.items()
+        for o in pair
+        if o
+        for p in o.problems
+    ]
     for problem in failed:
         print(f"ERROR: {problem}", flush=True)
     return 1 if failed else 0
@@ -525,12 +580,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--body-bytes", type=int, default=256, help="default 256")
     parser.add_argument("--prefetch", type=int, default=200, help="delayq consumers' (200)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every mode this many times, every other round in reverse order, and "
+        "report each mode's ratio to the same round's raw path and the median (default 1)",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
     args.modes = [m for m in MODES if m in modes]
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.seconds < 4:
         parser.error("--seconds must be at least 4 (TTL and warm-up are excluded)")
     if args.profile is not None:

@@ -61,9 +61,13 @@ busy machine and is what the framework itself adds. On a shared machine, look
 at the per-round figures and the load average before trusting a ratio.
 
 ``--modes`` runs a subset (``--modes async-callers,sync-callers-each``; a callers mode
-brings the ``publish_many`` it is compared with). ``--tracing`` adds the traced twins
-of the three delayq modes (an OpenTelemetry SDK
-provider whose spans are batched and dropped: ``benchlib.discarding_tracer_provider``),
+brings the ``publish_many`` it is compared with). ``async-many-narrow`` and
+``sync-many-narrow`` run ``publish_many`` with a window of ``--callers``: N callers never
+have more than N messages unconfirmed, so N divided by the broker's confirm latency bounds
+them, whatever the client does; beside the callers modes, they say how much of a gap to
+``publish_many`` (window W) is that bound and how much is delayq. ``--tracing`` adds the
+traced twins of the three delayq modes (an OpenTelemetry SDK provider whose spans are
+batched and dropped: ``benchlib.discarding_tracer_provider``),
 run in the same rounds, and a table of what tracing costs next to the untraced figure.
 
 Run it::
@@ -108,6 +112,7 @@ from benchlib import (
 )
 from publish_concurrent_modes import (
     ASYNC_CALLERS,
+    ASYNC_MANY_NARROW,
     CALLERS_LABELS,
     CALLERS_MEASURE,
     CALLERS_VS_MANY_TARGET,
@@ -116,6 +121,7 @@ from publish_concurrent_modes import (
     SYNC_CALLERS_EACH,
     SYNC_CALLERS_LOCKED,
     SYNC_CALLERS_SHARED,
+    SYNC_MANY_NARROW,
 )
 from publish_modes import (
     ASYNC_MANY,
@@ -192,6 +198,8 @@ MODE_CHOICES = {
     "sync-callers-locked": SYNC_CALLERS_LOCKED,
     "sync-callers-each": SYNC_CALLERS_EACH,
     "raw-pika-callers": RAW_PIKA_CALLERS,
+    "async-many-narrow": ASYNC_MANY_NARROW,
+    "sync-many-narrow": SYNC_MANY_NARROW,
 }
 """``--modes`` names ("single": the two single-publish modes, which take turns)."""
 COMPARED_WITH = {
@@ -317,6 +325,12 @@ def rows_of(s: Settings) -> list[Row]:
             None),
         Row(f"{n} threads x 1 shared Publisher vs publish_many", SYNC_CALLERS_SHARED,
             SYNC_MANY, CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"{n} coroutines x async publish vs publish_many (window {n})", ASYNC_CALLERS,
+            ASYNC_MANY_NARROW, CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"{n} threads x 1 shared Publisher vs publish_many (window {n})",
+            SYNC_CALLERS_SHARED, SYNC_MANY_NARROW, CALLERS_VS_MANY_TARGET, raw_client=False),
+        Row(f"publish_many, window {n} vs {w} (the broker's confirm latency)", SYNC_MANY_NARROW,
+            SYNC_MANY, None, raw_client=False),
         Row(f"{n} threads x 1 locked Publisher vs publish_many", SYNC_CALLERS_LOCKED, SYNC_MANY,
             CALLERS_VS_MANY_TARGET, raw_client=False),
         Row(f"{n} threads x 1 Publisher each vs publish_many", SYNC_CALLERS_EACH, SYNC_MANY,

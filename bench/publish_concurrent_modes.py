@@ -13,6 +13,7 @@ when the last caller is done.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import threading
@@ -27,6 +28,8 @@ from publish_modes import (
     Stopwatch,
     Timing,
     confirming_exchange,
+    delayq_async_publish_many,
+    delayq_sync_publish_many,
     raw_message,
     raw_pika_publish,
     warmup_count,
@@ -41,6 +44,8 @@ SYNC_CALLERS_LOCKED = "delayq-sync-callers-locked"
 SYNC_CALLERS_EACH = "delayq-sync-callers-each"
 SYNC_CALLERS_SHARED = "delayq-sync-callers-shared"
 RAW_PIKA_CALLERS = "raw-pika-callers"
+ASYNC_MANY_NARROW = "delayq-async-many-narrow"
+SYNC_MANY_NARROW = "delayq-sync-many-narrow"
 
 CALLERS_LABELS = {
     ASYNC_CALLERS: "delayq AsyncPublisher.publish, N coroutines",
@@ -49,11 +54,15 @@ CALLERS_LABELS = {
     SYNC_CALLERS_EACH: "delayq Publisher.publish, N threads, 1 each",
     SYNC_CALLERS_SHARED: "delayq Publisher.publish, N threads, 1 shared",
     RAW_PIKA_CALLERS: "raw pika publish, N threads, 1 each",
+    ASYNC_MANY_NARROW: "delayq async publish_many, window N",
+    SYNC_MANY_NARROW: "delayq sync publish_many, window N",
 }
 """N is ``--callers``. "1 shared": one ``Publisher`` called by all threads at once (it
 is thread-safe: the callers share its pipelined connection); "1 locked": the same, each
 call under a ``threading.Lock`` (so one confirm at a time, as before ``Publisher`` was
-thread-safe); "1 each": one ``Publisher`` (or pika connection) per thread."""
+thread-safe); "1 each": one ``Publisher`` (or pika connection) per thread. "window N":
+``publish_many`` with no more than N unconfirmed, as N callers can have: what the broker's
+confirm latency allows N messages in flight (N / latency), the bound of the callers modes."""
 
 CALLERS_VS_MANY_TARGET = 0.80
 """N concurrent single publishes against ``publish_many`` of the same messages."""
@@ -207,6 +216,21 @@ def raw_pika_callers(ctx: Context) -> Timing:
             connection.close()
 
 
+def _narrowed(ctx: Context) -> Context:
+    """``ctx`` with the window of ``--callers``: as many unconfirmed as the callers have."""
+    return dataclasses.replace(
+        ctx, settings=dataclasses.replace(ctx.settings, window=ctx.settings.callers)
+    )
+
+
+def delayq_async_many_narrow(ctx: Context) -> Timing:
+    return delayq_async_publish_many(_narrowed(ctx))
+
+
+def delayq_sync_many_narrow(ctx: Context) -> Timing:
+    return delayq_sync_publish_many(_narrowed(ctx))
+
+
 CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
     ASYNC_CALLERS: delayq_async_callers,
     RAW_AIO_CALLERS: raw_aio_pika_callers,
@@ -214,4 +238,6 @@ CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
     SYNC_CALLERS_LOCKED: delayq_sync_callers_locked,
     SYNC_CALLERS_EACH: delayq_sync_callers_each,
     RAW_PIKA_CALLERS: raw_pika_callers,
+    ASYNC_MANY_NARROW: delayq_async_many_narrow,
+    SYNC_MANY_NARROW: delayq_sync_many_narrow,
 }

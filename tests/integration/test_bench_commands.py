@@ -30,8 +30,11 @@ def _bench(script: str, *args: str, url: str) -> str:
 
 @pytest.mark.timeout(700)
 def test_the_end_to_end_bench_runs_the_raw_path_and_delayq(rabbitmq_url: str) -> None:
-    out = _bench("e2e.py", "--modes", "raw,memory", "--seconds", "5", url=rabbitmq_url)
+    out = _bench(
+        "e2e.py", "--modes", "raw,memory", "--seconds", "4", "--rounds", "2", url=rabbitmq_url
+    )
     assert "raw frames (the ceiling)" in out and "AsyncConsumer + InMemoryStore" in out
+    assert "round 2/2:" in out and "over 2 rounds" in out and " median " in out, out
     assert "PROBLEM" not in out
 
 
@@ -47,12 +50,14 @@ def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: 
 @pytest.mark.timeout(700)
 def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     out = _bench(
-        "publish.py", "--modes", "async-callers,sync-callers-each", "--callers", "20",
-        "--batch-count", "2000", "--rounds", "1",
+        "publish.py", "--modes", "async-callers,sync-callers-each,sync-callers-shared,"
+        "sync-many-narrow", "--callers", "20", "--batch-count", "2000", "--rounds", "1",
         url=rabbitmq_url,
     )
     assert "coroutines x async publish vs publish_many" in out
     assert "threads x 1 Publisher each vs publish_many" in out
+    assert "threads x 1 shared Publisher vs publish_many (window 20)" in out
+    assert "publish_many, window 20 vs" in out
 
 
 @pytest.mark.timeout(700)
