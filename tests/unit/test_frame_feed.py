@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
+import struct
 from typing import Any
 
 import pytest
@@ -324,3 +325,29 @@ def test_decimal_and_timestamp_headers_keep_pamqps_types() -> None:
     got, _ = field_table(raw, 0)
     assert got == decode.field_table(raw)[1]
     assert isinstance(got["d"], decimal.Decimal) and isinstance(got["t"], datetime.datetime)
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [0, 1, 1_764_244_800, 0xFFFFFFFF, 0xFFFFFFFF + 1, 1_764_244_800_123, 253_402_300_799_000],
+)
+def test_a_timestamp_reads_as_pamqp_reads_it_seconds_or_milliseconds(seconds: int) -> None:
+    """Read without pamqp (every x-death entry has one): past 2**32 pamqp takes the
+    value for milliseconds, and so does the frame feed."""
+    raw = struct.pack(">I", 11) + b"\x01tT" + struct.pack(">Q", seconds)
+    got, end = field_table(raw, 0)
+    assert (got, end) == (decode.field_table(raw)[1], len(raw))
+    assert got["t"].tzinfo is not None
+
+
+@pytest.mark.parametrize("seconds", [2**64 - 1, 253_402_300_800_000_000])
+def test_a_timestamp_past_what_a_datetime_holds_is_a_value_error(seconds: int) -> None:
+    raw = struct.pack(">I", 11) + b"\x01tT" + struct.pack(">Q", seconds)
+    with pytest.raises(ValueError):
+        field_table(raw, 0)
+
+
+def test_a_truncated_timestamp_is_a_value_error() -> None:
+    raw = struct.pack(">I", 7) + b"\x01tT" + b"\x00\x00\x00\x01"
+    with pytest.raises(ValueError):
+        field_table(raw, 0)

@@ -6,8 +6,8 @@ tables by slicing the rest of the frame at every value (quadratic in the table's
 size); the consumer needs five things of a delivery (its tag, whether it was
 redelivered, routing key, message id, content type) and the headers. So those
 are read here with offsets into the frame's bytes, the common field-table types
-(strings, integers, booleans, floats, nested tables and arrays) directly, any
-other (a decimal, a timestamp, a byte array) with pamqp's own decoder of that
+(strings, integers, booleans, floats, timestamps, nested tables and arrays)
+directly, any other (a decimal, a byte array) with pamqp's own decoder of that
 type, so the headers are exactly what pamqp would give. Anything malformed
 raises :class:`ValueError` (the wire drops a connection that sends it).
 
@@ -18,6 +18,7 @@ call each).
 from __future__ import annotations
 
 import struct
+from datetime import datetime, timezone
 from typing import Any
 
 from pamqp import decode
@@ -50,7 +51,8 @@ _NUMBERS: dict[int, tuple[struct.Struct, int]] = {
     ord("f"): (struct.Struct(">f"), 4),
     ord("d"): (struct.Struct(">d"), 8),
 }
-_LONG_STR, _BOOL, _TABLE, _ARRAY, _VOID = (ord(c) for c in "StFAV")
+_LONG_STR, _BOOL, _TABLE, _ARRAY, _VOID, _TIMESTAMP = (ord(c) for c in "StFAVT")
+_UTC = timezone.utc
 
 # Bits of the content header's property flags, highest first (AMQP 0-9-1 Basic).
 _CONTENT_TYPE = 1 << 15
@@ -173,6 +175,14 @@ def _value(data: bytes, offset: int) -> tuple[Any, int]:
         return _table(data, offset)
     if kind == _ARRAY:
         return _array(data, offset)
+    if kind == _TIMESTAMP:  # in every x-death entry: pamqp's reading, without its slice
+        (seconds,) = _U64(data, offset)
+        # pamqp: "anything above the year 2106 is likely milliseconds"
+        stamp = seconds / 1000.0 if seconds > 0xFFFFFFFF else seconds
+        try:
+            return datetime.fromtimestamp(stamp, tz=_UTC), offset + 8
+        except (OverflowError, OSError) as exc:  # past what a datetime holds
+            raise ValueError(f"a timestamp out of range ({seconds})") from exc
     if kind == _VOID or kind == 0:
         return None, offset
     reader = decode.TABLE_MAPPING.get(bytes((kind,)))
