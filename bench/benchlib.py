@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -94,6 +95,23 @@ def queue_depth(url: str, queue: str) -> int:
 def purge(url: str, queue: str) -> None:
     with admin_channel(url) as channel:
         channel.queue_purge(queue)
+
+
+def broker_cpu_s(node: LocalNode | None) -> float | None:
+    """CPU seconds of the local node's processes (its session, from /proc), if it is one."""
+    process = getattr(node, "_process", None)
+    if process is None:
+        return None
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            text = Path(entry.path, "stat").read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            if int(fields[3]) == process.pid:
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> str:

@@ -70,7 +70,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib import admin_channel, broker, broker_version, command_line, load_average, log
+from benchlib import (
+    admin_channel,
+    broker,
+    broker_cpu_s,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+)
 from consume import redis_server
 from consume_modes import BINDING
 from e2e_modes import MODE_LABELS, RAW_PREFETCH, TTL_S, Shared, Spec, child_main
@@ -130,23 +138,6 @@ class Outcome:
 
 Runs = dict[str, tuple[Outcome | None, Outcome]]
 """One round: each mode's search run (``None`` with ``--rate``) and fixed run."""
-
-
-def broker_cpu_s(node: LocalNode | None) -> float | None:
-    """CPU seconds of the local node's processes (its session, from /proc), if it is one."""
-    process = getattr(node, "_process", None)
-    if process is None:
-        return None
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            text = Path(entry.path, "stat").read_text()
-            fields = text[text.rindex(")") + 2 :].split()
-            if int(fields[3]) == process.pid:
-                total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def receive(conn: Any, process: Any, want: str, timeout_s: float) -> Any:

@@ -58,7 +58,11 @@ table shows the median per mode.
 Besides msg/s, the report shows the client's CPU time per message (this
 process's ``time.process_time``): it moves much less than wall-clock time on a
 busy machine and is what the framework itself adds. On a shared machine, look
-at the per-round figures and the load average before trusting a ratio.
+at the per-round figures and the load average before trusting a ratio. With a
+local node (no ``--url``), each mode's line also gives the broker's CPU per message
+(the node's processes, from /proc, over the step, warm-up included): on a 2-CPU
+machine the client's and the broker's CPU together bound the rate, so every
+microsecond the client spends is one the broker does not get.
 
 ``--modes`` runs a subset (``--modes async-callers,sync-callers-each``; a callers mode
 brings the ``publish_many`` it is compared with). ``async-many-narrow`` and
@@ -101,6 +105,7 @@ from importlib.metadata import version as package_version
 
 from benchlib import (
     broker,
+    broker_cpu_s,
     broker_version,
     command_line,
     discarding_tracer_provider,
@@ -153,6 +158,7 @@ from publish_modes import (
     LABELS as PUBLISH_LABELS,
 )
 
+from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
 from delayq.urls import redact
 
@@ -244,6 +250,9 @@ class Sample:
     """Confirmed messages per second."""
     cpu_us: float
     """Client CPU microseconds per message."""
+    broker_us: float | None = None
+    """The local node's CPU microseconds per message sent in the step (its warm-up and
+    connection set-up included); ``None`` for a broker not started by the bench."""
 
 
 @dataclass
@@ -259,22 +268,36 @@ class Results:
     def cpu_us(self, key: str) -> float:
         return statistics.median(s.cpu_us for s in self.samples[key])
 
+    def broker_us(self, key: str) -> float | None:
+        values = [s.broker_us for s in self.samples[key] if s.broker_us is not None]
+        return statistics.median(values) if values else None
+
 
 def run_step(
-    ctx: Context, results: Results, step: Step, framework_first: bool, prefix: str
+    ctx: Context,
+    results: Results,
+    step: Step,
+    framework_first: bool,
+    prefix: str,
+    node: LocalNode | None = None,
 ) -> None:
     count = step.count(ctx.settings)
     names = " + ".join(LABELS[k] for k in step.keys)
     log(f"{prefix} {names}: {count} messages each ...")
     gc.collect()
+    broker_before = broker_cpu_s(node)
     timings = step.run(ctx, framework_first)
+    broker_after = broker_cpu_s(node)
     parked = queue_depth(ctx.url, ctx.queue)
     expected = len(step.keys) * (count + warmup_count(count))
     if parked != expected:
         raise RuntimeError(f"the tier queue holds {parked} messages, expected {expected}")
     purge(ctx.url, ctx.queue)
+    broker_us = None
+    if broker_before is not None and broker_after is not None:
+        broker_us = (broker_after - broker_before) / expected * 1e6
     for key, timing in timings.items():
-        sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6)
+        sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6, broker_us)
         results.add(key, sample)
         log(
             f"{prefix} {LABELS[key]}: {count} in {timing.wall_s:.2f} s = "
@@ -282,7 +305,7 @@ def run_step(
         )
 
 
-def run_rounds(ctx: Context) -> Results:
+def run_rounds(ctx: Context, node: LocalNode | None = None) -> Results:
     results = Results()
     rounds = ctx.settings.rounds
     for index in range(rounds):
@@ -290,7 +313,7 @@ def run_rounds(ctx: Context) -> Results:
         steps = steps_of(ctx) if framework_first else tuple(reversed(steps_of(ctx)))
         for step in steps:
             prefix = f"[round {index + 1}/{rounds}]"
-            run_step(ctx, results, step, framework_first, prefix)
+            run_step(ctx, results, step, framework_first, prefix, node)
     return results
 
 
@@ -365,9 +388,11 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
     rates = {k: ", ".join(f"{x.rate:,.0f}" for x in measured[k]) for k in shown}
     rates_width = max(len(r) for r in rates.values())
     for key, label in shown.items():
+        broker_us = results.broker_us(key)
         lines.append(
             f"  {label:<{label_width}} {rates[key]:<{rates_width}}  "
             f"median {results.rate(key):>7,.0f} msg/s, {results.cpu_us(key):>4.0f} us CPU/msg"
+            + ("" if broker_us is None else f" + broker {broker_us:.0f}")
         )
     if CALLERS_LABELS.keys() & shown.keys():
         lines.append(f"  (N = {s.callers} callers, sharing one publisher unless '1 each')")
@@ -411,14 +436,20 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
     return "\n".join(lines)
 
 
-def benchmark(url: str, settings: Settings, command: str, tracing: bool = False) -> None:
+def benchmark(
+    url: str,
+    settings: Settings,
+    command: str,
+    tracing: bool = False,
+    node: LocalNode | None = None,
+) -> None:
     version = broker_version(url)
     ctx = Context.create(url, settings, discarding_tracer_provider() if tracing else None)
     log(f"broker {version} at {redact(url)}; namespace {ctx.topology.namespace}")
     load_before = load_average()
     try:
         apply_topology(ctx.topology, url)
-        results = run_rounds(ctx)
+        results = run_rounds(ctx, node)
     finally:
         delete_namespace(url, ctx.topology)
     load = f"{load_before} before, {load_average()} after (1/5/15 min)"
@@ -496,8 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         callers=args.callers,
         modes=frozenset(MODE_CHOICES[name] for name in args.modes.split(",") if name),
     )
-    with broker(args.url) as (url, _node):
-        benchmark(url, settings, command_line(argv), tracing=args.tracing)
+    with broker(args.url) as (url, node):
+        benchmark(url, settings, command_line(argv), tracing=args.tracing, node=node)
     return 0
 
 
