@@ -330,7 +330,7 @@ def ms(value: float) -> str:
     return f"{value * 1000:,.0f}"
 
 
-def report(env: Env, runs: dict[str, tuple[Outcome | None, Outcome]], meta: list[str]) -> str:
+def report(env: Env, runs: Runs, meta: list[str]) -> str:
     raw = runs.get("raw")
     raw_rate = None if raw is None else sustained(raw)
     if not runs:
@@ -473,7 +473,7 @@ def where_time_goes(stats: Any) -> str:
     return f"busy {busy:.1f} s (idle {idle:.1f} s): {shares}"
 
 
-def profile_report(runs: dict[str, tuple[Outcome | None, Outcome]]) -> str:
+def profile_report(runs: Runs) -> str:
     lines = []
     for mode, (search, fixed) in runs.items():
         out = search or fixed
