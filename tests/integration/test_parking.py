@@ -153,3 +153,33 @@ def test_unrouted_list_and_replay_once_a_binding_exists(make_topology, rabbitmq_
     assert wait_for(lambda: got == [{"late": True}])
     consumer.request_stop()
     thread.join(30)
+
+
+def test_a_replay_right_after_a_browse_finds_everything_the_browse_saw(make_topology, rabbitmq_url):
+    """A browse returns what it took before it ends: a replay (or a count) from another
+    connection at once finds all of it (session 11's CI on 4.0.5 replayed 0 of 1)."""
+    import pika
+
+    from delayq.sync import parking
+
+    topo = make_topology(["1s"])
+    dlq = f"{topo.namespace}.work.dlq"
+    apply_topology(topo, rabbitmq_url)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    ids = [f"m{i}" for i in range(5)]
+    for message_id in ids:
+        channel.basic_publish("", dlq, b"{}", pika.BasicProperties(message_id=message_id))
+    for _ in range(10):
+        assert [p.message_id for p in parking.browse(rabbitmq_url, dlq)] == ids
+        assert channel.queue_declare(dlq, passive=True).method.message_count == len(ids)
+    connection.close()
+    # A browse that stops short puts what it looked at behind the rest (a quorum queue
+    # with a delivery limit, as delayq declares parked queues): the next one pages on.
+    assert [p.message_id for p in parking.browse(rabbitmq_url, dlq, limit=2)] == ids[:2]
+    assert [p.message_id for p in parking.browse(rabbitmq_url, dlq, limit=2)] == ids[2:4]
+    report = parking.replay(
+        rabbitmq_url, dlq, topo, target=lambda p: ("", f"{topo.namespace}.work")
+    )
+    assert report.replayed == [*ids[4:], *ids[:4]]

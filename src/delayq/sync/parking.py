@@ -39,6 +39,10 @@ __all__ = ["ReplayReport", "browse", "purge", "replay"]
 
 log = logging.getLogger("delayq.parking")
 
+GIVE_BACK_WAIT_S = 5.0
+"""How long a browse or replay waits for the broker to count the messages it returns."""
+GIVE_BACK_POLL_S = 0.005
+
 
 @dataclass
 class ReplayReport:
@@ -136,7 +140,7 @@ def browse(
             if method is None:
                 break
             found.append(_parked(queue, method, props, body, dead_letters_of))
-        channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
+        _give_back(channel, queue, len(found))
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise channel_error(exc) from exc
     finally:
@@ -221,8 +225,8 @@ def replay(
                 if interval:
                     time.sleep(max(0.0, interval - (time.monotonic() - started)))
         # Confirmed copies are enqueued: any that came back is behind what we took.
-        returned = _returned(channel, queue, stamps)
-        channel.basic_nack(0, multiple=True, requeue=True)
+        returned, taken = _returned(channel, queue, stamps)
+        _give_back(channel, queue, report.seen - len(report.replayed) + taken)
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise channel_error(exc) from exc
     except CONNECTION_ERRORS as exc:
@@ -252,18 +256,50 @@ def _consult(marks: ReplayMarks, parked: ParkedMessage, queue: str, report: Repl
         ) from exc
 
 
-def _returned(channel: BlockingChannel, queue: str, stamps: dict[str, object]) -> set[str]:
-    """Ids among ``stamps`` whose very copy is now in ``queue`` (held unacked, like the rest)."""
+def _returned(
+    channel: BlockingChannel, queue: str, stamps: dict[str, object]
+) -> tuple[set[str], int]:
+    """Ids among ``stamps`` whose very copy is now in ``queue``, and how many messages were
+    taken to find them (held unacked, like the rest)."""
     found: set[str] = set()
+    taken = 0
     if not stamps:
-        return found
+        return found, taken
     while True:
         method, props, _ = channel.basic_get(queue, auto_ack=False)
         if method is None:
-            return found
+            return found, taken
+        taken += 1
         stamp = (props.headers or {}).get(H_REPLAYED_AT)
         if props.message_id in stamps and stamps[props.message_id] == stamp:
             found.add(props.message_id)
+
+
+def _give_back(channel: BlockingChannel, queue: str, held: int) -> None:
+    """Return the ``held`` messages this channel took from ``queue``, in their order, and
+    wait until the broker counts them ready again.
+
+    A ``basic.nack`` has no reply, and a quorum queue applies the return once its log has
+    it: a replay started the moment a browse ends (a script's ``dlq list`` then ``dlq
+    replay``) could find the queue empty and replay nothing. Waiting here makes what a
+    browse looked at visible to whatever runs next. The wait ends early if the queue's
+    ready count reaches what it had before plus the returns (another consumer taking
+    messages meanwhile makes it end at :data:`GIVE_BACK_WAIT_S` instead; nothing is lost
+    either way: the broker returns what a closed channel held)."""
+    if held <= 0:
+        return
+    others = _ready(channel, queue)
+    channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
+    deadline = time.monotonic() + GIVE_BACK_WAIT_S
+    while _ready(channel, queue) < others + held:
+        if time.monotonic() >= deadline:
+            log.debug("%s: %d returned messages not yet counted ready", queue, held)
+            return
+        time.sleep(GIVE_BACK_POLL_S)
+
+
+def _ready(channel: BlockingChannel, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
 
 
 def purge(url: str | None, queue: str) -> int:
