@@ -123,7 +123,9 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
             assert arrival.body == m["body"]
             props = arrival.properties
             assert (props.correlation_id, props.app_id, props.reply_to) == (
-                f"corr-{m['id']}", "legacy-java", "replies"
+                f"corr-{m['id']}",
+                "legacy-java",
+                "replies",
             )
             assert props.content_type == "application/json"
             assert arrival.headers["tenant"] == "acme"
@@ -361,5 +363,59 @@ def test_an_exact_intake_schedules_through_the_cascade_never_early(
             assert arrival.headers["delayq-tier"] == "exact"
             # Whole units of 250 ms: exact to the unit, not a tier's rounding up.
             assert int(arrival.headers["delayq-tier-ms"]) - m["delay"] < 250
+    finally:
+        running.stop()
+
+
+def test_what_a_full_tier_refuses_goes_back_to_the_intake_and_past_its_limit_to_the_dlq(
+    rabbitmq_url: str, make_topology: Any
+) -> None:
+    """A tier at its ``tier_max_length`` rejects the bridge's publishes: each refused
+    delivery is put back on the intake queue (nacked, never acked), and one refused more
+    often than the intake's ``delivery_limit`` is dead-lettered by the broker to the
+    intake's DLQ. Nothing is acked that the broker did not take, nothing is lost; the
+    ones taken before the tier filled stay in it."""
+    probe = make_topology()
+    ns = probe.namespace
+    topology = make_topology(
+        ladder=["1h"],  # they stay in the tier for the whole test
+        tier_max_length=5,
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "delivery_limit": 2}],
+    )
+    apply_topology(topology, rabbitmq_url)
+    intake = topology.intakes[0]
+    messages = [
+        {"id": f"f-{n}", "routing_key": "job.a", "body": b"{}", "headers": {"x-delay": 60_000}}
+        for n in range(12)
+    ]
+    publish_plugin_style(rabbitmq_url, intake.exchange, messages)
+    tier = f"{topology.namespace}.tier.1h"
+    dlq = intake.dlq_name(topology.namespace)
+    running = Running(Bridge(rabbitmq_url, topology, prefetch=4))
+    queue = intake.queue_name(topology.namespace)
+
+    def state() -> str:
+        depths = {q: depth(rabbitmq_url, q) for q in (tier, queue, dlq)}
+        return f"depths {depths}, {running.bridge.stats}"
+
+    try:
+        # A quorum queue's length limit is checked as publishes arrive, so a few in
+        # flight together can pass it: at least 5 are taken, the rest refused. The
+        # bridge counts a message after the broker has it: wait for its counts too.
+        def settled() -> bool:
+            stats = running.bridge.stats
+            in_tier, parked = depth(rabbitmq_url, tier), depth(rabbitmq_url, dlq)
+            return (
+                in_tier + parked == 12
+                and stats.forwarded == in_tier  # acked: what the broker took
+                and stats.returned >= parked * 2  # refused, put back, refused again
+            )
+
+        wait_for(settled, 90, state)
+        in_tier, parked = depth(rabbitmq_url, tier), depth(rabbitmq_url, dlq)
+        assert in_tier >= 5 and parked >= 1, state()
+        assert depth(rabbitmq_url, queue) == 0
+        assert running.bridge.stats.parked == 0  # refused is not parked by the bridge
     finally:
         running.stop()
