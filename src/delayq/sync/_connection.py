@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from typing import Any
 
 import pika
@@ -13,7 +14,7 @@ from delayq.retrying import CONNECT_BACKOFF_S, Tries
 from delayq.sync._errors import CONNECTION_ERRORS, connect_error
 from delayq.urls import BrokerURL, hosts_in_turn, parse_url, redact, tried_hosts
 
-__all__ = ["close_quietly", "connect", "host_parameters", "parameters"]
+__all__ = ["close_quietly", "coalesce_writes", "connect", "host_parameters", "parameters"]
 
 BLOCKED_CONNECTION_TIMEOUT_S = 30
 """How long a publish waits while the broker blocks publishers (memory or disk alarm)."""
@@ -88,16 +89,68 @@ def connect(
             time.sleep(pause_s)
         broker = parse_url(one)
         try:
-            return pika.BlockingConnection(_parameters(broker, one, name, blocked_timeout_s))
+            connection = pika.BlockingConnection(_parameters(broker, one, name, blocked_timeout_s))
         except CONNECTION_ERRORS as exc:
             failure = connect_error(exc, url, broker)
             if failure is not None:
                 raise failure from exc
             last = exc
+        else:
+            coalesce_writes(connection)
+            return connection
     raise ConnectionFailed(
         f"cannot connect to the broker at {redact(url)} {tries.spent()}"
         f"{tried_hosts(url)} ({type(last).__name__}); {broker.unreachable_hint(last)}"
     ) from last
+
+
+COALESCE_MAX_BYTES = 256 * 1024
+"""The most one send joins of the frames a connection has queued."""
+
+
+def coalesce_writes(connection: Any) -> None:
+    """Have ``connection`` (pika's blocking or select connection) send the frames it has
+    queued together, a ``send`` for each :data:`COALESCE_MAX_BYTES` or so, not one each.
+
+    pika queues each frame as a chunk of its own and sends them chunk by chunk: a
+    published message is three system calls (method, header, body), an ack one. Joining the chunks
+    queued when the socket turns writable keeps their order and bytes (a partial send
+    leaves the rest at the head, as pika does). ``bench/bridge.py`` measured it
+    (3.10.8, 20,000 messages): a raw pika relay went from 34 to 24 µs of CPU per
+    message and from 20,703 to 26,968 msg/s with the same change applied to it.
+
+    Applied to plain TCP connections only: a TLS write that must be repeated has to be
+    repeated with the same bytes, which a join could change. A pika whose transport
+    lacks these internals is left as it is."""
+    transport = getattr(getattr(connection, "_impl", connection), "_transport", None)
+    buffers = getattr(transport, "_tx_buffers", None)
+    produce = getattr(transport, "_produce", None)
+    if (
+        transport is None
+        or type(transport).__name__ != "_AsyncPlaintextTransport"
+        or not isinstance(buffers, deque)
+        or produce is None
+    ):
+        return
+
+    def produce_joined() -> None:
+        if len(buffers) > 1:
+            joined: list[bytes] = []
+            parts: list[bytes] = []
+            size = 0
+            for chunk in buffers:
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= COALESCE_MAX_BYTES:
+                    joined.append(b"".join(parts))
+                    parts, size = [], 0
+            if parts:
+                joined.append(b"".join(parts))
+            buffers.clear()
+            buffers.extend(joined)
+        produce()
+
+    transport._produce = produce_joined
 
 
 def close_quietly(thing: Any) -> None:

@@ -28,6 +28,7 @@ from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.inflight import size_of
 from delayq.message.limits import FRAME_MAX
+from delayq.sync._connection import coalesce_writes
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
 from delayq.sync._sending import Source, check_header_frame
 from delayq.topology.marker import Gate
@@ -120,6 +121,7 @@ class Round:
 
     def _on_open(self, connection: pika.SelectConnection) -> None:
         self.opened = True
+        coalesce_writes(connection)
         connection.channel(on_open_callback=self._on_channel)
         self._watchdog()
 
