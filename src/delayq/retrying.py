@@ -63,9 +63,10 @@ def pause_s(round_: int, backoff_s: float) -> float:
 
 class Tries:
     """The connection attempts of one rule: ``attempts`` rounds, or, given ``within_s``,
-    rounds for as long as ``within_s`` seconds after the first (a round is not begun if
-    its pause would end past that). Each round tries every host of ``url`` once, from a
-    random start (:func:`delayq.urls.hosts_in_turn`), the same order every round."""
+    rounds for as long as ``within_s`` seconds after the first (the last one's pause is
+    shortened so that it begins when the budget ends; none begins after). Each round
+    tries every host of ``url`` once, from a random start
+    (:func:`delayq.urls.hosts_in_turn`), the same order every round."""
 
     def __init__(
         self,
@@ -94,8 +95,13 @@ class Tries:
             if deadline is None:
                 if self.made >= self.attempts:
                     return
-            elif self.made and self._clock() + pause > deadline:
-                return
+            elif self.made:
+                left = deadline - self._clock()
+                if left <= 0:
+                    return
+                # The last round begins when the budget ends, not a pause short of it:
+                # a broker back in the budget's last seconds is still found.
+                pause = min(pause, left)
             self.made += 1
             for i, one in enumerate(urls):
                 yield (pause if i == 0 else 0.0), one

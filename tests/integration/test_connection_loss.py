@@ -86,7 +86,8 @@ def test_a_broker_that_goes_away_gives_a_clear_error_in_bounded_time(
     with pytest.raises((PublishUnconfirmed, ConnectionFailed)) as caught:
         driver.publish(topo, b"after", "job.a", "1s", message_id="m-after")
     # Connected before, the publisher waits for the broker up to reconnect_within (30 s by
-    # default: a restart is ridden through), then says so; bounded, a round's pause past it.
+    # default: a restart is ridden through; its last round begins when the budget ends),
+    # then says so; bounded.
     waited = time.monotonic() - started
     assert DEFAULT_RECONNECT_WITHIN_S - 1 < waited < DEFAULT_RECONNECT_WITHIN_S + 15
     assert "guest:guest" not in str(caught.value)

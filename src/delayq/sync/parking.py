@@ -282,10 +282,9 @@ def _give_back(channel: BlockingChannel, queue: str, held: int) -> None:
     A ``basic.nack`` has no reply, and a quorum queue applies the return once its log has
     it: a replay started the moment a browse ends (a script's ``dlq list`` then ``dlq
     replay``) could find the queue empty and replay nothing. Waiting here makes what a
-    browse looked at visible to whatever runs next. The wait ends early if the queue's
-    ready count reaches what it had before plus the returns (another consumer taking
-    messages meanwhile makes it end at :data:`GIVE_BACK_WAIT_S` instead; nothing is lost
-    either way: the broker returns what a closed channel held)."""
+    browse looked at visible to whatever runs next. The wait ends once the queue's ready
+    count is what it was before plus the returns, or after :data:`GIVE_BACK_WAIT_S`
+    (another consumer taking messages meanwhile), quietly: nothing is lost either way."""
     if held <= 0:
         return
     others = _ready(channel, queue)
