@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pika
 import yaml
 
 from delayq import Message, Topology
 from delayq.consume.delivery import Reject
-from delayq.sync import Consumer, Publisher, apply_topology
+from delayq.sync import Consumer, Publisher, apply_topology, parking
 
 
 def delayq(path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -158,10 +159,6 @@ def test_unrouted_list_and_replay_once_a_binding_exists(make_topology, rabbitmq_
 def test_a_replay_right_after_a_browse_finds_everything_the_browse_saw(make_topology, rabbitmq_url):
     """A browse returns what it took before it ends: a replay (or a count) from another
     connection at once finds all of it (session 11's CI on 4.0.5 replayed 0 of 1)."""
-    import pika
-
-    from delayq.sync import parking
-
     topo = make_topology(["1s"])
     dlq = f"{topo.namespace}.work.dlq"
     apply_topology(topo, rabbitmq_url)

@@ -65,7 +65,7 @@ def _open(
     connection = connect(resolve_url(url), name="delayq-parking")
     channel = connection.channel()
     try:
-        count = channel.queue_declare(queue, passive=True).method.message_count
+        count = _ready(channel, queue)
     except CHANNEL_CLOSED as exc:
         close_quietly(connection)
         raise TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost") from exc
@@ -75,7 +75,7 @@ def _open(
         except BaseException:
             close_quietly(connection)
             raise
-    return connection, channel, int(count)
+    return connection, channel, count
 
 
 def _check_limit(connection: pika.BlockingConnection, queue: str) -> None:
