@@ -128,6 +128,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
 def command_line(argv: Sequence[str]) -> str:
     """How this run was started, with any password in a URL redacted."""
     shown = [redact(arg) if "://" in arg else arg for arg in argv]

@@ -18,6 +18,10 @@ against one broker, so that the ratios compare like with like:
    starts, written to a plain socket with up to ``W`` unconfirmed and the
    broker's acks counted (no framework, no future per message, next to no client
    CPU): what the broker alone takes. Each pipelined mode is shown as a share of it.
+   Beside it (``raw-frames-work``), the same raw frames from a client that spends
+   ``--work-us`` (14) microseconds of CPU a message before writing it, as delayq's
+   async ``publish_many`` does: on a machine whose cores the client and the broker
+   share, what that much client work alone costs the broker's rate.
 5. ``--callers`` N (100) coroutines sharing one ``AsyncPublisher``, each awaiting
    ``publish(...)`` (one message, its confirm) in a loop until ``--batch-count`` are
    sent between them, vs ``AsyncPublisher.publish_many(window=W)`` of the same
@@ -111,6 +115,7 @@ from benchlib import (
     discarding_tracer_provider,
     load_average,
     log,
+    non_negative_float,
     positive_int,
     purge,
     queue_depth,
@@ -137,6 +142,7 @@ from publish_modes import (
     PIPELINED_VS_SINGLE_TARGET,
     RAW_AIO_PIPELINED,
     RAW_FRAMES,
+    RAW_FRAMES_WORK,
     RAW_PIKA_SINGLE,
     SYNC_MANY,
     SYNC_MANY_TRACED,
@@ -151,6 +157,7 @@ from publish_modes import (
     delete_namespace,
     raw_aio_pika_pipelined,
     raw_frames_socket,
+    raw_frames_working,
     single_publish_pair,
     warmup_count,
 )
@@ -188,6 +195,7 @@ STEPS: tuple[Step, ...] = (
     pipelined(RAW_AIO_PIPELINED, raw_aio_pika_pipelined),
     pipelined(SYNC_MANY, delayq_sync_publish_many),
     pipelined(RAW_FRAMES, raw_frames_socket),
+    pipelined(RAW_FRAMES_WORK, raw_frames_working),
     *(pipelined(key, measure) for key, measure in CALLERS_MEASURE.items()),
 )
 """Even rounds run these in this order, framework first; odd rounds reversed."""
@@ -198,6 +206,7 @@ MODE_CHOICES = {
     "raw-aio": RAW_AIO_PIPELINED,
     "sync-many": SYNC_MANY,
     "raw-frames": RAW_FRAMES,
+    "raw-frames-work": RAW_FRAMES_WORK,
     "async-callers": ASYNC_CALLERS,
     "raw-aio-callers": RAW_AIO_CALLERS,
     "sync-callers-shared": SYNC_CALLERS_SHARED,
@@ -394,12 +403,21 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
             f"median {results.rate(key):>7,.0f} msg/s, {results.cpu_us(key):>4.0f} us CPU/msg"
             + ("" if broker_us is None else f" + broker {broker_us:.0f}")
         )
+    if RAW_FRAMES_WORK in shown:
+        lines.append(f"  (N = {s.work_us:g} us: --work-us)")
     if CALLERS_LABELS.keys() & shown.keys():
         lines.append(f"  (N = {s.callers} callers, sharing one publisher unless '1 each')")
     if RAW_FRAMES in measured:
         lines.append(f"share of the physical limit ({LABELS[RAW_FRAMES]}, window {s.window}):")
         limit = results.rate(RAW_FRAMES)
-        for key in (ASYNC_MANY, SYNC_MANY, RAW_AIO_PIPELINED, ASYNC_CALLERS, RAW_AIO_CALLERS):
+        for key in (
+            ASYNC_MANY,
+            SYNC_MANY,
+            RAW_FRAMES_WORK,
+            RAW_AIO_PIPELINED,
+            ASYNC_CALLERS,
+            RAW_AIO_CALLERS,
+        ):
             if key in measured:
                 lines.append(f"  {LABELS[key]:<{label_width}} {results.rate(key) / limit:>5.0%}")
     cpu_rows = [r for r in rows if r.raw_client]
@@ -504,6 +522,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="comma-separated modes to run (" + ",".join(MODE_CHOICES) + "; default all)",
     )
     parser.add_argument(
+        "--work-us",
+        type=non_negative_float,
+        default=14.0,
+        help="client CPU a message, in microseconds, of the raw-frames-work mode: raw frames "
+        "from a client doing that much work (default 14, about delayq's async publish_many)",
+    )
+    parser.add_argument(
         "--tracing",
         action="store_true",
         help="also run the delayq modes traced (OpenTelemetry SDK, spans dropped), same run",
@@ -526,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
         callers=args.callers,
         modes=frozenset(MODE_CHOICES[name] for name in args.modes.split(",") if name),
+        work_us=args.work_us,
     )
     with broker(args.url) as (url, node):
         benchmark(url, settings, command_line(argv), tracing=args.tracing, node=node)

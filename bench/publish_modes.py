@@ -61,6 +61,8 @@ class Settings:
     """Concurrent callers of the single-publish modes with callers (``--callers``)."""
     modes: frozenset[str] = frozenset()
     """The modes to run (empty: all); see ``bench/publish.py --modes``."""
+    work_us: float = 14.0
+    """Client CPU a message the ``raw-frames-work`` mode spends (``--work-us``)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ ASYNC_MANY = "delayq-async-many"
 RAW_AIO_PIPELINED = "raw-aio-pika"
 SYNC_MANY = "delayq-sync-many"
 RAW_FRAMES = "raw-frames"
+RAW_FRAMES_WORK = "raw-frames-work"
 SYNC_PUBLISH_TRACED = "delayq-sync-publish-traced"
 ASYNC_MANY_TRACED = "delayq-async-many-traced"
 SYNC_MANY_TRACED = "delayq-sync-many-traced"
@@ -188,6 +191,7 @@ LABELS = {
     RAW_AIO_PIPELINED: "raw aio-pika, pipelined",
     SYNC_MANY: "delayq Publisher.publish_many",
     RAW_FRAMES: "raw frames on a socket (the limit)",
+    RAW_FRAMES_WORK: "raw frames + N us of client CPU a message",
     SYNC_PUBLISH_TRACED: "delayq Publisher.publish, traced",
     ASYNC_MANY_TRACED: "delayq AsyncPublisher.publish_many, traced",
     SYNC_MANY_TRACED: "delayq Publisher.publish_many, traced",
@@ -437,14 +441,26 @@ def encoded_publishes(ctx: Context, count: int, frame_max: int) -> list[bytes]:
     return out
 
 
-def _publish_frames(wire: _FrameSocket, encoded: list[bytes], window: int, before: int) -> None:
+def _spin(seconds: float) -> None:
+    """Busy the CPU for ``seconds`` (work a client would do: no sleep, no I/O)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _publish_frames(
+    wire: _FrameSocket, encoded: list[bytes], window: int, before: int, work_us: float = 0.0
+) -> None:
     """Write ``encoded`` with up to ``window`` unconfirmed until the broker acked all of it
-    (``before``: publishes already confirmed on the channel, whose delivery tags came first)."""
+    (``before``: publishes already confirmed on the channel, whose delivery tags came first;
+    ``work_us``: CPU spent a message before each write, as a client building them would)."""
     sent = confirmed = 0
     total = len(encoded)
     while confirmed < total:
         room = min(window - (sent - confirmed), total - sent)
         if room > 0:
+            if work_us:
+                _spin(work_us * room / 1e6)
             wire.sock.sendall(b"".join(encoded[sent : sent + room]))
             sent += room
         for value in wire.frames():
@@ -455,10 +471,12 @@ def _publish_frames(wire: _FrameSocket, encoded: list[bytes], window: int, befor
                 raise RuntimeError(f"unexpected from the broker: {value!r}")
 
 
-def raw_frames_socket(ctx: Context) -> Timing:
+def raw_frames_socket(ctx: Context, work_us: float = 0.0) -> Timing:
     """What the broker alone takes: publishes encoded by pamqp before the clock starts,
     written to a socket with up to ``window`` unconfirmed, confirms counted (no framework,
-    no future per message, next to no client CPU)."""
+    no future per message, next to no client CPU). With ``work_us``, the same with that
+    much client CPU spent a message in the writing thread: what a client's own work
+    costs the broker's rate when the two share the machine's cores."""
     count, window = ctx.settings.batch_count, ctx.settings.window
     wire = _FrameSocket(ctx.url)
     try:
@@ -466,7 +484,12 @@ def raw_frames_socket(ctx: Context) -> Timing:
         _publish_frames(wire, encoded_publishes(ctx, warm, wire.frame_max), window, 0)
         encoded = encoded_publishes(ctx, count, wire.frame_max)
         watch = Stopwatch()
-        _publish_frames(wire, encoded, window, warm)
+        _publish_frames(wire, encoded, window, warm, work_us)
         return watch.read()
     finally:
         wire.close()
+
+
+def raw_frames_working(ctx: Context) -> Timing:
+    """:func:`raw_frames_socket` spending ``--work-us`` of client CPU a message."""
+    return raw_frames_socket(ctx, ctx.settings.work_us)

@@ -61,6 +61,31 @@ def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
 
 
 @pytest.mark.timeout(700)
+def test_the_publish_bench_runs_raw_frames_with_a_clients_work_beside_the_limit(
+    rabbitmq_url: str,
+) -> None:
+    out = _bench(
+        "publish.py", "--modes", "raw-frames,raw-frames-work,async-many", "--work-us", "3",
+        "--batch-count", "2000", "--rounds", "1", url=rabbitmq_url,
+    )
+    assert "raw frames + N us of client CPU a message" in out and "(N = 3 us: --work-us)" in out
+    share = out.split("share of the physical limit", 1)[1]
+    assert "raw frames + N us of client CPU a message" in share, out
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "fast"])
+def test_the_publish_bench_refuses_a_work_us_that_is_not_a_finite_non_negative_number(
+    value: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/publish.py", "--work-us", value],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2, result
+    assert "--work-us" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(700)
 def test_the_bridge_bench_runs_the_bridge_beside_both_raw_relays(rabbitmq_url: str) -> None:
     out = _bench("bridge.py", "--count", "2000", "--rounds", "1", url=rabbitmq_url)
     for mode in ("raw pika, confirm each", "raw pika, pipelined confirms", "delayq bridge"):

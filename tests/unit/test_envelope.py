@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -29,6 +30,7 @@ from delayq.message.envelope import (
     Message,
     Receipt,
     encode_body,
+    new_message_id,
 )
 from delayq.message.factory import MessageFactory
 from delayq.topology.model import Topology
@@ -99,6 +101,25 @@ def test_default_message_ids_are_unique_hex() -> None:
     ids = {f.build(b"", "k", "0s").message_id for _ in range(50)}
     assert len(ids) == 50
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_default_message_ids_are_random_uuids_as_uuid4_writes_them() -> None:
+    # The ids were uuid.uuid4().hex; consumers and other languages may parse them as UUIDs.
+    ids = [new_message_id() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert parsed.hex == text  # lower case, 32 digits, leading zeros kept
+    # Every other bit is random: each of the 122 is seen both set and clear.
+    ones = 0
+    zeros = 0
+    for text in ids:
+        value = int(text, 16)
+        ones |= value
+        zeros |= ~value
+    fixed = (0xF000 << 64) | (0xC000 << 48)
+    assert ones | fixed == (1 << 128) - 1 and (zeros & ((1 << 128) - 1)) | fixed == (1 << 128) - 1
 
 
 def test_timestamp_is_whole_seconds_of_the_clock() -> None:
