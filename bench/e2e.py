@@ -434,7 +434,7 @@ IDLE = (
 )
 """Waits: the event loop's, threads' on locks and queues, the pipe's (only the start time)."""
 CATEGORIES = (
-    ("AMQP frames and wire (delayq.aio's; pika)", ("/aio/_frames.py", "/aio/_deliveries.py",
+    ("AMQP frames and wire (delayq.aio's; pika)", ("/message/frames.py", "/aio/_deliveries.py",
         "/aio/_framing.py", "/aio/_wire.py", "/aio/_framebatch.py", "/aio/_framefeed.py",
         "/aio/_framelink.py", "/aio/_confirms.py", "/pamqp/", "/pika/")),
     ("socket reads/writes", ("selector_events.py", "_socket.socket", "transports.py")),

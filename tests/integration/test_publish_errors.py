@@ -26,6 +26,7 @@ from delayq.aio._wire import Wire
 from delayq.links import ASYNC_LINKS
 from delayq.local.node import LocalNode
 from delayq.sync import Publisher, apply_topology
+from delayq.sync import _round as sync_round
 
 
 def publish_many(kind: str, url: str, topo: Topology, batch: list[Message], **kw: Any) -> Any:
@@ -49,22 +50,28 @@ FIRED: list[str] = []
 
 
 def fail_once_after(kind: str, calls: int) -> tuple[Any, str, Callable[..., Any]]:
-    """A basic_publish of the client that raises once, at call ``calls``, what the client
+    """A publish of the client that raises once, at call ``calls``, what the client
     raises when its connection goes away under it."""
     FIRED.clear()
     count = 0
-    if kind == "sync":
-        original = pika.channel.Channel.basic_publish
+    if kind == "sync":  # the pipeline writes delayq's frames through frames_writer
+        original = sync_round.frames_writer
 
-        def sync_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
-            nonlocal count
-            count += 1
-            if count == calls:
-                FIRED.append(kind)
-                raise pex.ChannelWrongStateError("Channel is closed.")
-            return original(self, *args, **kwargs)
+        def sync_writer(channel: Any) -> Any:
+            write = original(channel)
+            assert write is not None, "pika's internals for delayq's frames are missing"
 
-        return pika.channel.Channel, "basic_publish", sync_publish
+            def sync_publish(frames: bytes) -> None:
+                nonlocal count
+                count += 1
+                if count == calls:
+                    FIRED.append(kind)
+                    raise pex.ChannelWrongStateError("Channel is closed.")
+                write(frames)
+
+            return sync_publish
+
+        return sync_round, "frames_writer", sync_writer
     original_async = aiormq.channel.Channel.basic_publish
 
     async def async_publish(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -15,10 +15,10 @@ from pamqp import body, commands, frame, header
 from delayq import Message, Topology
 from delayq.aio._confirms import Confirms
 from delayq.aio._framelink import endpoint_of
-from delayq.aio._frames import publish_frames
 from delayq.aio._link import aio_message
 from delayq.aio._wire import ChannelClosed, Wire, WireClosed
 from delayq.message.factory import MessageFactory
+from delayq.message.frames import publish_frames
 from delayq.urls import parse_url
 from tests.unit.wire_fakes import Transport
 

@@ -25,7 +25,6 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from delayq.aio._frames import publish_frames
 from delayq.aio._wire import PUBLISH_CHANNEL, ChannelClosed, Wire, WireClosed
 from delayq.errors import (
     AccessRefused,
@@ -40,6 +39,7 @@ from delayq.errors import (
 )
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.message.frames import publish_frames
 from delayq.retrying import pause_s
 from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
 

@@ -2,7 +2,7 @@
 
 The default asyncio link for ``amqp://`` and ``amqps://`` (:data:`delayq.links.ASYNC_LINKS`).
 It publishes on :mod:`delayq.aio._wire`, a small AMQP client of its own, with the
-frames encoded by :mod:`delayq.aio._frames`: no aio-pika message, no future, no task
+frames encoded by :mod:`delayq.message.frames`: no aio-pika message, no future, no task
 per message. A batch (:mod:`delayq.aio._framebatch`) keeps up to ``window`` messages
 unconfirmed and writes what one loop turn frees in one write.
 
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from delayq.aio._framebatch import channel_error, send_batch
-from delayq.aio._frames import publish_frames
 from delayq.aio._wire import PUBLISH_CHANNEL, ChannelClosed, Endpoint, Wire, WireClosed
 from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
@@ -38,6 +37,7 @@ from delayq.errors import (
 from delayq.links import LinkOptions
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.message.frames import publish_frames
 from delayq.retrying import CONNECT_BACKOFF_S, Reconnecting, Tries
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology

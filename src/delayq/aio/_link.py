@@ -33,7 +33,6 @@ from delayq.aio._errors import (
     is_missing,
     publish_refusal,
 )
-from delayq.aio._frames import pamqp_value
 from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
     AccessRefused,
@@ -48,6 +47,7 @@ from delayq.errors import (
 from delayq.links import LinkOptions
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.message.frames import pamqp_value
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport

@@ -5,7 +5,7 @@ handshake (PLAIN), heartbeats, one confirming channel for publishes and one for
 passive declares (a refused declare closes only that channel), ``Basic.Ack``/``Nack``
 (``multiple`` too), ``Basic.Return``, ``Connection.Blocked``/``Unblocked``, and the
 broker closing a channel or the connection. A publish is frames already encoded
-(:mod:`delayq.aio._frames`) and a *sink* that hears its fate; the frames of one
+(:mod:`delayq.message.frames`) and a *sink* that hears its fate; the frames of one
 loop turn go to the socket in one write. A channel with a :class:`ChannelReader`
 (the frame feed's consumer, :mod:`delayq.aio._framefeed`) gets its deliveries'
 frames as bytes, undecoded, and hears when the broker cancels its consumer or

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import pika
@@ -14,7 +15,14 @@ from delayq.retrying import CONNECT_BACKOFF_S, Tries
 from delayq.sync._errors import CONNECTION_ERRORS, connect_error
 from delayq.urls import BrokerURL, hosts_in_turn, parse_url, redact, tried_hosts
 
-__all__ = ["close_quietly", "coalesce_writes", "connect", "host_parameters", "parameters"]
+__all__ = [
+    "close_quietly",
+    "coalesce_writes",
+    "connect",
+    "frames_writer",
+    "host_parameters",
+    "parameters",
+]
 
 BLOCKED_CONNECTION_TIMEOUT_S = 30
 """How long a publish waits while the broker blocks publishers (memory or disk alarm)."""
@@ -151,6 +159,33 @@ def coalesce_writes(connection: Any) -> None:
         produce()
 
     transport._produce = produce_joined
+
+
+def frames_writer(channel: Any) -> Callable[[bytes], None] | None:
+    """A function that sends frames delayq encoded itself (:mod:`delayq.message.frames`)
+    on ``channel`` (a channel of pika's select connection), as ``basic_publish`` sends
+    the frames pika encodes: refused (pika's own error) unless the channel is open, queued
+    on the connection in order with everything else sent on it. ``None`` for a pika
+    without these internals (its ``basic_publish`` is used then).
+
+    pika's ``basic_publish`` costs about 12 µs a message (its property and table
+    encoders, a frame object each); delayq's encoder about 3."""
+    connection: Any = getattr(channel, "connection", None)
+    output = getattr(connection, "_output_marshaled_frames", None)
+    refuse = getattr(channel, "_raise_if_not_open", None)
+    if output is None or refuse is None or not isinstance(channel.channel_number, int):
+        return None
+
+    def write(frames: bytes) -> None:
+        if not channel.is_open:
+            refuse()
+        if connection.is_closed:
+            raise pika.exceptions.ConnectionWrongStateError(
+                "Attempted to send a frame on closed connection."
+            )
+        output((frames,))
+
+    return write
 
 
 def close_quietly(thing: Any) -> None:

@@ -31,7 +31,7 @@ from delayq.sync._errors import (
     publish_refusal,
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
-from delayq.sync._sending import Source, check_header_frame
+from delayq.sync._sending import Source, check_header_frame, pika_properties
 from delayq.sync._shared import LiveSource
 from delayq.sync.provision import apply_topology
 from delayq.topology.marker import Gate
@@ -42,27 +42,6 @@ from delayq.urls import parse_url, redact
 __all__ = ["PikaLink", "pika_properties"]
 
 log = logging.getLogger("delayq.publisher")
-
-
-def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
-    if msg.properties:
-        return pika.BasicProperties(
-            **{
-                "content_type": msg.content_type,
-                "delivery_mode": 2,
-                "message_id": msg.message_id,
-                "timestamp": msg.timestamp_s,
-                **msg.properties,
-                "headers": msg.headers,
-            }
-        )
-    return pika.BasicProperties(
-        content_type=msg.content_type,
-        delivery_mode=2,
-        message_id=msg.message_id,
-        timestamp=msg.timestamp_s,
-        headers=msg.headers,
-    )
 
 
 class PikaLink:

@@ -26,11 +26,12 @@ from delayq.errors import (
 from delayq.links import Settle
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
+from delayq.message.frames import publish_frames
 from delayq.message.inflight import size_of
 from delayq.message.limits import FRAME_MAX
-from delayq.sync._connection import coalesce_writes
+from delayq.sync._connection import coalesce_writes, frames_writer
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
-from delayq.sync._sending import Source, check_header_frame
+from delayq.sync._sending import Source, check_header_frame, pika_properties
 from delayq.topology.marker import Gate
 
 __all__ = ["CONFIRM_IDLE_TIMEOUT_S", "Round"]
@@ -75,6 +76,10 @@ class Round:
         self.lost: BaseException | None = None
         self.settle_error: BaseException | None = None
         self.channel: Any = None
+        self.write: Callable[[bytes], None] | None = None
+        """Sends frames encoded by delayq on the channel (:func:`frames_writer`)."""
+        self.frame_max_now = frame_max
+        """The ``frame_max`` the connection negotiated."""
         self.connection: pika.SelectConnection | None = None
         self.last_progress = time.monotonic()
         # A publish to a missing exchange closes the channel and leaves the fate of
@@ -139,6 +144,8 @@ class Round:
 
     def _on_channel(self, channel: Any) -> None:
         self.channel = channel
+        self.write = None if self.properties is not pika_properties else frames_writer(channel)
+        self.frame_max_now = channel.connection.params.frame_max
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._pass_gate)
@@ -219,9 +226,13 @@ class Round:
             if msg.exchange not in self.checked:
                 self._check_exchange(item)
                 return
-            properties = self.properties(msg)
+            write = self.write
             try:
-                check_header_frame(msg, properties, self.connection, self.frame_max)
+                if write is not None and not msg.properties:  # delayq's own encoder
+                    frames = publish_frames(msg, channel.channel_number, self.frame_max_now)
+                else:
+                    properties = self.properties(msg)
+                    check_header_frame(msg, properties, self.connection, self.frame_max)
             except HeaderFrameTooLarge as exc:  # not sent; the rest goes on
                 self.settled += 1
                 self._report(item[0], msg, exc)
@@ -229,9 +240,12 @@ class Round:
             self.outstanding[self.next_tag] = item
             self.outstanding_bytes += size_of(msg)
             self.next_tag += 1
-            channel.basic_publish(
-                msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
-            )
+            if write is not None and not msg.properties:
+                write(frames)
+            else:
+                channel.basic_publish(
+                    msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
+                )
         if self.source.done and not self.outstanding:
             self._finish()
 

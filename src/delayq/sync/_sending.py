@@ -1,6 +1,6 @@
 """What a pipelined round sends: its source (first what a lost round left unconfirmed,
-then the stream), and the check of each content header against the connection's
-negotiated ``frame_max``."""
+then the stream), a message's pika properties, and the check of each content header
+against the connection's negotiated ``frame_max``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,33 @@ import pika
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
-__all__ = ["CONTENT_HEADER_FIXED_BYTES", "Source", "check_header_frame"]
+__all__ = ["CONTENT_HEADER_FIXED_BYTES", "Source", "check_header_frame", "pika_properties"]
 
 CONTENT_HEADER_FIXED_BYTES = 20
 """A content header frame's bytes besides the encoded properties: the frame's type,
 channel, size and end (8), class, weight and body size (12)."""
+
+
+def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
+    """``msg``'s AMQP properties for pika (those an intake's message carries too)."""
+    if msg.properties:
+        return pika.BasicProperties(
+            **{
+                "content_type": msg.content_type,
+                "delivery_mode": 2,
+                "message_id": msg.message_id,
+                "timestamp": msg.timestamp_s,
+                **msg.properties,
+                "headers": msg.headers,
+            }
+        )
+    return pika.BasicProperties(
+        content_type=msg.content_type,
+        delivery_mode=2,
+        message_id=msg.message_id,
+        timestamp=msg.timestamp_s,
+        headers=msg.headers,
+    )
 
 
 def check_header_frame(

@@ -1,15 +1,17 @@
-"""AMQP 0-9-1 frames of a delayq publish, encoded by hand: the frame link's hot path.
+"""AMQP 0-9-1 frames of a delayq publish, encoded by hand: the publishers' hot path
+(the asyncio frame link's, and the sync pipeline's for messages with no further AMQP
+properties).
 
 A publish is three frames or more: ``Basic.Publish`` (mandatory), a content
 header with the properties delayq sets (``content_type``, ``headers``,
 ``delivery_mode`` 2, ``priority`` 0, ``message_id``, ``timestamp``; the same as
-:func:`delayq.aio._link.aio_message` and :func:`delayq.sync._link.pika_properties`),
+:func:`delayq.aio._link.aio_message` and :func:`delayq.sync._sending.pika_properties`),
 and the body, split into frames of at most ``frame_max`` bytes. pamqp encodes
 the same bytes at about three times the cost (its generic property and table
 encoders): the header tables of delayq's messages (strings and integers) are
 encoded here, anything else (a user's nested table, a list, bytes) by pamqp's own
 ``field_table``, with the integer types pamqp picks, so a consumer reads what
-the aio-pika link sent. The incoming frames (few: confirms) are pamqp's to decode.
+the aio-pika link sent. Pure: no I/O, the same for both adapters.
 """
 
 from __future__ import annotations
