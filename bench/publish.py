@@ -34,7 +34,11 @@ against one broker, so that the ratios compare like with like:
    it, how it was shared before: behind a ``threading.Lock`` around each call ("1
    locked": one confirm at a time), and one ``Publisher`` per thread ("1 each": N
    connections), with that one's raw twin: N threads with a pika
-   ``BlockingConnection`` and ``confirm_delivery()`` channel each.
+   ``BlockingConnection`` and ``confirm_delivery()`` channel each; and the raw twin
+   of the shared one: N threads handing their messages to one raw pika I/O thread
+   (a ``SelectConnection`` confirm channel, pika's ``basic_publish``), each waiting on a
+   lock of its own that the confirm releases: the least a thread-safe publisher on pika
+   must do.
    Each caller takes a ticket from a shared counter before every publish, so exactly
    ``--batch-count`` are sent; the clock starts when all N are ready (connections
    open, warm-up sent the same way, threads waiting at a barrier).
@@ -128,6 +132,7 @@ from publish_concurrent_modes import (
     CALLERS_VS_MANY_TARGET,
     RAW_AIO_CALLERS,
     RAW_PIKA_CALLERS,
+    RAW_PIKA_CALLERS_SHARED,
     SYNC_CALLERS_EACH,
     SYNC_CALLERS_LOCKED,
     SYNC_CALLERS_SHARED,
@@ -213,6 +218,7 @@ MODE_CHOICES = {
     "sync-callers-locked": SYNC_CALLERS_LOCKED,
     "sync-callers-each": SYNC_CALLERS_EACH,
     "raw-pika-callers": RAW_PIKA_CALLERS,
+    "raw-pika-callers-shared": RAW_PIKA_CALLERS_SHARED,
     "async-many-narrow": ASYNC_MANY_NARROW,
     "sync-many-narrow": SYNC_MANY_NARROW,
 }
@@ -222,6 +228,7 @@ COMPARED_WITH = {
     SYNC_CALLERS_SHARED: SYNC_MANY,
     SYNC_CALLERS_LOCKED: SYNC_MANY,
     SYNC_CALLERS_EACH: SYNC_MANY,
+    RAW_PIKA_CALLERS_SHARED: SYNC_MANY,
 }
 """The ``publish_many`` a callers mode is judged against, run whenever it is."""
 
@@ -369,6 +376,10 @@ def rows_of(s: Settings) -> list[Row]:
             CALLERS_VS_MANY_TARGET, raw_client=False),
         Row(f"{n} threads x 1 Publisher each vs raw pika", SYNC_CALLERS_EACH, RAW_PIKA_CALLERS,
             None),
+        Row(f"{n} threads x 1 shared Publisher vs raw pika, 1 I/O thread",
+            SYNC_CALLERS_SHARED, RAW_PIKA_CALLERS_SHARED, None),
+        Row(f"raw pika, {n} threads to 1 I/O thread vs publish_many", RAW_PIKA_CALLERS_SHARED,
+            SYNC_MANY, None, raw_client=False),
     ]  # fmt: skip
 
 

@@ -16,7 +16,9 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import queue
 import threading
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,6 +46,7 @@ SYNC_CALLERS_LOCKED = "delayq-sync-callers-locked"
 SYNC_CALLERS_EACH = "delayq-sync-callers-each"
 SYNC_CALLERS_SHARED = "delayq-sync-callers-shared"
 RAW_PIKA_CALLERS = "raw-pika-callers"
+RAW_PIKA_CALLERS_SHARED = "raw-pika-callers-shared"
 ASYNC_MANY_NARROW = "delayq-async-many-narrow"
 SYNC_MANY_NARROW = "delayq-sync-many-narrow"
 
@@ -54,6 +57,7 @@ CALLERS_LABELS = {
     SYNC_CALLERS_EACH: "delayq Publisher.publish, N threads, 1 each",
     SYNC_CALLERS_SHARED: "delayq Publisher.publish, N threads, 1 shared",
     RAW_PIKA_CALLERS: "raw pika publish, N threads, 1 each",
+    RAW_PIKA_CALLERS_SHARED: "raw pika, N threads handing to 1 I/O thread",
     ASYNC_MANY_NARROW: "delayq async publish_many, window N",
     SYNC_MANY_NARROW: "delayq sync publish_many, window N",
 }
@@ -216,6 +220,91 @@ def raw_pika_callers(ctx: Context) -> Timing:
             connection.close()
 
 
+class _RawSharedPika:
+    """The raw twin of a shared ``Publisher``: one pika ``SelectConnection`` with a
+    confirm channel in an I/O thread of its own, publishing what the calling threads hand
+    it (pika's own ``basic_publish``, as pika ships); each caller waits on a lock of its
+    own that the message's confirm releases. The least a thread-safe publisher built on
+    pika must do: no validation, no message building, no error handling."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.handed: queue.SimpleQueue[threading.Lock] = queue.SimpleQueue()
+        self.waiting: dict[int, threading.Lock] = {}
+        self.tag = 0
+        self.woken = False
+        self.nacked = 0
+        self.ready = threading.Event()
+        self.connection = pika.SelectConnection(
+            pika.URLParameters(ctx.url), on_open_callback=self._on_open
+        )
+        self.thread = threading.Thread(target=self.connection.ioloop.start, daemon=True)
+        self.thread.start()
+        if not self.ready.wait(30):
+            raise RuntimeError("the raw pika I/O thread did not open its channel in 30 s")
+
+    def _on_open(self, connection: Any) -> None:
+        connection.channel(on_open_callback=self._on_channel)
+
+    def _on_channel(self, channel: Any) -> None:
+        self.channel = channel
+        channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self.ready.set())
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        if not isinstance(method, pika.spec.Basic.Ack):
+            self.nacked += 1
+        if method.multiple:
+            for tag in [t for t in self.waiting if t <= method.delivery_tag]:
+                self.waiting.pop(tag).release()
+        else:
+            self.waiting.pop(method.delivery_tag).release()
+
+    def _drain(self) -> None:
+        self.woken = False  # before draining: a lock handed after this is drained or wakes
+        ctx = self.ctx
+        while not self.handed.empty():
+            lock = self.handed.get()
+            self.tag += 1
+            self.waiting[self.tag] = lock
+            properties = pika.BasicProperties(
+                content_type=ctx.content_type,
+                delivery_mode=2,
+                message_id=uuid.uuid4().hex,
+                timestamp=ctx.timestamp_s,
+                headers=ctx.headers,
+            )
+            self.channel.basic_publish(
+                ctx.exchange, ROUTING_KEY, ctx.body, properties, mandatory=True
+            )
+
+    def publish(self) -> None:
+        lock = threading.Lock()
+        lock.acquire()
+        self.handed.put(lock)
+        if not self.woken:
+            self.woken = True
+            self.connection.ioloop.add_callback_threadsafe(self._drain)
+        lock.acquire()  # released by the confirm
+
+    def close(self) -> None:
+        self.connection.ioloop.add_callback_threadsafe(self.connection.close)
+        self.connection.ioloop.add_callback_threadsafe(self.connection.ioloop.stop)
+        self.thread.join(30)
+        if self.nacked:
+            raise RuntimeError(f"the broker nacked {self.nacked} raw pika publishes")
+
+
+def raw_pika_callers_shared(ctx: Context) -> Timing:
+    """N threads handing their messages to one raw pika I/O thread (:class:`_RawSharedPika`),
+    each waiting for its confirm before the next: the raw twin of one shared ``Publisher``."""
+    shared = _RawSharedPika(ctx)
+    try:
+        return _warmed_threads(ctx, [shared.publish] * ctx.settings.callers)
+    finally:
+        shared.close()
+
+
 def _narrowed(ctx: Context) -> Context:
     """``ctx`` with the window of ``--callers``: as many unconfirmed as the callers have."""
     return dataclasses.replace(
@@ -238,6 +327,7 @@ CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
     SYNC_CALLERS_LOCKED: delayq_sync_callers_locked,
     SYNC_CALLERS_EACH: delayq_sync_callers_each,
     RAW_PIKA_CALLERS: raw_pika_callers,
+    RAW_PIKA_CALLERS_SHARED: raw_pika_callers_shared,
     ASYNC_MANY_NARROW: delayq_async_many_narrow,
     SYNC_MANY_NARROW: delayq_sync_many_narrow,
 }

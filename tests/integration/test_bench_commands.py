@@ -51,13 +51,15 @@ def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: 
 def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     out = _bench(
         "publish.py", "--modes", "async-callers,sync-callers-each,sync-callers-shared,"
-        "sync-many-narrow", "--callers", "20", "--batch-count", "2000", "--rounds", "1",
-        url=rabbitmq_url,
+        "sync-many-narrow,raw-pika-callers-shared", "--callers", "20", "--batch-count", "2000",
+        "--rounds", "1", url=rabbitmq_url,
     )
     assert "coroutines x async publish vs publish_many" in out
     assert "threads x 1 Publisher each vs publish_many" in out
     assert "threads x 1 shared Publisher vs publish_many (window 20)" in out
     assert "publish_many, window 20 vs" in out
+    assert "20 threads x 1 shared Publisher vs raw pika, 1 I/O thread" in out
+    assert "raw pika, 20 threads to 1 I/O thread vs publish_many" in out
 
 
 @pytest.mark.timeout(700)

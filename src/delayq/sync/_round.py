@@ -77,7 +77,8 @@ class Round:
         self.settle_error: BaseException | None = None
         self.channel: Any = None
         self.write: Callable[[bytes], None] | None = None
-        """Sends frames encoded by delayq on the channel (:func:`frames_writer`)."""
+        """Sends frames encoded by delayq on the channel (:func:`frames_writer`); ``None``:
+        pika's ``basic_publish`` (a pika without the internals, other properties)."""
         self.frame_max_now = frame_max
         """The ``frame_max`` the connection negotiated."""
         self.connection: pika.SelectConnection | None = None
@@ -226,9 +227,9 @@ class Round:
             if msg.exchange not in self.checked:
                 self._check_exchange(item)
                 return
-            write = self.write
+            write = self.write if not msg.properties else None  # else pika encodes them
             try:
-                if write is not None and not msg.properties:  # delayq's own encoder
+                if write is not None:  # delayq's own encoder (message/frames.py)
                     frames = publish_frames(msg, channel.channel_number, self.frame_max_now)
                 else:
                     properties = self.properties(msg)
@@ -240,7 +241,7 @@ class Round:
             self.outstanding[self.next_tag] = item
             self.outstanding_bytes += size_of(msg)
             self.next_tag += 1
-            if write is not None and not msg.properties:
+            if write is not None:
                 write(frames)
             else:
                 channel.basic_publish(
