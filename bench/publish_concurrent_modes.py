@@ -18,7 +18,6 @@ import functools
 import itertools
 import queue
 import threading
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from publish_modes import (
     delayq_async_publish_many,
     delayq_sync_publish_many,
     raw_message,
+    raw_pika_properties,
     raw_pika_publish,
     warmup_count,
 )
@@ -267,15 +267,8 @@ class _RawSharedPika:
             lock = self.handed.get()
             self.tag += 1
             self.waiting[self.tag] = lock
-            properties = pika.BasicProperties(
-                content_type=ctx.content_type,
-                delivery_mode=2,
-                message_id=uuid.uuid4().hex,
-                timestamp=ctx.timestamp_s,
-                headers=ctx.headers,
-            )
             self.channel.basic_publish(
-                ctx.exchange, ROUTING_KEY, ctx.body, properties, mandatory=True
+                ctx.exchange, ROUTING_KEY, ctx.body, raw_pika_properties(ctx), mandatory=True
             )
 
     def publish(self) -> None:

@@ -201,17 +201,23 @@ BLOCK = 100
 """Publishes per turn when the two single-publish modes take turns (about 50 ms)."""
 
 
-def raw_pika_publish(ctx: Context, channel: Any) -> None:
-    properties = pika.BasicProperties(
+def raw_pika_properties(ctx: Context) -> Any:
+    """A message's properties as delayq sets them, with a fresh ``message_id``."""
+    return pika.BasicProperties(
         content_type=ctx.content_type,
         delivery_mode=2,
         message_id=uuid.uuid4().hex,
         timestamp=ctx.timestamp_s,
         headers=ctx.headers,
     )
+
+
+def raw_pika_publish(ctx: Context, channel: Any) -> None:
     # On a confirm_delivery() channel this waits for the confirm, and raises
     # UnroutableError or NackError unless the broker took the message.
-    channel.basic_publish(ctx.exchange, ROUTING_KEY, ctx.body, properties, mandatory=True)
+    channel.basic_publish(
+        ctx.exchange, ROUTING_KEY, ctx.body, raw_pika_properties(ctx), mandatory=True
+    )
 
 
 def single_publish_pair(ctx: Context, framework_first: bool) -> dict[str, Timing]:
