@@ -25,6 +25,7 @@ from delayq.errors import StoreError
 from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync import Consumer, Publisher, apply_topology, parking
 from tests.integration.conftest import SyncConsumerHandle
+from tests.integration.test_apply_marker import depth
 from tests.waiting import wait_for
 
 
@@ -148,11 +149,15 @@ def test_a_store_failing_half_way_stops_the_replay_and_leaves_the_rest_parked(
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     try:
         channel = connection.channel()
+        channel.confirm_delivery()  # each publish returns once the broker has it
         for message_id in ("first", "second", "third"):
             props = pika.BasicProperties(message_id=message_id, content_type="application/json")
             channel.basic_publish("", f"{queue}.dlq", b"{}", properties=props)
     finally:
         connection.close()
+    # The replay takes the queue's count when it starts, which can trail a quorum
+    # queue's confirms on 4.x: wait until it says all three.
+    wait_for(lambda: depth(rabbitmq_url, f"{queue}.dlq") == 3, 30, "3 parked")
     store = SQLiteStore(tmp_path / "keys.db")
     marks = ReplayMarks(FailingSecond(store), queue, uncancel=True)
     try:

@@ -28,6 +28,7 @@ from delayq.sync.parking import replay
 from delayq.topology.model import load_topology
 from tests.integration.test_apply_marker import channel, depth
 from tests.integration.test_readme_examples import VHost
+from tests.waiting import wait_for
 
 DEAD_URL = "amqp://guest:guest@127.0.0.1:1/"  # refuses connections: nothing is contacted
 REFUSAL = "the topology names vhost '/nosuch', the URL connects to vhost '/'"
@@ -65,13 +66,15 @@ def placed(local_rabbitmq_management_node: LocalNode, tmp_path: Path) -> Iterato
     )
     assert apply_topology(topology, node.url).ok
     with channel(node.url) as chan:
+        chan.confirm_delivery()  # each publish returns once the broker has it
         for queue in (f"{ns}.work.dlq", topology.unrouted):
             chan.basic_publish("", queue, b"parked", pika_properties(f"{ns}-parked"))
     file = tmp_path / "topology.yaml"
     file.write_text(yaml.safe_dump({**topology.model_dump(mode="json"), "vhost": "/nosuch"}))
     here = Placed(topology, file, node.url, node.management_url, tmp_path)
     try:
-        assert here.parked() == (1, 1)
+        # A quorum queue's count can trail its confirm on 4.x: wait for it to say so.
+        wait_for(lambda: here.parked() == (1, 1), 30, lambda: f"(1, 1) parked, not {here.parked()}")
         yield here
     finally:
         delete_topology(topology, node.url)
