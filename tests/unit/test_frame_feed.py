@@ -351,3 +351,63 @@ def test_a_truncated_timestamp_is_a_value_error() -> None:
     raw = struct.pack(">I", 7) + b"\x01tT" + b"\x00\x00\x00\x01"
     with pytest.raises(ValueError):
         field_table(raw, 0)
+
+
+def _x_death(queue: str = "app.tier.30s") -> dict[str, Any]:
+    """A dead-lettered delivery's headers as RabbitMQ writes them (its x-death array)."""
+    entry = {
+        "count": 1,
+        "reason": "expired",
+        "queue": queue,
+        "time": datetime.datetime(2026, 11, 28, 3, 0, 1, tzinfo=datetime.UTC),
+        "exchange": "app.tiers",
+        "routing-keys": [queue],
+    }
+    return {"delayq-attempt": 1, "x-death": [entry], "x-first-death-queue": queue}
+
+
+def test_an_array_seen_before_is_handed_out_as_a_new_copy_each_time() -> None:
+    """Arrays are decoded once per distinct bytes (the x-death of a tier's messages repeats):
+    what a handler changes in one delivery's headers is not in the next one's."""
+    raw = encode.field_table(_x_death())
+    expected = decode.field_table(raw)[1]
+    first, _ = field_table(raw, 0)
+    first["x-death"][0]["count"] = 99
+    first["x-death"][0]["routing-keys"].append("changed")
+    first["x-death"].append({"added": True})
+    second, end = field_table(raw, 0)
+    assert (second, end) == (expected, len(raw))
+    assert second["x-death"] is not first["x-death"]
+    third, _ = field_table(raw, 0)
+    assert third["x-death"] is not second["x-death"]
+    assert third["x-death"][0] is not second["x-death"][0]
+    assert third["x-death"][0]["routing-keys"] is not second["x-death"][0]["routing-keys"]
+
+
+def test_a_byte_array_in_an_array_is_copied_too() -> None:
+    content = b"x" + struct.pack(">I", 3) + b"abc"  # one byte array item
+    array = b"A" + struct.pack(">I", len(content)) + content
+    raw = struct.pack(">I", 2 + len(array)) + b"\x01a" + array
+    first, _ = field_table(raw, 0)
+    first["a"][0][0] = ord("z")
+    second, _ = field_table(raw, 0)
+    assert second == decode.field_table(raw)[1] == {"a": [bytearray(b"abc")]}
+
+
+def test_arrays_kept_are_bounded_and_any_of_them_reads_as_pamqp() -> None:
+    from delayq.aio import _deliveries
+
+    raws = [encode.field_table(_x_death(f"app.tier.{n}s")) for n in range(300)]
+    for raw in raws + raws[::-1]:
+        assert field_table(raw, 0) == (decode.field_table(raw)[1], len(raw))
+        assert len(_deliveries._ARRAYS) <= _deliveries._ARRAYS_KEPT
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_truncated_array_is_a_value_error_whether_or_not_seen_before(times: int) -> None:
+    whole = encode.field_table(_x_death("app.tier.cut"))
+    field_table(whole, 0)  # seen once, whole
+    cut = whole[:-5]
+    for _ in range(times):
+        with pytest.raises(ValueError):
+            field_table(cut, 0)

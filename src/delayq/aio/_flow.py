@@ -109,16 +109,15 @@ class AsyncDeliveryFlow(ConsumerBase):
         store = self._store
         step = next(flow)
         while True:
-            kind = type(step)  # by identity, not isinstance: this runs per delivery
-            if kind is RunHandler:
-                run = cast(RunHandler, step)
+            # By type identity, not isinstance (this runs per delivery); mypy narrows it.
+            if type(step) is RunHandler:
                 started = monotonic_ms() if observed else 0.0
                 try:
-                    await self._runner.call(run.value, run.claim, task)
+                    await self._runner.call(step.value, step.claim, task)
                 except HandlerCut as cut:
                     flow.close()
-                    if run.claim is not None:
-                        self._runner.finish_cut(cut.running, run.claim.key)
+                    if step.claim is not None:
+                        self._runner.finish_cut(cut.running, step.claim.key)
                     raise asyncio.CancelledError from None
                 except BaseException as exc:  # the flow gives the claim back, then decides
                     if span is not None:
@@ -128,27 +127,27 @@ class AsyncDeliveryFlow(ConsumerBase):
                     step = flow.send(
                         HandlerEnded(None, monotonic_ms() - started) if observed else _ENDED
                     )
-            elif kind is Ack:
+            elif type(step) is Ack:
                 self._acks.ack(message)
-                self._settled(delivery, cast(Ack, step), received_ms)
+                self._settled(delivery, step, received_ms)
                 if span is not None:
-                    span.finish(cast(Ack, step), self._clock_ms())
+                    span.finish(step, self._clock_ms())
                 return
-            elif kind is Publish:
+            elif type(step) is Publish:
                 if span is not None:
-                    span.carry(cast(Publish, step).message)
-                step = flow.send(await self._republish(cast(Publish, step)))
-            elif kind is PutBack:
+                    span.carry(step.message)
+                step = flow.send(await self._republish(step))
+            elif type(step) is PutBack:
                 if span is not None:
-                    span.finish(cast(PutBack, step), self._clock_ms())
-                self._putting_back(delivery, cast(PutBack, step).why)
+                    span.finish(step, self._clock_ms())
+                self._putting_back(delivery, step.why)
                 await asyncio.sleep(self._return_pause_s)
                 await self._acks.nack(message, requeue=True)
                 return
-            elif kind is GiveUp:
+            elif type(step) is GiveUp:
                 if span is not None:
-                    span.finish(cast(GiveUp, step), self._clock_ms())
-                raise cast(GiveUp, step).error  # cancelled (stop, connection lost)
+                    span.finish(step, self._clock_ms())
+                raise step.error  # cancelled (stop, connection lost)
             else:
                 assert store is not None
                 op = cast(StoreOp, step)
