@@ -18,6 +18,11 @@ Three modes, each ``--rounds`` times, every other round in reverse order:
    flow (claim, a no-op async handler, complete, the coalesced ack written to a wire
    that discards it), as in production.
 
+Then, for the sync ``Consumer``, only the content headers: each read into a
+``pika.BasicProperties`` by pika's own decoding (what a raw pika consumer pays) and by
+the reader delayq installs on the sync consumer's connection
+(``delayq.sync._connection.read_content_headers``).
+
 ``--dead-lettered`` gives every delivery the headers a delayed message arrives with:
 delayq's, RabbitMQ's ``x-death`` array and its ``x-first-death-*`` and
 ``x-last-death-*`` strings, as RabbitMQ 4.0.5 writes them after a tier's TTL
@@ -49,6 +54,7 @@ from typing import Any
 
 from benchlib import command_line, log, positive_int
 from pamqp import commands, frame, header
+from pika import frame as pika_frame
 
 from delayq import Message
 from delayq.aio._acks import AckCoalescer, ack_batch
@@ -58,10 +64,13 @@ from delayq.consume.delivery import Delivery
 from delayq.links import Settleable
 from delayq.message.factory import MessageFactory
 from delayq.stores.memory import InMemoryStore
+from delayq.sync._connection import _content_header
 from delayq.topology.model import Topology
 
 RAW, FEED, FLOW = "raw: pamqp decodes the frames", "the feed alone", "AsyncConsumer + InMemoryStore"
 MODES = (RAW, FEED, FLOW)
+PIKA_HEADER, SYNC_HEADER = "pika reads the content header", "the sync consumer's reader"
+HEADER_MODES = (PIKA_HEADER, SYNC_HEADER)
 QUEUE, ROUTING_KEY = "path.dest", "path.key"
 TOPOLOGY = Topology.model_validate(
     {
@@ -140,6 +149,20 @@ def pamqp_reads(frames: list[tuple[bytes, bytes, bytes]]) -> float:
     return time.process_time() - started
 
 
+def header_reads(mode: str, frames: list[tuple[bytes, bytes, bytes]]) -> float:
+    """Each content header frame read into a ``pika.BasicProperties`` by pika, or by the
+    sync consumer's reader (:func:`delayq.sync._connection.read_content_headers`); CPU
+    seconds."""
+    whole = [_frame(2, h) for _, h, _ in frames]
+    read = pika_frame.decode_frame if mode == PIKA_HEADER else _content_header
+    gc.collect()
+    started = time.process_time()
+    for data in whole:
+        if read(data) is None:
+            raise RuntimeError(f"{mode}: a header left to pika")
+    return time.process_time() - started
+
+
 def _frame(kind: int, payload: bytes) -> bytes:
     return struct.pack(">BHI", kind, 1, len(payload)) + payload + b"\xce"
 
@@ -210,6 +233,10 @@ def main(argv: list[str]) -> None:
             us = cpu / args.count * 1e6
             figures[mode].append(us)
             log(f"[round {n + 1}/{args.rounds}] {mode}: {us:.2f} us CPU a delivery")
+        for mode in HEADER_MODES if n % 2 == 0 else HEADER_MODES[::-1]:
+            us = header_reads(mode, frames) / args.count * 1e6
+            figures.setdefault(mode, []).append(us)
+            log(f"[round {n + 1}/{args.rounds}] {mode}: {us:.2f} us CPU a header")
     raw, feed, flow = (statistics.median(figures[m]) for m in MODES)
     print(f"{kind} deliveries, content header {header_bytes:.0f} bytes, prefetch {args.prefetch}")
     print(f"{'mode':34s} {'us CPU a delivery (rounds)':>36s}  median")
@@ -220,6 +247,14 @@ def main(argv: list[str]) -> None:
         f"delayq's flow a delivery: {flow - feed:.2f} us; the feed {feed / flow:.2f} of the whole"
     )
     print(f"over pamqp's reading alone: the feed {feed / raw:.2f}, the consumer {flow / raw:.2f}")
+    print(
+        f"{'the sync consumer (content header only)':34s} {'us CPU a header (rounds)':>36s}  median"
+    )
+    for mode in HEADER_MODES:
+        rounds = ", ".join(f"{v:.2f}" for v in figures[mode])
+        print(f"{mode:34s} {rounds:>36s}  {statistics.median(figures[mode]):.2f}")
+    pika_us, sync_us = (statistics.median(figures[m]) for m in HEADER_MODES)
+    print(f"the sync consumer's reader over pika's: {sync_us / pika_us:.2f}")
     print(f"command:   {command_line(argv)}")
     print(f"client:    Python {sys.version.split()[0]}, {struct.calcsize('P') * 8}-bit")
 

@@ -27,8 +27,10 @@ from delayq.consume.delivery import Delivery
 from delayq.errors import ConnectionFailed, TopologyMissing
 from delayq.links import FeedLost, open_async_feed
 from delayq.local.node import LocalNode
+from delayq.message.decoding import basic_properties
 from delayq.sync import apply_topology
-from tests.waiting import wait_for_async
+from delayq.sync._feed import PikaFeed
+from tests.waiting import wait_for, wait_for_async
 
 
 def run(coro: Any) -> Any:
@@ -97,34 +99,13 @@ def test_the_frame_feed_hands_over_what_the_aio_pika_feed_does(
     topo = make_topology(["1s"])
     apply_topology(topo, rabbitmq_url)
     queues = [f"{topo.namespace}.frames", f"{topo.namespace}.pika"]
-
-    async def fill() -> None:  # aio-pika encodes every field type (pika refuses floats)
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            for queue in queues:
-                await channel.declare_queue(
-                    queue, durable=True, arguments={"x-queue-type": "quorum"}
-                )
-                for props in PROPERTIES:
-                    for body in BODIES:
-                        message = aio_pika.Message(body, **props)
-                        await channel.default_exchange.publish(message, routing_key=queue)
-
-    async def remove() -> None:
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            for queue in queues:
-                await channel.queue_delete(queue)
-
-    run(fill())
+    _fill(rabbitmq_url, queues)
     want = len(PROPERTIES) * len(BODIES)
     try:
         frames = run(drain(FrameFeed(rabbitmq_url), topo, queues[0], want))
         pika_ = run(drain(AioPikaFeed(rabbitmq_url), topo, queues[1], want))
     finally:
-        run(remove())
+        _remove(rabbitmq_url, queues)
 
     def comparable(d: Delivery) -> tuple[Any, ...]:
         headers = {k: v for k, v in d.headers.items() if k != "x-delivery-count"}
@@ -138,6 +119,126 @@ def test_the_frame_feed_hands_over_what_the_aio_pika_feed_does(
     assert frames[3].headers["nested"] == {"list": [1, "a", {"deep": False}], "empty": {}}
     assert frames[3].headers["raw"] == bytearray(b"\xff\xfe not utf-8")
     assert frames[3].headers["f"] == 1.5 and frames[3].headers["dec"] == decimal.Decimal("12.34")
+
+
+def _fill(url: str, queues: list[str]) -> None:
+    async def fill() -> None:  # aio-pika encodes every field type (pika refuses floats)
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            for queue in queues:
+                await channel.declare_queue(
+                    queue, durable=True, arguments={"x-queue-type": "quorum"}
+                )
+                for props in PROPERTIES:
+                    for body in BODIES:
+                        message = aio_pika.Message(body, **props)
+                        await channel.default_exchange.publish(message, routing_key=queue)
+
+    run(fill())
+
+
+def _remove(url: str, queues: list[str]) -> None:
+    connection, channel = raw_channel(url)
+    try:
+        for queue in queues:
+            channel.queue_delete(queue)
+    finally:
+        connection.close()
+
+
+def _drain_sync(feed: PikaFeed, topo: Topology, queue: str, want: int) -> list[Delivery]:
+    got: list[Delivery] = []
+
+    def on_delivery(settler: Any, delivery: Delivery) -> None:
+        got.append(delivery)
+        settler.ack()
+
+    feed.open(topo, queue, 10, on_delivery)
+    try:
+
+        def arrived() -> bool:
+            feed.pump(0.05)
+            return len(got) >= want
+
+        wait_for(arrived, 30, lambda: f"{len(got)} of {want}")
+        feed.flush()
+        feed.unsubscribe()
+    finally:
+        feed.close()
+    return got
+
+
+def _pika_gets(url: str, queue: str, want: int) -> list[Any]:
+    """What a raw pika consumer gets: each message's properties, decoded by pika."""
+    connection, channel = raw_channel(url)
+    got: list[Any] = []
+    try:
+        wait_for(
+            lambda: _got_one(channel, queue, got) or len(got) >= want,
+            30,
+            lambda: f"{len(got)} of {want} by basic_get",
+        )
+    finally:
+        connection.close()
+    return got
+
+
+def _got_one(channel: Any, queue: str, got: list[Any]) -> bool:
+    method, props, _ = channel.basic_get(queue, auto_ack=True)
+    if method is not None:
+        got.append(props)
+    return False
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with each part's type beside it: pika's ``long`` is not an ``int``."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def test_the_sync_feed_reads_headers_as_pika_does_with_delayqs_decoder(
+    rabbitmq_url: str, make_topology: Callable[..., Topology], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync consumer's connection reads content headers with delayq's decoder
+    (``delayq.sync._connection.read_content_headers``): every property and header value,
+    of every type, as pika's own decoding gives it to a raw pika consumer (a float or a
+    decimal, which pika reads its own way, left to pika)."""
+    decoded: list[int] = []
+    real = basic_properties
+
+    def counted(data: bytes, offset: int, end: int, table: Any = None) -> dict[str, Any]:
+        decoded.append(end)
+        return real(data, offset, end, table)
+
+    monkeypatch.setattr("delayq.sync._connection.basic_properties", counted)
+    topo = make_topology(["1s"])
+    apply_topology(topo, rabbitmq_url)
+    queues = [f"{topo.namespace}.sync", f"{topo.namespace}.pika"]
+    _fill(rabbitmq_url, queues)
+    want = len(PROPERTIES) * len(BODIES)
+    try:
+        synced = _drain_sync(PikaFeed(rabbitmq_url), topo, queues[0], want)
+        raw = _pika_gets(rabbitmq_url, queues[1], want)
+    finally:
+        _remove(rabbitmq_url, queues)
+
+    def without_count(headers: Any) -> Any:
+        return {k: v for k, v in (headers or {}).items() if k != "x-delivery-count"}
+
+    assert [_typed(without_count(d.headers)) for d in synced] == [
+        _typed(without_count(p.headers)) for p in raw
+    ]
+    assert [d.content_type for d in synced] == [p.content_type for p in raw]
+    assert [d.message_id for d in synced][3:] == [p.message_id for p in raw][3:]
+    assert type(synced[6].headers["x-death"][0]["count"]) is type(
+        raw[6].headers["x-death"][0]["count"]
+    )
+    # PROPERTIES[1] carries a float and a decimal: pika reads those headers itself
+    assert len(decoded) >= want - len(BODIES)
 
 
 def test_amqp_urls_get_the_frame_feed() -> None:

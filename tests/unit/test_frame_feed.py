@@ -395,12 +395,12 @@ def test_a_byte_array_in_an_array_is_copied_too() -> None:
 
 
 def test_arrays_kept_are_bounded_and_any_of_them_reads_as_pamqp() -> None:
-    from delayq.aio import _deliveries
+    from delayq.message import decoding
 
     raws = [encode.field_table(_x_death(f"app.tier.{n}s")) for n in range(300)]
     for raw in raws + raws[::-1]:
         assert field_table(raw, 0) == (decode.field_table(raw)[1], len(raw))
-        assert len(_deliveries._ARRAYS) <= _deliveries._ARRAYS_KEPT
+        assert len(decoding._ARRAYS) <= decoding.KEPT_ARRAYS
 
 
 @pytest.mark.parametrize("times", [1, 2])

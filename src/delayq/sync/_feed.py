@@ -21,7 +21,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from delayq.consume.delivery import Delivery
 from delayq.links import FeedLost, OnDelivery
 from delayq.sync._acks import AckLine, ack_batch
-from delayq.sync._connection import close_quietly, connect
+from delayq.sync._connection import close_quietly, connect, read_content_headers
 from delayq.sync._errors import CHANNEL_CLOSED, CLIENT_ERRORS, LOST, channel_error, feed_lost
 from delayq.sync.ensure import ensure_topology
 from delayq.topology.model import Topology
@@ -91,6 +91,7 @@ class PikaFeed:
 
     def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
         connection = connect(self._url, name=f"delayq-consumer {queue}")
+        read_content_headers(connection)  # delayq's decoder: pika's costs twice as much
         try:
             ensure_topology(topology, connection)  # or check it, if refused
             channel = connection.channel()

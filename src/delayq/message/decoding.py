@@ -1,0 +1,292 @@
+"""AMQP 0-9-1 field tables and content-header properties decoded by hand: both
+consumers' hot path (the asyncio frame feed's :mod:`delayq.aio._deliveries`, the sync
+consumer's header reader in :mod:`delayq.sync._connection`).
+
+pamqp decodes a table by slicing the rest of the frame at every value (quadratic in
+the table's size), pika with a call and a slice per key and value. Here tables are read
+with offsets into the frame's bytes, the types delayq's headers and the broker's
+``x-death`` entries use (strings, integers, nested tables, arrays, booleans,
+timestamps) without a call each, any other (a decimal, a byte array) with pamqp's own
+decoder of that type: the values and their types are exactly what pamqp gives.
+Anything malformed raises :class:`ValueError`.
+
+A field array is decoded once per distinct run of bytes and handed out as a fresh
+copy after that: a delayed message arrives dead-lettered, with the broker's
+``x-death`` array (a table of six entries in it), which the messages dead-lettered
+from one tier in the same second share byte for byte; decoding it was about half of
+such a delivery's headers. Every copy is a new list of new tables (a handler may
+change what it is given), equal to what pamqp would give.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from pamqp import decode
+
+__all__ = [
+    "KEPT_ARRAYS",
+    "PROPERTY_NAMES",
+    "ArrayReader",
+    "TableReader",
+    "ValueReader",
+    "basic_properties",
+    "copied",
+    "field_table",
+    "read_array",
+    "read_table",
+    "remembered_array",
+]
+
+_U32 = struct.Struct(">I").unpack_from
+_U64 = struct.Struct(">Q").unpack_from
+_I64 = struct.Struct(">q").unpack_from
+_I8 = struct.Struct(">b").unpack_from
+_FLAGS = struct.Struct(">H").unpack_from
+_NUMBERS: dict[int, tuple[struct.Struct, int]] = {
+    ord("b"): (struct.Struct(">b"), 1),
+    ord("B"): (struct.Struct(">B"), 1),
+    ord("s"): (struct.Struct(">h"), 2),
+    ord("u"): (struct.Struct(">H"), 2),
+    ord("I"): (struct.Struct(">i"), 4),
+    ord("i"): (struct.Struct(">I"), 4),
+    ord("l"): (struct.Struct(">q"), 8),
+    ord("L"): (struct.Struct(">q"), 8),  # pamqp reads both as signed
+    ord("f"): (struct.Struct(">f"), 4),
+    ord("d"): (struct.Struct(">d"), 8),
+}
+_LONG_STR, _BOOL, _TABLE, _ARRAY, _VOID, _TIMESTAMP = (ord(c) for c in "StFAVT")
+_SHORT_SHORT, _LONG_LONG = ord("b"), ord("l")
+_UTC = timezone.utc
+
+TableReader = Callable[[bytes, int], tuple[dict[str, Any], int]]
+"""Reads the field table at an offset: the table and the offset past it."""
+
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+"""AMQP 0-9-1 Basic's content properties, in the order of their flag bits (highest first)."""
+_SHORT, _OCTET, _LONGLONG, _TABLE_PROPERTY = range(4)
+_PROPERTY_KINDS = (
+    _SHORT, _SHORT, _TABLE_PROPERTY, _OCTET, _OCTET, _SHORT, _SHORT, _SHORT, _SHORT,
+    _LONGLONG, _SHORT, _SHORT, _SHORT, _SHORT,
+)  # fmt: skip
+
+
+_PRESENT: dict[int, tuple[tuple[str, int], ...]] = {}
+"""The properties (name, kind) a value of the property flags says are present."""
+
+
+def _present(flags: int) -> tuple[tuple[str, int], ...]:
+    if flags & 1:
+        raise ValueError("a content header with a second property-flags word")
+    present = tuple(
+        (name, kind)
+        for bit, name, kind in zip(range(15, 1, -1), PROPERTY_NAMES, _PROPERTY_KINDS, strict=True)
+        if flags & (1 << bit)
+    )
+    if len(_PRESENT) < 1024:  # flag words seen: a handful in practice
+        _PRESENT[flags] = present
+    return present
+
+
+def basic_properties(
+    data: bytes, offset: int, end: int, table: TableReader | None = None
+) -> dict[str, Any]:
+    """The properties of a Basic content header whose property flags are at ``offset``
+    and whose payload ends at ``end``: each one present, by its name in
+    :data:`PROPERTY_NAMES` (short strings as ``str``, the timestamp as an ``int`` of
+    seconds, the headers as ``table`` reads them: :func:`read_table` unless given).
+    Raises :class:`ValueError` for anything malformed or past ``end``, a short string
+    that is not UTF-8, or a second property-flags word."""
+    read = read_table if table is None else table
+    try:
+        (flags,) = _FLAGS(data, offset)
+        present = _PRESENT.get(flags)
+        if present is None:
+            present = _present(flags)
+        offset += 2
+        found: dict[str, Any] = {}
+        for name, kind in present:
+            if kind == _SHORT:
+                stop = offset + 1 + data[offset]
+                found[name] = data[offset + 1 : stop].decode()
+                offset = stop
+            elif kind == _TABLE_PROPERTY:
+                found[name], offset = read(data, offset)
+            elif kind == _OCTET:
+                found[name] = data[offset]
+                offset += 1
+            else:
+                (found[name],) = _U64(data, offset)
+                offset += 8
+    except (IndexError, struct.error) as exc:
+        raise ValueError("a truncated content header") from exc
+    if offset > end:
+        raise ValueError("a content header's properties run past its frame")
+    return found
+
+
+def field_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
+    """The field table at ``offset`` and the offset past it (pamqp's values and types)."""
+    try:
+        return read_table(data, offset)
+    except (IndexError, struct.error) as exc:
+        raise ValueError(f"a truncated field table at offset {offset}") from exc
+
+
+def read_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
+    """:func:`field_table` for a caller that turns ``IndexError`` and ``struct.error`` (a
+    table cut short) into its own ``ValueError``."""
+    # The types delayq's headers and the broker's x-death entries use are read here
+    # without a call each (a table is most of a delivery's decoding); any other in _value.
+    (length,) = _U32(data, offset)
+    offset += 4
+    end = offset + length
+    if end > len(data):
+        raise ValueError("a field table runs past the frame")
+    table: dict[str, Any] = {}
+    while offset < end:
+        key_end = offset + 1 + data[offset]
+        if key_end >= end:
+            raise ValueError("a field-table key runs past its table")
+        key = data[offset + 1 : key_end].decode()
+        kind = data[key_end]
+        offset = key_end + 1
+        if kind == _LONG_STR:
+            (size,) = _U32(data, offset)
+            start = offset + 4
+            offset = start + size
+            raw = data[start:offset]
+            try:
+                table[key] = raw.decode()
+            except UnicodeDecodeError:
+                table[key] = raw  # as pamqp: bytes when not UTF-8
+        elif kind == _SHORT_SHORT:
+            table[key] = _I8(data, offset)[0]
+            offset += 1
+        elif kind == _LONG_LONG:
+            table[key] = _I64(data, offset)[0]
+            offset += 8
+        elif kind == _TABLE:
+            table[key], offset = read_table(data, offset)
+        elif kind == _ARRAY:
+            table[key], offset = remembered_array(data, offset, _array, _ARRAYS)
+        else:
+            table[key], offset = _value(data, key_end)
+    return table, end
+
+
+ArrayReader = Callable[[bytes, int], tuple[list[Any], int]]
+
+_ARRAYS: dict[bytes, list[Any]] = {}
+"""Arrays decoded lately, by their bytes (length included); never handed out."""
+KEPT_ARRAYS = 64
+
+
+def remembered_array(
+    data: bytes, offset: int, read: ArrayReader, seen: dict[bytes, list[Any]]
+) -> tuple[list[Any], int]:
+    """``read(data, offset)``, once per distinct bytes of the array at ``offset``: a copy
+    of what ``seen`` (at most :data:`KEPT_ARRAYS`) holds of an array read before."""
+    (length,) = _U32(data, offset)
+    end = offset + 4 + length
+    raw = data[offset:end]
+    known = seen.get(raw)
+    if known is not None:
+        return copied(known), end
+    items, past = read(data, offset)
+    if past == end:  # well formed: nothing of it read past its own bytes
+        if len(seen) >= KEPT_ARRAYS:
+            seen.clear()
+        seen[raw] = copied(items)
+    return items, past
+
+
+def copied(value: Any) -> Any:
+    """``value`` with every mutable part (list, table, byte array) new."""
+    kind = type(value)
+    if kind is list:
+        return [copied(item) for item in value]
+    if kind is dict:
+        return {key: copied(item) for key, item in value.items()}
+    if kind is bytearray:
+        return bytearray(value)
+    return value  # str, int, float, bool, None, bytes, datetime, Decimal: immutable
+
+
+ValueReader = Callable[[bytes, int], tuple[Any, int]]
+"""Reads the typed field value at an offset: the value and the offset past it."""
+
+
+def read_array(data: bytes, offset: int, value: ValueReader) -> tuple[list[Any], int]:
+    """The field array at ``offset``, each item read by ``value``, and the offset past
+    its last item."""
+    (length,) = _U32(data, offset)
+    offset += 4
+    end = offset + length
+    if end > len(data):
+        raise ValueError("a field array runs past the frame")
+    items: list[Any] = []
+    while offset < end:
+        item, offset = value(data, offset)
+        items.append(item)
+    return items, offset
+
+
+def _array(data: bytes, offset: int) -> tuple[list[Any], int]:
+    return read_array(data, offset, _value)
+
+
+def _value(data: bytes, offset: int) -> tuple[Any, int]:
+    kind = data[offset]
+    offset += 1
+    if kind == _LONG_STR:
+        (length,) = _U32(data, offset)
+        end = offset + 4 + length
+        raw = data[offset + 4 : end]
+        try:
+            return raw.decode(), end
+        except UnicodeDecodeError:
+            return raw, end  # as pamqp: bytes when not UTF-8
+    number = _NUMBERS.get(kind)
+    if number is not None:
+        unpack, size = number
+        return unpack.unpack_from(data, offset)[0], offset + size
+    if kind == _BOOL:
+        return bool(data[offset]), offset + 1
+    if kind == _TABLE:
+        return read_table(data, offset)
+    if kind == _ARRAY:
+        return _array(data, offset)
+    if kind == _TIMESTAMP:  # in every x-death entry: pamqp's reading, without its slice
+        (seconds,) = _U64(data, offset)
+        # pamqp: "anything above the year 2106 is likely milliseconds"
+        stamp = seconds / 1000.0 if seconds > 0xFFFFFFFF else seconds
+        try:
+            return datetime.fromtimestamp(stamp, tz=_UTC), offset + 8
+        except (OverflowError, OSError) as exc:  # past what a datetime holds
+            raise ValueError(f"a timestamp out of range ({seconds})") from exc
+    if kind == _VOID or kind == 0:
+        return None, offset
+    reader = decode.TABLE_MAPPING.get(bytes((kind,)))
+    if reader is None:
+        raise ValueError(f"unknown field type {chr(kind)!r}")
+    consumed, value = reader(data[offset:])  # D decimal, T timestamp, x byte array
+    return value, offset + consumed
