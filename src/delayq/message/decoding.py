@@ -13,7 +13,7 @@ Anything malformed raises :class:`ValueError`.
 A field array is decoded once per distinct run of bytes and handed out as a fresh
 copy after that: a delayed message arrives dead-lettered, with the broker's
 ``x-death`` array (a table of six entries in it), which the messages dead-lettered
-from one tier in the same second share byte for byte; decoding it was about half of
+from one tier in the same second share byte for byte; decoding it was 40 % of
 such a delivery's headers. Every copy is a new list of new tables (a handler may
 change what it is given), equal to what pamqp would give.
 """

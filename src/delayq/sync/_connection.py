@@ -208,8 +208,8 @@ def read_content_headers(connection: Any) -> bool:
     key that is not UTF-8, a frame cut short), is read by pika as before. ``False`` for a
     pika without these internals (left as it is).
 
-    pika's header decoding costs about 7 µs a delivery of delayq's headers, 20 for one a
-    tier dead-lettered; delayq's about 3 and 6."""
+    pika's header decoding costs about 7 µs a delivery of delayq's headers, 18 for one a
+    tier dead-lettered; delayq's about 4 and 8 (``bench/consume_path.py``)."""
     impl = getattr(connection, "_impl", None)
     if impl is None or not isinstance(getattr(impl, "_frame_buffer", None), bytes):
         return False

@@ -1,8 +1,8 @@
-"""Content headers read as pika reads them, at a third of the cost: the sync consumer's
+"""Content headers read as pika reads them, at about half the cost: the sync consumer's
 header reader (:func:`delayq.sync._connection.read_content_headers`).
 
 pika decodes a field table with a call and a slice for every key and value (about 7 µs
-a delivery of delayq's headers, 20 for one a tier dead-lettered, with RabbitMQ's
+a delivery of delayq's headers, 18 for one a tier dead-lettered, with RabbitMQ's
 ``x-death``). :func:`pika_table` reads the same tables with offsets into the frame, the
 values *of pika's types*: a 64-bit integer as pika's ``long`` (the marker its encoder
 keeps 64 bits wide when a retry carries the header on), a timestamp as an aware UTC
