@@ -14,6 +14,7 @@ from typing import Any
 
 import pika
 import pika.connection
+import pika.data
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -238,3 +239,27 @@ def test_pika_still_reads_frames_through_read_frame() -> None:
     source = inspect.getsource(pika.connection.Connection._on_data_available)
     assert "self._read_frame()" in source
     assert isinstance(pika.connection.Connection.__dict__["_read_frame"], type(lambda: 0))
+
+
+def test_the_reader_is_installed_only_where_it_reads_as_this_pika_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checked once against pika itself: with this pika, it agrees; a pika that reads a
+    type otherwise (1.3 gave naive datetimes) keeps its own reading."""
+    _connection.reads_as_pika.cache_clear()
+    assert _connection.reads_as_pika() is True
+    real = pika.data.decode_value
+
+    def naive_timestamps(encoded: bytes, offset: int) -> tuple[Any, int]:
+        value, end = real(encoded, offset)
+        if isinstance(value, datetime.datetime):
+            value = value.replace(tzinfo=None)
+        return value, end
+
+    monkeypatch.setattr(pika.data, "decode_value", naive_timestamps)
+    _connection.reads_as_pika.cache_clear()
+    try:
+        assert _connection.reads_as_pika() is False
+        assert read_content_headers(_Connection(_Impl(b""))) is False
+    finally:
+        _connection.reads_as_pika.cache_clear()

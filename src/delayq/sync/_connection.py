@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
 import random
 import struct
 import time
@@ -13,7 +15,7 @@ import pika
 from pika import frame as pika_frame
 
 from delayq.errors import ConnectionFailed
-from delayq.message.decoding import basic_properties
+from delayq.message.decoding import PROPERTY_NAMES, basic_properties
 from delayq.retrying import CONNECT_BACKOFF_S, Tries
 from delayq.sync._errors import CONNECTION_ERRORS, connect_error
 from delayq.sync._headers import pika_table
@@ -213,7 +215,7 @@ def read_content_headers(connection: Any) -> bool:
     impl = getattr(connection, "_impl", None)
     if impl is None or not isinstance(getattr(impl, "_frame_buffer", None), bytes):
         return False
-    if not callable(getattr(impl, "_read_frame", None)):
+    if not callable(getattr(impl, "_read_frame", None)) or not reads_as_pika():
         return False
 
     def read_frame() -> tuple[int, Any]:
@@ -227,6 +229,45 @@ def read_content_headers(connection: Any) -> bool:
 
     impl._read_frame = read_frame
     return True
+
+
+@functools.cache
+def reads_as_pika() -> bool:
+    """Whether delayq's reader gives what this pika's own decoding gives, value and type,
+    for a header of every type it reads (pika 1.3 read timestamps as naive datetimes,
+    1.4 as aware ones): checked once, on a sample."""
+    when = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    headers = {
+        "s": "text ü", "small": -5, "int": 70_000, "wide": 2**40, "flag": True,
+        "none": None, "when": when, "raw": b"\x00\xff", "list": [1, "a", {"b": [2**33]}],
+        "x-death": [{"count": 1, "reason": "expired", "time": when, "routing-keys": ["k"]}],
+    }  # fmt: skip
+    properties = pika.BasicProperties(
+        content_type="application/json", headers=headers, delivery_mode=2, priority=0,
+        message_id="m", timestamp=1_900_000_000, app_id="app",
+    )  # fmt: skip
+    try:
+        data = pika_frame.Header(1, 5, properties).marshal()
+        ours, theirs = _content_header(data), pika_frame.decode_frame(data)
+    except Exception:  # a pika that cannot marshal this: keep its own reading
+        return False
+    if ours is None or ours[0] != theirs[0]:
+        return False
+    return all(
+        _same(getattr(ours[1].properties, name), getattr(theirs[1].properties, name))
+        for name in PROPERTY_NAMES
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _content_header(data: bytes) -> tuple[int, pika_frame.Header] | None:
