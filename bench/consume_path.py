@@ -34,9 +34,9 @@ Run it::
     python bench/consume_path.py                    # fresh deliveries
     python bench/consume_path.py --dead-lettered    # as they arrive from a tier
 
-The difference between the two modes is delayq's flow a delivery; their sum with
-what reading the socket and splitting frames costs (the limit mode of
-``bench/consume.py``: 3-4 us) is what the consumer spends against a broker.
+The whole consumer's figure less the feed's is delayq's flow a delivery; the whole
+consumer's plus what reading the socket and splitting frames costs (the limit mode of
+``bench/consume.py``: 3-4 us) is about what it spends against a broker.
 """
 
 from __future__ import annotations
