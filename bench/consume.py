@@ -32,6 +32,19 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
    part of its figure, as it is of every start;
 8. and 9. the same with ``SQLiteStore`` and ``RedisStore``, set up as in 4. and 5.
 
+Two more run only when named in ``--modes``, each the least a raw client doing some of
+what delayq does would reach:
+
+10. ``limit-work``: the physical limit's reader spending ``--work-us`` (10) microseconds
+    of CPU a delivery (a busy loop on the thread's CPU clock, no I/O) as it takes each
+    tag: what a consumer's own CPU costs the rate when it and the broker share the
+    machine's cores (``--work-us`` 5, 10, 20 in turn draw the curve);
+11. ``raw-pika-threads``: raw pika handing each delivery's tag to 8 handler threads (the
+    sync ``Consumer``'s default) and acking what they hand back in the connection's
+    thread, woken by ``add_callback_threadsafe`` (no message object, no store, no
+    timeout): the least a pika consumer that runs handlers in threads does, with its
+    ratio to raw pika.
+
 Targets (median msg/s over the median msg/s of the raw client of the same kind):
 over raw aio-pika, 2.0 with the in-memory store, 1.5 with SQLite, 1.0 with Redis
 (whose every claim and completion is a round trip); over raw pika, 1.0 for the
@@ -86,6 +99,8 @@ Run it::
     python bench/consume.py --modes limit,memory --rounds 1  # a quick look
     python bench/consume.py --modes memory --tracing          # tracing on vs off
     python bench/consume.py --modes sync-memory --profile sync-memory  # raw pika + sync
+    python bench/consume.py --modes limit,limit-work,memory --work-us 10
+    python bench/consume.py --modes raw-pika-threads,sync-memory
 
 The broker is ``--url``, else ``RABBITMQ_URL``, else a node started from the
 RabbitMQ server installed in ``/usr/lib/rabbitmq/bin`` with
@@ -122,6 +137,7 @@ from benchlib import (
     discarding_tracer_provider,
     load_average,
     log,
+    non_negative_float,
     positive_int,
 )
 from consume_modes import (
@@ -129,6 +145,7 @@ from consume_modes import (
 )
 from consume_modes import (
     LIMIT,
+    LIMIT_WORK,
     MEMORY,
     MEMORY_TRACED,
     RAW,
@@ -151,6 +168,7 @@ from consume_modes import (
 )
 from consume_sync_modes import (
     RAW_PIKA,
+    RAW_PIKA_THREADS,
     SYNC_CHOICES,
     SYNC_KEYS,
     SYNC_LABELS,
@@ -168,6 +186,8 @@ LABELS = {**ASYNC_LABELS, **SYNC_LABELS}
 """Every mode, in the report's order: the asyncio ones, then the blocking ones."""
 TARGETS = {**ASYNC_TARGETS, **SYNC_TARGETS}
 PROFILE_CHOICES = {**ASYNC_CHOICES, **SYNC_CHOICES}
+EXTRA_MODES = frozenset({LIMIT_WORK, RAW_PIKA_THREADS})
+"""Run only when named in ``--modes``: what a raw client doing some work would reach."""
 MEASURE = {**ASYNC_MEASURE, **SYNC_MEASURE}
 REDIS_KEYS = (REDIS, SYNC_REDIS)
 
@@ -182,8 +202,8 @@ def modes_of(ctx: Context) -> tuple[str, ...]:
     order); a raw client runs when a mode of its group does."""
     redis = ctx.redis_class is not None
     groups = (
-        (RAW, LIMIT, MEMORY, SQLITE) + ((REDIS,) if redis else ()),
-        (RAW_PIKA, SYNC_MEMORY, SYNC_SQLITE) + ((SYNC_REDIS,) if redis else ()),
+        (RAW, LIMIT, LIMIT_WORK, MEMORY, SQLITE) + ((REDIS,) if redis else ()),
+        (RAW_PIKA, RAW_PIKA_THREADS, SYNC_MEMORY, SYNC_SQLITE) + ((SYNC_REDIS,) if redis else ()),
     )
     chosen = set(ctx.settings.modes)
     every = not chosen
@@ -191,7 +211,9 @@ def modes_of(ctx: Context) -> tuple[str, ...]:
         chosen.add(MEMORY)
     modes: tuple[str, ...] = ()
     for raw, *others in groups:
-        picked = tuple(key for key in others if every or key in chosen)
+        picked = tuple(
+            key for key in others if key in chosen or (every and key not in EXTRA_MODES)
+        )
         if picked or raw in chosen or every:
             modes += (raw, *picked)
     if ctx.tracing is not None:
@@ -303,7 +325,12 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             continue  # no mode of this group was asked for
         if key not in results.samples:
             chosen = s.modes
-            why = "not among --modes" if chosen and key not in chosen else env.redis_note
+            if key in EXTRA_MODES and key not in chosen:
+                why = "runs when named in --modes"
+            elif chosen and key not in chosen:
+                why = "not among --modes"
+            else:
+                why = env.redis_note
             lines.append(f"{label:<{width}}{'skipped':>9}   ({why})")
             continue
         if key == RAW_PIKA and RAW in results.samples:
@@ -323,6 +350,8 @@ def report(ctx: Context, results: Results, env: Environment) -> str:
             f"(the limit: prefetch {s.limit_prefetch}, no handler, one multiple ack per quarter "
             "of it, asyncio)"
         )
+    if LIMIT_WORK in results.samples:
+        lines.append(f"(the limit + work: {s.work_us:g} us of CPU a delivery, --work-us)")
 
     lines += [
         "",
@@ -487,11 +516,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="prefetch of the physical limit's raw-frames consumer (default 1000)",
     )
     parser.add_argument(
+        "--work-us",
+        type=non_negative_float,
+        default=10.0,
+        help="client CPU a delivery of the limit-work mode, in microseconds (default 10)",
+    )
+    parser.add_argument(
         "--modes",
         default="",
         help="comma-separated modes to run besides their raw client ("
         + ",".join(PROFILE_CHOICES)
-        + "; default all)",
+        + "; default all but "
+        + ", ".join(k for k, v in PROFILE_CHOICES.items() if v in EXTRA_MODES)
+        + ")",
     )
     parser.add_argument(
         "--rounds",
@@ -536,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modes=frozenset(PROFILE_CHOICES[name] for name in args.modes.split(",") if name),
         rounds=args.rounds,
         sqlite_dir=args.sqlite_dir,
+        work_us=args.work_us,
     )
     command = command_line(argv)
     profile_key = PROFILE_CHOICES[args.profile] if args.profile else None

@@ -48,6 +48,7 @@ STALL_S = 60.0
 
 RAW = "raw-aio-pika"
 LIMIT = "raw-frames-limit"
+LIMIT_WORK = "raw-frames-work"
 MEMORY = "delayq-memory"
 SQLITE = "delayq-sqlite"
 REDIS = "delayq-redis"
@@ -56,13 +57,21 @@ MEMORY_TRACED = "delayq-memory-traced"
 LABELS = {
     RAW: "raw aio-pika consumer, ack only",
     LIMIT: "limit: raw frames, multiple acks",
+    LIMIT_WORK: "the limit + --work-us of CPU a delivery",
     MEMORY: "AsyncConsumer + InMemoryStore",
     SQLITE: "AsyncConsumer + SQLiteStore",
     REDIS: "AsyncConsumer + RedisStore",
     MEMORY_TRACED: "AsyncConsumer + InMemoryStore, traced",
 }
 TARGETS = {MEMORY: 2.00, SQLITE: 1.50, REDIS: 1.00}
-PROFILE_CHOICES = {"raw": RAW, "limit": LIMIT, "memory": MEMORY, "sqlite": SQLITE, "redis": REDIS}
+PROFILE_CHOICES = {
+    "raw": RAW,
+    "limit": LIMIT,
+    "limit-work": LIMIT_WORK,
+    "memory": MEMORY,
+    "sqlite": SQLITE,
+    "redis": REDIS,
+}
 
 
 # Settings and shared context -------------------------------------------------------------
@@ -79,6 +88,8 @@ class Settings:
     """The modes to run besides their raw client (empty: all)."""
     rounds: int
     sqlite_dir: Path
+    work_us: float = 10.0
+    """Client CPU a delivery the ``raw-frames-work`` mode spends (``--work-us``)."""
 
 
 @dataclass(frozen=True)
@@ -270,14 +281,24 @@ class BatchAcks:
         pass
 
 
-def raw_frames_limit(ctx: Context) -> Timing:
+def spin(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time (a client's own work: no sleep, no I/O)."""
+    end = time.thread_time() + seconds  # CPU time: a spin preempted still spends it all
+    while time.thread_time() < end:
+        pass
+
+
+def raw_frames_limit(ctx: Context, work_us: float = 0.0) -> Timing:
     """What consuming costs at the least, in Python: delayq's own AMQP wire with a reader
     that takes only the delivery tag of each ``Basic.Deliver`` frame (header and body
     frames ignored, nothing decoded, no task, no message object), a high prefetch, and
     one ``basic.ack(multiple=True)`` for everything received, once a quarter of the
     prefetch is received or 10 ms after the first (no handler, no bookkeeping, nothing
-    that could fail)."""
+    that could fail). With ``work_us``, the same reader spends that much CPU a delivery
+    (a busy loop) as it takes the tag: what a consumer's own work costs the rate when
+    it and the broker share the machine's cores."""
     count, prefetch = ctx.settings.count, ctx.settings.limit_prefetch
+    work_s = work_us / 1e6
     batch = max(1, prefetch // 4)
 
     async def run() -> Timing:
@@ -289,6 +310,8 @@ def raw_frames_limit(ctx: Context) -> Timing:
                 if kind != 1:
                     return  # a header or a body: not even looked at
                 drain.first_delivery()
+                if work_s:
+                    spin(work_s)
                 self.received(int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big"))
 
         reader = Reader(wire, batch)
@@ -312,6 +335,11 @@ def raw_frames_limit(ctx: Context) -> Timing:
         return timing
 
     return asyncio.run(run())
+
+
+def raw_frames_working(ctx: Context) -> Timing:
+    """:func:`raw_frames_limit` spending ``--work-us`` of client CPU a delivery."""
+    return raw_frames_limit(ctx, ctx.settings.work_us)
 
 
 def async_consumer(
@@ -408,6 +436,7 @@ def delayq_redis(ctx: Context) -> Timing:
 MEASURE: dict[str, Callable[[Context], Timing]] = {
     RAW: raw_aio_pika,
     LIMIT: raw_frames_limit,
+    LIMIT_WORK: raw_frames_working,
     MEMORY: delayq_memory,
     SQLITE: delayq_sqlite,
     REDIS: delayq_redis,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import shutil
 import tempfile
 import threading
@@ -30,14 +31,18 @@ from delayq.stores.sqlite import SQLiteStore
 from delayq.sync import Consumer
 
 RAW_PIKA = "raw-pika"
+RAW_PIKA_THREADS = "raw-pika-threads"
+HANDLER_THREADS = 8
+"""The raw twin's handler threads: the sync Consumer's default (``min(prefetch, 8)``)."""
 SYNC_MEMORY = "sync-memory"
 SYNC_SQLITE = "sync-sqlite"
 SYNC_REDIS = "sync-redis"
-SYNC_KEYS = (SYNC_MEMORY, SYNC_SQLITE, SYNC_REDIS)
+SYNC_KEYS = (RAW_PIKA_THREADS, SYNC_MEMORY, SYNC_SQLITE, SYNC_REDIS)
 """The modes whose ratio is to raw pika (the others' is to raw aio-pika)."""
 
 SYNC_LABELS = {
     RAW_PIKA: "raw pika consumer, ack only",
+    RAW_PIKA_THREADS: "raw pika, 8 handler threads",
     SYNC_MEMORY: "sync Consumer + InMemoryStore",
     SYNC_SQLITE: "sync Consumer + SQLiteStore",
     SYNC_REDIS: "sync Consumer + RedisStore",
@@ -45,6 +50,7 @@ SYNC_LABELS = {
 SYNC_TARGETS = {SYNC_MEMORY: 1.00}
 SYNC_CHOICES = {
     "raw-pika": RAW_PIKA,
+    "raw-pika-threads": RAW_PIKA_THREADS,
     "sync-memory": SYNC_MEMORY,
     "sync-sqlite": SYNC_SQLITE,
     "sync-redis": SYNC_REDIS,
@@ -105,6 +111,62 @@ def raw_pika(ctx: Context) -> Timing:
         connection.close()
 
 
+def raw_pika_threads(ctx: Context) -> Timing:
+    """The least a pika consumer that runs its handlers in threads does (the sync
+    Consumer's model: a handler may take its time while the connection's thread keeps
+    the heartbeats going): the connection's thread hands each delivery's tag to
+    ``HANDLER_THREADS`` threads through a queue; a thread runs a no-op handler and hands
+    the tag back through another, waking the connection's thread with pika's
+    ``add_callback_threadsafe`` only when no wake is pending; that thread acks each tag.
+    No message object, no store, no ack coalescing, no handler timeout."""
+    count, prefetch = ctx.settings.count, ctx.settings.prefetch
+    drain = Drain(count)
+    work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    done: queue.SimpleQueue[int] = queue.SimpleQueue()
+    acked = 0
+    waking = False
+
+    connection = pika.BlockingConnection(pika.URLParameters(ctx.url))
+
+    def on_message(_channel: Any, method: Any, _props: Any, _body: bytes) -> None:
+        drain.first_delivery()
+        work.put(method.delivery_tag)
+
+    def ack_done() -> None:  # the connection's thread
+        nonlocal acked, waking
+        waking = False  # before taking: a tag put after this wakes again
+        while not done.empty():
+            channel.basic_ack(done.get_nowait())
+            acked += 1
+
+    def handle() -> None:
+        nonlocal waking
+        while (tag := work.get()) is not None:
+            done.put(tag)  # the handler: nothing
+            if not waking:
+                waking = True
+                connection.add_callback_threadsafe(ack_done)
+
+    threads = [threading.Thread(target=handle, daemon=True) for _ in range(HANDLER_THREADS)]
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=prefetch)
+        channel.basic_consume(ctx.queue, on_message, auto_ack=False)
+        for thread in threads:
+            thread.start()
+        watcher = Watcher(
+            drain, lambda: acked, lambda: connection.add_callback_threadsafe(channel.stop_consuming)
+        )
+        channel.start_consuming()  # until the watcher's stop_consuming (cancels the consumer)
+        return watcher.timing()
+    finally:
+        for _ in threads:
+            work.put(None)
+        for thread in threads:
+            thread.join(timeout=10)
+        connection.close()
+
+
 def sync_consumer(ctx: Context, make_store: Callable[[], IdempotencyStore]) -> Timing:
     """``delayq.sync.Consumer`` with a no-op handler, its default handler threads
     (``concurrency``: min(prefetch, 8)), started before the clock, ``run()`` in this thread
@@ -158,6 +220,7 @@ def sync_redis(ctx: Context) -> Timing:
 
 SYNC_MEASURE: dict[str, Callable[[Context], Timing]] = {
     RAW_PIKA: raw_pika,
+    RAW_PIKA_THREADS: raw_pika_threads,
     SYNC_MEMORY: sync_memory,
     SYNC_SQLITE: sync_sqlite,
     SYNC_REDIS: sync_redis,

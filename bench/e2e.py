@@ -7,7 +7,7 @@ quorum queues as delayq declares them, one destination bound to ``bench.#``): pu
 queue -> consumer acks. Publisher and consumer run in OS processes of their own (spawn), the
 broker is the third party on the machine.
 
-Modes (``--modes``, default all; ``sync`` is extra):
+Modes (``--modes``, default ``raw,memory,sqlite,redis``; the others run when named):
 
 - ``raw``, the broker's ceiling for this path: pre-encoded publish frames written on a plain
   socket (bench/publish_modes.py's raw frames: the exchange, routing key and headers delayq
@@ -20,7 +20,11 @@ Modes (``--modes``, default all; ``sync`` is extra):
 - ``sync``: the same publisher + ``delayq.sync.Consumer`` with ``InMemoryStore``;
 - ``pub-only`` (delayq's publisher, the raw consumer) and ``cons-only`` (the raw publisher,
   ``AsyncConsumer`` with ``InMemoryStore``): delayq on one side only, to tell which side
-  costs the path its rate.
+  costs the path its rate;
+- ``raw-work``: the raw path whose publisher and consumer spend ``--work-us P,C``
+  microseconds of CPU a message (a busy loop, no I/O; default 10,25, about what delayq's
+  spend beyond the raw clients'): what a client's own CPU costs the path when it and the
+  broker share the machine's cores.
 
 Every body carries its sequence number and its publish time (``time.time_ns()``), so the
 consumer process counts each message (exactly once, none early: not before the TTL in the
@@ -46,6 +50,7 @@ Run it::
     python bench/e2e.py --modes raw,memory --seconds 10
     python bench/e2e.py --modes memory,sqlite --rate 3000 --profile /tmp/e2e-prof
     python bench/e2e.py --rounds 3                       # medians of per-round ratios
+    python bench/e2e.py --modes raw,memory,raw-work --work-us 10,25 --rounds 3
 
 It exits 1 when a message was lost, duplicated or early, or a queue was left non-empty.
 """
@@ -79,6 +84,7 @@ from benchlib import (
     command_line,
     load_average,
     log,
+    non_negative_float,
 )
 from consume import redis_server
 from consume_modes import BINDING
@@ -89,7 +95,7 @@ from delayq.local.node import LocalNode
 from delayq.sync import apply_topology, delete_topology
 from delayq.urls import redact
 
-MODES = ("raw", "memory", "sqlite", "redis", "sync", "pub-only", "cons-only")
+MODES = ("raw", "memory", "sqlite", "redis", "sync", "pub-only", "cons-only", "raw-work")
 DEFAULT_MODES = "raw,memory,sqlite,redis"
 GOALS = {"memory": 0.8, "sqlite": 0.6, "redis": 0.6}
 """Sustained rate over the raw path's (issue 31)."""
@@ -179,7 +185,7 @@ def run_once(env: Env, mode: str, rate: float | None, label: str) -> Outcome:
     shared = Shared(context)
     store_dir = tempfile.mkdtemp(prefix="delayq-e2e-") if mode == "sqlite" else None
     profile = None
-    if args.profile is not None and mode != "raw":
+    if args.profile is not None and mode not in ("raw", "raw-work"):
         profile = str(args.profile / f"{mode}-{label}")
     spec = Spec(
         mode=mode,
@@ -193,6 +199,7 @@ def run_once(env: Env, mode: str, rate: float | None, label: str) -> Outcome:
         store_dir=store_dir,
         redis_url=env.redis_url,
         profile=profile,
+        work_us=args.work_us,
     )
     asked = "as fast as the path goes" if rate is None else f"{rate:,.0f} msg/s"
     log(f"{MODE_LABELS[mode]}, {label} run ({asked}, {args.seconds:g} s) ...")
@@ -544,6 +551,12 @@ def benchmark(args: argparse.Namespace, url: str, node: LocalNode | None, redis:
         f"prefetch {args.prefetch} (raw consumer {RAW_PREFETCH}); warm-up "
         f"{min(WARMUP_S, args.seconds / 4):g} s excluded",
     ]
+    if "raw-work" in modes:
+        publisher_us, consumer_us = args.work_us
+        meta.append(
+            f"raw-work:  the raw clients spend {publisher_us:g} us (publisher) and "
+            f"{consumer_us:g} us (consumer) of CPU a message (--work-us)"
+        )
     if len(rounds) == 1:
         print(report(env, rounds[0], meta), flush=True)
     else:
@@ -566,6 +579,17 @@ def benchmark(args: argparse.Namespace, url: str, node: LocalNode | None, redis:
     return 1 if failed else 0
 
 
+def work_pair(text: str) -> tuple[float, float]:
+    """``--work-us P,C``: two finite numbers of at least 0 (a single one: both sides)."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"must be P,C (two numbers), got {text!r}")
+    publisher, consumer = (non_negative_float(part) for part in parts)
+    return publisher, consumer
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/e2e.py", description=__doc__.split("\n\n")[0] if __doc__ else None
@@ -581,6 +605,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, metavar="DIR", help="cProfile the delayq modes")
     parser.add_argument(
         "--redis-url", help="Redis for RedisStore (default: $REDIS_URL, else a LocalRedis)"
+    )
+    parser.add_argument(
+        "--work-us",
+        type=work_pair,
+        default=(10.0, 25.0),
+        metavar="P,C",
+        help="CPU a message the raw-work mode's publisher and consumer spend, in "
+        "microseconds (default 10,25: about what delayq's spend beyond the raw clients')",
     )
     parser.add_argument("--body-bytes", type=int, default=256, help="default 256")
     parser.add_argument("--prefetch", type=int, default=200, help="delayq consumers' (200)")

@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from consume_modes import BatchAcks, make_redis_store
+from consume_modes import BatchAcks, make_redis_store, spin
 from pamqp import commands
 from pamqp import frame as pframe
 from publish_modes import ROUTING_KEY, Context, Settings, _FrameSocket, encoded_publishes
@@ -82,10 +82,13 @@ MODE_LABELS = {
     "sync": "sync Consumer + InMemoryStore",
     "pub-only": "delayq publisher, raw consumer",
     "cons-only": "raw publisher, AsyncConsumer + memory",
+    "raw-work": "raw frames + --work-us of CPU a message",
 }
-RAW_PUBLISHER = ("raw", "cons-only")
-RAW_CONSUMER = ("raw", "pub-only")
-"""The split modes put delayq on one side only: which side costs the path its rate."""
+RAW_PUBLISHER = ("raw", "cons-only", "raw-work")
+RAW_CONSUMER = ("raw", "pub-only", "raw-work")
+"""The split modes put delayq on one side only: which side costs the path its rate.
+``raw-work`` is the raw path whose publisher and consumer spend CPU a message as a client
+doing work would (``--work-us``): what a client's CPU costs the path on shared cores."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ class Spec:
     redis_url: str | None = None
     profile: str | None = None
     """Path prefix of the ``.prof`` files (``<prefix>-publisher.prof``), or ``None``."""
+    work_us: tuple[float, float] = (0.0, 0.0)
+    """CPU a message the ``raw-work`` mode's publisher and consumer spend (microseconds)."""
 
 
 class Shared:
@@ -256,6 +261,7 @@ def raw_publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
                     confirmed = value.delivery_tag if value.multiple else confirmed + 1
                 timeout_s = 0.0
 
+        work_s = spec.work_us[0] / 1e6 if spec.mode == "raw-work" else 0.0
         t0 = start_time(conn)
         pacer = Pacer(spec, t0, shared)
         cpu0 = time.process_time()
@@ -263,6 +269,8 @@ def raw_publish(spec: Spec, shared: Shared, conn: Connection) -> dict[str, Any]:
             sent = pacer.sent
             n = min(pacer.allowance(now), WINDOW - (sent - confirmed), MAX_CHUNK)
             if n > 0:
+                if work_s:
+                    spin(work_s * n)
                 stamp_ns, frames = time.time_ns(), []
                 for seq in range(sent, sent + n):
                     frame = bytearray(pool[seq % RAW_POOL])
@@ -429,6 +437,7 @@ async def raw_consume(spec: Spec, shared: Shared, conn: Connection) -> dict[str,
     recorder = Recorder()
     wire = await open_wire(spec.url, attempts=3, name="bench e2e raw", publish=False)
     batch = RAW_PREFETCH // 4
+    work_s = spec.work_us[1] / 1e6 if spec.mode == "raw-work" else 0.0
 
     class Reader(BatchAcks):
         tag = 0
@@ -437,6 +446,8 @@ async def raw_consume(spec: Spec, shared: Shared, conn: Connection) -> dict[str,
             if kind == 1:
                 self.tag = int.from_bytes(payload[5 + payload[4] : 13 + payload[4]], "big")
             elif kind == 3:
+                if work_s:
+                    spin(work_s)
                 recorder.add(payload)
                 self.received(self.tag)
 

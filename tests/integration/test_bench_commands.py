@@ -48,6 +48,66 @@ def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: 
 
 
 @pytest.mark.timeout(700)
+def test_the_end_to_end_bench_runs_the_raw_path_with_a_clients_work(rabbitmq_url: str) -> None:
+    out = _bench(
+        "e2e.py", "--modes", "raw,raw-work", "--work-us", "200,300", "--seconds", "4",
+        url=rabbitmq_url,
+    )
+    assert "the raw clients spend 200 us (publisher) and 300 us (consumer)" in out, out
+    assert "PROBLEM" not in out
+    rows = {line[:40].strip(): line.split() for line in out.split("\n\n", 1)[0].splitlines()}
+    raw, working = rows["raw frames (the ceiling)"], rows["raw frames + --work-us of CPU a message"]
+    # The CPU a message of each side (its last columns: publisher, consumer, broker): the
+    # work is spent, and by that mode alone.
+    assert float(working[-3]) >= 200 and float(working[-2]) >= 300, out
+    assert float(raw[-3]) < 200 and float(raw[-2]) < 300, out
+
+
+@pytest.mark.parametrize("value", ["-1", "1,nan", "1,2,3", "fast"])
+def test_the_end_to_end_bench_refuses_a_work_us_that_is_not_two_finite_numbers(
+    value: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/e2e.py", "--work-us", value],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2, result
+    assert "--work-us" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(700)
+def test_the_consume_bench_runs_the_raw_twins_of_a_clients_work_and_of_handler_threads(
+    rabbitmq_url: str,
+) -> None:
+    out = _bench(
+        "consume.py", "--count", "2000", "--rounds", "1", "--work-us", "50",
+        "--modes", "limit,limit-work,raw-pika-threads", url=rabbitmq_url,
+    )
+    rows = {
+        line.split("  ", 1)[0]: line for line in out.split("per mode:", 1)[0].splitlines()
+    }
+    for mode in ("the limit + --work-us of CPU a delivery", "raw pika, 8 handler threads"):
+        assert mode in rows and "skipped" not in rows[mode], out  # measured, with a rate
+    assert "not among --modes" in rows["sync Consumer + InMemoryStore"], out  # extra only
+    assert "(the limit + work: 50 us of CPU a delivery, --work-us)" in out, out
+    # Client CPU a delivery (the rows' last column): the work is spent, by that mode alone.
+    assert float(rows["the limit + --work-us of CPU a delivery"].split()[-1]) >= 50, out
+    assert float(rows["limit: raw frames, multiple acks"].split()[-1]) < 50, out
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "fast"])
+def test_the_consume_bench_refuses_a_work_us_that_is_not_a_finite_non_negative_number(
+    value: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/consume.py", "--work-us", value],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2, result
+    assert "--work-us" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(700)
 def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     out = _bench(
         "publish.py", "--modes", "async-callers,sync-callers-each,sync-callers-shared,"
