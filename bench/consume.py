@@ -32,18 +32,18 @@ the first delivery to the last ack, with prefetch ``--prefetch`` in every mode:
    part of its figure, as it is of every start;
 8. and 9. the same with ``SQLiteStore`` and ``RedisStore``, set up as in 4. and 5.
 
-Two more run only when named in ``--modes``, each the least a raw client doing some of
-what delayq does would reach:
+Two more run only when named in ``--modes``: raw clients doing some of what delayq does,
+to tell what that part costs by itself:
 
 10. ``limit-work``: the physical limit's reader spending ``--work-us`` (10) microseconds
     of CPU a delivery (a busy loop on the thread's CPU clock, no I/O) as it takes each
     tag: what a consumer's own CPU costs the rate when it and the broker share the
-    machine's cores (``--work-us`` 5, 10, 20 in turn draw the curve);
+    machine's cores (runs with several ``--work-us`` in turn draw the curve);
 11. ``raw-pika-threads``: raw pika handing each delivery's tag to 8 handler threads (the
     sync ``Consumer``'s default) and acking what they hand back in the connection's
     thread, woken by ``add_callback_threadsafe`` (no message object, no store, no
-    timeout): the least a pika consumer that runs handlers in threads does, with its
-    ratio to raw pika.
+    timeout, each tag acked alone): a pika consumer that runs its handlers in threads,
+    done plainly, with its ratio to raw pika.
 
 Targets (median msg/s over the median msg/s of the raw client of the same kind):
 over raw aio-pika, 2.0 with the in-memory store, 1.5 with SQLite, 1.0 with Redis

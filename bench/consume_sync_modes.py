@@ -112,7 +112,7 @@ def raw_pika(ctx: Context) -> Timing:
 
 
 def raw_pika_threads(ctx: Context) -> Timing:
-    """The least a pika consumer that runs its handlers in threads does (the sync
+    """A pika consumer that runs its handlers in threads, done plainly (the sync
     Consumer's model: a handler may take its time while the connection's thread keeps
     the heartbeats going): the connection's thread hands each delivery's tag to
     ``HANDLER_THREADS`` threads through a queue; a thread runs a no-op handler and hands
