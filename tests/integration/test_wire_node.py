@@ -158,17 +158,26 @@ def test_a_node_producer_publishing_plugin_style_into_an_intake_is_scheduled(
         late = sorted(
             a.at_ms - int(a.headers["delayq-published-at"]) - int(a.headers["delayq-tier-ms"])
             for a in got
+            if delays[a.message_id] > 0
         )
-        # Within a second of the tier's TTL for the typical message (a message sent to a
-        # tier too high, or twice through one, is a tier's gap later: 500 ms or more, on
-        # every message of its delay); at most 10 s for every one: RabbitMQ 4.0.5 was seen
-        # holding a batch of about ten of the bridge's publishes for 5.0 s on a loaded
-        # machine before queueing them (tests/integration/test_intake.py, ALLOWANCE_MS).
-        # Not a bound on the 95th: these 10,000 expire in bursts of thousands, and the
-        # tail of a burst waits for the broker's dead-lettering, whose rate is the
-        # machine's (3,000 to 4,000 a second on a 2-core machine three times slower than
-        # usual, where the 95th came to 1,129 ms). Never early is checked above, strictly.
-        assert late[len(late) // 2] <= 1_000, f"median {late[len(late) // 2]:.0f} ms"
+        # The same run's noise: the messages of no delay go straight to the ready exchange
+        # (no tier), so their time from the bridge to the queue is the relay and the
+        # delivery under this very load (10,000 taken at once; seconds on a slow machine,
+        # where a bound of 1 s at the 95th failed with nothing late by delayq's doing).
+        noise = sorted(
+            a.at_ms - int(a.headers["delayq-published-at"])
+            for a in got
+            if delays[a.message_id] == 0
+        )
+        noise_p95 = noise[int(len(noise) * 0.95)]
+        # As the tiers promise for 95 %, beyond that noise (a message held on the way: a
+        # tier passed twice, a relay stuck, is a second or more later); at most 10 s for
+        # every one: RabbitMQ 4.0.5 was seen holding a batch of about ten of the bridge's
+        # publishes for 5.0 s on a loaded machine before queueing them
+        # (tests/integration/test_intake.py, ALLOWANCE_MS). Never early is checked above,
+        # strictly, with no allowance.
+        p95 = late[int(len(late) * 0.95)]
+        assert p95 <= 1_000 + noise_p95, f"p95 {p95:.0f} ms, noise p95 {noise_p95:.0f} ms"
         assert late[-1] <= 10_000
 
         dead = {a.message_id: a for a in parked.wait(len(bad), 30)}
