@@ -19,7 +19,7 @@ from delayq.errors import InvalidInput, TopologyNotApplied
 from delayq.sync import apply_topology
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
-from tests.integration.intake_support import Running, publish_plugin_style, settled
+from tests.integration.intake_support import Running, lateness, publish_plugin_style, settled
 from tests.waiting import wait_for
 
 
@@ -36,8 +36,10 @@ COUNT = 10_000
 
 TOLERANCE_MS = 1_000
 """How long after its tier's TTL a message may arrive (test_delivery.py's bound), for 99 %
-of them, counted from when the bridge took it: 10,000 expiring together are
-dead-lettered in a burst."""
+of them, counted from when the bridge took it, beyond the same percentile of the
+immediate path's time in the same run (the messages of no delay: 10,000 taken at once
+are seconds of relay on a slow machine, whatever delayq does); 10,000 expiring together
+are dead-lettered in a burst."""
 
 ALLOWANCE_MS = 10_000
 """How late past its tier's TTL any message may arrive, counted from when the publisher
@@ -93,12 +95,10 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
         got = settled(arrived, rabbitmq_url, topology, COUNT, 120)
         counts = Counter(a.message_id for a in got)
         assert len(counts) == COUNT and set(counts.values()) == {1}, counts.most_common(3)
-        # Lateness as the tier promises: past the tier's TTL from when the bridge took it.
-        late = sorted(
-            a.at_ms - int(a.headers["delayq-published-at"]) - int(a.headers["delayq-tier-ms"])
-            for a in got
-        )
-        assert late[int(len(late) * 0.99)] <= TOLERANCE_MS, f"p99 {late[int(len(late) * 0.99)]}"
+        # Lateness as the tier promises: past the tier's TTL from when the bridge took it,
+        # beyond the same run's immediate path (intake_support.lateness).
+        p99, noise_p99 = lateness(got, 0.99)
+        assert p99 <= TOLERANCE_MS + noise_p99, f"p99 {p99:.0f} ms, noise p99 {noise_p99:.0f} ms"
         tiers = topology.ladder.tiers
         sent = {m["id"]: m for m in messages}
         worst = (0.0, "", 0.0, 0.0)  # ms past the TTL; id; before the bridge; after due
