@@ -38,7 +38,10 @@ against one broker, so that the ratios compare like with like:
    of the shared one: N threads handing their messages to one raw pika I/O thread
    (a ``SelectConnection`` confirm channel, pika's ``basic_publish``), each waiting on a
    lock of its own that the confirm releases: the least a thread-safe publisher on pika
-   must do.
+   must do. And that hand-off with no broker at all (``thread-handoff``): N threads
+   handing a lock to one thread that releases it at once, what CPython's thread
+   switches alone cost a message, the floor under any publisher whose callers wait in
+   their own threads.
    Each caller takes a ticket from a shared counter before every publish, so exactly
    ``--batch-count`` are sent; the clock starts when all N are ready (connections
    open, warm-up sent the same way, threads waiting at a barrier).
@@ -137,6 +140,7 @@ from publish_concurrent_modes import (
     SYNC_CALLERS_LOCKED,
     SYNC_CALLERS_SHARED,
     SYNC_MANY_NARROW,
+    THREAD_HANDOFF,
 )
 from publish_modes import (
     ASYNC_MANY,
@@ -221,6 +225,7 @@ MODE_CHOICES = {
     "raw-pika-callers-shared": RAW_PIKA_CALLERS_SHARED,
     "async-many-narrow": ASYNC_MANY_NARROW,
     "sync-many-narrow": SYNC_MANY_NARROW,
+    "thread-handoff": THREAD_HANDOFF,
 }
 """``--modes`` names ("single": the two single-publish modes, which take turns)."""
 COMPARED_WITH = {
@@ -229,8 +234,11 @@ COMPARED_WITH = {
     SYNC_CALLERS_LOCKED: SYNC_MANY,
     SYNC_CALLERS_EACH: SYNC_MANY,
     RAW_PIKA_CALLERS_SHARED: SYNC_MANY,
+    THREAD_HANDOFF: SYNC_MANY,
 }
 """The ``publish_many`` a callers mode is judged against, run whenever it is."""
+SENDS_NOTHING = frozenset({THREAD_HANDOFF})
+"""Modes that measure the client alone: the tier queue must hold nothing of theirs."""
 
 
 def steps_of(ctx: Context) -> tuple[Step, ...]:
@@ -305,12 +313,13 @@ def run_step(
     timings = step.run(ctx, framework_first)
     broker_after = broker_cpu_s(node)
     parked = queue_depth(ctx.url, ctx.queue)
-    expected = len(step.keys) * (count + warmup_count(count))
+    sending = [k for k in step.keys if k not in SENDS_NOTHING]
+    expected = len(sending) * (count + warmup_count(count))
     if parked != expected:
         raise RuntimeError(f"the tier queue holds {parked} messages, expected {expected}")
     purge(ctx.url, ctx.queue)
     broker_us = None
-    if broker_before is not None and broker_after is not None:
+    if broker_before is not None and broker_after is not None and expected:
         broker_us = (broker_after - broker_before) / expected * 1e6
     for key, timing in timings.items():
         sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6, broker_us)
@@ -380,6 +389,8 @@ def rows_of(s: Settings) -> list[Row]:
             SYNC_CALLERS_SHARED, RAW_PIKA_CALLERS_SHARED, None),
         Row(f"raw pika, {n} threads to 1 I/O thread vs publish_many", RAW_PIKA_CALLERS_SHARED,
             SYNC_MANY, None, raw_client=False),
+        Row(f"{n} threads to 1 thread, no broker, vs publish_many", THREAD_HANDOFF, SYNC_MANY,
+            None, raw_client=False),
     ]  # fmt: skip
 
 

@@ -49,6 +49,7 @@ RAW_PIKA_CALLERS = "raw-pika-callers"
 RAW_PIKA_CALLERS_SHARED = "raw-pika-callers-shared"
 ASYNC_MANY_NARROW = "delayq-async-many-narrow"
 SYNC_MANY_NARROW = "delayq-sync-many-narrow"
+THREAD_HANDOFF = "thread-handoff"
 
 CALLERS_LABELS = {
     ASYNC_CALLERS: "delayq AsyncPublisher.publish, N coroutines",
@@ -60,13 +61,16 @@ CALLERS_LABELS = {
     RAW_PIKA_CALLERS_SHARED: "raw pika, N threads handing to 1 I/O thread",
     ASYNC_MANY_NARROW: "delayq async publish_many, window N",
     SYNC_MANY_NARROW: "delayq sync publish_many, window N",
+    THREAD_HANDOFF: "N threads handing to 1 thread, no broker",
 }
 """N is ``--callers``. "1 shared": one ``Publisher`` called by all threads at once (it
 is thread-safe: the callers share its pipelined connection); "1 locked": the same, each
 call under a ``threading.Lock`` (so one confirm at a time, as before ``Publisher`` was
 thread-safe); "1 each": one ``Publisher`` (or pika connection) per thread. "window N":
 ``publish_many`` with no more than N unconfirmed, as N callers can have: what the broker's
-confirm latency allows N messages in flight (N / latency), the bound of the callers modes."""
+confirm latency allows N messages in flight (N / latency), the bound of the callers modes.
+"no broker": the raw pika twin's hand-off with nothing sent, each message "confirmed" as
+soon as the other thread takes it: what CPython's thread switches alone cost."""
 
 CALLERS_VS_MANY_TARGET = 0.80
 """N concurrent single publishes against ``publish_many`` of the same messages."""
@@ -220,7 +224,27 @@ def raw_pika_callers(ctx: Context) -> Timing:
             connection.close()
 
 
-class _RawSharedPika:
+class _HandingLocks:
+    """Callers each hand a lock of their own to one other thread and wait for it to be
+    released; that thread is woken only when no wake is pending (:meth:`_wake`)."""
+
+    handed: queue.SimpleQueue[threading.Lock]
+    woken: bool
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def publish(self) -> None:
+        lock = threading.Lock()
+        lock.acquire()
+        self.handed.put(lock)
+        if not self.woken:
+            self.woken = True
+            self._wake()
+        lock.acquire()  # released by the other thread
+
+
+class _RawSharedPika(_HandingLocks):
     """The raw twin of a shared ``Publisher``: one pika ``SelectConnection`` with a
     confirm channel in an I/O thread of its own, publishing what the calling threads hand
     it (pika's own ``basic_publish``, as pika ships); each caller waits on a lock of its
@@ -271,14 +295,8 @@ class _RawSharedPika:
                 ctx.exchange, ROUTING_KEY, ctx.body, raw_pika_properties(ctx), mandatory=True
             )
 
-    def publish(self) -> None:
-        lock = threading.Lock()
-        lock.acquire()
-        self.handed.put(lock)
-        if not self.woken:
-            self.woken = True
-            self.connection.ioloop.add_callback_threadsafe(self._drain)
-        lock.acquire()  # released by the confirm
+    def _wake(self) -> None:
+        self.connection.ioloop.add_callback_threadsafe(self._drain)
 
     def close(self) -> None:
         self.connection.ioloop.add_callback_threadsafe(self.connection.close)
@@ -296,6 +314,46 @@ def raw_pika_callers_shared(ctx: Context) -> Timing:
         return _warmed_threads(ctx, [shared.publish] * ctx.settings.callers)
     finally:
         shared.close()
+
+
+class _HandOff(_HandingLocks):
+    """The raw pika twin's hand-off (:class:`_RawSharedPika`) with no connection: N threads
+    each hand a lock to one thread, woken as the twin's I/O thread is, which releases it
+    at once. Its CPU a message is the floor of any thread-safe publisher whose callers
+    wait in their own threads for their outcome."""
+
+    def __init__(self) -> None:
+        self.handed = queue.SimpleQueue()
+        self.woken = False
+        self.closed = False
+        self.wakes = threading.Semaphore(0)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _wake(self) -> None:
+        self.wakes.release()
+
+    def _serve(self) -> None:
+        while not self.closed:
+            self.wakes.acquire()
+            self.woken = False  # before draining: a lock handed after this is drained or wakes
+            while not self.handed.empty():
+                self.handed.get().release()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wakes.release()
+        self.thread.join(30)
+
+
+def thread_handoff(ctx: Context) -> Timing:
+    """N threads handing their messages to one thread that settles each at once
+    (:class:`_HandOff`): the thread switches of the shared modes without the broker."""
+    handoff = _HandOff()
+    try:
+        return _warmed_threads(ctx, [handoff.publish] * ctx.settings.callers)
+    finally:
+        handoff.close()
 
 
 def _narrowed(ctx: Context) -> Context:
@@ -323,4 +381,5 @@ CALLERS_MEASURE: dict[str, Callable[[Context], Timing]] = {
     RAW_PIKA_CALLERS_SHARED: raw_pika_callers_shared,
     ASYNC_MANY_NARROW: delayq_async_many_narrow,
     SYNC_MANY_NARROW: delayq_sync_many_narrow,
+    THREAD_HANDOFF: thread_handoff,
 }

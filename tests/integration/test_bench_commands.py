@@ -87,7 +87,8 @@ def test_the_consume_bench_runs_the_raw_twins_of_a_clients_work_and_of_handler_t
 def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     out = _bench(
         "publish.py", "--modes", "async-callers,sync-callers-each,sync-callers-shared,"
-        "sync-many-narrow,raw-pika-callers-shared", "--callers", "20", "--batch-count", "2000",
+        "sync-many-narrow,raw-pika-callers-shared,thread-handoff", "--callers", "20",
+        "--batch-count", "2000",
         "--rounds", "1", url=rabbitmq_url,
     )
     assert "coroutines x async publish vs publish_many" in out
@@ -96,6 +97,11 @@ def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     assert "publish_many, window 20 vs" in out
     assert "20 threads x 1 shared Publisher vs raw pika, 1 I/O thread" in out
     assert "raw pika, 20 threads to 1 I/O thread vs publish_many" in out
+    # The hand-off alone, measured (it sends nothing: the bench fails if the tier queue
+    # holds other than the sending modes' messages).
+    assert "20 threads to 1 thread, no broker, vs publish_many" in out
+    assert any("N threads handing to 1 thread, no broker" in line and "msg/s" in line
+               for line in out.splitlines()), out  # fmt: skip
 
 
 @pytest.mark.timeout(700)
