@@ -73,7 +73,9 @@ at the per-round figures and the load average before trusting a ratio. With a
 local node (no ``--url``), each mode's line also gives the broker's CPU per message
 (the node's processes, from /proc, over the step, warm-up included): on a 2-CPU
 machine the client's and the broker's CPU together bound the rate, so every
-microsecond the client spends is one the broker does not get.
+microsecond the client spends is one the broker does not get. And the client's
+context switches per message (``getrusage``: every thread's, voluntary or not): what a
+mode's threads cost in thread switches beside their CPU.
 
 ``--modes`` runs a subset (``--modes async-callers,sync-callers-each``; a callers mode
 brings the ``publish_many`` it is compared with). ``async-many-narrow`` and
@@ -277,6 +279,8 @@ class Sample:
     broker_us: float | None = None
     """The local node's CPU microseconds per message sent in the step (its warm-up and
     connection set-up included); ``None`` for a broker not started by the bench."""
+    switches: float = 0.0
+    """The client's context switches per message (all its threads')."""
 
 
 @dataclass
@@ -291,6 +295,9 @@ class Results:
 
     def cpu_us(self, key: str) -> float:
         return statistics.median(s.cpu_us for s in self.samples[key])
+
+    def switches(self, key: str) -> float:
+        return statistics.median(s.switches for s in self.samples[key])
 
     def broker_us(self, key: str) -> float | None:
         values = [s.broker_us for s in self.samples[key] if s.broker_us is not None]
@@ -322,7 +329,9 @@ def run_step(
     if broker_before is not None and broker_after is not None and expected:
         broker_us = (broker_after - broker_before) / expected * 1e6
     for key, timing in timings.items():
-        sample = Sample(count / timing.wall_s, timing.cpu_s / count * 1e6, broker_us)
+        sample = Sample(
+            count / timing.wall_s, timing.cpu_s / count * 1e6, broker_us, timing.switches / count
+        )
         results.add(key, sample)
         log(
             f"{prefix} {LABELS[key]}: {count} in {timing.wall_s:.2f} s = "
@@ -412,7 +421,8 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
 
     lines += [
         "",
-        f"per mode: msg/s in each of {s.rounds} rounds; medians of msg/s and of client CPU",
+        f"per mode: msg/s in each of {s.rounds} rounds; medians of msg/s, of client CPU and"
+        " of its context switches",
     ]
     shown = {k: label for k, label in LABELS.items() if k in measured}
     label_width = max(len(label) for label in shown.values())
@@ -424,6 +434,7 @@ def report(ctx: Context, results: Results, command: str, version: str, load: str
             f"  {label:<{label_width}} {rates[key]:<{rates_width}}  "
             f"median {results.rate(key):>7,.0f} msg/s, {results.cpu_us(key):>4.0f} us CPU/msg"
             + ("" if broker_us is None else f" + broker {broker_us:.0f}")
+            + f", {results.switches(key):.2f} switches/msg"
         )
     if RAW_FRAMES_WORK in shown:
         lines.append(f"  (N = {s.work_us:g} us: --work-us)")

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import resource
 import secrets
 import socket
 import time
@@ -144,22 +145,37 @@ def delete_namespace(url: str, topology: Topology) -> None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall-clock seconds and this process's CPU seconds (the client's own work)."""
+    """Wall-clock seconds, this process's CPU seconds (the client's own work) and its
+    context switches (every thread's, voluntary or not)."""
 
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    switches: int = 0
 
     def __add__(self, other: Timing) -> Timing:
-        return Timing(self.wall_s + other.wall_s, self.cpu_s + other.cpu_s)
+        return Timing(
+            self.wall_s + other.wall_s, self.cpu_s + other.cpu_s, self.switches + other.switches
+        )
+
+
+def context_switches() -> int:
+    """This process's context switches so far, all its threads' (``getrusage``)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 class Stopwatch:
     def __init__(self) -> None:
         self._wall = time.perf_counter()
         self._cpu = time.process_time()
+        self._switches = context_switches()
 
     def read(self) -> Timing:
-        return Timing(time.perf_counter() - self._wall, time.process_time() - self._cpu)
+        return Timing(
+            time.perf_counter() - self._wall,
+            time.process_time() - self._cpu,
+            context_switches() - self._switches,
+        )
 
 
 # The measurements -------------------------------------------------------------------------
