@@ -126,10 +126,10 @@ def lateness(arrivals: list[Any], percentile: float) -> tuple[float, float]:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(len(ordered) * percentile))]
 
-    def past_ttl(a: Any) -> float:
+    def since_taken(a: Any) -> float:  # by the bridge
         return float(a.at_ms - int(a.headers["delayq-published-at"]))
 
     tiered = [a for a in arrivals if int(a.headers["delayq-tier-ms"]) > 0]
-    late = [past_ttl(a) - int(a.headers["delayq-tier-ms"]) for a in tiered]
-    noise = [past_ttl(a) for a in arrivals if int(a.headers["delayq-tier-ms"]) == 0]
+    late = [since_taken(a) - int(a.headers["delayq-tier-ms"]) for a in tiered]
+    noise = [since_taken(a) for a in arrivals if int(a.headers["delayq-tier-ms"]) == 0]
     return at(late), at(noise)

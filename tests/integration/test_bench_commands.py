@@ -1,7 +1,8 @@
 """The benchmarks of docs/project/performance.md run as documented, against a real broker:
 small counts, one round, each mode's own checks (every message delivered once, queues
-left empty) on. The figures are not looked at: they are measured by the scripts, never
-asserted by a test."""
+left empty) on. The rates are not looked at: they are measured by the scripts, never
+asserted by a test; what is checked is that a mode does what it reports (a work mode
+spends its CPU, a counter it prints is read)."""
 
 from __future__ import annotations
 
