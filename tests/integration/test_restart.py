@@ -45,3 +45,46 @@ def test_parked_messages_survive_a_broker_restart(
     for arrival in arrivals:  # never early, even across a restart
         receipt = next(r for r in receipts if r.message_id == arrival.message_id)
         assert arrival.at_ms - receipt.published_at_ms >= receipt.tier_ms
+
+
+def test_a_stop_is_graceful_and_a_node_that_does_not_stop_is_killed_in_time(tmp_path):
+    """``LocalNode.stop`` sends the Erlang VM SIGTERM (no ``rabbitmqctl``): RabbitMQ closes
+    its listeners and message stores in order; a VM that cannot act on it (frozen here) is
+    killed once ``timeout_s`` has passed, and the next start finds the data kept."""
+    import os
+    import signal
+    import time
+
+    import pika
+
+    from delayq.local import node as local_node
+
+    node = LocalNode(tmp_path / "node")
+    node.start()
+    try:
+        params = pika.URLParameters(node.url)
+        with pika.BlockingConnection(params) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("kept", durable=True, arguments={"x-queue-type": "quorum"})
+            channel.basic_publish("", "kept", b"x", pika.BasicProperties(delivery_mode=2))
+        node.stop()
+        log = next((tmp_path / "node" / "log").glob("delayq-*@localhost.log")).read_text()
+        assert "Stopping message store" in log, log[-2000:]
+        assert not node.running
+
+        node.start()
+        assert node._process is not None
+        vm = local_node._vm_of(node._process.pid)
+        assert vm is not None
+        os.kill(vm, signal.SIGSTOP)  # frozen: SIGTERM stays pending
+        started = time.monotonic()
+        node.stop(timeout_s=3)
+        assert not node.running and time.monotonic() - started < 20
+
+        node.start()  # the kill lost nothing confirmed
+        with pika.BlockingConnection(params) as connection:
+            declared = connection.channel().queue_declare("kept", durable=True, passive=True)
+            assert declared.method.message_count == 1
+    finally:
+        node.cleanup()

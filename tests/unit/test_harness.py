@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,7 +84,8 @@ def test_compose_loads_the_committed_definitions(compose):
 
 FAKE_SERVER = """#!/usr/bin/env python3
 # exits at once on its first run (as a server whose old instance still holds the
-# name does), then listens on $RABBITMQ_NODE_PORT like a node that started
+# name does), then listens on $RABBITMQ_NODE_PORT like a node that started, answering
+# an AMQP client's protocol header with the start of a connection.start frame
 import os, pathlib, socket, time
 marker = pathlib.Path(os.environ["HOME"]) / "ran-once"
 if not marker.exists():
@@ -92,7 +96,15 @@ server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("127.0.0.1", int(os.environ["RABBITMQ_NODE_PORT"])))
 server.listen()
-time.sleep(60)
+while True:
+    client, _ = server.accept()
+    client.settimeout(5)
+    try:
+        if client.recv(8) == b"AMQP\\x00\\x00\\x09\\x01":
+            client.sendall(b"\\x01\\x00\\x00\\x00\\x00\\x00\\x04\\x00\\x0a\\x00\\x0a")
+    except OSError:
+        pass
+    client.close()
 """
 
 
@@ -134,3 +146,81 @@ def test_a_server_that_keeps_exiting_fails_with_its_last_lines(
     assert "exited with 1" in str(caught.value)
     assert "boot failed: eaddrinuse" in str(caught.value)
     assert (tmp_path / "node" / "server.out").read_text().count("boot failed") == 2
+
+
+def _one_shot_server(reply: bytes | None) -> tuple[int, threading.Thread]:
+    """A listener that answers one client's first bytes with ``reply`` (``None``: says
+    nothing and holds the connection for a while) and then closes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        client, _ = server.accept()
+        with client, server:
+            client.recv(8)
+            if reply is None:
+                time.sleep(3)
+            else:
+                client.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server.getsockname()[1], thread
+
+
+@pytest.mark.parametrize(
+    ("reply", "answers"),
+    [
+        (b"\x01\x00\x00\x00\x00\x01\xf4\x00\x0a\x00\x0a", True),  # connection.start
+        (b"AMQP\x00\x00\x09\x01", False),  # a broker refusing the protocol version
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", False),
+        (b"", False),  # closed at once
+        (None, False),  # silent
+    ],
+)
+def test_only_a_broker_answering_an_amqp_client_counts_as_started(
+    reply: bytes | None, answers: bool
+) -> None:
+    from delayq.local.node import amqp_answers
+
+    port, thread = _one_shot_server(reply)
+    started = time.monotonic()
+    assert amqp_answers(port, timeout_s=1.0) is answers
+    assert time.monotonic() - started < 2.5  # a silent listener does not hold it
+    thread.join(timeout=5)
+
+
+def test_a_closed_port_does_not_answer() -> None:
+    from delayq.local.node import amqp_answers, free_port
+
+    assert amqp_answers(free_port()) is False
+
+
+SILENT_SERVER = """#!/usr/bin/env python3
+# listens on $RABBITMQ_NODE_PORT and never speaks AMQP
+import os, socket, time
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(os.environ["RABBITMQ_NODE_PORT"])))
+server.listen(64)
+time.sleep(120)
+"""
+
+
+def test_a_server_that_listens_but_never_answers_fails_in_bounded_time_and_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import delayq.local.node as localnode
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rabbitmq-server").write_text(SILENT_SERVER)
+    (bin_dir / "rabbitmq-server").chmod(0o755)
+    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
+    node = localnode.LocalNode(tmp_path / "node")
+    started = time.monotonic()
+    with pytest.raises(localnode.LocalNodeError, match="did not answer AMQP clients in time"):
+        node.start(timeout_s=3)
+    assert time.monotonic() - started < 20
+    assert not node.running  # stopped (no Erlang VM to ask: killed), not left behind

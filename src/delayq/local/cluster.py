@@ -191,7 +191,7 @@ class LocalCluster:
         return self
 
     def stop_node(self, node: LocalNode) -> None:
-        """Stop one node gracefully (``rabbitmqctl stop``); it stays a member of the cluster."""
+        """Stop one node gracefully (:meth:`LocalNode.stop`); it stays a member of the cluster."""
         node.stop()
 
     def start_node(self, node: LocalNode, timeout_s: float = 120.0) -> None:

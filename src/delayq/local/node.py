@@ -21,6 +21,7 @@ own on ``epmd_port`` (nodes of one cluster share one).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -89,6 +90,49 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+"""The protocol header an AMQP 0-9-1 client opens with."""
+
+
+def amqp_answers(port: int, timeout_s: float = 2.0) -> bool:
+    """Whether a broker on ``port`` answers an AMQP 0-9-1 client: it sends its
+    ``connection.start`` (a method frame on channel 0) after the protocol header.
+
+    RabbitMQ opens its AMQP listener once its boot steps ran, so an answer means the
+    node takes clients, with no ``rabbitmqctl await_startup`` (an Erlang VM of its own
+    each time: about 0.7 s of CPU and 0.5 s here)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            sock.sendall(AMQP_HEADER)
+            head = b""
+            while len(head) < 3:
+                chunk = sock.recv(3 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+    except OSError:
+        return False
+    return head == b"\x01\x00\x00"  # frame type 1 (method), channel 0
+
+
+def _vm_of(session: int) -> int | None:
+    """The pid of the Erlang VM (``beam.smp``) in the process session ``session`` (a
+    server started with ``start_new_session``; a tree's server runs in a PID namespace
+    of its own, whose processes the host sees with host pids)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if name == "beam.smp" and int(fields[3]) == session:
+            return int(entry)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +316,7 @@ class LocalNode:
                 time.sleep(2.0 * attempt)
         if self.tls_port is not None:
             self._await_port(self.tls_port, deadline)
-        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+        self._await_amqp(deadline)
         if self.management_port is not None:
             self._await_port(self.management_port, deadline)
         return self
@@ -311,6 +355,21 @@ class LocalNode:
                 raise LocalNodeError(f"node {self.name} did not open port {port} in time")
             time.sleep(0.2)
 
+    def _await_amqp(self, deadline: float) -> None:
+        """Wait until the node answers an AMQP client on its port."""
+        while not amqp_answers(self.port):
+            process = self._process
+            if process is not None and process.poll() is not None:
+                self._process = None
+                raise ServerExited(
+                    f"rabbitmq-server exited with {process.returncode} after it listened; "
+                    f"its last lines:\n{self._server_out_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LocalNodeError(f"node {self.name} did not answer AMQP clients in time")
+            time.sleep(0.1)
+
     def ctl(
         self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"
     ) -> str:
@@ -338,16 +397,24 @@ class LocalNode:
         return self.server.command(tool, [], binds=self._binds(), env=env)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the node gracefully (data kept), killing it if it does not stop in time."""
+        """Stop the node gracefully (data kept), killing it if it does not stop in time.
+
+        The Erlang VM is sent SIGTERM, on which RabbitMQ stops its applications in order
+        as ``rabbitmqctl stop`` has it do (without that tool's own VM: about 0.7 s of CPU
+        and a second each time here)."""
         process = self._process
         if process is None or process.poll() is not None:
             self._process = None
             return
         try:
-            self.ctl("stop", timeout_s=timeout_s, check=False)
+            vm = _vm_of(process.pid)
+            if vm is None:  # not started far enough to have one: nothing to save
+                raise subprocess.TimeoutExpired("rabbitmq-server", 0)
+            os.kill(vm, signal.SIGTERM)
             process.wait(timeout=timeout_s)
         except (subprocess.TimeoutExpired, OSError):
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
         self._process = None
 
