@@ -14,8 +14,8 @@ site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 echo "==> pytest"
-# Most tests wait on broker timers, not the CPU: three workers (each with its own
-# local node) cut the wall time; DELAYQ_TEST_WORKERS=0 runs them in one process.
+# Three workers (each with its own local node) keep two cores busy; a fourth made a pass
+# slower (docs/project/tests.md). DELAYQ_TEST_WORKERS=0 runs them in one process.
 # --dist loadgroup: the Spark tests (one xdist group, tests/spark/conftest.py) share one
 # worker and its JVM; every other test goes to whichever worker is free.
 # --max-worker-restart 0: a worker that dies (a test past its timeout ends it) fails the
