@@ -42,6 +42,7 @@ __all__ = [
     "LocalNodeError",
     "NodeTLS",
     "ServerExited",
+    "amqp_answers",
     "free_port",
     "port_open",
     "server_installed",
@@ -133,6 +134,20 @@ def _vm_of(session: int) -> int | None:
         if name == "beam.smp" and int(fields[3]) == session:
             return int(entry)
     return None
+
+
+def _terminated(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """SIGTERM to ``process``'s Erlang VM; whether the server then ended within
+    ``timeout_s`` (``False`` too when it has no VM yet, so nothing to stop in order)."""
+    vm = _vm_of(process.pid)
+    if vm is None:
+        return False
+    try:
+        os.kill(vm, signal.SIGTERM)
+        process.wait(timeout=timeout_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        return process.poll() is not None
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,13 +421,7 @@ class LocalNode:
         if process is None or process.poll() is not None:
             self._process = None
             return
-        try:
-            vm = _vm_of(process.pid)
-            if vm is None:  # not started far enough to have one: nothing to save
-                raise subprocess.TimeoutExpired("rabbitmq-server", 0)
-            os.kill(vm, signal.SIGTERM)
-            process.wait(timeout=timeout_s)
-        except (subprocess.TimeoutExpired, OSError):
+        if not _terminated(process, timeout_s):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
