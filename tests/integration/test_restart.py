@@ -48,18 +48,24 @@ def test_parked_messages_survive_a_broker_restart(
 
 
 def test_a_stop_is_graceful_and_a_node_that_does_not_stop_is_killed_in_time(tmp_path):
-    """``LocalNode.stop`` sends the Erlang VM SIGTERM (no ``rabbitmqctl``): RabbitMQ closes
-    its listeners and message stores in order; a VM that cannot act on it (frozen here) is
-    killed once ``timeout_s`` has passed, and the next start finds the data kept."""
+    """``LocalNode.start`` reads the end of the boot from the node's log and ``stop`` sends
+    the Erlang VM SIGTERM (no ``rabbitmqctl`` for either): RabbitMQ closes its listeners and
+    message stores in order; a VM that cannot act on it (frozen here) is killed once
+    ``timeout_s`` has passed, and the next start finds the data kept."""
     import os
     import signal
     import time
 
     import pika
 
-    from delayq.local import node as local_node
+    from delayq.local import probes
 
     node = LocalNode(tmp_path / "node")
+
+    def no_ctl(*args: str, **_kwargs: object) -> str:
+        raise AssertionError(f"rabbitmqctl {args} was run")
+
+    node.ctl = no_ctl  # type: ignore[method-assign]  # start and stop need none
     node.start()
     try:
         params = pika.URLParameters(node.url)
@@ -75,7 +81,7 @@ def test_a_stop_is_graceful_and_a_node_that_does_not_stop_is_killed_in_time(tmp_
 
         node.start()
         assert node._process is not None
-        vm = local_node._vm_of(node._process.pid)
+        vm = probes.vm_of(node._process.pid)
         assert vm is not None
         os.kill(vm, signal.SIGSTOP)  # frozen: SIGTERM stays pending
         started = time.monotonic()

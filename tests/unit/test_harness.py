@@ -115,7 +115,8 @@ def test_a_server_that_exits_before_listening_is_started_again(
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("rabbitmq-server", FAKE_SERVER), ("rabbitmqctl", "#!/bin/sh\nexit 0\n")):
+    ctl = '#!/bin/sh\necho "$@" >> "$HOME/ctl-calls"\n'  # records what it was asked
+    for name, text in (("rabbitmq-server", FAKE_SERVER), ("rabbitmqctl", ctl)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
@@ -124,6 +125,8 @@ def test_a_server_that_exits_before_listening_is_started_again(
         node.start(timeout_s=30)
         assert node.running
         assert "already running" in (tmp_path / "node" / "server.out").read_text()
+        # it logs no end of boot: after BOOT_LOG_WAIT_S the node is asked instead
+        assert "await_startup" in (tmp_path / "node" / "ctl-calls").read_text()
     finally:
         if node._process is not None:
             node._process.kill()
@@ -182,7 +185,7 @@ def _one_shot_server(reply: bytes | None) -> tuple[int, threading.Thread]:
 def test_only_a_broker_answering_an_amqp_client_counts_as_started(
     reply: bytes | None, answers: bool
 ) -> None:
-    from delayq.local.node import amqp_answers
+    from delayq.local.probes import amqp_answers
 
     port, thread = _one_shot_server(reply)
     started = time.monotonic()
@@ -192,7 +195,8 @@ def test_only_a_broker_answering_an_amqp_client_counts_as_started(
 
 
 def test_a_closed_port_does_not_answer() -> None:
-    from delayq.local.node import amqp_answers, free_port
+    from delayq.local.node import free_port
+    from delayq.local.probes import amqp_answers
 
     assert amqp_answers(free_port()) is False
 

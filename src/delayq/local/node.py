@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from delayq.local.probes import BOOT_LOG_WAIT_S, BOOT_LOGGED, amqp_answers, terminate
 from delayq.local.rabbitmq import RabbitServer, UnknownServer, rabbit_server
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "LocalNodeError",
     "NodeTLS",
     "ServerExited",
-    "amqp_answers",
     "free_port",
     "port_open",
     "server_installed",
@@ -91,63 +91,6 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
-"""The protocol header an AMQP 0-9-1 client opens with."""
-
-
-def amqp_answers(port: int, timeout_s: float = 2.0) -> bool:
-    """Whether a broker on ``port`` answers an AMQP 0-9-1 client: it sends its
-    ``connection.start`` (a method frame on channel 0) after the protocol header.
-
-    RabbitMQ opens its AMQP listener once its boot steps ran, so an answer means the
-    node takes clients, with no ``rabbitmqctl await_startup`` (an Erlang VM of its own
-    each time: about 0.7 s of CPU and 0.5 s here)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-            sock.sendall(AMQP_HEADER)
-            head = b""
-            while len(head) < 3:
-                chunk = sock.recv(3 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-    except OSError:
-        return False
-    return head == b"\x01\x00\x00"  # frame type 1 (method), channel 0
-
-
-def _vm_of(session: int) -> int | None:
-    """The pid of the Erlang VM (``beam.smp``) in the process session ``session`` (a
-    server started with ``start_new_session``; a tree's server runs in a PID namespace
-    of its own, whose processes the host sees with host pids)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if name == "beam.smp" and int(fields[3]) == session:
-            return int(entry)
-    return None
-
-
-def _terminated(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """SIGTERM to ``process``'s Erlang VM; whether the server then ended within
-    ``timeout_s`` (``False`` too when it has no VM yet, so nothing to stop in order)."""
-    vm = _vm_of(process.pid)
-    if vm is None:
-        return False
-    try:
-        os.kill(vm, signal.SIGTERM)
-        process.wait(timeout=timeout_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        return process.poll() is not None
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +263,7 @@ class LocalNode:
             return self
         self._write_files()
         deadline = time.monotonic() + timeout_s
+        logged_before = self._log_size()
         for attempt in range(1, attempts + 1):
             self._spawn()
             try:
@@ -332,6 +276,7 @@ class LocalNode:
         if self.tls_port is not None:
             self._await_port(self.tls_port, deadline)
         self._await_amqp(deadline)
+        self._await_boot(logged_before, deadline)
         if self.management_port is not None:
             self._await_port(self.management_port, deadline)
         return self
@@ -385,6 +330,34 @@ class LocalNode:
                 raise LocalNodeError(f"node {self.name} did not answer AMQP clients in time")
             time.sleep(0.1)
 
+    @property
+    def log_file(self) -> Path:
+        """The node's log (``RABBITMQ_LOG_BASE`` is ``base_dir/log``)."""
+        return self.base_dir / "log" / f"{self.name}.log"
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def _await_boot(self, logged_before: int, deadline: float) -> None:
+        """Wait until this boot logged its end: RabbitMQ opens its AMQP listener a little
+        before its last boot steps and plugins (about 0.1 s here). A node that does not log
+        it (file logging off, or above ``info``) is asked by ``rabbitmqctl await_startup``
+        after :data:`BOOT_LOG_WAIT_S`."""
+        give_up = min(deadline, time.monotonic() + BOOT_LOG_WAIT_S)
+        while time.monotonic() < give_up:
+            try:
+                with self.log_file.open("rb") as log:
+                    log.seek(logged_before)
+                    if BOOT_LOGGED in log.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.ctl("await_startup", timeout_s=max(5.0, deadline - time.monotonic()))
+
     def ctl(
         self, *args: str, timeout_s: float = 60.0, check: bool = True, tool: str = "rabbitmqctl"
     ) -> str:
@@ -421,7 +394,7 @@ class LocalNode:
         if process is None or process.poll() is not None:
             self._process = None
             return
-        if not _terminated(process, timeout_s):
+        if not terminate(process, timeout_s):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
