@@ -33,7 +33,7 @@ from delayq.local.node import LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.amqp import depth
-from tests.integration.ops import delayq
+from tests.integration.ops import add_user, delayq, delete_user
 from tests.versions import access
 from tests.waiting import wait_for
 
@@ -54,13 +54,13 @@ def make_user(local_rabbitmq_management_node: LocalNode) -> Iterator[Any]:
     def make(role: str) -> User:
         name = f"{role}-{uuid.uuid4().hex[:8]}"
         password = secrets.token_hex(12)
-        node.ctl("add_user", name, password)
+        add_user(node, name, password)
         made.append(name)
         return User(name, password, f"amqp://{name}:{password}@127.0.0.1:{node.port}/")
 
     yield make
     for name in made:
-        node.ctl("delete_user", name, check=False)
+        delete_user(node, name)
 
 
 def _grant(node: LocalNode, path: Any, *args: str) -> Any:

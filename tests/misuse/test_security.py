@@ -34,7 +34,7 @@ from delayq.cli import main
 from delayq.consume.delivery import H_ERROR_MESSAGE, H_ERROR_TRACE
 from delayq.local.node import LocalNode
 from delayq.sync import Consumer, Publisher, apply_topology
-from tests.integration.ops import delayq
+from tests.integration.ops import add_user, delayq, set_permissions, user_permissions
 from tests.integration.test_grant import Granted
 from tests.waiting import wait_for
 
@@ -254,7 +254,7 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
     topology, _ = node_topology(node, ("1s",))
     apply_topology(topology, node.url)
     user = make_user("batch")
-    node.ctl("set_permissions", user.name, ".*", ".*", ".*")
+    set_permissions(node, user.name, ".*", ".*", ".*")
     queue = f"{topology.namespace}.work"
     batch = [Message(b"z" * 64, "job.a", "0s", message_id=f"b-{n}") for n in range(5_000)]
 
@@ -269,7 +269,7 @@ def test_a_batch_whose_broker_refuses_the_reconnect_names_exactly_the_unconfirme
         deadline = time.monotonic() + 60
         while depth() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        node.ctl("change_password", user.name, "changed-" + user.password)
+        add_user(node, user.name, "changed-" + user.password)  # the same user, a new password
         node.ctl("close_all_connections", "misuse: broker refuses the reconnect", check=False)
 
     cutter = threading.Thread(target=cut, daemon=True)
@@ -312,10 +312,10 @@ def test_a_grant_never_replaces_a_users_rights_silently(
     assert node.management_url is not None
     _, path = node_topology(node)
     user = make_user("admin")
-    node.ctl("set_permissions", "-p", "/", user.name, ".*", ".*", ".*")
+    set_permissions(node, user.name, ".*", ".*", ".*")
 
-    def held() -> str:
-        return node.ctl("list_user_permissions", user.name, "--no-table-headers", "--quiet")
+    def held() -> list[tuple[str, str, str, str]]:
+        return user_permissions(node, user.name)
 
     before = held()
     options = ("--admin-user", user.name, "--via", via, "--management-url", node.management_url)
