@@ -3,6 +3,7 @@ silent fallback, and a 4.0 tree's commands run in a mount namespace of their own
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def test_an_unknown_server_given_to_a_node_is_a_node_error():
 
 def test_a_tree_command_binds_tmp_and_the_node_folders_once_each(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("DELAYQ_RABBITMQ_4_ROOT", str(tmp_path / "tree"))
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     server = rabbit_server("4.0")
     inside = Path("/tmp/delayq-node-x/sub")
     argv = server.command(
@@ -73,6 +75,31 @@ def test_a_tree_command_binds_tmp_and_the_node_folders_once_each(tmp_path: Path,
     assert "HOME=/tmp/delayq-node-x" in tail
     server_argv = server.command("rabbitmq-server", [], own_pids=True)
     assert {"--pid", "--fork", "--kill-child"} <= set(server_argv)
+
+
+def _bound(argv: list[str]) -> list[str]:
+    return sorted(argv[argv.index("no") + 1 : argv.index("--", argv.index("no"))])
+
+
+@pytest.mark.parametrize(
+    ("temp", "bound"),
+    [
+        ("/dev/shm/delayq-tests.x", ["/dev/shm/delayq-tests.x", "/srv/certs", "/tmp"]),
+        ("/tmp/inner", ["/srv/certs", "/tmp"]),  # inside /tmp: bound with it
+        ("/", ["/srv/certs", "/tmp"]),  # would hide the whole tree
+        ("{tree_parent}", ["/srv/certs", "/tmp"]),  # would hide the tree itself
+    ],
+)
+def test_a_tree_command_binds_the_temporary_folder_where_a_callers_files_are(
+    tmp_path: Path, monkeypatch, temp: str, bound: list[str]
+):
+    """A definitions file a test or a user writes under $TMPDIR (tmpfs, say) is seen by
+    the tree's rabbitmqctl at the same path; a TMPDIR holding the tree is not bound."""
+    tree = tmp_path / "var" / "tree"
+    monkeypatch.setenv("DELAYQ_RABBITMQ_4_ROOT", str(tree))
+    monkeypatch.setattr(tempfile, "tempdir", temp.format(tree_parent=tmp_path / "var"))
+    argv = rabbit_server("4.0").command("rabbitmqctl", ["status"], binds=[Path("/srv/certs")])
+    assert _bound(argv) == bound
 
 
 def test_the_installed_server_runs_its_scripts_directly(monkeypatch):

@@ -5,8 +5,9 @@
 * ``"4.0"``: RabbitMQ 4.0.5 on Erlang 27 from Debian 13's own packages, installed in a
   minimal Debian 13 tree (``scripts/setup-rabbitmq-4.sh`` builds it with ``debootstrap``
   into ``$DELAYQ_RABBITMQ_4_ROOT``, default ``/var/lib/delayq/rabbitmq-4.0``). Its commands
-  run under ``unshare --mount`` + ``chroot`` (root only): ``/tmp`` and the node's own
-  folders are bind-mounted at the same paths inside a mount namespace of their own,
+  run under ``unshare --mount`` + ``chroot`` (root only): ``/tmp``, the temporary folder
+  (``$TMPDIR``) and the node's own folders are bind-mounted at the same paths inside a
+  mount namespace of their own,
   so nothing is mounted on the host and nothing from Debian 13 is installed on it. The
   server also runs in a PID namespace of its own: its epmd and every process it forks
   end with it.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -132,13 +134,14 @@ class RabbitServer:
         """The argv that runs ``tool`` (``rabbitmq-server``, ``rabbitmqctl``, ...; an
         absolute path runs that program of the server's system) with ``args`` and ``env``.
         For a tree, ``binds`` are host folders the tool must see at the same path (``/tmp``
-        always is); ``own_pids`` gives it a PID namespace whose processes all end when it
-        does (for the server)."""
+        and the temporary folder always are: a file a caller writes there, definitions to
+        import say, is found by the path it has); ``own_pids`` gives it a PID namespace
+        whose processes all end when it does (for the server)."""
         program = tool if tool.startswith("/") else str(self.bin_dir / tool)
         settings = [f"{key}={value}" for key, value in (env or {}).items()]
         if self.root is None:
             return ["/usr/bin/env", *settings, program, *args] if settings else [program, *args]
-        folders = _outermost([Path("/tmp"), *binds])
+        folders = _outermost([Path("/tmp"), *self._temp_folder(), *binds])
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if own_pids:
             unshare += ["--pid", "--fork", "--kill-child"]
@@ -147,6 +150,15 @@ class RabbitServer:
             str(self.root), "yes" if own_pids else "no", *map(str, folders), "--",
             "/usr/bin/env", "LC_ALL=C.UTF-8", "LANG=C.UTF-8", *settings, program, *args,
         ]  # fmt: skip
+
+
+    def _temp_folder(self) -> list[Path]:
+        """Python's temporary folder (``$TMPDIR``), unless binding it would hide the tree
+        or part of it (``/``, ``/var`` for a tree in ``/var/lib``)."""
+        temp = Path(tempfile.gettempdir()).resolve()
+        assert self.root is not None
+        root = self.root.resolve()
+        return [] if temp == root or temp in root.parents else [temp]
 
 
 def _outermost(paths: list[Path]) -> list[Path]:
