@@ -12,12 +12,10 @@ exchange (directly, or through a retry tier that dead-letters through it).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import shlex
 import threading
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +31,7 @@ from delayq.local.node import LocalNode
 from delayq.sync import Consumer, apply_topology
 from delayq.urls import redact
 from tests.amqp import depth
-from tests.integration.ops import add_user, delayq, delete_user
+from tests.integration.ops import add_user, delayq, delete_user, management
 from tests.versions import access
 from tests.waiting import wait_for
 
@@ -316,12 +314,7 @@ def test_the_grant_through_the_management_api(
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"via {redact(node.management_url)}" in run.stdout
     assert "guest:guest" not in run.stdout + run.stderr
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{node.management_port}/api/permissions/%2F/{consumer.name}",
-        headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="},  # guest:guest
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        got = json.loads(response.read())
+    got = management(node, "GET", f"/permissions/%2F/{consumer.name}")
     assert _permissions(node, consumer.name)[1:] == [got["configure"], got["write"], got["read"]]
     assert got["configure"] == "^$" and "amq" not in got["write"]
     assert apply_topology(topology, admin.url).ok  # the admin's grant works

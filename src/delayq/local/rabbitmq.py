@@ -141,7 +141,7 @@ class RabbitServer:
         settings = [f"{key}={value}" for key, value in (env or {}).items()]
         if self.root is None:
             return ["/usr/bin/env", *settings, program, *args] if settings else [program, *args]
-        folders = _outermost([Path("/tmp"), *self._temp_folder(), *binds])
+        folders = _outermost([Path("/tmp"), *_temp_folder(self.root), *binds])
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if own_pids:
             unshare += ["--pid", "--fork", "--kill-child"]
@@ -152,13 +152,12 @@ class RabbitServer:
         ]  # fmt: skip
 
 
-    def _temp_folder(self) -> list[Path]:
-        """Python's temporary folder (``$TMPDIR``), unless binding it would hide the tree
-        or part of it (``/``, ``/var`` for a tree in ``/var/lib``)."""
-        temp = Path(tempfile.gettempdir()).resolve()
-        assert self.root is not None
-        root = self.root.resolve()
-        return [] if temp == root or temp in root.parents else [temp]
+def _temp_folder(root: Path) -> list[Path]:
+    """Python's temporary folder (``$TMPDIR``), unless binding it would hide the tree at
+    ``root`` or part of it (``/``, ``/var`` for a tree in ``/var/lib``)."""
+    temp = Path(tempfile.gettempdir()).resolve()
+    tree = root.resolve()
+    return [] if temp == tree or temp in tree.parents else [temp]
 
 
 def _outermost(paths: list[Path]) -> list[Path]:
