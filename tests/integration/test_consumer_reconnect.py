@@ -20,32 +20,43 @@ def test_a_consumer_reconnects_after_its_connection_is_closed_and_loses_nothing(
     queue = f"{topo.namespace}.work"
     seen: Counter[int] = Counter()
     lock = threading.Lock()
+    # The connections are closed while a handler runs: the 150th, 300th and 450th run each
+    # holds the consumer's one handler slot until the test has closed every connection
+    # (600 messages take about a second, less than one rabbitmqctl call: closing on a
+    # timer, or with other handlers running on, closed an idle consumer).
+    gates = {runs: (threading.Event(), threading.Event()) for runs in (150, 300, 450)}
 
     def handler(body: dict[str, int]) -> None:
         time.sleep(0.002)
         with lock:
             seen[body["n"]] += 1
+            runs = sum(seen.values())
+        if runs in gates:
+            reached, closed = gates[runs]
+            reached.set()
+            closed.wait(30)
 
-    consumer = start_consumer(topo, queue, handler, url=url, store=InMemoryStore(), prefetch=20)
+    consumer = start_consumer(
+        topo, queue, handler, url=url, store=InMemoryStore(), prefetch=20, concurrency=1
+    )
     total = 600
     with Publisher(url, topo) as pub:
         pub.publish_many(
             [Message({"n": n}, "job.r", "0s", message_id=f"r{n}") for n in range(total)]
         )
-    for _ in range(3):
-        deadline = time.monotonic() + 20
-        before = sum(seen.values())
-        while sum(seen.values()) == before and time.monotonic() < deadline:
-            time.sleep(0.01)
+    for runs, (reached, closed) in gates.items():
+        assert reached.wait(30), f"the consumer never reached its {runs}th handler run"
         node.ctl("close_all_connections", "delayq consumer reconnect test", check=False)
-        time.sleep(0.5)
+        closed.set()
     deadline = time.monotonic() + 60
     while len(seen) < total and time.monotonic() < deadline:
         time.sleep(0.05)
     consumer.stop()
     assert len(seen) == total, f"{total - len(seen)} messages were never handled"
     assert max(seen.values()) == 1, "a handler ran twice despite the store"
-    assert consumer.stats.reconnects >= 1
+    # Each close came 150 runs after the last, more than a prefetch: a new connection
+    # delivered the runs between them.
+    assert consumer.stats.reconnects >= 3, consumer.stats
 
 
 def test_a_handler_thread_cut_from_its_connection_still_records_its_key(
