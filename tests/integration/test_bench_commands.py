@@ -31,8 +31,11 @@ def _bench(script: str, *args: str, url: str) -> str:
 
 @pytest.mark.timeout(700)
 def test_the_end_to_end_bench_runs_the_raw_path_and_delayq(rabbitmq_url: str) -> None:
+    # At a fixed rate: the search runs (twice as many, at the path's limit) are run by
+    # the raw-work test below.
     out = _bench(
-        "e2e.py", "--modes", "raw,memory", "--seconds", "4", "--rounds", "2", url=rabbitmq_url
+        "e2e.py", "--modes", "raw,memory", "--seconds", "4", "--rounds", "2", "--rate", "2000",
+        url=rabbitmq_url,
     )
     assert "raw frames (the ceiling)" in out and "AsyncConsumer + InMemoryStore" in out
     assert "round 2/2:" in out and "over 2 rounds" in out and " median " in out, out
@@ -55,6 +58,7 @@ def test_the_end_to_end_bench_runs_the_raw_path_with_a_clients_work(rabbitmq_url
         url=rabbitmq_url,
     )
     assert "the raw clients spend 200 us (publisher) and 300 us (consumer)" in out, out
+    assert "search run" in out and "fixed run" in out, out
     assert "PROBLEM" not in out
     rows = {line[:40].strip(): line.split() for line in out.split("\n\n", 1)[0].splitlines()}
     raw, working = rows["raw frames (the ceiling)"], rows["raw frames + --work-us of CPU a message"]
