@@ -1,4 +1,5 @@
-"""What every test gets back after it: the root logger as it found it.
+"""What every test gets back after it: the root logger as it found it; and what a run
+leaves behind: no Erlang port mapper (epmd) it started.
 
 ``delayq run`` / ``delayq worker --heal`` run in-process by some tests call
 ``configure_logging``, which replaces the root logger's handlers with one on the
@@ -10,6 +11,8 @@ a closed stream and prints a "Logging error" traceback.
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +25,36 @@ from hypothesis import settings
 # scripts in bench/, never by a test.
 settings.register_profile("delayq", deadline=None)
 settings.load_profile("delayq")
+
+
+_EPMD_BEFORE = pytest.StashKey[bool]()
+
+
+def _epmd_answers() -> bool:
+    epmd = shutil.which("epmd")
+    if epmd is None:
+        return False
+    try:
+        return subprocess.run([epmd, "-names"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_EPMD_BEFORE] = _epmd_answers()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The first node of the installed server (3.10.8) on port 4369 starts an ``epmd
+    -daemon`` that outlives it: the session's own nodes stop theirs (the plugin's
+    ``_Nodes``), but a cluster fixture's and the docs' LocalCluster block's were left
+    running after every run. It is stopped here by the process that ran the session (not
+    by each xdist worker), if it was not running before; ``epmd -kill`` refuses while a
+    node is still registered, so nobody's live node loses it."""
+    if hasattr(session.config, "workerinput") or session.config.stash.get(_EPMD_BEFORE, True):
+        return
+    if _epmd_answers():
+        subprocess.run(["epmd", "-kill"], capture_output=True, timeout=5, check=False)
 
 
 @pytest.fixture(autouse=True)
