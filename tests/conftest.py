@@ -11,13 +11,13 @@ a closed stream and prints a "Logging error" traceback.
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from delayq.local.probes import epmd_answers, stop_epmd
 
 # Hypothesis' per-example deadline (200 ms) times the machine, not the code: on a
 # 2-core machine running brokers and a JVM beside the tests one example of a pure
@@ -30,18 +30,8 @@ settings.load_profile("delayq")
 _EPMD_BEFORE = pytest.StashKey[bool]()
 
 
-def _epmd_answers() -> bool:
-    epmd = shutil.which("epmd")
-    if epmd is None:
-        return False
-    try:
-        return subprocess.run([epmd, "-names"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_EPMD_BEFORE] = _epmd_answers()
+    session.config.stash[_EPMD_BEFORE] = epmd_answers()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -53,8 +43,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     node is still registered, so nobody's live node loses it."""
     if hasattr(session.config, "workerinput") or session.config.stash.get(_EPMD_BEFORE, True):
         return
-    if _epmd_answers():
-        subprocess.run(["epmd", "-kill"], capture_output=True, timeout=5, check=False)
+    if epmd_answers():
+        stop_epmd()
 
 
 @pytest.fixture(autouse=True)

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,6 +48,7 @@ import pytest
 
 from delayq.local.cluster import LocalCluster
 from delayq.local.node import LocalNode, LocalNodeError, server_installed
+from delayq.local.probes import epmd_answers, stop_epmd
 from delayq.local.rabbitmq import rabbit_server
 from delayq.local.servers import LocalPostgres, LocalRedis, LocalServerError
 from delayq.testing import MemoryBroker
@@ -123,20 +122,12 @@ def _docker_answers() -> bool:
         return False
 
 
-def _epmd_running() -> bool:
-    epmd = shutil.which("epmd") or "/usr/bin/epmd"
-    try:
-        return subprocess.run([epmd, "-names"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 class _Nodes:
     """Local nodes started in this session, stopped (and epmd with them) at its end."""
 
     def __init__(self) -> None:
         self.nodes: list[LocalNode] = []
-        self.epmd_was_running = _epmd_running()
+        self.epmd_was_running = epmd_answers()
 
     def start(self, **kwargs: object) -> LocalNode:
         node = LocalNode(**kwargs)  # type: ignore[arg-type]
@@ -146,8 +137,8 @@ class _Nodes:
     def close(self) -> None:
         for node in self.nodes:
             node.cleanup()
-        if self.nodes and not self.epmd_was_running and shutil.which("epmd"):
-            subprocess.run(["epmd", "-kill"], capture_output=True, timeout=5, check=False)
+        if self.nodes and not self.epmd_was_running:
+            stop_epmd()
 
 
 @pytest.fixture(scope="session")

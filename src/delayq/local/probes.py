@@ -8,6 +8,7 @@ a second on a 2-core machine): a local node's start and stop used to run it twic
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ __all__ = [
     "BOOT_LOGGED",
     "BOOT_LOG_WAIT_S",
     "amqp_answers",
+    "epmd_answers",
+    "stop_epmd",
     "terminate",
     "vm_of",
 ]
@@ -83,3 +86,24 @@ def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
     except (ProcessLookupError, subprocess.TimeoutExpired):
         return process.poll() is not None
     return True
+
+
+def _epmd() -> str:
+    return shutil.which("epmd") or "/usr/bin/epmd"
+
+
+def epmd_answers() -> bool:
+    """Whether an Erlang port mapper (epmd) answers on this host's default port."""
+    try:
+        return subprocess.run([_epmd(), "-names"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def stop_epmd() -> None:
+    """Stop the default port's epmd, unless a node is still registered with it (``epmd
+    -kill`` then refuses: "Killing not allowed - living nodes in database")."""
+    try:
+        subprocess.run([_epmd(), "-kill"], capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
