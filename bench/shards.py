@@ -37,7 +37,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pika
-from benchlib import admin_channel, broker, broker_version, command_line, load_average, log
+from benchlib import (
+    admin_channel,
+    broker,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+    tidy_epmd,
+)
 
 from delayq.local.cluster import LocalCluster
 from delayq.sync.provision import apply_topology, delete_topology
@@ -131,7 +139,7 @@ def _measure(url: str, topology: Topology, messages: int, window_s: float) -> Re
 def _target(args: argparse.Namespace) -> Iterator[tuple[str, LocalCluster | None]]:
     if args.cluster:
         log(f"starting a local {args.cluster}-node cluster ...")
-        with LocalCluster(args.cluster) as cluster:
+        with tidy_epmd(), LocalCluster(args.cluster) as cluster:
             cluster.start()
             log("cluster up")
             yield cluster.url.split(",")[0] + "/", cluster

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import load_average, log, positive_int, queue_depth
+from benchlib import load_average, log, positive_int, queue_depth, tidy_epmd
 
 from delayq import RowsUnconfirmed, Settled, Topology
 from delayq.local.node import LocalNode
@@ -125,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-for", default="60s")
     parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args(argv)
+    with tidy_epmd():
+        return _run(args, argv or sys.argv[1:])
 
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from delayq.spark import local_session
 
     node = LocalNode()
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         twice = sum(1 for c in drain.handled.values() if c > 1)
         never = args.rows - len(drain.handled)
         print(f"# {args.rows:,} rows on local[2], RabbitMQ node of this run; load {load_average()}")
-        print(f"# {' '.join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])}")
+        print(f"# {' '.join([Path(sys.argv[0]).name, *argv])}")
         print(f"job: {verdict}")
         if "down" in times:
             print(

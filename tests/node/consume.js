@@ -34,10 +34,15 @@ async function main() {
       if (seen >= count) resolve();
     });
   });
-  const timeout = new Promise((_, reject) =>
-    setTimeout(() => reject(new Error(`only ${seen} of ${count} in 60 s`)), 60000)
-  );
-  await Promise.race([done, timeout]);
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`only ${seen} of ${count} in 60 s`)), 60000);
+  });
+  try {
+    await Promise.race([done, timeout]);
+  } finally {
+    clearTimeout(timer); // a pending timer would hold the process open for the 60 s
+  }
   await channel.close();
   await connection.close();
 }
