@@ -87,6 +87,7 @@ from benchlib import (
     load_average,
     log,
     non_negative_float,
+    positive_int,
 )
 from consume import redis_server
 from consume_modes import BINDING
@@ -619,7 +620,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--body-bytes", type=int, default=256, help="default 256")
     parser.add_argument(
         "--prefetch",
-        type=int,
+        type=positive_int,
         default=RAW_PREFETCH,
         help=f"delayq consumers' (default {RAW_PREFETCH}, the raw path consumer's: like for "
         "like; a consumer's own default is 50)",

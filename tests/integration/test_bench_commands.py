@@ -147,6 +147,19 @@ def test_the_benches_refuse_a_work_us_that_is_not_finite_non_negative_numbers(
     assert "--work-us" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_the_end_to_end_bench_refuses_a_prefetch_below_one_before_starting_a_node(
+    value: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/e2e.py", "--prefetch", value],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert "--prefetch" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert "local RabbitMQ node" not in result.stderr
+
+
 @pytest.mark.timeout(700)
 def test_the_bridge_bench_runs_the_bridge_beside_both_raw_relays(rabbitmq_url: str) -> None:
     out = _bench("bridge.py", "--count", "2000", "--rounds", "1", url=rabbitmq_url)

@@ -264,6 +264,6 @@ def test_a_task_spark_runs_again_publishes_its_partition_again_and_counts_it_as_
     assert f"rerun: {said['rerun']} published rows of tasks Spark ran again" in said["render"]
     work = f"{topology.namespace}.work"
     wait_for(lambda: depth(rabbitmq_url, work) >= ROWS, 30, "every row in the work queue")
-    # The failed attempt's sends are the only duplicates: fewer than the rerun count
-    # (it died at its PER // 2-th publish; what it sent before may all be at the broker).
+    # The failed attempt's sends are the only duplicates: fewer than PER // 2 (it died as
+    # its PER // 2-th publish began; what it sent before may all be at the broker).
     assert depth(rabbitmq_url, work) < ROWS + PER // 2
