@@ -19,7 +19,7 @@ from typing import Any
 import pika
 
 from delayq.local.node import LocalNode
-from delayq.local.probes import epmd_answers, stop_epmd
+from delayq.local.probes import tidy_epmd
 from delayq.urls import redact
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "positive_int",
     "purge",
     "queue_depth",
-    "tidy_epmd",
 ]
 
 
@@ -64,19 +63,6 @@ def broker(
         log(f"local node {node.name} (RabbitMQ {node.version}) is up at {redact(node.url)}")
         yield node.url, node
         log("stopping the local node ...")
-
-
-@contextlib.contextmanager
-def tidy_epmd() -> Iterator[None]:
-    """Around a bench's local nodes: a node on Erlang's default epmd port (the installed
-    3.10.8 server's) starts an epmd that outlives it, stopped here at the end unless one
-    answered before (a 4.0 node's epmd is its own, and stops with it)."""
-    before = epmd_answers()
-    try:
-        yield
-    finally:
-        if not before:
-            stop_epmd()
 
 
 @contextlib.contextmanager

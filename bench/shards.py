@@ -37,17 +37,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pika
-from benchlib import (
-    admin_channel,
-    broker,
-    broker_version,
-    command_line,
-    load_average,
-    log,
-    tidy_epmd,
-)
+from benchlib import admin_channel, broker, broker_version, command_line, load_average, log
 
 from delayq.local.cluster import LocalCluster
+from delayq.local.probes import tidy_epmd
 from delayq.sync.provision import apply_topology, delete_topology
 from delayq.topology.model import Topology
 from delayq.topology.route import Router

@@ -35,10 +35,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import load_average, log, positive_int, queue_depth, tidy_epmd
+from benchlib import load_average, log, positive_int, queue_depth
 
 from delayq import RowsUnconfirmed, Settled, Topology
 from delayq.local.node import LocalNode
+from delayq.local.probes import tidy_epmd
 from delayq.stores.memory import InMemoryStore
 from delayq.sync import Consumer, apply_topology
 

@@ -7,11 +7,13 @@ a second on a 2-core machine): a local node's start and stop used to run it twic
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "epmd_answers",
     "stop_epmd",
     "terminate",
+    "tidy_epmd",
     "vm_of",
 ]
 
@@ -107,3 +110,16 @@ def stop_epmd() -> None:
         subprocess.run([_epmd(), "-kill"], capture_output=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         pass
+
+
+@contextlib.contextmanager
+def tidy_epmd() -> Iterator[None]:
+    """Around local nodes outside a test session (a bench's, say): a node on Erlang's
+    default epmd port (the installed 3.10.8 server's) starts an epmd that outlives it,
+    stopped at the end unless one answered before (a 4.0 node's epmd is its own)."""
+    before = epmd_answers()
+    try:
+        yield
+    finally:
+        if not before:
+            stop_epmd()
