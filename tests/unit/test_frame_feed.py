@@ -411,3 +411,84 @@ def test_a_truncated_array_is_a_value_error_whether_or_not_seen_before(times: in
     for _ in range(times):
         with pytest.raises(ValueError):
             field_table(cut, 0)
+
+
+# Keys that start a table's "x-" tail (read once per distinct bytes) among others.
+_tail_keys = st.one_of(
+    st.text(max_size=12).map(lambda text: "x-" + text),
+    st.sampled_from(["x-death", "x-death", "x", "x-", "X-death", "delayq-attempt", "zz", ""]),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_tail_keys, _values, max_size=8), st.integers(1, 3))
+def test_a_table_with_an_x_tail_reads_as_pamqp_however_often_it_is_seen(
+    table: dict[str, Any], times: int
+) -> None:
+    raw = b"pad" + encode.field_table(table) + b"tail"
+    consumed, expected = decode.field_table(raw[3:])
+    for _ in range(times):
+        got, end = field_table(raw, 3)
+        assert got == expected
+        assert list(got) == list(expected)  # the keys in the broker's order
+        assert end == 3 + consumed
+
+
+def _pairs(*pairs: tuple[str, bytes]) -> bytes:
+    """A field table's bytes from its ``(key, typed value)`` pairs, duplicates kept."""
+    content = b"".join(bytes([len(k)]) + k.encode() + v for k, v in pairs)
+    return struct.pack(">I", len(content)) + content
+
+
+def test_a_key_met_in_the_head_and_again_in_the_tail_keeps_its_place_and_the_later_value() -> None:
+    array = b"A" + struct.pack(">I", 2) + b"b\x07"
+    raw = _pairs(("x-q", b"b\x01"), ("a", b"b\x02"), ("x-q", b"b\x03"), ("x-death", array))
+    expected = decode.field_table(raw)[1]
+    for _ in range(2):
+        got, _ = field_table(raw, 0)
+        assert got == expected == {"x-q": 3, "a": 2, "x-death": [7]}
+        assert list(got) == list(expected)
+    head_first = _pairs(("x-q", b"b\x01"), ("x-death", array), ("a", b"b\x02"), ("x-q", b"b\x05"))
+    assert field_table(head_first, 0)[0] == decode.field_table(head_first)[1]
+
+
+def test_a_tail_seen_before_is_handed_out_as_a_new_copy_each_time() -> None:
+    """The x- tail (x-death and the x-*-death-* strings) is decoded once per distinct
+    bytes: what a handler changes in one delivery's headers is not in the next one's."""
+    headers = _x_death("app.tier.copy") | {"x-last-death-reason": "expired"}
+    raw = encode.field_table(headers)
+    expected = decode.field_table(raw)[1]
+    first, _ = field_table(raw, 0)
+    first["x-first-death-queue"] = "changed"
+    first["x-death"][0]["routing-keys"].append("changed")
+    del first["x-last-death-reason"]
+    second, _ = field_table(raw, 0)
+    assert second == expected
+    second["x-death"].clear()
+    assert field_table(raw, 0)[0] == expected
+
+
+def test_tails_kept_are_bounded_and_any_of_them_reads_as_pamqp() -> None:
+    from delayq.message import decoding
+
+    raws = [encode.field_table(_x_death(f"app.tier.{n}t")) for n in range(300)]
+    for raw in raws + raws[::-1]:
+        assert field_table(raw, 0) == (decode.field_table(raw)[1], len(raw))
+        assert len(decoding._TAILS) <= decoding.KEPT_ARRAYS
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_tail_cut_short_or_running_past_its_table_is_a_value_error(times: int) -> None:
+    whole = encode.field_table(_x_death("app.tier.tailcut"))
+    field_table(whole, 0)  # seen once, whole
+    # the table's length says 3 bytes fewer than its pairs take: the last value runs past it
+    short = struct.pack(">I", len(whole) - 7) + whole[4:]
+    for _ in range(times):
+        with pytest.raises(ValueError):
+            field_table(whole[:-3], 0)
+        with pytest.raises(ValueError):
+            field_table(short, 0)
+    # a key that starts "x-" and then runs past the table's end
+    with pytest.raises(ValueError):
+        field_table(struct.pack(">I", 3) + b"\x09x-", 0)

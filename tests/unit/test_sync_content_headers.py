@@ -263,3 +263,41 @@ def test_the_reader_is_installed_only_where_it_reads_as_this_pika_does(
         assert read_content_headers(_Connection(_Impl(b""))) is False
     finally:
         _connection.reads_as_pika.cache_clear()
+
+
+_tail_keys = st.one_of(
+    st.text(max_size=10).map(lambda text: "x-" + text),
+    st.sampled_from(["x-death", "x-death", "x", "x-", "delayq-attempt", "zz"]),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_tail_keys, _any_values, max_size=8), st.integers(1, 3))
+def test_a_table_with_an_x_tail_reads_as_pika_however_often_it_is_seen(
+    table: dict[str, Any], times: int
+) -> None:
+    """A table's pairs from its first ``x-`` key on are read once per distinct bytes
+    (RabbitMQ's dead-lettering headers): the second reading is pika's too, and what
+    delayq refuses in a tail (a float, a decimal) pika reads every time."""
+    data = _with_table(encode.field_table(table)[4:])
+    theirs, expected = _as_pika_reads(data)
+    for _ in range(times):
+        ours, got = _read(data)
+        assert ours == theirs == len(data)
+        assert _same(got.properties.headers, expected.properties.headers)
+        assert list(got.properties.headers or {}) == list(expected.properties.headers or {})
+
+
+def test_a_tail_read_before_is_a_new_copy_each_time() -> None:
+    died = datetime.datetime(2026, 12, 3, 7, 50, 7, tzinfo=datetime.UTC)
+    death = {"count": 1, "reason": "expired", "queue": "t", "time": died, "routing-keys": ["t"]}
+    headers = {"delayq-attempt": 1, "x-death": [death], "x-first-death-queue": "t"}
+    data = _header_frame(pika.BasicProperties(headers=headers))
+    first = _read(data)[1].properties.headers
+    first["x-death"][0]["routing-keys"].append("changed")
+    first["x-first-death-queue"] = "changed"
+    second = _read(data)[1].properties.headers
+    assert _same(second, _as_pika_reads(data)[1].properties.headers)
+    assert second["x-first-death-queue"] == "t"
+    assert second["x-death"][0]["routing-keys"] == ["t"]

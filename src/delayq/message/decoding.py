@@ -30,15 +30,19 @@ from pamqp import decode
 __all__ = [
     "KEPT_ARRAYS",
     "PROPERTY_NAMES",
+    "X_DEATH_KEY",
     "ArrayReader",
+    "PairReader",
     "TableReader",
     "ValueReader",
     "basic_properties",
     "copied",
     "field_table",
     "read_array",
+    "read_pairs",
     "read_table",
     "remembered_array",
+    "remembered_tail",
 ]
 
 _U32 = struct.Struct(">I").unpack_from
@@ -151,18 +155,27 @@ def field_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
         raise ValueError(f"a truncated field table at offset {offset}") from exc
 
 
-def read_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
+def read_table(data: bytes, offset: int, tails: bool = True) -> tuple[dict[str, Any], int]:
     """:func:`field_table` for a caller that turns ``IndexError`` and ``struct.error`` (a
-    table cut short) into its own ``ValueError``."""
-    # The types delayq's headers and the broker's x-death entries use are read here
-    # without a call each (a table is most of a delivery's decoding); any other in _value.
+    table cut short) into its own ``ValueError``. With ``tails`` the pairs from an
+    ``x-death`` key on (RabbitMQ's dead-lettering headers) are read once per distinct
+    bytes (:func:`read_pairs`)."""
     (length,) = _U32(data, offset)
     offset += 4
     end = offset + length
     if end > len(data):
         raise ValueError("a field table runs past the frame")
     table: dict[str, Any] = {}
-    while offset < end:
+    read_pairs(data, offset, end, table, _fill, _TAILS if tails else None)
+    return table, end
+
+
+def _fill(data: bytes, offset: int, stop: int, end: int, table: dict[str, Any]) -> int:
+    """Read the pairs of a table ending at ``end`` from ``offset`` into ``table`` until
+    ``stop`` is reached or passed; the offset past the last pair read."""
+    # The types delayq's headers and the broker's x-death entries use are read here
+    # without a call each (a table is most of a delivery's decoding); any other in _value.
+    while offset < stop:
         key_end = offset + 1 + data[offset]
         if key_end >= end:
             raise ValueError("a field-table key runs past its table")
@@ -185,12 +198,78 @@ def read_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
             table[key] = _I64(data, offset)[0]
             offset += 8
         elif kind == _TABLE:
-            table[key], offset = read_table(data, offset)
+            table[key], offset = read_table(data, offset, False)
         elif kind == _ARRAY:
             table[key], offset = remembered_array(data, offset, _array, _ARRAYS)
         else:
             table[key], offset = _value(data, key_end)
-    return table, end
+    return offset
+
+
+PairReader = Callable[[bytes, int, int, int, dict[str, Any]], int]
+"""``read(data, offset, stop, end, table)``: reads the pairs of a table ending at ``end``
+from ``offset`` into ``table`` until ``stop`` is reached or passed; the offset past them."""
+
+X_DEATH_KEY = b"\x07x-death"
+"""The ``x-death`` key as a field table holds it (its length, then its bytes)."""
+
+_TAILS: dict[bytes, dict[str, Any]] = {}
+"""Table tails from an ``x-death`` key on, decoded lately, by their bytes; never handed out."""
+
+
+def read_pairs(
+    data: bytes,
+    offset: int,
+    end: int,
+    table: dict[str, Any],
+    read: PairReader,
+    seen: dict[bytes, dict[str, Any]] | None,
+) -> None:
+    """Read a table's pairs from ``offset`` to its ``end`` into ``table`` with ``read``;
+    unless ``seen`` is None, those from an ``x-death`` key on once per distinct bytes
+    (:func:`remembered_tail`).
+
+    RabbitMQ writes a dead-lettered message's headers sorted by key (3.10.8 and 4.0.5
+    alike): delayq's own (``delayq-*``, ``traceparent``) come before ``x-death``, and
+    from it on is what the broker added when the tier dead-lettered the message, the
+    same bytes for the messages one tier dead-lettered in one second (the ``x-death``
+    array, ``x-first-death-*`` and, on 4.0.5, ``x-last-death-*``: half of such a
+    delivery's decoding). A table without those bytes is read as it is, with one search
+    of its bytes; where they are not a key (inside a value) the table is read on from
+    there, as without the memo."""
+    if seen is not None:
+        tail = data.find(X_DEATH_KEY, offset, end)
+        if tail >= 0:
+            offset = read(data, offset, tail, end, table)
+            if offset == tail:
+                table.update(remembered_tail(data, tail, end, read, seen))
+                return
+    if read(data, offset, end, end, table) != end:
+        raise ValueError("a field-table value runs past its table")
+
+
+def remembered_tail(
+    data: bytes, offset: int, end: int, read: PairReader, seen: dict[bytes, dict[str, Any]]
+) -> dict[str, Any]:
+    """The pairs from ``offset`` to a table's ``end`` as ``read`` gives them, read once per
+    distinct bytes: a copy of what ``seen`` (at most :data:`KEPT_ARRAYS`) holds of the
+    same bytes read before. Updating a table with them gives what reading them into it
+    one by one would (a key met again keeps its place and takes the later value); a
+    tail whose bytes differ per message (an application's own header sorted after
+    ``x-death``) is read every time, as without the memo."""
+    raw = data[offset:end]
+    known = seen.get(raw)
+    part: dict[str, Any]
+    if known is not None:
+        part = copied(known)
+        return part
+    part = {}
+    if read(data, offset, end, end, part) != end:
+        raise ValueError("a field-table value runs past its table")
+    if len(seen) >= KEPT_ARRAYS:
+        seen.clear()
+    seen[raw] = copied(part)
+    return part
 
 
 ArrayReader = Callable[[bytes, int], tuple[list[Any], int]]
@@ -223,12 +302,18 @@ def copied(value: Any) -> Any:
     """``value`` with every mutable part (list, table, byte array) new."""
     kind = type(value)
     if kind is list:
-        return [copied(item) for item in value]
+        return [item if type(item) in _IMMUTABLE else copied(item) for item in value]
     if kind is dict:
-        return {key: copied(item) for key, item in value.items()}
+        return {
+            key: item if type(item) in _IMMUTABLE else copied(item) for key, item in value.items()
+        }
     if kind is bytearray:
         return bytearray(value)
-    return value  # str, int, float, bool, None, bytes, datetime, Decimal: immutable
+    return value  # immutable: float, bool, None, bytes, Decimal (and _IMMUTABLE's)
+
+
+_IMMUTABLE = frozenset((str, int, datetime))
+"""The types of nearly every header value (x-death's included): copied as they are."""
 
 
 ValueReader = Callable[[bytes, int], tuple[Any, int]]
@@ -272,7 +357,7 @@ def _value(data: bytes, offset: int) -> tuple[Any, int]:
     if kind == _BOOL:
         return bool(data[offset]), offset + 1
     if kind == _TABLE:
-        return read_table(data, offset)
+        return read_table(data, offset, False)
     if kind == _ARRAY:
         return _array(data, offset)
     if kind == _TIMESTAMP:  # in every x-death entry: pamqp's reading, without its slice

@@ -10,7 +10,9 @@ keeps 64 bits wide when a retry carries the header on), a timestamp as an aware 
 refuses (a float or double, which pika 1.4 truncates to an integer; a decimal; pika's
 ``U``; an unknown type; a key or string that is not UTF-8; anything malformed) raises
 :class:`ValueError`, and pika reads that header itself, as before. An ``x-death`` array
-is decoded once per distinct bytes (:func:`delayq.message.decoding.remembered_array`).
+is decoded once per distinct bytes (:func:`delayq.message.decoding.remembered_array`),
+and so is a table's tail from its ``x-death`` key on, where RabbitMQ's dead-lettering
+headers are (:func:`delayq.message.decoding.read_pairs`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from pika.compat import long
 
-from delayq.message.decoding import read_array, remembered_array
+from delayq.message.decoding import read_array, read_pairs, remembered_array
 
 __all__ = ["pika_table"]
 
@@ -42,24 +44,31 @@ _SHORT_SHORT, _LONG_LONG = ord("b"), ord("l")
 _I8 = struct.Struct(">b").unpack_from
 _UTC = timezone.utc
 _ARRAYS: dict[bytes, list[Any]] = {}
+_TAILS: dict[bytes, dict[str, Any]] = {}
 
 
 def pika_table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
     """The field table at ``offset`` as pika decodes it, and the offset past it."""
     try:
-        return _table(data, offset)
+        return _table(data, offset, True)
     except (IndexError, struct.error) as exc:
         raise ValueError(f"a truncated field table at offset {offset}") from exc
 
 
-def _table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
+def _table(data: bytes, offset: int, tails: bool = False) -> tuple[dict[str, Any], int]:
     (length,) = _U32(data, offset)
     offset += 4
     end = offset + length
     if end > len(data):
         raise ValueError("a field table runs past the frame")
     table: dict[str, Any] = {}
-    while offset < end:
+    read_pairs(data, offset, end, table, _fill, _TAILS if tails else None)
+    return table, end
+
+
+def _fill(data: bytes, offset: int, stop: int, end: int, table: dict[str, Any]) -> int:
+    """:data:`delayq.message.decoding.PairReader` with pika's types."""
+    while offset < stop:
         key_end = offset + 1 + data[offset]
         if key_end >= end:
             raise ValueError("a field-table key runs past its table")
@@ -85,9 +94,7 @@ def _table(data: bytes, offset: int) -> tuple[dict[str, Any], int]:
             table[key], offset = remembered_array(data, offset, _array, _ARRAYS)
         else:
             table[key], offset = _value(data, key_end)
-    if offset != end:
-        raise ValueError("a field-table value runs past its table")
-    return table, end
+    return offset
 
 
 def _array(data: bytes, offset: int) -> tuple[list[Any], int]:
