@@ -15,7 +15,9 @@ copy after that: a delayed message arrives dead-lettered, with the broker's
 ``x-death`` array (a table of six entries in it), which the messages dead-lettered
 from one tier in the same second share byte for byte; decoding it was 40 % of
 such a delivery's headers. Every copy is a new list of new tables (a handler may
-change what it is given), equal to what pamqp would give.
+change what it is given), equal to what pamqp would give. So is a header table's tail
+from its ``x-death`` key on (:func:`read_pairs`): RabbitMQ sorts a dead-lettered
+message's headers by key, which puts what it added after delayq's own.
 """
 
 from __future__ import annotations
