@@ -416,7 +416,12 @@ def test_a_truncated_array_is_a_value_error_whether_or_not_seen_before(times: in
 # Keys that start a table's "x-" tail (read once per distinct bytes) among others.
 _tail_keys = st.one_of(
     st.text(max_size=12).map(lambda text: "x-" + text),
-    st.sampled_from(["x-death", "x-death", "x", "x-", "X-death", "delayq-attempt", "zz", ""]),
+    st.sampled_from(
+        [
+            *("x-death", "x-death", "x-first-death-reason", "x-last-death-reason"),
+            *("x-request-id", "x", "x-", "X-death", "delayq-attempt", "zz", ""),
+        ]
+    ),
     st.text(max_size=8),
 )
 
@@ -492,3 +497,43 @@ def test_a_tail_cut_short_or_running_past_its_table_is_a_value_error(times: int)
     # a key that starts "x-" and then runs past the table's end
     with pytest.raises(ValueError):
         field_table(struct.pack(">I", 3) + b"\x09x-", 0)
+
+
+def test_what_the_broker_added_is_remembered_apart_from_an_applications_later_headers() -> None:
+    """An application's own ``x-request-id`` sorts after RabbitMQ's ``x-*-death-*`` and
+    differs per message: the broker's part is still decoded once, the rest every time."""
+    from delayq.message import decoding
+
+    decoding._TAILS.clear()
+    base = _x_death("app.tier.req") | {"x-last-death-reason": "expired"}
+    for n in range(200):
+        raw = encode.field_table(base | {"x-request-id": f"req-{n}", "zz": n})
+        expected = decode.field_table(raw)[1]
+        got, end = field_table(raw, 0)
+        assert (got, end) == (expected, len(raw))
+        assert list(got) == list(expected)
+    assert len(decoding._TAILS) == 1
+
+
+@pytest.mark.parametrize(
+    "inside",
+    [
+        "\x07x-death",
+        "\x13x-last-death-reason",
+        "\x14x-first-death-reasonS\x00\x00\x00\x01",
+        "\x13x-last-death-reasonS\x7f\x7f\x7f\x7f",  # a size past the table
+    ],
+)
+def test_the_keys_bytes_inside_a_value_read_as_pamqp(inside: str) -> None:
+    """Where the bytes searched for are inside a string or a nested table, the table is
+    read on as it is, seen once or again."""
+    tables = [
+        {"a": f"pre{inside}post"} | _x_death("app.tier.in"),
+        {"x-death": [{"count": 1}], "x-last-death-queue": {"q": inside}, "x-z": 1},
+        {"x-death": [{"count": 1}], "x-first-death-queue": inside, "x-z": 2},
+        {"x-death": [inside], "x-z": 3},
+    ]
+    for table in tables:
+        raw = encode.field_table(table)
+        for _ in range(2):
+            assert field_table(raw, 0) == (decode.field_table(raw)[1], len(raw))

@@ -267,7 +267,12 @@ def test_the_reader_is_installed_only_where_it_reads_as_this_pika_does(
 
 _tail_keys = st.one_of(
     st.text(max_size=10).map(lambda text: "x-" + text),
-    st.sampled_from(["x-death", "x-death", "x", "x-", "delayq-attempt", "zz"]),
+    st.sampled_from(
+        [
+            *("x-death", "x-death", "x-first-death-reason", "x-last-death-reason"),
+            *("x-request-id", "x", "x-", "delayq-attempt", "zz"),
+        ]
+    ),
     st.text(max_size=8),
 )
 

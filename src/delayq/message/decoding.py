@@ -236,42 +236,74 @@ def read_pairs(
     from it on is what the broker added when the tier dead-lettered the message, the
     same bytes for the messages one tier dead-lettered in one second (the ``x-death``
     array, ``x-first-death-*`` and, on 4.0.5, ``x-last-death-*``: half of such a
-    delivery's decoding). A table without those bytes is read as it is, with one search
-    of its bytes; where they are not a key (inside a value) the table is read on from
-    there, as without the memo."""
+    delivery's decoding), up to an application's own headers sorted after them. A table
+    without those bytes is read as it is, with one search of its bytes; where they are
+    not a key (inside a value) the table is read on from there, as without the memo."""
     if seen is not None:
         tail = data.find(X_DEATH_KEY, offset, end)
         if tail >= 0:
             offset = read(data, offset, tail, end, table)
             if offset == tail:
-                table.update(remembered_tail(data, tail, end, read, seen))
-                return
-    if read(data, offset, end, end, table) != end:
+                offset = remembered_tail(data, tail, end, table, read, seen)
+    if offset < end:
+        offset = read(data, offset, end, end, table)
+    if offset != end:
         raise ValueError("a field-table value runs past its table")
+
+
+_LAST_REASONS = (b"\x13x-last-death-reason", b"\x14x-first-death-reason")
+"""The last key RabbitMQ adds when it dead-letters a message: 4.0.5's, then 3.10.8's."""
+
+
+def _broker_end(data: bytes, tail: int, end: int) -> int:
+    """Where the pairs RabbitMQ added, from the ``x-death`` key at ``tail``, likely end:
+    past the value of its last ``x-*-death-reason`` string, else the table's ``end`` (an
+    application's own ``x-request-id`` sorts after them and differs per message)."""
+    for key in _LAST_REASONS:
+        found = data.find(key, tail, end)
+        if found >= 0:
+            kind = found + len(key)
+            if kind + 5 <= end and data[kind] == _LONG_STR:
+                size: int = _U32(data, kind + 1)[0]
+                return min(end, kind + 5 + size)
+    return end
 
 
 def remembered_tail(
-    data: bytes, offset: int, end: int, read: PairReader, seen: dict[bytes, dict[str, Any]]
-) -> dict[str, Any]:
-    """The pairs from ``offset`` to a table's ``end`` as ``read`` gives them, read once per
-    distinct bytes: a copy of what ``seen`` (at most :data:`KEPT_ARRAYS`) holds of the
-    same bytes read before. Updating a table with them gives what reading them into it
-    one by one would (a key met again keeps its place and takes the later value); a
-    tail whose bytes differ per message (an application's own header sorted after
-    ``x-death``) is read every time, as without the memo."""
-    raw = data[offset:end]
-    known = seen.get(raw)
-    part: dict[str, Any]
-    if known is not None:
-        part = copied(known)
-        return part
-    part = {}
-    if read(data, offset, end, end, part) != end:
-        raise ValueError("a field-table value runs past its table")
-    if len(seen) >= KEPT_ARRAYS:
-        seen.clear()
-    seen[raw] = copied(part)
-    return part
+    data: bytes,
+    offset: int,
+    end: int,
+    table: dict[str, Any],
+    read: PairReader,
+    seen: dict[bytes, dict[str, Any]],
+) -> int:
+    """Read the pairs from ``offset`` (an ``x-death`` key) on into ``table`` as ``read``
+    gives them, once per distinct bytes: a copy of what ``seen`` (at most
+    :data:`KEPT_ARRAYS`) holds of the same bytes read before; the offset past what was
+    read. Those bytes are the rest of the table, or, where that was not seen before, up
+    to the end of what the broker added (:func:`_broker_end`). Updating a table with the
+    pairs gives what reading them into it one by one would (a key met again keeps its
+    place and takes the later value). Where that end is not between two pairs (the bytes
+    that put it there were inside a value), what was read is kept and not remembered."""
+    known = seen.get(data[offset:end])
+    if known is not None:  # nothing after the broker's headers, the usual case
+        table.update(copied(known))
+        return end
+    stop = _broker_end(data, offset, end)
+    raw = data[offset:stop]
+    if stop != end:
+        known = seen.get(raw)
+        if known is not None:
+            table.update(copied(known))
+            return stop
+    part: dict[str, Any] = {}
+    offset = read(data, offset, stop, end, part)
+    table.update(part)
+    if offset == stop:
+        if len(seen) >= KEPT_ARRAYS:
+            seen.clear()
+        seen[raw] = copied(part)
+    return offset
 
 
 ArrayReader = Callable[[bytes, int], tuple[list[Any], int]]
