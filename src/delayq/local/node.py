@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from delayq.local.ports import free_port
 from delayq.local.probes import BOOT_LOG_WAIT_S, BOOT_LOGGED, amqp_answers, terminate
 from delayq.local.rabbitmq import RabbitServer, UnknownServer, rabbit_server
 
@@ -77,12 +78,6 @@ def _server(name: str | None) -> RabbitServer:
     if found.root is None:
         return RabbitServer(found.name, RABBITMQ_BIN)
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:
@@ -269,9 +264,13 @@ class LocalNode:
             try:
                 self._await_port(self.port, deadline)
                 break
-            except ServerExited:
+            except ServerExited as exc:
                 if attempt == attempts or time.monotonic() + 2 > deadline:
                     raise
+                if "dist_port_already_used" in str(exc):
+                    # Taken since it was picked: the distribution port is the node's own
+                    # business (clients never see it), so another one will do.
+                    self.dist_port = free_port()
                 time.sleep(2.0 * attempt)
         if self.tls_port is not None:
             self._await_port(self.tls_port, deadline)

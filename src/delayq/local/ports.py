@@ -1,0 +1,49 @@
+"""TCP ports for the local servers (:mod:`delayq.local`): free now, and hard to take meanwhile."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+__all__ = ["free_port"]
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+""":func:`free_port` picks from here up to the kernel's ephemeral range."""
+_PICK = random.SystemRandom()  # not the random module's state, which tests may seed
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range where it can.
+
+    A port of that range, free when picked, can be taken before the server binds it as
+    the local port of any outgoing connection on the machine (seen in CI: a node's
+    distribution port, the node then exits at once); a port below it is taken only by a
+    bind. Where the range cannot be read or leaves no room, the kernel picks one.
+    """
+    low = _ephemeral_low()
+    if low is not None and low - LOWEST_PORT >= 1_000:
+        for _ in range(100):
+            port = _PICK.randrange(LOWEST_PORT, low)
+            if _binds(port):
+                return port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
