@@ -8,16 +8,7 @@ from pathlib import Path
 import pytest
 
 from delayq.local import ports
-from delayq.local.ports import LOWEST_PORT, free_port
-
-
-def _binds(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from delayq.local.ports import LOWEST_PORT, free_port, port_free
 
 
 def test_a_port_is_picked_below_the_ephemeral_range_and_is_free(
@@ -27,7 +18,7 @@ def test_a_port_is_picked_below_the_ephemeral_range_and_is_free(
     monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
     picked = [free_port() for _ in range(200)]
     assert all(LOWEST_PORT <= port < 32768 for port in picked), picked
-    assert all(_binds(port) for port in picked[:20])
+    assert all(port_free(port) for port in picked[:20])
     assert len(set(picked)) > 150  # random, not a sequence every process repeats
 
 
@@ -74,9 +65,9 @@ def test_without_a_range_with_room_the_kernel_picks(
     if content is not None:
         path.write_text(content)
     monkeypatch.setattr(ports, "EPHEMERAL_RANGE", path)
-    monkeypatch.setattr(ports, "_binds", lambda port: pytest.fail("picked below the range"))
+    monkeypatch.setattr(ports, "port_free", lambda port: pytest.fail("picked below the range"))
     port = free_port()
-    assert 0 < port < 65536 and _binds(port)
+    assert 0 < port < 65536 and port_free(port)
 
 
 def test_when_no_pick_binds_the_kernel_picks(
@@ -85,6 +76,6 @@ def test_when_no_pick_binds_the_kernel_picks(
     (tmp_path / "range").write_text("32768 60999")
     monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
     tried: list[int] = []
-    monkeypatch.setattr(ports, "_binds", lambda port: tried.append(port) or False)
+    monkeypatch.setattr(ports, "port_free", lambda port: tried.append(port) or False)
     port = free_port()
-    assert len(tried) == 100 and _binds(port)
+    assert len(tried) == 100 and port_free(port)

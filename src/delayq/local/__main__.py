@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Sequence
 
-from delayq.local.node import LocalNode, LocalNodeError, free_port
+from delayq.local.node import LocalNode, LocalNodeError
+from delayq.local.ports import free_port, port_free
 from delayq.local.rabbitmq import UnknownServer, server_choice
 
 __all__ = ["main"]
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_choice(args.server)
     except UnknownServer as exc:
         parser.error(str(exc))
-    if args.port and not _port_free(args.port):
+    if args.port and not port_free(args.port):
         print(
             f"delayq: port {args.port} is in use (a broker already running there?): "
             "give another with --port, or --port 0 for a free one",
@@ -85,15 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         node.stop()
         node.cleanup()
     return 0
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "port_free"]
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000
@@ -26,7 +26,7 @@ def free_port() -> int:
     if low is not None and low - LOWEST_PORT >= 1_000:
         for _ in range(100):
             port = _PICK.randrange(LOWEST_PORT, low)
-            if _binds(port):
+            if port_free(port):
                 return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -40,7 +40,8 @@ def _ephemeral_low() -> int | None:
         return None
 
 
-def _binds(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a socket can bind ``port`` on 127.0.0.1 now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
