@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pamqp import frame, heartbeat
 from pamqp.exceptions import PAMQPException
@@ -135,8 +135,9 @@ class Framing(asyncio.Protocol):
     # asyncio.Protocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # No isinstance check: uvloop's TCPTransport is not an asyncio.Transport
+        # subclass, though it has every method used here (write, abort, close).
+        self.transport = cast("asyncio.Transport", transport)
 
     def pause_writing(self) -> None:
         if self._drained is None:
