@@ -14,9 +14,13 @@ id, priority, timestamp). Not ``expiration``: a per-message TTL would cut the ti
 wait short and dead-letter the message early; nor ``user_id``, which the broker checks
 against the bridge's own user. delayq's envelope headers are added, as on any delayq
 message. A message without an id gets one derived from its content (exchange, routing
-key, headers, body, timestamp), so the copy a bridge sends again after a crash is a
-duplicate an idempotent consumer skips; two messages identical in all of these are then
-one message to such a consumer (give each its own ``message_id`` if that matters).
+key, the publisher's headers, body, timestamp: :func:`intake_id`), so the copy a bridge
+sends again after a crash, or a replay of a parked one, is a duplicate an idempotent
+consumer skips; two messages identical in all of these are then one message to such a
+consumer (give each its own ``message_id`` if that matters).
+
+:meth:`Relay.plan` never raises: whatever a message holds, the bridge gets a plan, and one
+message never stops it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from delayq.consume.delivery import (
     H_FAILED_AT,
     H_QUEUE,
 )
+from delayq.durations import format_ms
 from delayq.errors import InvalidInput
 from delayq.intake.delay import X_DELAY, BadDelay, read_delay
 from delayq.message.envelope import (
@@ -49,7 +54,18 @@ from delayq.message.validate import validate_message_id
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
 
-__all__ = ["BAD_DELAY", "FANOUT_KEY", "UNSCHEDULABLE", "Forward", "Incoming", "Park", "Relay"]
+__all__ = [
+    "BAD_DELAY",
+    "BRIDGE_ERROR",
+    "BROKER_HEADERS",
+    "FANOUT_KEY",
+    "UNSCHEDULABLE",
+    "Forward",
+    "Incoming",
+    "Park",
+    "Relay",
+    "intake_id",
+]
 
 BAD_DELAY = "bad-x-delay"
 """The DLQ reason of a message whose ``x-delay`` cannot be read as a delay."""
@@ -57,6 +73,18 @@ BAD_DELAY = "bad-x-delay"
 UNSCHEDULABLE = "unschedulable"
 """The DLQ reason of a message delayq cannot schedule: a delay past the ladder, a routing
 key no destination binds, a body past the size limit, an invalid routing key."""
+
+BRIDGE_ERROR = "bridge-error"
+"""The DLQ reason of a message the bridge failed on for a reason of its own (a bug):
+parked as it came, with the error, so that no message can stop the bridge."""
+
+BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from"})
+"""Headers a broker adds as a message moves (with every ``x-first-death-*`` and
+``x-last-death-*``): not part of what the publisher sent, so not of its derived id."""
+
+_MAX_DELAY_MS = int(timedelta.max.total_seconds()) * 1000
+"""The longest delay a ``timedelta`` holds (about 2.7 million years): beyond it, no
+ladder reaches either (Java's ``Long.MAX_VALUE`` ms is 8.64e16 past it)."""
 
 FANOUT_KEY = "fanout"
 """The routing key a ``fanout`` intake schedules a message under when it was published
@@ -117,8 +145,14 @@ class Relay:
         self._clock_ms = clock_ms
 
     def plan(self, incoming: Incoming) -> Forward | Park:
-        """A forward into the message's tier, or a park with the reason; never raises
-        for what the message holds."""
+        """A forward into the message's tier, or a park with the reason; never raises."""
+        try:
+            return self._plan(incoming)
+        except Exception as exc:  # a bug of delayq's: the message is kept, the bridge goes on
+            said = f"the bridge failed on this message: {type(exc).__name__}: {exc}"
+            return self._park(incoming, BRIDGE_ERROR, type(exc).__name__, said)
+
+    def _plan(self, incoming: Incoming) -> Forward | Park:
         routing_key = self.routing_key(incoming.routing_key)
         delay_ms = read_delay(incoming.headers)
         if isinstance(delay_ms, BadDelay):
@@ -132,6 +166,14 @@ class Relay:
                 "delayq schedules nothing under the empty key (no destination can bind it; "
                 "a topic exchange would match it by '#' alone). Publish with a key, or "
                 "declare the intake type: fanout if every destination is meant",
+            )
+        if delay_ms > _MAX_DELAY_MS:
+            return self._park(
+                incoming,
+                UNSCHEDULABLE,
+                "InvalidDelay",
+                f"x-delay {delay_ms} ms is longer than any delay delayq schedules (the "
+                f"ladder's longest tier is {format_ms(self.topology.ladder.max_ms)})",
             )
         message_id = self._message_id(incoming)
         try:
@@ -165,16 +207,20 @@ class Relay:
                 return validate_message_id(given)
             except InvalidInput:
                 pass
-        digest = hashlib.sha256()
-        for part in (
-            self.intake.exchange,
-            incoming.routing_key,
-            json.dumps(_plain(incoming.headers), sort_keys=True, default=repr),
-            str(incoming.properties.get("timestamp")),
-        ):
-            digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
-        digest.update(incoming.body)
-        return f"intake-{digest.hexdigest()[:32]}"
+        timestamp = incoming.properties.get("timestamp")
+        try:
+            headers = incoming.headers
+            return intake_id(
+                self.intake.exchange, incoming.routing_key, headers, timestamp, incoming.body
+            )
+        except Exception:  # headers it cannot read (nested too deep...): still one stable id
+            return intake_id(
+                self.intake.exchange, incoming.routing_key, {}, timestamp, incoming.body
+            )
+
+    def park(self, incoming: Incoming, said: str) -> Park:
+        """``incoming`` parked as :data:`BRIDGE_ERROR`: its forward cannot be sent."""
+        return self._park(incoming, BRIDGE_ERROR, "UnsendableMessage", said)
 
     def _park(self, incoming: Incoming, reason: str, error: str, said: str) -> Park:
         now = self._clock_ms()
@@ -203,6 +249,31 @@ class Relay:
             properties=_carried(incoming.properties),
         )
         return Park(message, f"{reason}: {said}")
+
+
+def intake_id(
+    exchange: str, routing_key: str, headers: Mapping[str, Any], timestamp: Any, body: bytes
+) -> str:
+    """The id the bridge gives a message published without one: a digest of what its
+    publisher sent, so that the same message has the same id whenever it is read (a
+    redelivery after a crash, a replay from the DLQ). Headers the broker added
+    (:data:`BROKER_HEADERS`) and delayq's own are left out."""
+    theirs = {k: v for k, v in _their_headers(headers).items() if not _added_by_broker(k)}
+    digest = hashlib.sha256()
+    for part in (
+        exchange,
+        routing_key,
+        json.dumps(_plain(theirs), sort_keys=True, default=repr),
+        str(timestamp),
+    ):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    digest.update(body)
+    return f"intake-{digest.hexdigest()[:32]}"
+
+
+def _added_by_broker(key: str) -> bool:
+    key = key.lower()
+    return key in BROKER_HEADERS or key.startswith(("x-first-death-", "x-last-death-"))
 
 
 def _their_headers(headers: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,11 @@ the intake queue, and the next one sends them again under the same message ids
 tier, say) goes back to the intake queue after a pause; one that comes back more
 than the intake's ``delivery_limit`` times is dead-lettered to its DLQ by the broker.
 
+No message stops the bridge: what the relay cannot schedule it parks with the reason; a
+message whose headers pika cannot read, or cannot write again (a NaN, a timestamp past
+the year 9999), is rejected, and the broker dead-letters it, as it came, to the same DLQ
+(reason ``rejected``). Every other message of the batch goes on.
+
 A delay counts from when the bridge takes the message: while the bridge is down,
 messages wait in the intake queue and arrive late by that much, never early.
 """
@@ -28,12 +33,14 @@ from typing import Any
 import pika
 
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
-from delayq.errors import ConnectionFailed, InvalidInput, PublishError
+from delayq.errors import ConnectionFailed, DelayqError, InvalidInput, PublishError
 from delayq.intake.relay import Forward, Incoming, Park, Relay
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, LOST, channel_error
+from delayq.sync._sending import pika_properties
 from delayq.sync._signals import stopping_on_signals
+from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
@@ -44,6 +51,8 @@ __all__ = ["Bridge", "BridgeStats"]
 log = logging.getLogger("delayq.bridge")
 
 RECONNECTABLE: tuple[type[BaseException], ...] = (*LOST, ConnectionFailed)
+_PASSED_ON: tuple[type[BaseException], ...] = (*RECONNECTABLE, DelayqError)
+"""What sending a batch may raise that is the broker's or the topology's doing."""
 
 _PROPERTIES = (
     "content_type",
@@ -71,7 +80,29 @@ class BridgeStats:
     """Messages confirmed into the intake's DLQ, with their reason."""
     returned: int = 0
     """Deliveries put back on the intake queue: the broker did not take their publish."""
+    rejected: int = 0
+    """Deliveries rejected to the intake's DLQ, as they came: headers pika cannot read or
+    write again."""
     reconnects: int = 0
+
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+def _unwritable(msg: OutgoingMessage) -> str | None:
+    """Why pika cannot write ``msg``'s properties, or ``None``: checked only when its
+    headers hold more than strings, bytes, booleans and 64-bit integers."""
+    for value in msg.headers.values():
+        if isinstance(value, (str, bytes, bool)) or value is None:
+            continue
+        if isinstance(value, int) and _INT64_MIN <= value < _INT64_END:
+            continue
+        try:
+            pika_properties(msg).encode()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+    return None
 
 
 def pick_intake(topology: Topology, name: str | None) -> Intake:
@@ -159,6 +190,7 @@ class Bridge:
 
     def _serve(self) -> None:
         connection = connect(self._url, name=f"delayq-bridge {self.queue}")
+        tolerate_unreadable_headers(connection)
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self._prefetch)
@@ -178,12 +210,48 @@ class Bridge:
             close_quietly(connection)
 
     def _arrived(self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes) -> None:
+        why = unreadable(props)
+        if why is not None:
+            self._reject(channel, method.delivery_tag, f"delivery {method.delivery_tag}", why)
+            return
         properties = {name: getattr(props, name) for name in _PROPERTIES}
         incoming = Incoming(method.routing_key or "", body, properties)
         self._batch.append((method.delivery_tag, incoming))
 
+    def _reject(self, channel: Any, tag: int, name: str, why: str) -> None:
+        """Leave the delivery to the broker's dead-lettering: into the intake's DLQ, intact."""
+        channel.basic_reject(tag, requeue=False)
+        self.stats.rejected += 1
+        log.warning(
+            "rejected %s of %s to %s, as it came: its headers cannot be read or sent again "
+            "(%s)",
+            name,
+            self.queue,
+            self.relay.dlq,
+            why,
+        )
+
+    def _planned(self, channel: Any, batch: list[tuple[int, Incoming]]) -> list[Any]:
+        """Each delivery's plan, the ones pika cannot write rejected (and left out)."""
+        kept: list[tuple[tuple[int, Incoming], Forward | Park]] = []
+        for tag, incoming in batch:
+            plan = self.relay.plan(incoming)
+            why = _unwritable(plan.message)
+            if why is not None and isinstance(plan, Forward):
+                plan = self.relay.park(incoming, why)
+                why = _unwritable(plan.message)
+            if why is not None:
+                self._reject(channel, tag, plan.message.message_id, why)
+                continue
+            kept.append(((tag, incoming), plan))
+        return kept
+
     def _send(self, channel: Any, batch: list[tuple[int, Incoming]]) -> None:
-        plans = [self.relay.plan(incoming) for _tag, incoming in batch]
+        kept = self._planned(channel, batch)
+        if not kept:
+            return
+        batch = [item for item, _plan in kept]
+        plans = [plan for _item, plan in kept]
         errors: dict[int, BaseException] = {}
 
         def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
@@ -196,6 +264,16 @@ class Bridge:
             )
         except ConnectionFailed as exc:  # nothing could be sent: all go back
             errors = dict.fromkeys(range(len(plans)), exc)
+        except _PASSED_ON:
+            raise
+        except Exception as exc:  # not the broker's doing: find the message, go on
+            log.exception("bridge of %s failed sending a batch of %d", self.queue, len(plans))
+            if len(batch) == 1:
+                self._reject(channel, batch[0][0], plans[0].message.message_id, repr(exc))
+            else:
+                for item in batch:
+                    self._send(channel, [item])
+            return
         if not errors:
             channel.basic_ack(batch[-1][0], multiple=True)
         for index, ((tag, _incoming), plan) in enumerate(zip(batch, plans, strict=True)):
