@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from delayq import Topology
 from delayq.cli import main
 from delayq.durations import format_ms
 from delayq.ops.migrate import plan_migration
 from delayq.topology.ladder import DEFAULT_LADDER
+from tests.guide_blocks import PLUGIN_GUIDE, block
 
 
 def _exchange(name: str, kind: str = "direct", vhost: str = "/") -> dict[str, Any]:
@@ -225,7 +228,7 @@ def test_the_fitted_ladder_and_its_lateness_are_printed(
     assert line.endswith("arrive up to 15s late: 33.3% of their delay on average, 1.33 times "
                          "it at worst")  # fmt: skip
     written = (tmp_path / "out" / "delayq.orders.delayed.yaml").read_text()
-    assert "ladder:\n- 2s\n" in written
+    assert "\nladder: [2s, " in written
 
 
 @pytest.mark.parametrize(("vhost", "quoted"), [("/", "%2F"), ("a/b c", "a%2Fb%20c")])
@@ -236,3 +239,29 @@ def test_the_steps_say_how_to_see_the_drain_and_quote_the_vhost(vhost: str, quot
     assert f"DELETE /api/exchanges/{quoted}/orders.delayed)" in delete
     bridge = next(step for step in plan.steps if step.startswith("delayq bridge"))
     assert "supervisor" in bridge and "Restart=always" in bridge
+
+
+def test_the_plugin_guides_plan_is_what_migrate_plan_prints_and_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guide's definitions, planned from a folder of their own as the guide runs it
+    (``delayq migrate plan definitions.json``): its output and topology file, as shown."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "definitions.json").write_text(block(PLUGIN_GUIDE, "json", '{\n  "exchanges"'))
+    assert main(["migrate", "plan", "definitions.json"]) == 0
+    shown = block(PLUGIN_GUIDE, "", "exchange 'orders.delayed' -> ")
+    assert capsys.readouterr().out == shown
+    written = (tmp_path / "topology" / "delayq.orders.delayed.yaml").read_text()
+    assert written == block(PLUGIN_GUIDE, "yaml", "# delayq migrate plan: ")
+
+
+def test_the_plugin_guides_intake_topology_validates() -> None:
+    """Namespace ``orders``, intake ``orders.delayed.intake``: it was refused for starting
+    with the namespace (tests/integration/test_plugin_guide.py applies it)."""
+    topology = Topology.model_validate(
+        yaml.safe_load(block(PLUGIN_GUIDE, "yaml", "# topology/orders.yaml"))
+    )
+    assert (topology.namespace, topology.intakes[0].exchange) == (
+        "orders",
+        "orders.delayed.intake",
+    )

@@ -142,14 +142,17 @@ def cmd_migrate_plan(args: Args) -> int:
 
 
 def _topology_file(plan: PlannedExchange) -> str:
-    data = plan.topology.model_dump(mode="json", exclude_defaults=True)
-    data["namespace"] = plan.topology.namespace
-    data["intakes"] = [
-        {"exchange": i.exchange, "type": i.type} for i in plan.topology.intakes
-    ]  # the type said even when it is the default
-    data["ladder"] = [t.label for t in plan.topology.ladder.tiers]  # said even as the default
-    return f"# delayq migrate plan: exchange {plan.exchange!r} (x-delayed-message)\n" + (
-        yaml.safe_dump(data, sort_keys=False)
+    topology = plan.topology
+    rest = topology.model_dump(mode="json", exclude_defaults=True)
+    rest = {k: v for k, v in rest.items() if k not in ("namespace", "ladder", "intakes")}
+    # the intake's type said even when it is the default
+    rest["intakes"] = [{"exchange": i.exchange, "type": i.type} for i in topology.intakes]
+    # the ladder said even when it is the default: the plan's note says to edit it here
+    head = {"namespace": topology.namespace, "ladder": [t.label for t in topology.ladder.tiers]}
+    return (
+        f"# delayq migrate plan: exchange {plan.exchange!r} (x-delayed-message)\n"
+        + yaml.safe_dump(head, sort_keys=False, default_flow_style=None)
+        + yaml.safe_dump(rest, sort_keys=False)
     )
 
 
