@@ -20,6 +20,7 @@ from delayq import Topology, load_topology
 from delayq.cli import main
 from delayq.ops.management import ManagementAPI
 from delayq.sync.bridge import Bridge
+from tests.amqp import depth
 from tests.guide_blocks import PLUGIN_GUIDE, block
 from tests.integration.test_readme_examples import VHost, vhost  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
@@ -43,14 +44,6 @@ def bridged(vhost: VHost) -> Iterator[Callable[[Topology], Bridge]]:  # noqa: F8
         bridge.request_stop()
         thread.join(30)
         assert not thread.is_alive(), f"the bridge of {bridge.queue} did not stop"
-
-
-def _depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def test_the_planned_topology_applies_beside_the_queue_and_waits_as_its_ladder_says(
@@ -78,8 +71,8 @@ def test_the_planned_topology_applies_beside_the_queue_and_waits_as_its_ladder_s
     channel.basic_publish("orders.delayed.intake", "order.reminder", b"{}",
                           pika.BasicProperties(headers={"x-delay": 1500}))  # fmt: skip
     tier = "delayq.orders.delayed.tier.30s"  # "x-delay 1500 arrives 28s500ms late"
-    wait_for(lambda: _depth(vhost.url, tier) == 1, 30, f"the message in {tier}")
-    assert _depth(vhost.url, "orders.reminders") == 0
+    wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the message in {tier}")
+    assert depth(vhost.url, "orders.reminders") == 0
     connection.close()
 
 
@@ -109,5 +102,5 @@ def test_the_intake_topology_applies_declares_its_table_and_takes_its_publisher(
     publisher = block(PLUGIN_GUIDE, "python", "# The publisher: any AMQP client")
     exec(publisher, {"channel": channel, "pika": pika, "body": b"{}"})
     tier = "orders.tier.30m"  # x-delay 15 min: the smallest tier at or above it
-    wait_for(lambda: _depth(vhost.url, tier) == 1, 30, f"the guide's message in {tier}")
+    wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the guide's message in {tier}")
     connection.close()
