@@ -7,6 +7,7 @@ until a bridge consumes each intake, then passes. Misuse is refused naming the e
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -88,7 +89,7 @@ def test_plan_writes_topologies_apply_accepts_and_check_passes_once_bridged(
     definitions = tmp_path / "definitions.json"
     definitions.write_text(json.dumps(_definitions(tag)))
     delays = tmp_path / "delays.txt"
-    delays.write_text("1000\n2000\n")  # the grid's smallest tier, 15 s, serves both
+    delays.write_text("1000\n2000\n")  # each a tier of the fitted ladder
     out = tmp_path / "topology"
     assert main(["migrate", "plan", str(definitions), "--out", str(out),
                  "--delays", str(delays)]) == 0  # fmt: skip
@@ -110,7 +111,8 @@ def test_plan_writes_topologies_apply_accepts_and_check_passes_once_bridged(
     assert (notify.intakes[0].exchange, notify.intakes[0].type) == (f"{tag}-notify.intake", "topic")
     assert (billing.intakes[0].exchange, billing.intakes[0].type) == (
         f"{tag}-billing.intake", "direct")  # fmt: skip
-    assert [t.ttl_ms for t in notify.ladder.tiers] == [15_000]
+    tiers = [t.ttl_ms for t in notify.ladder.tiers]
+    assert tiers[:2] == [1_000, 2_000] and tiers[-1] == 86_400_000 and len(tiers) == 9
 
     # The queues exist as the plugin's users made them (classic here): only bound.
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
@@ -218,7 +220,7 @@ def test_an_exchange_bound_to_the_plugin_exchange_is_bound_by_hand_and_reached(
     assert "external_bindings:\n- event.#\n" in path.read_text()
     ready = f"delayq.{plugin}.ready"
     assert ready == topology.ready_exchange
-    steps = [line.strip() for line in said.splitlines() if line.startswith("  ")]
+    steps = [line.strip() for line in said.splitlines() if re.match(r"  \d+\. ", line)]
     assert steps[0].startswith(f"1. delayq topology apply -f {path}")
     assert steps[1] == (
         f"2. bind exchange {fanout!r} to {ready} with routing key 'event.#' (management UI "
@@ -277,7 +279,6 @@ def test_an_exchange_bound_to_the_plugin_exchange_is_bound_by_hand_and_reached(
         (lambda d: d["bindings"][3].update({"routing_key": "invoice.*"}),
          "(direct) has key 'invoice.*'"),
         (lambda d: d["bindings"][0].update({"arguments": {"x-match": "all"}}), "has arguments"),
-        (lambda d: d["bindings"][1].update({"routing_key": ""}), "has an empty routing key"),
         (lambda d: d.update({"exchanges": d["exchanges"][2:]}), "no x-delayed-message exchange"),
         (lambda d: d.update({"bindings": 5}), "'bindings' must be a list"),
         (lambda d: d["bindings"][0].pop("destination"), "names no destination"),

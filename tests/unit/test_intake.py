@@ -3,6 +3,7 @@ and the topology checks of an intake."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -208,7 +209,7 @@ def test_an_intake_declares_its_exchange_queue_and_dlq_outside_the_apply_marker(
         ([{"exchange": "d", "type": "x-delayed-message"}], ["a"], "one of direct, topic"),
         ([{"exchange": "d"}], ["a.*"], "binding key 'a.*' is a pattern"),
         ([{"exchange": "d", "type": "fanout"}], ["a"], "does not bind '#'"),
-        ([{"exchange": "shop.d"}], ["a"], "reserves"),
+        ([{"exchange": "shop.tier.1h"}], ["a"], "shop.tier.*: its tiers"),
         ([{"exchange": "amq.direct"}], ["a"], "reserves"),
         ([{"exchange": "d"}, {"exchange": "d"}], ["a"], "listed twice"),
         ([{"exchange": "d" * 240}], ["a"], "RabbitMQ takes names of up to 255"),
@@ -218,12 +219,38 @@ def test_an_intake_declares_its_exchange_queue_and_dlq_outside_the_apply_marker(
 def test_an_intake_that_cannot_route_as_the_plugin_did_is_refused(
     intakes: list[dict[str, Any]], bindings: list[str], said: str
 ) -> None:
-    with pytest.raises(InvalidTopology, match=said.replace("*", r"\*")):
+    with pytest.raises(InvalidTopology, match=re.escape(said)):
         Topology(
             namespace="shop",
             destinations=[{"queue": "q", "bindings": bindings}],
             intakes=intakes,
         )
+
+
+RESERVED = [
+    "shop", "shop.ready", "shop.unrouted", "shop.headers", "shop.direct", "shop.delivery",
+    "shop.tier.30s", "shop.retry.30s.direct", "shop.level.0", "shop.intake.x",
+    "shop.applied.0123456789ab", "shop.verify.01234567",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", RESERVED)
+def test_an_intake_named_as_an_entity_delayq_declares_is_refused_naming_it(name: str) -> None:
+    said = f"intake exchange '{name}' is a name delayq declares in namespace 'shop'"
+    with pytest.raises(InvalidTopology, match=re.escape(said)):
+        Topology(namespace="shop", destinations=[{"queue": "q", "bindings": ["a"]}],
+                 intakes=[{"exchange": name}])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", ["shop.delayed", "shop.delayed.intake", "shop.readyish", "shop.tier", "shopx.ready"]
+)
+def test_an_intake_under_the_namespace_but_no_name_of_delayqs_is_taken(name: str) -> None:
+    """The plugin guide's own example: namespace ``orders``, intake
+    ``orders.delayed.intake``, was refused for starting with the namespace."""
+    topology = Topology(namespace="shop", destinations=[{"queue": "q", "bindings": ["a"]}],
+                        intakes=[{"exchange": name}])  # fmt: skip
+    assert topology.intakes[0].exchange == name
 
 
 def test_topic_and_fanout_intakes_route_by_their_bindings() -> None:

@@ -1,7 +1,8 @@
 """The ``delayq`` command line.
 
 Exit codes: 0 success; 1 the broker refused or could not be reached, the
-topology conflicts with what exists, or a check of ``topology verify`` failed;
+topology conflicts with what exists, a check of ``topology verify`` failed, or
+``migrate plan`` left a binding out of the plan it wrote;
 2 bad input (nothing was sent); 141 the reader of the output went away
 (``delayq dlq list | head``), like a command killed by SIGPIPE. A ``--json`` command that
 fails prints one JSON error object on stdout (see :func:`delayq.cli._common.fail`).

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import yaml
@@ -18,6 +21,9 @@ from delayq.cli._common import (
 from delayq.cli.options import group, json_flag, leaf, once
 from delayq.errors import InvalidInput
 from delayq.urls import redact
+
+if TYPE_CHECKING:
+    from delayq.ops.migrate import PlannedExchange
 
 __all__ = ["migrate_group"]
 
@@ -59,7 +65,8 @@ def migrate_group() -> click.Group:
                     once(
                         "--intake-name",
                         default="{exchange}.intake",
-                        help="the intake exchange's name (default {exchange}.intake)",
+                        help="the intake exchange's name, from {exchange}, the plugin "
+                        "exchange's (default {exchange}.intake)",
                     ),
                     json_flag(),
                 ],
@@ -80,8 +87,9 @@ def migrate_group() -> click.Group:
 
 
 def cmd_migrate_plan(args: Args) -> int:
-    from delayq.ops.migrate import load_definitions, plan_migration, read_delays
+    from delayq.ops.migrate import check_intake_name, load_definitions, plan_migration, read_delays
 
+    check_intake_name(args.intake_name)  # before a management API is asked anything
     if args.management_url is not None:
         from delayq.ops.management import ManagementAPI
 
@@ -89,47 +97,92 @@ def cmd_migrate_plan(args: Args) -> int:
     else:
         definitions = load_definitions(args.definitions)
     delays = read_delays(args.delays) if args.delays is not None else None
-    if "{exchange}" not in args.intake_name:
-        raise InvalidInput("--intake-name must contain {exchange}, e.g. {exchange}.intake")
     planned = plan_migration(
         definitions, vhost=args.vhost, delays=delays, intake_name=args.intake_name
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    written = {}
+    files = {p.exchange: (f"{p.topology.namespace}.yaml", _topology_file(p)) for p in planned}
+    written = _write(args.out, files)
     for plan in planned:
-        path = args.out / f"{plan.topology.namespace}.yaml"
-        data = plan.topology.model_dump(mode="json", exclude_defaults=True)
-        data["namespace"] = plan.topology.namespace
-        data["intakes"] = [
-            {"exchange": i.exchange, "type": i.type} for i in plan.topology.intakes
-        ]  # the type said even when it is the default
-        path.write_text(
-            f"# delayq migrate plan: exchange {plan.exchange!r} (x-delayed-message)\n"
-            + yaml.safe_dump(data, sort_keys=False)
-        )
-        written[plan.exchange] = path
+        for warning in plan.warnings:
+            print(f"delayq: warning: {warning}", file=sys.stderr)
+    complete = all(p.complete for p in planned)
     if args.json:
         print_json(
             {
+                "complete": complete,
                 "exchanges": [
                     {
                         "exchange": p.exchange,
                         "topology_file": str(written[p.exchange]),
                         "intake": p.intake,
+                        "ladder": [t.label for t in p.topology.ladder.tiers],
+                        "ladder_note": p.ladder_note,
+                        "warnings": list(p.warnings),
+                        "left_out": list(p.left_out),
                         "steps": list(p.steps),
                     }
                     for p in planned
-                ]
+                ],
             }
         )
-        return EXIT_OK
+        return EXIT_OK if complete else EXIT_BROKER
     for plan in planned:
         path = written[plan.exchange]
         print(f"exchange {plan.exchange!r} -> {path} (namespace {plan.topology.namespace!r})")
+        print(f"  ladder: {plan.ladder_note}")
         for number, step in enumerate(plan.steps, 1):
             shown = step.replace(f"topology/{plan.topology.namespace}.yaml", str(path))
             print(f"  {number}. {shown}")
-    return EXIT_OK
+    if not complete:
+        print(
+            "delayq: the plan is not complete: the bindings warned about are left out (exit 1)",
+            file=sys.stderr,
+        )
+    return EXIT_OK if complete else EXIT_BROKER
+
+
+def _topology_file(plan: PlannedExchange) -> str:
+    topology = plan.topology
+    rest = topology.model_dump(mode="json", exclude_defaults=True)
+    rest = {k: v for k, v in rest.items() if k not in ("namespace", "ladder", "intakes")}
+    # the intake's type said even when it is the default
+    rest["intakes"] = [{"exchange": i.exchange, "type": i.type} for i in topology.intakes]
+    # the ladder said even when it is the default: the plan's note says to edit it here
+    head = {"namespace": topology.namespace, "ladder": [t.label for t in topology.ladder.tiers]}
+    return (
+        f"# delayq migrate plan: exchange {plan.exchange!r} (x-delayed-message)\n"
+        + yaml.safe_dump(head, sort_keys=False, default_flow_style=None)
+        + yaml.safe_dump(rest, sort_keys=False)
+    )
+
+
+def _write(out: Path, files: dict[str, tuple[str, str]]) -> dict[str, Path]:
+    """Each exchange's topology file (its name, its text) in ``out``, all or none: each is
+    written beside its
+    place and renamed into it once every one is written, so a full disk or a refused
+    folder leaves no half-written plan."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidInput(f"--out {str(out)!r} is a file, not a folder") from None
+    except OSError as exc:
+        raise InvalidInput(f"--out {str(out)!r}: cannot make the folder: {exc.strerror}") from None
+    paths = {exchange: out / name for exchange, (name, _) in files.items()}
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for exchange, (_, text) in files.items():
+            path = paths[exchange]
+            temporary = path.with_name(f".{path.name}.partial")
+            staged.append((temporary, path))
+            temporary.write_text(text, encoding="utf-8")
+        for temporary, path in staged:
+            os.replace(temporary, path)
+    except OSError as exc:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
+        where = exc.filename or out
+        raise InvalidInput(f"--out {str(out)!r}: cannot write {where}: {exc.strerror}") from None
+    return paths
 
 
 def cmd_migrate_check(args: Args) -> int:

@@ -16,7 +16,7 @@ Each plugin exchange ``E`` gets a namespace of its own, ``delayq.E``, with:
 - ``external_bindings`` for each exchange bound to ``E`` (bound to ``delayq.E.ready``
   by hand: a step says how);
 - a ladder: the default, or the best of 9 tiers for a sample of observed ``x-delay``
-  values (:func:`delayq.topology.fit.recommend_on_grid`).
+  values, its top still the default's (:mod:`delayq.ops.migrate_ladder`).
 
 A ``headers`` exchange (``x-delayed-type: headers``) becomes a headers intake: each
 queue bound to it a destination with ``headers``, one x-match table per binding (its
@@ -26,24 +26,34 @@ with the same arguments (:mod:`delayq.topology.headers`).
 What cannot be reproduced is refused naming the entity: a binding with arguments on an
 exchange of another type, a table delayq cannot bind (an ``x-match: any`` without keys,
 a ``delayq-`` header), a direct binding key that a topic exchange would read as a
-pattern, an empty binding key.
+pattern. A binding with the empty key is left out with a warning (delayq schedules
+nothing under it), the rest planned: the plan is then not complete
+(:attr:`PlannedExchange.complete`). An exchange with no binding is planned with a
+warning: its intake would park every message.
 """
 
 from __future__ import annotations
 
 import json
+import string
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delayq.durations import format_ms
 from delayq.errors import InvalidInput, InvalidTopology
-from delayq.topology.fit import recommend_on_grid
+from delayq.ops.migrate_ladder import PlannedLadder, default_ladder, fitted_ladder
 from delayq.topology.model import Topology
 
-__all__ = ["PlannedExchange", "load_definitions", "plan_migration", "read_delays"]
+__all__ = [
+    "PlannedExchange",
+    "check_intake_name",
+    "load_definitions",
+    "plan_migration",
+    "read_delays",
+]
 
 PLUGIN_TYPE = "x-delayed-message"
 
@@ -55,10 +65,42 @@ class PlannedExchange:
     exchange: str
     topology: Topology
     steps: tuple[str, ...]
+    ladder_note: str = ""
+    """The ladder, and how late it delivers (the default's smallest tier, or the sample's
+    lateness)."""
+    warnings: tuple[str, ...] = ()
+    """What the plan leaves out or cannot route; each is a step too."""
+    left_out: tuple[str, ...] = ()
+    """The bindings of the plugin exchange the topology does not reproduce."""
 
     @property
     def intake(self) -> str:
         return self.topology.intakes[0].exchange
+
+    @property
+    def complete(self) -> bool:
+        """Every binding of the plugin exchange is reproduced."""
+        return not self.left_out
+
+
+def check_intake_name(template: str) -> None:
+    """``template`` makes an intake's name from ``{exchange}``, the plugin exchange's
+    name, and nothing else; raises :class:`~delayq.errors.InvalidInput` saying why not."""
+    usage = (
+        "the only placeholder is {exchange} (the plugin exchange's name), as in {exchange}.intake"
+    )
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template)]
+    except ValueError as exc:
+        raise InvalidInput(f"--intake-name {template!r}: {exc}; {usage}") from None
+    named = [(f, spec, conv) for f, spec, conv in fields if f is not None]
+    for field, spec, conversion in named:
+        if field != "exchange" or spec or conversion:
+            shown = "{" + field + (f"!{conversion}" if conversion else "")
+            shown += (f":{spec}" if spec else "") + "}"
+            raise InvalidInput(f"--intake-name {template!r}: {shown} is not a placeholder; {usage}")
+    if not named:
+        raise InvalidInput(f"--intake-name {template!r} has no {{exchange}}; {usage}")
 
 
 def load_definitions(path: Path) -> dict[str, Any]:
@@ -116,9 +158,32 @@ def plan_migration(
                         if e.get("type") == PLUGIN_TYPE})  # fmt: skip
         elsewhere = f" (there are some in vhost {', '.join(found)}: --vhost)" if found else ""
         raise InvalidInput(f"no {PLUGIN_TYPE} exchange in vhost {vhost!r}{elsewhere}")
+    check_intake_name(intake_name)
     bindings = [b for b in _entries(definitions, "bindings") if b.get("vhost", "/") == vhost]
-    ladder = _ladder(delays) if delays else None
-    return [_plan_one(exchange, bindings, vhost, ladder, intake_name) for exchange in exchanges]
+    ladder = fitted_ladder(delays) if delays else default_ladder()
+    existing = {
+        str(e.get("name", "")): str(e.get("type", ""))
+        for e in _entries(definitions, "exchanges")
+        if e.get("vhost", "/") == vhost
+    }
+    planned = []
+    for exchange in exchanges:
+        name = str(exchange.get("name", ""))
+        intake = intake_name.format(exchange=name)
+        if intake == name:
+            raise InvalidInput(
+                f"--intake-name {intake_name!r} gives exchange {name!r} its own name: the "
+                "intake needs a new one, since the plugin exchange must stay until it has "
+                "delivered what it holds (deleting it deletes them: 'Why a new exchange name' "
+                "in the plugin migration guide)"
+            )
+        if intake in existing:
+            raise InvalidInput(
+                f"--intake-name {intake_name!r} gives exchange {name!r} the intake {intake!r}, "
+                f"an exchange the vhost already has (type {existing[intake]}): choose another"
+            )
+        planned.append(_plan_one(exchange, bindings, vhost, ladder, intake))
+    return planned
 
 
 def _entries(definitions: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -128,17 +193,12 @@ def _entries(definitions: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _ladder(delays: Mapping[int, int]) -> list[str]:
-    fit = recommend_on_grid(delays, 9)
-    return [format_ms(ms) for ms in fit.tiers_ms]
-
-
 def _plan_one(
     exchange: dict[str, Any],
     bindings: Iterable[dict[str, Any]],
     vhost: str,
-    ladder: list[str] | None,
-    intake_name: str,
+    ladder: PlannedLadder,
+    intake: str,
 ) -> PlannedExchange:
     name = str(exchange.get("name", ""))
     arguments = exchange.get("arguments") or {}
@@ -149,10 +209,14 @@ def _plan_one(
     tables: dict[str, list[dict[str, Any]]] = {}
     external: list[str] = []
     steps_bind: list[str] = []
+    left_out: list[str] = []
     namespace = f"delayq.{name}"
+    dlq = f"{namespace}.intake.{intake}.dlq"
+    bound = 0
     for binding in bindings:
         if binding.get("source") != name:
             continue
+        bound += 1
         where = f"binding {name!r} -> {binding.get('destination')!r}"
         if not isinstance(binding.get("destination"), str) or not binding["destination"]:
             raise InvalidInput(f"{where} names no destination: definitions incomplete")
@@ -166,9 +230,13 @@ def _plan_one(
             )
         key = "#" if kind == "fanout" else str(binding.get("routing_key", ""))
         if not key:
-            raise InvalidInput(
-                f"{where} has an empty routing key: delayq binds keys of a word or more"
+            left_out.append(
+                f"{where} (routing key '') is left out: delayq schedules nothing under the "
+                f"empty key, so the intake parks such messages in {dlq}; have their "
+                f"publishers send a key, and bind {binding['destination']!r} by it in "
+                f"topology/{namespace}.yaml"
             )
+            continue
         if kind == "direct" and {"*", "#"} & set(key.split(".")):
             raise InvalidInput(
                 f"{where} (direct) has key {key!r}, which delayq's topic ready exchange "
@@ -194,15 +262,24 @@ def _plan_one(
             for queue, found in sorted(tables.items())
         ],
         "external_bindings": sorted(set(external)),
-        "intakes": [{"exchange": intake_name.format(exchange=name), "type": kind}],
+        "intakes": [{"exchange": intake, "type": kind}],
+        "ladder": ladder.labels,
     }
-    if ladder is not None:
-        data["ladder"] = ladder
     try:
         topology = Topology.model_validate(data)
     except InvalidTopology as exc:
         raise InvalidInput(f"exchange {name!r} cannot become a delayq topology: {exc}") from exc
-    return PlannedExchange(name, topology, _steps(name, topology, steps_bind))
+    warnings = list(left_out)
+    if not (topology.destinations or steps_bind):
+        parked = topology.unrouted if kind == "headers" else dlq
+        how = "every binding it has is left out" if bound else "it has no binding"
+        warnings.append(
+            f"exchange {name!r}: {how}, so its intake has no destination and every message "
+            f"published to it is parked in {parked} (the plugin dropped them): bind a queue "
+            f"in topology/{namespace}.yaml, or leave this exchange out"
+        )
+    steps = _steps(name, vhost, topology, steps_bind, warnings)
+    return PlannedExchange(name, topology, steps, ladder.note, tuple(warnings), tuple(left_out))
 
 
 def _headers_binding(
@@ -236,21 +313,30 @@ def _unique(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _steps(name: str, topology: Topology, binds: list[str]) -> tuple[str, ...]:
+def _steps(
+    name: str, vhost: str, topology: Topology, binds: list[str], warnings: list[str]
+) -> tuple[str, ...]:
     intake = topology.intakes[0].exchange
     file = f"topology/{topology.namespace}.yaml"
     largest = topology.ladder.tiers[-1].label
+    quoted = urllib.parse.quote  # the default vhost '/' is %2F in a path
+    path = f"/api/exchanges/{quoted(vhost, safe='')}/{quoted(name, safe='')}"
     return (
         f"delayq topology apply -f {file}   # tiers, the intake {intake!r}, bindings to "
         "your queues (none declared or changed)",
         *binds,
-        f"delayq bridge -f {file}   # or worker.bridge() in your worker; leave it running",
+        f"delayq bridge -f {file}   # or worker.bridge() in your worker; it runs until "
+        "stopped: keep it running under a supervisor that restarts it (systemd "
+        "Restart=always, a container's restart policy)",
         f"delayq migrate check -f {file}   # applied, and every intake bridged",
+        *(f"before moving publishers: {warning}" for warning in warnings),
         f"point the publishers at exchange {intake!r} instead of {name!r} (a configuration "
         "change: the same routing keys and x-delay headers), one by one",
-        f"wait until {name!r} holds no delayed message: the longest x-delay your publishers "
-        f"sent it, counted from when the last one moved (delayq's ladder tops out at "
-        f"{largest}); deleting it earlier deletes what the plugin still holds",
-        f"delete exchange {name!r} (the management UI, or DELETE /api/exchanges/<vhost>/"
-        f"{name}); the plugin can then be disabled",
+        f"wait until {name!r} holds no delayed message: the plugin counts them as the "
+        f"exchange's messages_delayed (GET {path}, or the management UI's exchange page); "
+        "without the management plugin, wait the longest x-delay the publishers sent it "
+        "from when the last one moved. Deleting it earlier deletes what the plugin still "
+        f"holds (delayq's ladder tops out at {largest})",
+        f"delete exchange {name!r} (the management UI, or DELETE {path}); the plugin can "
+        "then be disabled",
     )

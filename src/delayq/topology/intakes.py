@@ -81,6 +81,41 @@ class Intake(Model):
         return f"{self.queue_name(namespace)}.dlq"
 
 
+# What delayq declares under a namespace, by name prefix: tiers, retry tiers, the exact
+# cascade's levels, intake queues, the apply marker (topology/marker.py) and the probes
+# of ``topology verify`` (ops/verify_probe.py, outside this package: not imported).
+_PREFIXES = {
+    "tier": "its tiers",
+    "retry": "its retry tiers",
+    "level": "the exact cascade's levels",
+    "intake": "its intake queues",
+    "applied": "its apply markers",
+    "verify": "the probes of topology verify",
+}
+
+
+def _declared_by_delayq(topology: Topology, name: str) -> str:
+    """What ``name`` is among the entities delayq declares under the namespace, or ``""``:
+    only those are refused, so ``orders.delayed.intake`` in namespace ``orders`` (the
+    plugin guide's example) is taken."""
+    namespace = topology.namespace
+    if name == namespace:
+        return "the namespace itself"
+    exact = {
+        topology.ready_exchange: "its ready exchange",
+        topology.unrouted: "its unrouted exchange",
+        topology.headers_exchange: "its headers exchange",
+        topology.direct_exchange: "its direct exchange",
+        topology.delivery_exchange: "the exact cascade's delivery exchange",
+    }
+    if name in exact:
+        return exact[name]
+    for prefix, what in _PREFIXES.items():
+        if name.startswith(f"{namespace}.{prefix}."):
+            return f"{namespace}.{prefix}.*: {what}"
+    return ""
+
+
 def check_intakes(topology: Topology) -> None:
     """The intakes fit the topology: unique, not one of delayq's names, names within
     RabbitMQ's limit, and the destinations bound the way the intake's type routes.
@@ -94,10 +129,11 @@ def check_intakes(topology: Topology) -> None:
         if name in seen:
             raise ValueError(f"intake exchange {name!r} is listed twice")
         seen.add(name)
-        if name == namespace or name.startswith(f"{namespace}.") or name.startswith("amq."):
+        taken = _declared_by_delayq(topology, name)
+        if taken:
             raise ValueError(
-                f"intake exchange {name!r} is a name delayq or RabbitMQ reserves (the "
-                f"namespace {namespace!r} and 'amq.'): give the plugin exchange's own name"
+                f"intake exchange {name!r} is a name delayq declares in namespace "
+                f"{namespace!r} ({taken}): give the intake a name of its own"
             )
         dlq = intake.dlq_name(namespace)
         if len(dlq.encode("utf-8")) > MAX_NAME_BYTES:

@@ -1,0 +1,106 @@
+"""The plugin migration guide's blocks against a real broker, each in a vhost of its own
+(its names are fixed): the topology ``delayq migrate plan`` writes from the guide's
+definitions applies beside the queue as it is, ``migrate check`` fails until a bridge
+runs, and ``x-delay: 1500`` waits in the 30 s tier, as the plan's ladder line says; the
+intake topology the guide shows applies, declares what its table lists, and its
+publisher block's message is scheduled into the tier its ``x-delay`` asks for.
+(tests/unit/test_migrate_plan.py checks the plan's output against the guide's.)"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from delayq import Topology, load_topology
+from delayq.cli import main
+from delayq.ops.management import ManagementAPI
+from delayq.sync.bridge import Bridge
+from tests.amqp import depth
+from tests.guide_blocks import PLUGIN_GUIDE, block
+from tests.integration.test_readme_examples import VHost, vhost  # noqa: F401 (a fixture)
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def bridged(vhost: VHost) -> Iterator[Callable[[Topology], Bridge]]:  # noqa: F811
+    """Bridges started in threads (``start(topology)``), stopped after the test."""
+    running: list[tuple[Bridge, threading.Thread]] = []
+
+    def start(topology: Topology) -> Bridge:
+        bridge = Bridge(vhost.url, topology)
+        thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+        thread.start()
+        running.append((bridge, thread))
+        wait_for(bridge.started.is_set, 30, lambda: f"the bridge of {bridge.queue} up")
+        return bridge
+
+    yield start
+    for bridge, thread in running:
+        bridge.request_stop()
+        thread.join(30)
+        assert not thread.is_alive(), f"the bridge of {bridge.queue} did not stop"
+
+
+def test_the_planned_topology_applies_beside_the_queue_and_waits_as_its_ladder_says(
+    vhost: VHost,  # noqa: F811
+    bridged: Callable[[Topology], Bridge],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "definitions.json").write_text(block(PLUGIN_GUIDE, "json", '{\n  "exchanges"'))
+    assert main(["migrate", "plan", "definitions.json"]) == 0
+    file = "topology/delayq.orders.delayed.yaml"
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.url))
+    channel = connection.channel()
+    channel.queue_declare("orders.reminders", durable=True)  # the plugin user's, classic
+    assert main(["topology", "apply", "-f", file, "--url", vhost.url]) == 0
+    capsys.readouterr()
+    assert main(["migrate", "check", "-f", file, "--url", vhost.url]) == 1
+    assert "no bridge consumes" in capsys.readouterr().out
+    topology = load_topology(tmp_path / file)
+    bridged(topology)
+    assert main(["migrate", "check", "-f", file, "--url", vhost.url]) == 0
+    channel.confirm_delivery()
+    channel.basic_publish("orders.delayed.intake", "order.reminder", b"{}",
+                          pika.BasicProperties(headers={"x-delay": 1500}))  # fmt: skip
+    tier = "delayq.orders.delayed.tier.30s"  # "x-delay 1500 arrives 28s500ms late"
+    wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the message in {tier}")
+    assert depth(vhost.url, "orders.reminders") == 0
+    connection.close()
+
+
+def test_the_intake_topology_applies_declares_its_table_and_takes_its_publisher(
+    vhost: VHost,  # noqa: F811
+    bridged: Callable[[Topology], Bridge],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "topology" / "orders.yaml"
+    path.parent.mkdir()
+    path.write_text(block(PLUGIN_GUIDE, "yaml", "# topology/orders.yaml"))
+    assert main(["topology", "apply", "-f", str(path), "--url", vhost.url]) == 0
+    api = ManagementAPI(vhost.management_url)
+    table = re.findall(r"^\| `([^`]+)` \| (fanout exchange|quorum queue) \|",
+                       PLUGIN_GUIDE.read_text(), re.M)  # fmt: skip
+    assert len(table) == 3, table
+    for name, kind in table:
+        if kind == "fanout exchange":
+            assert (api.exchange(vhost.name, name) or {}).get("type") == "fanout", name
+        else:
+            assert (api.queue(vhost.name, name) or {}).get("type") == "quorum", name
+    bridged(load_topology(path))
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    publisher = block(PLUGIN_GUIDE, "python", "# The publisher: any AMQP client")
+    exec(publisher, {"channel": channel, "pika": pika, "body": b"{}"})
+    tier = "orders.tier.30m"  # x-delay 15 min: the smallest tier at or above it
+    wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the guide's message in {tier}")
+    connection.close()
