@@ -25,6 +25,7 @@ from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.handlers import is_coroutine_handler, plain
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
+from delayq.contexts import NoContext
 from delayq.errors import InvalidInput
 from delayq.links import AsyncFeed, FeedLost, open_async_feed
 from delayq.stores.base import (
@@ -41,7 +42,7 @@ transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
 
 
-class AsyncConsumer(AsyncDeliveryFlow):
+class AsyncConsumer(NoContext, AsyncDeliveryFlow):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = AsyncConsumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -58,6 +59,10 @@ class AsyncConsumer(AsyncDeliveryFlow):
 
     _sync: ClassVar[bool] = False
     _name: ClassVar[str] = "AsyncConsumer"
+    _instead: ClassVar[str] = (
+        "call `await consumer.run()` (it stops on SIGTERM/SIGINT or request_stop()), "
+        "or `await consumer.start()` and `await consumer.stop()`"
+    )
     _feed: AsyncFeed
 
     def _open_feed(self, url: str) -> AsyncFeed:

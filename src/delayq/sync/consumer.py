@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from delayq.consume.delivery import Delivery, is_fresh
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
+from delayq.contexts import NoContext
 from delayq.errors import DelayqError, HandlersStuck
 from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
@@ -56,7 +57,7 @@ running handlers finish or reach their ``handler_timeout``."""
 log = logging.getLogger("delayq.consumer")
 
 
-class Consumer(DeliveryFlow):
+class Consumer(NoContext, DeliveryFlow):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = Consumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -76,6 +77,10 @@ class Consumer(DeliveryFlow):
     """
 
     _name: ClassVar[str] = "Consumer"
+    _instead: ClassVar[str] = (
+        "call consumer.run() (it stops on SIGTERM/SIGINT or request_stop()), or "
+        "consumer.start() and consumer.close()"
+    )
     _feed: Feed
 
     def _open_feed(self, url: str) -> Feed:

@@ -11,6 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from delayq.contexts import NoAsyncContext
 from delayq.durations import Duration
 from delayq.errors import PublishBatchError, PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
@@ -40,7 +41,7 @@ from delayq.urls import redact, resolve_url
 __all__ = ["Publisher"]
 
 
-class Publisher:
+class Publisher(NoAsyncContext):
     """Publishes delayed messages through pika, one confirmed publish at a time.
 
     >>> with Publisher("amqp://guest:guest@localhost/", topology) as pub:  # doctest: +SKIP
