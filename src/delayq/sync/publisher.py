@@ -173,6 +173,10 @@ class Publisher(NoAsyncContext):
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
+        ``body`` is bytes, a str (sent as UTF-8 text), a pydantic model or a JSON value
+        (dict, list, tuple, number, bool, None). JSON has only str keys: a dict with
+        any other key (``{1: "a"}``, which would arrive as ``{"1": "a"}``) is refused
+        with :class:`~delayq.errors.InvalidBody`; a tuple arrives as a list.
         ``delay`` is a ``timedelta`` or a string like ``"90s"``; ``"0s"`` is
         immediate. ``strategy`` (``"tiered"`` or ``"exact"``) overrides the
         topology's default for this message. Raises a
