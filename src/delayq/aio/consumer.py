@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -237,7 +238,10 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         self._stopped.set()
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully."""
+        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
+
+        Signal handlers are installed only in the main thread (and not with
+        ``install_signal_handlers=False``); elsewhere :meth:`request_stop` stops it."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
         self._stop_requested, self._run_loop = stop_requested, loop
@@ -249,6 +253,9 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
             self._stop_requested = self._run_loop = None
             self._stop_wanted = False
             raise
+        # Only the main thread may handle signals; a loop in another one stops by
+        # request_stop() alone, as the sync Consumer's run() there does.
+        install_signal_handlers &= threading.current_thread() is threading.main_thread()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_requested.set)

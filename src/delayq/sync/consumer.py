@@ -187,7 +187,9 @@ class Consumer(NoContext, DeliveryFlow):
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
 
-        Signal handlers can only be installed from the main thread. A handler that
+        Signal handlers are installed only in the main thread (and not with
+        ``install_signal_handlers=False``); in another thread ``run`` consumes all the same
+        and :meth:`request_stop`, from any thread, stops it. A handler that
         raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` that is
         not an ``Exception`` stops the consumer gracefully; ``run`` then raises it, and
         that delivery goes back to the queue unacked. On an inline feed (a memory
