@@ -37,7 +37,7 @@ from delayq.errors import DelayqError, HandlersStuck
 from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
 from delayq.stores.base import IdempotencyStore
-from delayq.sync._deliveries import DeliveryFlow, Incoming
+from delayq.sync._deliveries import SPARE_PER_SLOT, DeliveryFlow, Incoming
 from delayq.sync._signals import stopping_on_signals
 from delayq.sync._threads import HandlerThreads
 from delayq.sync.publisher import Publisher
@@ -70,8 +70,11 @@ class Consumer(NoContext, DeliveryFlow):
     ``prefetch``) run at once in threads, so the handler must be thread-safe; pass
     ``concurrency=1`` for one at a time. A handler that overruns ``handler_timeout``
     is retried; its thread cannot be killed and is left to finish on its own while
-    the consumer goes on with its slot (at most ``concurrency`` such threads
-    beyond the working ones; then no handler starts until one of them ends).
+    a new thread takes its slot (at most ``2 * concurrency`` such threads beyond the
+    working ones; then no handler starts until one of them ends). A message with two
+    attempts hanging so is not run a third time beside them (the attempt fails as a
+    timeout): so handlers that hang on every attempt of up to ``concurrency``
+    messages leave the full concurrency to the others.
     ``feed`` replaces where deliveries come from, ``link`` what retries and dead
     letters are published through (see :mod:`delayq.links`).
     """
@@ -113,7 +116,7 @@ class Consumer(NoContext, DeliveryFlow):
     def _new_threads(self) -> HandlerThreads:
         return HandlerThreads(
             self.concurrency,
-            spare=self.concurrency,
+            spare=SPARE_PER_SLOT * self.concurrency,
             timeout_s=self._timeout_ms / 1000,
             name="delayq-handler",
             wake=self._feed.wake,  # a handler thread ended: look at it now
