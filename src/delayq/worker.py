@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from delayq.consume.handlers import check_handler
 from delayq.consume.retry import RetryPolicy, check_policy
 from delayq.durations import to_ms
 from delayq.errors import DelayqError, InvalidInput
@@ -88,7 +89,11 @@ class Worker:
         self._check_free(queue)
         self._check_options(queue, {**self.defaults, **options})
 
+        transactional = bool({**self.defaults, **options}.get("transactional", False))
+
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            # Refused at import, not once the worker runs and every delivery fails.
+            check_handler(fn, sync=False, transactional=transactional)
             # Checked again here: one handler() call's decorator applied twice would
             # otherwise register two handlers that split the queue between them.
             self._check_free(queue, fn)

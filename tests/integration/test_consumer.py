@@ -185,11 +185,15 @@ def test_a_handler_that_overruns_its_timeout_is_retried_not_stuck(
     topo = make_topology(["1s"])
     queue = f"{topo.namespace}.work"
     calls = Calls()
+    handles: list[Any] = []
 
     def handler(value: Any) -> None:
         calls.record(value)
         if len(calls.values) == 1:
-            time.sleep(3)  # stuck the first time
+            # Stuck the first time, past its timeout, until its retry is on its way: it
+            # returns before the retry comes (a sync Consumer does not run a message's
+            # retry beside its attempt still running).
+            until(lambda: bool(handles) and handles[0].stats.retried >= 1, 10)
 
     started = time.monotonic()
     consumer = start_consumer(
@@ -199,6 +203,7 @@ def test_a_handler_that_overruns_its_timeout_is_retried_not_stuck(
         handler_timeout="500ms",
         policy=FixedBackoff(delay="1s", max_attempts=3),
     )
+    handles.append(consumer)
     publish(rabbitmq_url, topo, Message({"n": 1}, "job.t", "0s"))
     assert until(lambda: consumer.stats.handled == 1, 10)
     assert len(calls.values) == 2 and consumer.stats.retried == 1

@@ -5,6 +5,7 @@ error or a correct outcome, and nothing confirmed is lost."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -201,7 +202,7 @@ def test_a_handler_that_never_returns_with_concurrency_1_is_retried_and_the_queu
         assert _text(arrivals[0].headers[H_ERROR_TYPE]).endswith("HandlerTimeout")
         assert until(lambda: len(done) == 3, 20)
         assert done == Counter({"a": 1, "b": 1, "c": 1})
-        assert len(threads) <= 2, f"handler threads grew: {sorted(threads)}"
+        assert len(threads) <= 3, f"handler threads grew: {sorted(threads)}"
         started = time.monotonic()
         handle.stop()  # the stuck threads are daemons: they hold up neither stop nor exit
         assert time.monotonic() - started < 15
@@ -212,10 +213,11 @@ def test_a_handler_that_never_returns_with_concurrency_1_is_retried_and_the_queu
 def test_a_consumer_whose_every_thread_is_stuck_says_so_dead_letters_the_hung_and_stops(
     make_topology, rabbitmq_url, collect, caplog: pytest.LogCaptureFixture
 ):
-    """Handlers that never return fill every thread (2 working + 2 spare): the hung
-    messages' next attempts go to the DLQ without a thread, the consumer logs an error,
-    counts the stuck threads, and after ``stuck_grace`` stops with HandlersStuck, the
-    messages it could not start back in the queue for a fresh process."""
+    """Three messages whose handler never returns, each hanging twice (an attempt and
+    the retry beside it), fill every thread (2 working + 4 replacements): their next
+    attempts go to the DLQ without a thread, the consumer logs an error, counts the
+    stuck threads, and after ``stuck_grace`` stops with HandlersStuck, the messages it
+    could not start back in the queue for a fresh process."""
     topo = make_topology(["1s"])
     queue = f"{topo.namespace}.work"
     apply_topology(topo, rabbitmq_url)
@@ -231,23 +233,24 @@ def test_a_consumer_whose_every_thread_is_stuck_says_so_dead_letters_the_hung_an
 
     consumer = Consumer(
         rabbitmq_url, topo, queue, handler, concurrency=2, handler_timeout="1s",
-        stuck_grace="5s", policy=FixedBackoff(delay="1s", max_attempts=5),
+        stuck_grace="5s", policy=FixedBackoff(delay="1s", max_attempts=8),
     )  # fmt: skip
     handle = SyncConsumerHandle(consumer)
+    hangs = [f"hang-{i}" for i in range(1, 4)]
     try:
         with caplog.at_level("ERROR", logger="delayq.consumer"):
             _publish(rabbitmq_url, topo, *[
-                Message({"id": i}, "job.s", "0s", message_id=i) for i in ("hang-1", "hang-2")
+                Message({"id": i}, "job.s", "0s", message_id=i) for i in hangs
             ])  # fmt: skip
-            # Two attempts each fill the 4 threads; the third goes to the DLQ unrun.
-            arrivals = dlq.wait(2, 30)
-            assert sorted(a.message_id for a in arrivals) == ["hang-1", "hang-2"]
+            # Two attempts each fill the 6 threads; a later one goes to the DLQ unrun.
+            arrivals = dlq.wait(3, 30)
+            assert sorted(a.message_id for a in arrivals) == hangs
             for arrival in arrivals:
                 assert _text(arrival.headers[H_DEAD_LETTER_REASON]) == "handlers-stuck"
                 assert _text(arrival.headers[H_ERROR_TYPE]).endswith("HandlersStuck")
                 said = _text(arrival.headers["delayq-error-message"])
-                assert "not run: its previous attempt (attempt 2) ran past" in said
-            assert consumer.stats.stuck_handlers == 4
+                assert re.search(r"not run: its previous attempt \(attempt \d\) ran past", said)
+            assert consumer.stats.stuck_handlers == 6
             assert consumer.stats.stuck_since is not None
             assert any(
                 "every handler thread of the consumer of" in r.getMessage() for r in caplog.records
@@ -271,6 +274,66 @@ def test_a_consumer_whose_every_thread_is_stuck_says_so_dead_letters_the_hung_an
         assert set(done.values()) == {1}
     finally:
         fresh.stop()
+
+
+def test_handlers_stuck_in_every_thread_leave_ordinary_messages_flowing(
+    make_topology, rabbitmq_url, collect
+):
+    """N messages whose handler never returns, N = the thread count: past
+    handler_timeout each hung thread is replaced (up to 2N replacements), a retry runs
+    beside its hung attempt and hangs too, and a third attempt does not run while two
+    hang. Ordinary messages published once the hung ones hang twice all get handled
+    (issue 48: they used to wait until stuck_grace stopped the consumer)."""
+    topo = make_topology(["1s"])
+    queue = f"{topo.namespace}.work"
+    apply_topology(topo, rabbitmq_url)
+    dlq = collect(f"{queue}.dlq")
+    release = threading.Event()
+    hung: Counter[str] = Counter()
+    done: Counter[str] = Counter()
+    threads: set[str] = set()
+    n = 2
+
+    def handler(body: dict[str, str]) -> None:
+        threads.add(threading.current_thread().name)
+        if body["id"].startswith("hang"):
+            hung[body["id"]] += 1
+            release.wait(120)  # forever, as far as the consumer knows
+            return
+        done[body["id"]] += 1
+
+    consumer = Consumer(
+        rabbitmq_url, topo, queue, handler, concurrency=n, handler_timeout="1s",
+        stuck_grace="60s", policy=FixedBackoff("1s", max_attempts=4),
+    )  # fmt: skip
+    handle = SyncConsumerHandle(consumer)
+    try:
+        hangs = [f"hang-{i}" for i in range(n)]
+        _publish(rabbitmq_url, topo, *[
+            Message({"id": i}, "job.s", "0s", message_id=i) for i in hangs
+        ])  # fmt: skip
+        # Each has timed out twice, its attempts hanging in 2N threads: the old code had
+        # N spare ones, all stuck now.
+        assert until(lambda: consumer.stats.retried >= 2 * n, 30), consumer.stats
+        ordinary = [f"ok-{i}" for i in range(20)]
+        _publish(rabbitmq_url, topo, *[
+            Message({"id": i}, "job.s", "0s", message_id=i) for i in ordinary
+        ])  # fmt: skip
+        assert until(lambda: len(done) == 20, 30), f"handled {sorted(done)}"
+        assert done == Counter(ordinary)
+        assert hung == Counter(hangs * 2), "a third attempt ran beside two hung ones"
+        assert len(threads) <= 3 * n, f"handler threads grew: {sorted(threads)}"
+        assert consumer.stats.stuck_since is None and consumer.stats.stuck_handlers == 2 * n
+        # The hung messages' attempts run out without a thread each: to the DLQ.
+        arrivals = dlq.wait(n, 30)
+        assert sorted(a.message_id for a in arrivals) == hangs
+        for arrival in arrivals:
+            assert _text(arrival.headers[H_DEAD_LETTER_REASON]) == "exhausted"
+            said = _text(arrival.headers["delayq-error-message"])
+            assert "not run: attempts 1, 2 of this message are still running" in said
+        handle.stop()
+    finally:
+        release.set()
 
 
 def test_a_bare_number_stuck_grace_is_refused_and_none_is_taken() -> None:
@@ -472,7 +535,7 @@ def test_a_worker_whose_sync_handlers_are_all_stuck_stops_with_handlers_stuck(
     worker = Worker(topo)
 
     @worker.handler(queue, concurrency=1, handler_timeout="1s", stuck_grace="2s",
-                    policy=FixedBackoff(delay="1s", max_attempts=3))  # fmt: skip
+                    policy=FixedBackoff(delay="1s", max_attempts=8))  # fmt: skip
     def handle(body: Any) -> None:
         release.wait(120)
 
@@ -487,7 +550,10 @@ def test_a_worker_whose_sync_handlers_are_all_stuck_stops_with_handlers_stuck(
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    _publish(rabbitmq_url, topo, Message({"n": 1}, "job.h", "0s", message_id="hangs"))
+    # Two of them: one thread and its two replacements are all they can hang in.
+    _publish(rabbitmq_url, topo, *[
+        Message({"n": n}, "job.h", "0s", message_id=f"hangs-{n}") for n in (1, 2)
+    ])  # fmt: skip
     try:
         assert until(lambda: not thread.is_alive(), 60), "the worker sat stuck"
     finally:
@@ -495,7 +561,7 @@ def test_a_worker_whose_sync_handlers_are_all_stuck_stops_with_handlers_stuck(
         stop.set()
         thread.join(60)
     assert len(raised) == 1 and isinstance(raised[0], HandlersStuck), raised
-    assert f"consumer of {queue!r} (2) was stuck" in str(raised[0])
+    assert f"consumer of {queue!r} (3) was stuck" in str(raised[0])
 
 
 def test_a_stop_requested_before_or_while_a_sync_consumer_starts_is_not_lost(

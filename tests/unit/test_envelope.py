@@ -438,3 +438,35 @@ def test_build_many_keeps_the_original_error_as_cause() -> None:
     with pytest.raises(InvalidDelay) as info:
         factory().build_many([Message(b"a", "k", "abc")])
     assert isinstance(info.value.__cause__, InvalidDelay)
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "key"),
+    [
+        ({1: "a"}, "body", "1 (int)"),
+        ({"a": [{"b": {2.5: 0}}]}, "body['a'][0]['b']", "2.5 (float)"),
+        ({True: 1}, "body", "True (bool)"),
+        ({None: 1}, "body", "None (NoneType)"),
+        ([{"ok": 1}, ({(1, 2): 3},)], "body[1][0]", "(1, 2) (tuple)"),
+    ],
+)
+def test_dict_keys_that_json_would_turn_into_strings_are_refused(
+    body: Any, where: str, key: str
+) -> None:
+    """JSON has only str keys: ``{1: "a"}`` would arrive as ``{"1": "a"}`` (issue 48)."""
+    with pytest.raises(InvalidBody, match="dict keys must be str") as caught:
+        encode_body(body)
+    assert f"{where} has the key {key}" in str(caught.value)
+    with pytest.raises(InvalidBody, match="dict keys must be str"):
+        build(body=body)
+
+
+def test_str_keys_at_any_depth_and_models_with_int_keys_are_fine() -> None:
+    class Counts(BaseModel):
+        by_day: dict[int, int]
+
+    body = {"a": [{"b": {"c": 1}}, ({"d": None},)]}
+    assert json.loads(encode_body(body)[0]) == {"a": [{"b": {"c": 1}}, [{"d": None}]]}
+    # A model's own schema turns the keys back into ints when the consumer validates it.
+    data, _ = encode_body(Counts(by_day={1: 2}))
+    assert Counts.model_validate_json(data).by_day == {1: 2}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq import DEFAULT_LADDER, DelayTooLong, Ladder
+from delayq import DEFAULT_LADDER, DelayTooLong, InvalidDelay, InvalidInput, Ladder
 from delayq.cli import main
 from delayq.consume.retry import (
     ROCKETMQ_SCHEDULE,
@@ -138,3 +138,98 @@ def test_cli_retry_plan_shows_the_tiers_and_flags_too_short_delays(capsys):
 def test_cli_retry_plan_rejects_a_bad_policy(capsys):
     assert main(["retry-plan", "-f", str(TOPOLOGY), "--initial", "2m", "--max-delay", "1m"]) == 2
     assert "max_delay 1m is shorter than initial 2m" in capsys.readouterr().err
+
+
+# Constructors: typed durations, positional or not, and clear refusals (issue 48) -----
+
+POLICY_DURATIONS = [
+    (FixedBackoff, "delay", False),
+    (ExponentialBackoff, "initial", False),
+    (ExponentialBackoff, "max_delay", False),
+    (ScheduleBackoff, "delays", True),
+]
+
+
+def _build(cls, field, listed, value):
+    kwargs = {field: [value] if listed else value}
+    if field == "max_delay":
+        kwargs["initial"] = "1ms"
+    return cls(**kwargs)
+
+
+@pytest.mark.parametrize(("cls", "field", "listed"), POLICY_DURATIONS)
+@pytest.mark.parametrize("value", ["90s", timedelta(seconds=90)])
+def test_every_policy_duration_takes_strings_and_timedeltas(cls, field, listed, value):
+    policy = _build(cls, field, listed, value)
+    assert policy.base_delay_ms(1) == (1 if field == "max_delay" else 90_000)
+    assert getattr(policy, field) == ((90_000,) if listed else 90_000)
+
+
+@pytest.mark.parametrize(("cls", "field", "listed"), POLICY_DURATIONS)
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (90, "bare number"),
+        (1.5, "bare number"),
+        (-5, "bare number"),
+        ("-5s", "must not be negative"),
+        (timedelta(seconds=-5), "must not be negative"),
+        (0, "bare number"),
+        ("0s", "at least 1ms"),
+        (timedelta(0), "at least 1ms"),
+        (True, "is a bool"),
+        (None, "NoneType is not accepted"),
+        (b"1s", "bytes is not accepted"),
+    ],
+)
+def test_every_policy_duration_refuses_clearly(cls, field, listed, value, says):
+    with pytest.raises(InvalidDelay, match=says) as caught:
+        _build(cls, field, listed, value)
+    assert field in str(caught.value) and cls.__name__ in str(caught.value)
+
+
+def test_the_one_delay_of_fixed_and_schedule_back_off_may_be_positional():
+    assert FixedBackoff("1s").delay == 1000
+    assert FixedBackoff(timedelta(minutes=2), max_attempts=3).delay == 120_000
+    assert ScheduleBackoff(["1s", timedelta(seconds=2)]).delays == (1000, 2000)
+    with pytest.raises(InvalidDelay, match="FixedBackoff delay 1 is a bare number"):
+        FixedBackoff(1)
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: ExponentialBackoff("1s"), r'keyword arguments: ExponentialBackoff\(initial="30s"'),
+        (lambda: FixedBackoff("1s", 3), r"one positional argument, delay"),
+        (lambda: FixedBackoff("1s", delay="2s"), "delay given twice"),
+        (lambda: ScheduleBackoff("1s"), r'a list of durations, not the string .*\["10s", "30s"\]'),
+        (lambda: ScheduleBackoff(delays="1s 2s"), r"a list of durations, not the string"),
+    ],
+)
+def test_positional_misuse_is_refused_clearly(build, says):
+    with pytest.raises(InvalidInput, match=says):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("cls", "field"),
+    [
+        (FixedBackoff, "max_attempts"),
+        (ExponentialBackoff, "max_attempts"),
+        (ExponentialBackoff, "multiplier"),
+        (ExponentialBackoff, "jitter"),
+        (ScheduleBackoff, "max_attempts"),
+    ],
+)
+@pytest.mark.parametrize("value", [True, False, None, "many", -1])
+def test_policy_numbers_refuse_bools_none_and_nonsense(cls, field, value):
+    kwargs = {field: value}
+    if cls is ScheduleBackoff:
+        kwargs["delays"] = ["1s"]
+    with pytest.raises(InvalidInput, match=f"{cls.__name__}.*{field}"):
+        cls(**kwargs)
+
+
+def test_policy_numbers_take_ints():
+    assert FixedBackoff(max_attempts=3).max_attempts == 3
+    assert ExponentialBackoff(multiplier=3, jitter=0).multiplier == 3.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ from delayq.aio._store import StoreBatcher
 from delayq.aio.publisher import AsyncPublisher
 from delayq.consume.handlers import is_coroutine_handler, plain
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
+from delayq.contexts import NoContext
 from delayq.errors import InvalidInput
 from delayq.links import AsyncFeed, FeedLost, open_async_feed
 from delayq.stores.base import (
@@ -41,7 +43,7 @@ transactional."""
 TransactionalHandler = Callable[[Any, Any], object]
 
 
-class AsyncConsumer(AsyncDeliveryFlow):
+class AsyncConsumer(NoContext, AsyncDeliveryFlow):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = AsyncConsumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -58,6 +60,10 @@ class AsyncConsumer(AsyncDeliveryFlow):
 
     _sync: ClassVar[bool] = False
     _name: ClassVar[str] = "AsyncConsumer"
+    _instead: ClassVar[str] = (
+        "call `await consumer.run()` (it stops on SIGTERM/SIGINT or request_stop()), "
+        "or `await consumer.start()` and `await consumer.stop()`"
+    )
     _feed: AsyncFeed
 
     def _open_feed(self, url: str) -> AsyncFeed:
@@ -232,7 +238,10 @@ class AsyncConsumer(AsyncDeliveryFlow):
         self._stopped.set()
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully."""
+        """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
+
+        Signal handlers are installed only in the main thread (and not with
+        ``install_signal_handlers=False``); elsewhere :meth:`request_stop` stops it."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
         self._stop_requested, self._run_loop = stop_requested, loop
@@ -244,6 +253,9 @@ class AsyncConsumer(AsyncDeliveryFlow):
             self._stop_requested = self._run_loop = None
             self._stop_wanted = False
             raise
+        # Only the main thread may handle signals; a loop in another one stops by
+        # request_stop() alone, as the sync Consumer's run() there does.
+        install_signal_handlers &= threading.current_thread() is threading.main_thread()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_requested.set)

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from delayq.aio._admission import Admission
+from delayq.contexts import NoSyncContext
 from delayq.durations import Duration
 from delayq.errors import DelayqError, PublishBatchError, PublishError
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
@@ -51,7 +52,7 @@ __all__ = ["AsyncPublisher"]
 log = logging.getLogger("delayq.publisher")
 
 
-class AsyncPublisher:
+class AsyncPublisher(NoSyncContext):
     """Publishes delayed messages on asyncio; every publish is confirmed.
 
     >>> async with AsyncPublisher(url, topology) as pub:  # doctest: +SKIP

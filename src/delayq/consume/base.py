@@ -120,7 +120,7 @@ class ConsumerBase:
         link: Any = None,
         tracing: TracingOption = None,
     ) -> None:
-        check_handler(handler, sync=self._sync)
+        check_handler(handler, sync=self._sync, transactional=transactional)
         self._tracing = tracing_for(tracing)
         if transactional:
             check_transactional(store, handler)

@@ -15,7 +15,7 @@ from typing import Any
 
 from delayq.errors import InvalidInput
 
-__all__ = ["check_handler", "is_coroutine_handler", "plain", "plain_result"]
+__all__ = ["check_handler", "check_signature", "is_coroutine_handler", "plain", "plain_result"]
 
 
 def is_coroutine_handler(handler: Callable[..., Any]) -> bool:
@@ -24,8 +24,11 @@ def is_coroutine_handler(handler: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
-def check_handler(handler: Callable[..., Any], *, sync: bool) -> None:
-    """Refuse a handler whose call would run nothing (``sync``: for a thread)."""
+def check_handler(
+    handler: Callable[..., Any], *, sync: bool, transactional: bool = False
+) -> None:
+    """Refuse a handler whose call would run nothing (``sync``: for a thread), or that
+    cannot take what delayq passes it (``transactional``: the body and the transaction)."""
     if not callable(handler):
         raise InvalidInput(f"handler must be a function, got {type(handler).__name__}")
     if sync and is_coroutine_handler(handler):
@@ -35,6 +38,36 @@ def check_handler(handler: Callable[..., Any], *, sync: bool) -> None:
             "handler is a generator function: calling it runs none of its body; "
             "make it a plain or async function (return, do not yield)"
         )
+    check_signature(handler, transactional=transactional)
+
+
+def check_signature(handler: Callable[..., Any], *, transactional: bool = False) -> None:
+    """Refuse a handler that cannot be called as ``handler(body)`` (``handler(body, tx)``
+    when transactional), positionally, as both consumers call it: otherwise every
+    delivery fails with a TypeError and is retried until its attempts are spent."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return  # some builtins have no signature to read: their call will tell
+    wanted = "handler(body, tx)" if transactional else "handler(body)"
+    try:
+        signature.bind(*(None,) * (2 if transactional else 1))
+    except TypeError as exc:
+        name = getattr(handler, "__qualname__", None) or repr(handler)
+        empty = inspect.Parameter.empty  # the parameters are what matters, not their types
+        signature = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        what = (
+            "the decoded body, then the store's transaction"
+            if transactional
+            else "one positional argument, the decoded body"
+        )
+        raise InvalidInput(
+            f"handler {name}{signature} cannot be called as {wanted} ({exc}): "
+            f"delayq passes it {what}"
+        ) from None
 
 
 def plain_result(result: object) -> None:

@@ -186,8 +186,11 @@ class DeliveryPlanner:
             message = self._retry_message(delivery, delay_ms, attempt + 1, now)
         except DelayTooLong as exc:
             return self._dead_letter(delivery, DeadLetterReason.TOO_LONG, exc, trace)
-        message.headers.update(self._failure_headers(delivery, error, trace, now))
-        return Decision(Action.RETRY, message, reason=f"attempt {attempt} failed")
+        failure = self._failure_headers(delivery, error, trace, now)
+        message.headers.update(failure)
+        # The log line says what failed, not only that something did (scrubbed and cut).
+        reason = f"attempt {attempt} failed: {type(error).__name__}: {failure[H_ERROR_MESSAGE]}"
+        return Decision(Action.RETRY, message, reason=reason)
 
     def deferred(self, delivery: Delivery, *, here: bool = False, by_key: bool = False) -> Decision:
         """The key's claim is held (``here``: by this consumer, for another copy it handles

@@ -68,6 +68,14 @@ DurationMs = Annotated[
 """A duration given as ``"30s"`` or ``timedelta`` (never a bare number), kept as int ms."""
 
 
+def _positive_ms(value: object, what: str) -> int:
+    """``value`` in ms, refused with the field named when it is not a duration above 0."""
+    ms = to_ms(value, what=what)
+    if ms < 1:
+        raise InvalidDelay(f"{what} must be at least 1ms, got {value!r}")
+    return ms
+
+
 def _invalid(name: str, exc: ValidationError) -> InvalidInput:
     """pydantic's error as delayq's: every problem on one line, the field named."""
     problems = []
@@ -127,19 +135,51 @@ class RetryPolicy(BaseModel):
     max_attempts: int = Field(default=5, ge=1, le=1000)
     """Deliveries to the handler in all, the first one included."""
 
-    def __init__(self, **data: Any) -> None:
+    _positional: ClassVar[str | None] = None
+    """The one field that may be given positionally (``FixedBackoff("1s")``), if any."""
+
+    def __init__(self, *args: Any, **data: Any) -> None:
         name = type(self).__name__
+        if args:
+            data = self._positional_data(args, data)
         for field in self._durations:
             value = data.get(field)
+            if isinstance(value, (str, bytes)) and field == "delays":
+                raise InvalidInput(
+                    f"{name} delays takes a list of durations, not the string {value!r}: "
+                    'write ["10s", "30s"] (or "10s 30s".split())'
+                )
             if isinstance(value, (tuple, list)):
                 for index, item in enumerate(value):
-                    to_ms(item, what=f"{name} {field}[{index}]")
+                    _positive_ms(item, f"{name} {field}[{index}]")
             elif field in data:
-                to_ms(value, what=f"{name} {field}")
+                _positive_ms(value, f"{name} {field}")
+        for field, value in data.items():
+            # pydantic reads True as 1: max_attempts=True would mean one attempt.
+            if isinstance(value, bool):
+                raise InvalidInput(f"{name} {field} is a bool ({value!r}), not a number")
         try:
             super().__init__(**data)
         except ValidationError as exc:
             raise _invalid(name, exc) from None
+
+    @classmethod
+    def _positional_data(cls, args: tuple[Any, ...], data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with the one positional argument under its field name."""
+        name, field = cls.__name__, cls._positional
+        if field is None:
+            raise InvalidInput(
+                f"{name} takes keyword arguments: "
+                f'{name}(initial="30s", max_delay="1h", max_attempts=5)'
+            )
+        if len(args) > 1:
+            raise InvalidInput(
+                f"{name} takes one positional argument, {field}; the rest by keyword "
+                f"(max_attempts=...), got {len(args)} positional arguments"
+            )
+        if field in data:
+            raise InvalidInput(f"{name} {field} given twice (positionally and by keyword)")
+        return {field: args[0], **data}
 
     def base_delay_ms(self, retry: int) -> int:
         """The delay before retry number ``retry`` (1-based), before jitter."""
@@ -229,9 +269,10 @@ class ExponentialBackoff(RetryPolicy):
 
 
 class FixedBackoff(RetryPolicy):
-    """The same delay before every retry."""
+    """The same delay before every retry: ``FixedBackoff("1m", max_attempts=3)``."""
 
     _durations = ("delay",)
+    _positional = "delay"
 
     kind: Literal["fixed"] = "fixed"
     delay: DurationMs = 60_000
@@ -241,9 +282,11 @@ class FixedBackoff(RetryPolicy):
 
 
 class ScheduleBackoff(RetryPolicy):
-    """An explicit list of delays, one per retry (``max_attempts`` = retries + 1)."""
+    """An explicit list of delays, one per retry (``max_attempts`` = retries + 1):
+    ``ScheduleBackoff(["10s", "1m", "10m"])``."""
 
     _durations = ("delays",)
+    _positional = "delays"
 
     kind: Literal["schedule"] = "schedule"
     delays: tuple[DurationMs, ...] = Field(min_length=1)

@@ -36,7 +36,7 @@ from types import TracebackType
 
 from delayq.local.ports import free_port
 from delayq.local.probes import BOOT_LOG_WAIT_S, BOOT_LOGGED, amqp_answers, terminate
-from delayq.local.rabbitmq import RabbitServer, UnknownServer, rabbit_server
+from delayq.local.rabbitmq import RabbitServer, UnknownServer, kept_env, rabbit_server
 
 __all__ = [
     "RABBITMQ_BIN",
@@ -190,9 +190,11 @@ class LocalNode:
         return f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def env(self) -> dict[str, str]:
+        """The node's environment: what :func:`~delayq.local.rabbitmq.kept_env` keeps of the
+        caller's, then the node's own."""
         base = self.base_dir
         return {
-            **os.environ,
+            **kept_env(),
             "HOME": str(base),
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.port),

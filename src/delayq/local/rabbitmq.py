@@ -28,9 +28,11 @@ from functools import cached_property
 from pathlib import Path
 
 __all__ = [
+    "KEPT_ENV",
     "SERVERS",
     "RabbitServer",
     "UnknownServer",
+    "kept_env",
     "rabbit_server",
     "server_choice",
 ]
@@ -42,6 +44,26 @@ _ALIASES = {"installed": "installed", "system": "installed", "4.0": "4.0", "4": 
 _TREE_DEFAULT = "/var/lib/delayq/rabbitmq-4.0"
 _TREE_BIN = Path("/usr/lib/rabbitmq/bin")
 _READY_MARK = ".delayq-ready"
+
+KEPT_ENV = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TMP", "TEMP", "USER", "LOGNAME"}
+    | {"LD_LIBRARY_PATH"}
+)
+"""What a node (and its ``rabbitmqctl``) keeps of the caller's environment, with ``LC_*``.
+
+RabbitMQ reads each of its settings from ``RABBITMQ_<NAME>`` or, failing that, from the
+bare ``<NAME>`` (``LOGS``, ``LOG_BASE``, ``MNESIA_BASE``, ``CONFIG_FILE``, ``NODENAME``,
+``NODE_PORT``, ``HOME``, ``PLUGINS_DIR``, ... about thirty), its scripts a few more
+(``SERVER_ERL_ARGS``, ``SCHEDULER_BIND_TYPE``, ...) and Erlang its ``ERL_*``: names a
+caller may well have set for something else (``LOGS=/tmp`` stopped every node with
+``cannot_log_to_file``). So nothing else passes, the caller's ``RABBITMQ_*`` neither:
+a throwaway node is the same wherever it starts."""
+
+
+def kept_env() -> dict[str, str]:
+    """The part of ``os.environ`` a local node keeps (see :data:`KEPT_ENV`)."""
+    return {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
+
 
 # Run inside the new mount namespace by the host's /bin/sh: bind the folders the node
 # reads and writes at their own paths, give a server its /proc, then chroot.

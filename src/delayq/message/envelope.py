@@ -202,7 +202,12 @@ class OutgoingMessage:
 
 
 def encode_body(body: object) -> tuple[bytes, str]:
-    """Bytes and content type for a body: bytes, str, a pydantic model or a JSON value."""
+    """Bytes and content type for a body: bytes, str, a pydantic model or a JSON value.
+
+    A JSON value's dict keys must be ``str``: JSON has no other, so ``{1: "a"}`` would
+    arrive as ``{"1": "a"}``; such a body is refused (:class:`InvalidBody`). Tuples
+    arrive as lists.
+    """
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body), CONTENT_BYTES
     if isinstance(body, str):
@@ -210,6 +215,8 @@ def encode_body(body: object) -> tuple[bytes, str]:
             return body.encode("utf-8"), CONTENT_TEXT
         except UnicodeEncodeError as exc:
             raise InvalidBody(f"str body cannot be encoded as UTF-8 ({exc})") from exc
+    if isinstance(body, _CONTAINERS):
+        _check_keys(body)  # a model's own schema turns its keys back on validation
     try:
         value = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
@@ -220,6 +227,59 @@ def encode_body(body: object) -> tuple[bytes, str]:
             "str, a pydantic model, or a JSON value (dict, list, int, float, bool, None) "
             "without NaN or infinity"
         ) from exc
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _check_keys(body: object) -> None:
+    """Refuse a dict key that is not a str anywhere in ``body`` (see :func:`encode_body`).
+
+    Plain recursion, no paths built (this runs on every publish; a refusal walks again
+    to name where); a cyclic or too deep body is left to json.dumps, whose refusal
+    says so."""
+    try:
+        ok = _str_keys(body)
+    except RecursionError:
+        return
+    if not ok:
+        raise InvalidBody(_bad_key(body))
+
+
+def _str_keys(value: Any) -> bool:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return False
+            if isinstance(item, _CONTAINERS) and not _str_keys(item):
+                return False
+        return True
+    return all(_str_keys(item) for item in value if isinstance(item, _CONTAINERS))
+
+
+def _bad_key(body: object) -> str:
+    """Where the first non-str dict key of ``body`` is, and what JSON would make of it."""
+    stack: list[tuple[object, str]] = [(body, "body")]
+    seen: set[int] = set()
+    while stack:
+        value, where = stack.pop()
+        if not isinstance(value, (dict, list, tuple)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    kind = type(key).__name__
+                    fate = (
+                        f"JSON would turn {key!r} into {json.dumps(key)!r}"
+                        if isinstance(key, (int, float)) or key is None  # bool too
+                        else f"JSON has no {kind} keys"
+                    )
+                    return f"{where} has the key {key!r} ({kind}): dict keys must be str; {fate}"
+                stack.append((item, f"{where}[{key!r}]"))
+        else:
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+    return "a dict key is not a str"  # not reached: _check_keys found one
 
 
 def envelope_headers(

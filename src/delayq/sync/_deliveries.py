@@ -53,6 +53,15 @@ __all__ = ["DeliveryFlow", "Incoming", "Settler"]
 log = logging.getLogger("delayq.consumer")
 
 _TIMED_OUT = f"{HandlerTimeout.__module__}.{HandlerTimeout.__qualname__}"
+
+HUNG_ATTEMPTS = 2
+"""Attempts of one message that may hang in abandoned threads at once: its retry still
+runs beside an attempt that hangs (the hang may have been a one-off), a third does not.
+So every message in a working slot may hang twice and the :data:`SPARE_PER_SLOT`
+replacements still leave the full concurrency to other messages."""
+
+SPARE_PER_SLOT = HUNG_ATTEMPTS
+"""Replacement threads per working one, for handlers abandoned past their timeout."""
 """The error type header of an attempt that overran ``handler_timeout``."""
 
 
@@ -113,14 +122,38 @@ class DeliveryFlow(ConsumerBase):
         pending, threads = self._pending, self._threads
         if not pending:
             return
+        if threads.stuck():
+            self._dead_letter_timed_out()
         free = threads.free()
         while pending and free > 0:
-            job = self._begin(*pending.popleft())
+            settler, delivery = pending.popleft()
+            hung = threads.hung(delivery.message_id)
+            if len(hung) >= HUNG_ATTEMPTS:
+                self._not_again(settler, delivery, hung)
+                continue
+            job = self._begin(settler, delivery)
             if job is not None:
                 threads.submit(job)
                 free -= 1
-        if pending and threads.stuck():
-            self._dead_letter_timed_out()
+
+    def _not_again(self, settler: Settler, delivery: Delivery, hung: list[Job]) -> None:
+        """A message with :data:`HUNG_ATTEMPTS` attempts still running past their timeout
+        is not run a third time beside them: a handler that hangs on a message every
+        time would otherwise take a thread per retry, until the retries alone held every
+        thread and stopped all other messages. It fails as a timeout, so the policy
+        retries it later (an attempt may have ended by then) or dead-letters it when
+        its attempts are spent."""
+        job = self._begin(settler, delivery)
+        if job is None:
+            return
+        attempts = ", ".join(str(j.delivery.attempt) for j in sorted(hung, key=_attempt))
+        with bound_delivery(delivery):
+            job.started = time.monotonic()
+            job.error = HandlerTimeout(
+                f"not run: attempts {attempts} of this message are still running in "
+                f"handler threads, past handler_timeout ({self._timeout_ms / 1000:g} s)"
+            )
+            self._finish(job)
 
     def _dead_letter_timed_out(self) -> None:
         """No thread can start a handler (every one is stuck past its timeout): a
@@ -277,3 +310,7 @@ class DeliveryFlow(ConsumerBase):
             if span is not None:
                 span.failed(job.error)
         self._drive(job.flow, ended, job.settler, job.delivery, job.received_ms)
+
+
+def _attempt(job: Job) -> int:
+    return job.delivery.attempt

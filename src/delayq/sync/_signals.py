@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,10 +16,11 @@ def stopping_on_signals(
     request_stop: Callable[[], None], *, install: bool = True
 ) -> Iterator[None]:
     """Within the block, SIGTERM and SIGINT call ``request_stop``; the handlers there
-    before come back after it. ``install=False`` (not the main thread, a worker that
-    handles signals itself) changes nothing."""
+    before come back after it. ``install=False`` (a worker that handles signals itself)
+    changes nothing, and neither does a thread other than the main one: only that one
+    may install handlers, so there a stop comes from ``request_stop`` alone."""
     previous: dict[signal.Signals, Any] = {}
-    if install:
+    if install and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda signum, frame: request_stop())
     try:

@@ -8,10 +8,13 @@ last drained them (a wake crosses threads through pika's socket pair: costly).
 
 A handler past its timeout cannot be killed; it is *abandoned*: its slot is given
 back at once (the delivery is retried) while its thread runs on, and what it
-returns is ignored. Abandoned threads are bounded too: at most ``spare`` of them
-beyond the ``size`` working ones, so the consumer never has more than
-``size + spare`` handler threads; when that many are stuck, no new handler starts
-until one of them ends.
+returns is ignored; a new thread replaces it. Abandoned threads are bounded too:
+at most ``spare`` of them beyond the ``size`` working ones, so the consumer never
+has more than ``size + spare`` handler threads; when that many are stuck, no new
+handler starts until one of them ends. :meth:`HandlerThreads.hung` tells the
+consumer which attempts of a message still hang there, so that a message that
+hangs every time cannot take all the replacements by its retries (see
+:mod:`delayq.sync._deliveries`).
 
 Threads are daemons: a handler stuck forever must not keep the process from
 exiting after a graceful stop (``concurrent.futures`` threads are joined at exit).
@@ -85,7 +88,8 @@ class HandlerThreads:
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._running: set[Job] = set()
-        self._abandoned = 0
+        self._abandoned: set[Job] = set()
+        """Jobs past their timeout whose handler still runs, each in a thread of its own."""
         self.finished: queue.SimpleQueue[Job] = queue.SimpleQueue()
         """Jobs whose handler ended in time, for the connection's thread to settle."""
         self._woken = False
@@ -109,7 +113,14 @@ class HandlerThreads:
     def abandoned(self) -> int:
         """Threads still stuck in a handler that overran its timeout."""
         with self._lock:
-            return self._abandoned
+            return len(self._abandoned)
+
+    def hung(self, message_id: str | None) -> list[Job]:
+        """The abandoned jobs of message ``message_id`` whose handler still runs."""
+        if not message_id or not self._abandoned:  # a racy peek: a job only ever leaves
+            return []
+        with self._lock:
+            return [job for job in self._abandoned if job.delivery.message_id == message_id]
 
     @property
     def threads(self) -> int:
@@ -120,18 +131,15 @@ class HandlerThreads:
         """Whether no job can start only because abandoned threads fill the spare ones
         (not because the working slots are busy): nothing starts until one returns."""
         with self._lock:
-            busy = len(self._running)
-            return (
-                self._abandoned > 0
-                and busy < self.size
-                and self.size + self.spare - busy - self._abandoned <= 0
-            )
+            busy, abandoned = len(self._running), len(self._abandoned)
+            room = self.size + self.spare - busy - abandoned
+            return abandoned > 0 and busy < self.size and room <= 0
 
     def free(self) -> int:
         """How many more jobs may start now."""
         with self._lock:
-            busy = len(self._running)
-            return max(0, min(self.size - busy, self.size + self.spare - busy - self._abandoned))
+            busy, abandoned = len(self._running), len(self._abandoned)
+            return max(0, min(self.size - busy, self.size + self.spare - busy - abandoned))
 
     def submit(self, job: Job) -> None:
         """Start ``job`` in a thread (the caller checked :meth:`free`)."""
@@ -157,14 +165,14 @@ class HandlerThreads:
             late = [job for job in self._running if job.deadline <= now]
             for job in late:
                 self._running.discard(job)
-                self._abandoned += 1
+                self._abandoned.add(job)
         return late
 
     def forget_running(self) -> list[Job]:
         """Abandon every running job (the consumer is closing) and return them."""
         with self._lock:
             jobs = list(self._running)
-            self._abandoned += len(jobs)
+            self._abandoned.update(jobs)
             self._running.clear()
         return jobs
 
@@ -199,7 +207,7 @@ class HandlerThreads:
                     self.finished.put(job)  # first: see unsettled()
                     self._running.discard(job)
                 else:
-                    self._abandoned -= 1
+                    self._abandoned.discard(job)
                 self._idle += 1
             if in_time:  # put, then the flag: see take_finished
                 if not self._woken:

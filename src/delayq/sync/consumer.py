@@ -32,11 +32,12 @@ from typing import Any, ClassVar
 
 from delayq.consume.delivery import Delivery, is_fresh
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, STALL_CHECK_S
+from delayq.contexts import NoContext
 from delayq.errors import DelayqError, HandlersStuck
 from delayq.links import Feed, FeedLost, Settler, open_feed
 from delayq.observe.logs import bound_delivery
 from delayq.stores.base import IdempotencyStore
-from delayq.sync._deliveries import DeliveryFlow, Incoming
+from delayq.sync._deliveries import SPARE_PER_SLOT, DeliveryFlow, Incoming
 from delayq.sync._signals import stopping_on_signals
 from delayq.sync._threads import HandlerThreads
 from delayq.sync.publisher import Publisher
@@ -56,7 +57,7 @@ running handlers finish or reach their ``handler_timeout``."""
 log = logging.getLogger("delayq.consumer")
 
 
-class Consumer(DeliveryFlow):
+class Consumer(NoContext, DeliveryFlow):
     """Runs ``handler`` for every message of ``queue``, with retries, a DLQ and dedup.
 
     >>> consumer = Consumer(url, topology, "orders.reminders", send_reminder,  # doctest: +SKIP
@@ -69,13 +70,20 @@ class Consumer(DeliveryFlow):
     ``prefetch``) run at once in threads, so the handler must be thread-safe; pass
     ``concurrency=1`` for one at a time. A handler that overruns ``handler_timeout``
     is retried; its thread cannot be killed and is left to finish on its own while
-    the consumer goes on with its slot (at most ``concurrency`` such threads
-    beyond the working ones; then no handler starts until one of them ends).
+    a new thread takes its slot (at most ``2 * concurrency`` such threads beyond the
+    working ones; then no handler starts until one of them ends). A message with two
+    attempts hanging so is not run a third time beside them (the attempt fails as a
+    timeout): so handlers that hang on every attempt of up to ``concurrency``
+    messages leave the full concurrency to the others.
     ``feed`` replaces where deliveries come from, ``link`` what retries and dead
     letters are published through (see :mod:`delayq.links`).
     """
 
     _name: ClassVar[str] = "Consumer"
+    _instead: ClassVar[str] = (
+        "call consumer.run() (it stops on SIGTERM/SIGINT or request_stop()), or "
+        "consumer.start() and consumer.close()"
+    )
     _feed: Feed
 
     def _open_feed(self, url: str) -> Feed:
@@ -108,7 +116,7 @@ class Consumer(DeliveryFlow):
     def _new_threads(self) -> HandlerThreads:
         return HandlerThreads(
             self.concurrency,
-            spare=self.concurrency,
+            spare=SPARE_PER_SLOT * self.concurrency,
             timeout_s=self._timeout_ms / 1000,
             name="delayq-handler",
             wake=self._feed.wake,  # a handler thread ended: look at it now
@@ -182,7 +190,9 @@ class Consumer(DeliveryFlow):
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Consume until SIGTERM or SIGINT (or :meth:`request_stop`), then stop gracefully.
 
-        Signal handlers can only be installed from the main thread. A handler that
+        Signal handlers are installed only in the main thread (and not with
+        ``install_signal_handlers=False``); in another thread ``run`` consumes all the same
+        and :meth:`request_stop`, from any thread, stops it. A handler that
         raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` that is
         not an ``Exception`` stops the consumer gracefully; ``run`` then raises it, and
         that delivery goes back to the queue unacked. On an inline feed (a memory

@@ -11,6 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from delayq.contexts import NoAsyncContext
 from delayq.durations import Duration
 from delayq.errors import PublishBatchError, PublishError
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
@@ -40,7 +41,7 @@ from delayq.urls import redact, resolve_url
 __all__ = ["Publisher"]
 
 
-class Publisher:
+class Publisher(NoAsyncContext):
     """Publishes delayed messages through pika, one confirmed publish at a time.
 
     >>> with Publisher("amqp://guest:guest@localhost/", topology) as pub:  # doctest: +SKIP
@@ -172,6 +173,10 @@ class Publisher:
     ) -> Receipt:
         """Publish one message and wait for the broker's confirm.
 
+        ``body`` is bytes, a str (sent as UTF-8 text), a pydantic model or a JSON value
+        (dict, list, tuple, number, bool, None). JSON has only str keys: a dict with
+        any other key (``{1: "a"}``, which would arrive as ``{"1": "a"}``) is refused
+        with :class:`~delayq.errors.InvalidBody`; a tuple arrives as a list.
         ``delay`` is a ``timedelta`` or a string like ``"90s"``; ``"0s"`` is
         immediate. ``strategy`` (``"tiered"`` or ``"exact"``) overrides the
         topology's default for this message. Raises a
