@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_BROKER",
     "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PIPE",
     "Args",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 
 
 class Args(SimpleNamespace):
