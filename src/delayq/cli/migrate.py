@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import yaml
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -17,7 +16,6 @@ from delayq.cli._common import (
 )
 from delayq.cli.options import group, json_flag, leaf, once
 from delayq.errors import InvalidInput
-from delayq.urls import redact
 
 __all__ = ["migrate_group"]
 
@@ -80,6 +78,8 @@ def migrate_group() -> click.Group:
 
 
 def cmd_migrate_plan(args: Args) -> int:
+    import yaml
+
     from delayq.ops.migrate import load_definitions, plan_migration, read_delays
 
     if args.management_url is not None:
@@ -136,6 +136,7 @@ def cmd_migrate_check(args: Args) -> int:
     from delayq.ops.verify import passed
     from delayq.sync.depths import queue_depths
     from delayq.sync.verify import verify_topology
+    from delayq.urls import redact
 
     topology, url = topology_and_url(args)
     if not topology.intakes:
