@@ -14,10 +14,11 @@ its own, so ``delayq --help`` and a program that needs one module of delayq do n
 for pydantic, the stores and the clients (``python -X importtime`` shows it).
 """
 
-from __future__ import annotations
-
-# typing is not imported for TYPE_CHECKING alone: this module must stay free of imports
-# (type checkers read any name TYPE_CHECKING as true)
+# No import runs here, not even ``from __future__ import annotations`` (it imports the
+# __future__ module) or typing for TYPE_CHECKING (type checkers read any name
+# TYPE_CHECKING as true): the command line's Ctrl-C handling starts after this module
+# (see delayq.cli), and ``import delayq`` costs nothing. Annotations naming what is
+# imported for type checkers alone are strings.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -301,7 +302,7 @@ _LAZY = {
 """Each exported name and the module defining it."""
 
 
-def _named_by_the_package(value: Any) -> None:
+def _named_by_the_package(value: "Any") -> None:
     """httpx's habit: a class the package exports is shown as ``delayq.Publisher`` in
     reprs and tracebacks, wherever it is defined. Only plain classes and errors:
     dataclasses, enums and pydantic models keep their module, which their type hints
@@ -321,7 +322,7 @@ def _named_by_the_package(value: Any) -> None:
         value.__module__ = "delayq"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'delayq' has no attribute {name!r}")

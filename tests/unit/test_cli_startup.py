@@ -61,6 +61,16 @@ def _commands(group: click.Group) -> list[click.Command]:
     return found
 
 
+def test_importing_delayq_cli_imports_nothing_more() -> None:
+    """What the ``delayq`` script imports before main() can catch a Ctrl-C: nothing."""
+    code = (
+        "import sys; before = set(sys.modules); import delayq.cli; "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "['delayq', 'delayq.cli']", done.stderr
+
+
 def test_every_command_names_a_handler_that_imports() -> None:
     """Handlers are named ``"module:function"`` and imported to run: a wrong name would
     only show when the command runs."""
@@ -93,6 +103,9 @@ INTERRUPT_HOOK = textwrap.dedent(
 @pytest.mark.parametrize(
     ("module", "argv"),
     [
+        # the first import of all: delayq and delayq.cli import nothing before main() runs
+        ("__future__", ["--help"]),
+        ("delayq.cli._main", ["--help"]),
         ("click", ["--help"]),
         ("delayq.cli.app", ["--help"]),
         ("delayq.cli.options", ["--version"]),

@@ -14,11 +14,11 @@ Ctrl-C that lands while the command line is still loading ends it like any other
 (one line, exit 130), not with a traceback.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` and no import but sys (loaded before any
+# script runs): what this module and delayq/__init__.py import runs before main() can
+# catch a Ctrl-C, so they import nothing, and the annotations naming what is imported
+# for type checkers alone are strings.
 import sys
-
-from delayq.cli._exits import EXIT_BROKER, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE
 
 TYPE_CHECKING = False  # no typing import for it: see delayq/__init__.py
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     import click
 
+    from delayq.cli._exits import EXIT_BROKER, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE
     from delayq.cli.options import Invocation
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: "Sequence[str] | None" = None) -> int:
     """Run ``delayq ARGV`` (default: ``sys.argv[1:]``); returns the exit code."""
     try:
         from delayq.cli._main import run
@@ -48,18 +49,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(argv)
     except KeyboardInterrupt:  # while loading, or anywhere a command did not catch it
         print("delayq: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 130  # EXIT_INTERRUPTED; an import here could be interrupted in turn
 
 
-def build_cli() -> click.Group:
+def build_cli() -> "click.Group":
     """The whole command tree, built fresh (see :func:`delayq.cli.app.build_cli`)."""
     from delayq.cli.app import build_cli
 
     return build_cli()
 
 
-def parse(argv: Sequence[str]) -> Invocation | int:
+def parse(argv: "Sequence[str]") -> "Invocation | int":
     """What ``delayq ARGV`` would run (see :func:`delayq.cli.app.parse`)."""
     from delayq.cli.app import parse
 
     return parse(argv)
+
+
+def __getattr__(name: str) -> int:
+    """The exit codes (``EXIT_OK`` ...), from :mod:`delayq.cli._exits` on first use."""
+    import importlib  # not `from delayq.cli import _exits`: that asks this function
+
+    _exits = importlib.import_module("delayq.cli._exits")
+    if name in _exits.__all__:
+        value: int = getattr(_exits, name)
+        return value
+    raise AttributeError(f"module 'delayq.cli' has no attribute {name!r}")
