@@ -7,8 +7,8 @@ output went away (``delayq dlq list | head``), like a command killed by SIGPIPE.
 ``--json`` command that fails prints one JSON error object on stdout (see
 :func:`delayq.cli._common.fail`).
 
-This module imports nothing at its top but the exit codes: :func:`main` loads the
-command tree (click, the commands' options) and each command loads what it runs, so
+This module imports nothing at its top (the exit codes load on first use): :func:`main`
+loads the command tree (click, the commands' options) and each command what it runs, so
 ``delayq --help`` starts in a fraction of what ``import delayq.sync`` costs, and a
 Ctrl-C that lands while the command line is still loading ends it like any other
 (one line, exit 130), not with a traceback.
