@@ -416,3 +416,10 @@ class RecordsLost(DelayqError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.failed, self.dropped))
+
+
+# httpx's habit (see delayq/__init__.py): an error shows as ``delayq.TopologyMissing`` in
+# tracebacks and reprs. Set here, not by the package: its names load lazily, and an
+# error raised before anyone read ``delayq.TopologyMissing`` must be named alike.
+for _error in __all__:
+    globals()[_error].__module__ = "delayq"

@@ -104,9 +104,10 @@ def test_a_store_failure_midway_prints_what_was_done(setup, capsys, monkeypatch)
     *_, base = setup
     from delayq.cli import cancel as cli_cancel
     from delayq.errors import StoreError
+    from delayq.stores import base as stores_base
 
     monkeypatch.setattr(cli_cancel, "BATCH", 1)
-    real = cli_cancel.run_cancels
+    real = stores_base.run_cancels
     calls = []
 
     def flaky(store, ops):
@@ -115,7 +116,7 @@ def test_a_store_failure_midway_prints_what_was_done(setup, capsys, monkeypatch)
             raise StoreError("database is locked")
         return real(store, ops)
 
-    monkeypatch.setattr(cli_cancel, "run_cancels", flaky)
+    monkeypatch.setattr(stores_base, "run_cancels", flaky)  # imported by the command as it runs
     code = main(["cancel", "--message-id", "x-1", "--message-id", "x-2", "--json", *base])
     printed = capsys.readouterr()
     assert code == EXIT_BROKER

@@ -143,3 +143,18 @@ def test_list_rows_and_table():
     )
     assert "orders.paid" in table and "1m30s" in table and "delivery limit (orders)" in table
     assert table.endswith("# 2 shown (at most 10)\n")
+
+
+def test_an_id_is_found_by_the_cut_form_list_prints_or_by_a_prefix() -> None:
+    from delayq.errors import InvalidInput
+    from delayq.ops.parked import find_id
+
+    ids = ["order-42-reminder", "order-42-refund", "x...", "x...y"]
+    assert find_id("order-42-rem…", ids) == "order-42-reminder"
+    assert find_id("order-42-ref...", ids) == "order-42-refund"
+    assert find_id("order-42-refund", ids) == "order-42-refund"
+    assert find_id("x...", ids) == "x..."  # the whole id first, though it ends in "..."
+    assert find_id("nothing", ids) is None
+    assert find_id("", ids) is None and find_id("…", ids) is None
+    with pytest.raises(InvalidInput, match=r"ambiguous.*order-42-reminder, order-42-refund"):
+        find_id("order-42-re…", ids)

@@ -3,91 +3,76 @@
 Exit codes: 0 success; 1 the broker refused or could not be reached, the
 topology conflicts with what exists, a check of ``topology verify`` failed, or
 ``migrate plan`` left a binding out of the plan it wrote;
-2 bad input (nothing was sent); 141 the reader of the output went away
-(``delayq dlq list | head``), like a command killed by SIGPIPE. A ``--json`` command that
-fails prints one JSON error object on stdout (see :func:`delayq.cli._common.fail`).
+2 bad input (nothing was sent); 130 interrupted (Ctrl-C); 141 the reader of the
+output went away (``delayq dlq list | head``), like a command killed by SIGPIPE. A
+``--json`` command that fails prints one JSON error object on stdout (see
+:func:`delayq.cli._common.fail`).
+
+This module imports nothing at its top (the exit codes load on first use): :func:`main`
+loads the command tree (click, the commands' options) and each command what it runs, so
+``delayq --help`` starts in a fraction of what ``import delayq.sync`` costs, and a
+Ctrl-C that lands while the command line is still loading ends it like any other
+(one line, exit 130), not with a traceback.
 """
 
-from __future__ import annotations
-
-import io
-import os
+# No ``from __future__ import annotations`` and no import but sys (loaded before any
+# script runs): what this module and delayq/__init__.py import runs before main() can
+# catch a Ctrl-C, so they import nothing, and the annotations naming what is imported
+# for type checkers alone are strings.
 import sys
-from collections.abc import Sequence
 
-import click
+TYPE_CHECKING = False  # no typing import for it: see delayq/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-from delayq.cli._common import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_PIPE, fail
-from delayq.cli.app import build_cli, parse
-from delayq.errors import DelayqError, InvalidInput
+    import click
 
-__all__ = ["EXIT_BROKER", "EXIT_INPUT", "EXIT_OK", "EXIT_PIPE", "build_cli", "main", "parse"]
+    from delayq.cli._exits import EXIT_BROKER, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE
+    from delayq.cli.options import Invocation
+
+__all__ = [
+    "EXIT_BROKER",
+    "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PIPE",
+    "build_cli",
+    "main",
+    "parse",
+]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: "Sequence[str] | None" = None) -> int:
+    """Run ``delayq ARGV`` (default: ``sys.argv[1:]``); returns the exit code."""
     try:
-        try:
-            code = _main(argv)
-        finally:  # --help and --version exit through SystemExit: flush for them too
-            sys.stdout.flush()  # so a closed pipe shows here, not at the interpreter's exit
-    except BrokenPipeError:
-        # `delayq dlq list | head`: the reader stopped reading. Point stdout at
-        # /dev/null so the interpreter's final flush does not print a traceback.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, io.UnsupportedOperation):
-            pass  # stdout is no real file (a test's capture): nothing will flush it
-        return EXIT_PIPE
-    return code
+        from delayq.cli._main import run
 
-
-# click 8.2+ raises this for a group given no command (8.1 printed the help, exit 0)
-_NO_ARGS: type[click.UsageError] = getattr(
-    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
-)
-
-
-def _asks_json(argv: Sequence[str]) -> bool:
-    """``--json`` on a command line click refused: its error is printed as JSON too."""
-    words = list(argv)
-    return "--json" in (words[: words.index("--")] if "--" in words else words)
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    try:
-        parsed = parse(words)
-    except _NO_ARGS as exc:  # `delayq`, `delayq dlq`: the help, and exit 2 (no command)
-        print(exc.format_message(), file=sys.stderr)
-        return EXIT_INPUT
-    except click.UsageError as exc:
-        if exc.ctx is not None:
-            print(exc.ctx.get_usage(), file=sys.stderr)
-            print(
-                f"Try '{exc.ctx.command_path} --help' for help.",
-                file=sys.stderr,
-            )
-        return fail(exc.format_message(), EXIT_INPUT, "UsageError", as_json=_asks_json(words))
-    except click.Abort:
+        return run(argv)
+    except KeyboardInterrupt:  # while loading, or anywhere a command did not catch it
         print("delayq: interrupted", file=sys.stderr)
-        return 130
-    except SystemExit as exc:
-        # click's answer to EPIPE while printing --help: its flush-pacifying wrapper
-        # (PacifyFlushWrapper, _PacifyFlushWrapper from 8.2) around stdout, then exit 1
-        if "PacifyFlushWrapper" in type(sys.stdout).__name__:
-            raise BrokenPipeError from exc
-        raise
-    if isinstance(parsed, int):  # --help, --version
-        return parsed
-    as_json = bool(getattr(parsed.args, "json", False))
-    try:
-        return parsed.run()
-    except DelayqError as exc:
-        # A command prints its JSON document last, after everything that can raise:
-        # one that failed has printed none, and prints the error as one.
-        code = EXIT_INPUT if isinstance(exc, InvalidInput) else EXIT_BROKER
-        return fail(str(exc), code, type(exc).__name__, as_json=as_json)
-    except KeyboardInterrupt:
-        print("delayq: interrupted", file=sys.stderr)
-        return 130
+        return 130  # EXIT_INTERRUPTED; an import here could be interrupted in turn
+
+
+def build_cli() -> "click.Group":
+    """The whole command tree, built fresh (see :func:`delayq.cli.app.build_cli`)."""
+    from delayq.cli.app import build_cli
+
+    return build_cli()
+
+
+def parse(argv: "Sequence[str]") -> "Invocation | int":
+    """What ``delayq ARGV`` would run (see :func:`delayq.cli.app.parse`)."""
+    from delayq.cli.app import parse
+
+    return parse(argv)
+
+
+def __getattr__(name: str) -> int:
+    """The exit codes (``EXIT_OK`` ...), from :mod:`delayq.cli._exits` on first use."""
+    import importlib  # not `from delayq.cli import _exits`: that asks this function
+
+    _exits = importlib.import_module("delayq.cli._exits")
+    if name in _exits.__all__:
+        value: int = getattr(_exits, name)
+        return value
+    raise AttributeError(f"module 'delayq.cli' has no attribute {name!r}")

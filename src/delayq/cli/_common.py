@@ -8,18 +8,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-import yaml
+from delayq.cli._exits import EXIT_BROKER, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE
 
-from delayq.errors import InvalidTopology
-from delayq.topology.model import Topology, load_topology
-from delayq.urls import check_vhost, memory_broker_name, resolve_url, url_vhost
-
+# What a command runs is imported when it runs: `delayq --help` builds every command's
+# options from this module and must not load pydantic, yaml or ssl for it.
 if TYPE_CHECKING:
     from delayq.sync._broker import ManagementChoice
+    from delayq.topology.model import Topology
 
 __all__ = [
     "EXIT_BROKER",
     "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PIPE",
     "Args",
@@ -31,7 +31,6 @@ __all__ = [
     "topology_and_url",
 ]
 
-EXIT_OK, EXIT_BROKER, EXIT_INPUT, EXIT_PIPE = 0, 1, 2, 141
 
 
 class Args(SimpleNamespace):
@@ -39,6 +38,11 @@ class Args(SimpleNamespace):
 
 
 def load_cli_topology(args: Args) -> Topology:
+    import yaml
+
+    from delayq.errors import InvalidTopology
+    from delayq.topology.model import Topology, load_topology
+
     topology = load_topology(args.file)
     # load_topology reads an empty file as every default (namespace 'delayq'): on the
     # command line that is a truncated or wrong file far more often than a choice.
@@ -60,6 +64,8 @@ def on_url_vhost(topology: Topology, url: str) -> Topology:
     management API's paths, grants, the watchdog) works where the URL points, not in
     ``/`` by default.
     """
+    from delayq.urls import check_vhost, memory_broker_name, url_vhost
+
     check_vhost(topology.declared_vhost, url)
     if topology.declared_vhost is not None or memory_broker_name(url) is not None:
         return topology
@@ -70,6 +76,8 @@ def topology_and_url(args: Args) -> tuple[Topology, str]:
     """The topology file (``--file``) and the broker URL (``--url``, else the
     environment's) of a command that uses both, checked by :func:`on_url_vhost` before
     the command does or prints anything."""
+    from delayq.urls import resolve_url
+
     topology = load_cli_topology(args)
     url = resolve_url(args.url)
     return on_url_vhost(topology, url), url

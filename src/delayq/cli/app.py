@@ -30,7 +30,6 @@ from delayq.cli.options import (
     management,
     once,
 )
-from delayq.cli.run import cmd_demo, cmd_publish, cmd_retry_plan, cmd_stats, cmd_worker
 from delayq.cli.tree import parked_group, spark_group, topology_group
 
 __all__ = ["build_cli", "parse"]
@@ -40,7 +39,7 @@ def _run_commands() -> list[click.Command]:
     return [
         leaf(
             "stats",
-            cmd_stats,
+            "delayq.cli.run:cmd_stats",
             "messages and consumers of every tier, retry tier, destination and DLQ",
             [*management(), json_flag("print JSON instead of a table")],
             url=True,
@@ -48,7 +47,7 @@ def _run_commands() -> list[click.Command]:
         ),
         leaf(
             "publish",
-            cmd_publish,
+            "delayq.cli.run:cmd_publish",
             "publish one delayed message",
             [
                 once("--routing-key", "-k", required=True, help="where the message goes"),
@@ -68,7 +67,7 @@ def _run_commands() -> list[click.Command]:
         ),
         leaf(
             "retry-plan",
-            cmd_retry_plan,
+            "delayq.cli.run:cmd_retry_plan",
             "print a retry policy's effective schedule on the topology's ladder (no broker)",
             [
                 once(
@@ -102,7 +101,7 @@ def _run_commands() -> list[click.Command]:
         ),
         leaf(
             "worker",
-            cmd_worker,
+            "delayq.cli.run:cmd_worker",
             "run the handlers a module declares (delayq.Worker)",
             [
                 click.Argument(["spec"], metavar="MODULE[:ATTR]"),
@@ -166,7 +165,7 @@ def _run_commands() -> list[click.Command]:
         ),
         leaf(
             "demo",
-            cmd_demo,
+            "delayq.cli.run:cmd_demo",
             "provision a demo ladder and watch messages arrive",
             [
                 once(

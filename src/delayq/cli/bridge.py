@@ -9,7 +9,6 @@ import click
 
 from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import PositiveInt, leaf, once
-from delayq.urls import redact
 
 __all__ = ["bridge_commands"]
 
@@ -50,6 +49,7 @@ def bridge_commands() -> list[click.Command]:
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
     from delayq.sync.bridge import pick_intake
+    from delayq.urls import redact
     from delayq.worker import Worker
 
     configure_logging(args.log_level, "text")

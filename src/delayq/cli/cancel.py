@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -39,12 +39,13 @@ from delayq.cli.options import (
 )
 from delayq.cli.store_url import open_store
 from delayq.errors import InvalidDelay, InvalidInput, StoreError
-from delayq.message.cancel import CancelReceipt, RescheduleReceipt, delay_until, plan_cancels
-from delayq.message.envelope import epoch_ms
-from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.tables import Column, Table
-from delayq.topology.model import Topology
 from delayq.wording import counted
+
+if TYPE_CHECKING:  # cancel_commands is read by every --help: the cancel loads to run
+    from delayq.message.cancel import CancelReceipt, RescheduleReceipt
+    from delayq.stores.base import IdempotencyStore
+    from delayq.topology.model import Topology
 
 __all__ = ["BATCH", "cancel_commands", "cmd_cancel", "cmd_reschedule"]
 
@@ -185,6 +186,10 @@ def _cancel_batch(
 ) -> list[CancelReceipt]:
     """Mark ``names`` (message ids or keys, as ``by`` says), as ``Publisher.cancel_many``
     does: planned from the topology, written in one store round trip; no broker."""
+    from delayq.message.cancel import plan_cancels
+    from delayq.message.envelope import epoch_ms
+    from delayq.stores.base import run_cancels
+
     plan = plan_cancels(
         topology,
         now_ms=epoch_ms(),
@@ -247,6 +252,8 @@ def cmd_cancel(args: Args) -> int:
 def _due_at(args: Args) -> datetime | None:
     """``--due-at`` read as ISO 8601, and checked as the reschedule will check it (its time
     zone) before anything is opened: a bad value changes nothing, creates no store file."""
+    from delayq.message.cancel import delay_until
+
     if args.due_at is None:
         return None
     try:

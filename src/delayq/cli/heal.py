@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,11 +25,12 @@ from delayq.cli._common import (
 from delayq.cli.options import flag, once
 from delayq.errors import InvalidInput
 from delayq.ops.heal import DEFAULT_INTERVAL, DEFAULT_THRESHOLD
-from delayq.ops.management import ManagementAPI, management_url_for
-from delayq.ops.watchdog import HealObserver, HealOutcome, TransferLeadership, Watchdog
-from delayq.topology.model import Topology
-from delayq.urls import host_urls
 from delayq.wording import counted
+
+if TYPE_CHECKING:  # heal_options is read by every --help: the watchdog loads to run
+    from delayq.ops.management import ManagementAPI
+    from delayq.ops.watchdog import HealObserver, Watchdog
+    from delayq.topology.model import Topology
 
 __all__ = ["build_watchdog", "check_worker_heal", "cmd_heal", "heal_options"]
 
@@ -77,6 +79,9 @@ def heal_options(prefix: str = "") -> list[click.Option]:
 
 
 def _management(url: str, explicit: str | None) -> list[ManagementAPI]:
+    from delayq.ops.management import ManagementAPI, management_url_for
+    from delayq.urls import host_urls
+
     if explicit or os.environ.get("DELAYQ_MANAGEMENT_URL"):
         chosen, _ = management_url_for(url, explicit)
         urls = [part.strip() for part in chosen.split(",") if part.strip()]
@@ -109,6 +114,8 @@ def build_watchdog(
 ) -> Watchdog:
     """The watchdog the options describe (``prefix``: ``heal_`` for ``delayq worker``),
     watching ``topology`` in the vhost of ``url`` (:func:`on_url_vhost`)."""
+    from delayq.ops.watchdog import TransferLeadership, Watchdog
+
     topology = on_url_vhost(topology, url)
     remedy = None
     if getattr(args, f"{prefix}move_leaders"):
@@ -184,6 +191,8 @@ def _once(dog: Watchdog, as_json: bool) -> int:
     """Look until ``threshold`` has passed (less if nothing holds dead letters); exit 0 if
     nothing stalled or every stall was healed, 1 otherwise."""
     import logging
+
+    from delayq.ops.watchdog import HealOutcome
 
     # This pass prints each stall itself; the watchdog's log lines would only repeat them.
     logging.getLogger("delayq.watchdog").setLevel(logging.CRITICAL)

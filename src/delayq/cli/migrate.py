@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-import yaml
 
 from delayq.cli._common import (
     EXIT_BROKER,
@@ -20,7 +19,6 @@ from delayq.cli._common import (
 )
 from delayq.cli.options import group, json_flag, leaf, once
 from delayq.errors import InvalidInput
-from delayq.urls import redact
 
 if TYPE_CHECKING:
     from delayq.ops.migrate import PlannedExchange
@@ -142,6 +140,8 @@ def cmd_migrate_plan(args: Args) -> int:
 
 
 def _topology_file(plan: PlannedExchange) -> str:
+    import yaml
+
     topology = plan.topology
     rest = topology.model_dump(mode="json", exclude_defaults=True)
     rest = {k: v for k, v in rest.items() if k not in ("namespace", "ladder", "intakes")}
@@ -189,6 +189,7 @@ def cmd_migrate_check(args: Args) -> int:
     from delayq.ops.verify import passed
     from delayq.sync.depths import queue_depths
     from delayq.sync.verify import verify_topology
+    from delayq.urls import redact
 
     topology, url = topology_and_url(args)
     if not topology.intakes:

@@ -28,8 +28,7 @@ from click.core import ParameterSource
 
 from delayq.cli._common import Args
 from delayq.stores.url import STORE_FORMS
-from delayq.topology.model import DEFAULT_TOPOLOGY_FILE
-from delayq.urls import redact
+from delayq.topology.default_file import DEFAULT_TOPOLOGY_FILE
 
 __all__ = [
     "CONTEXT",
@@ -53,6 +52,7 @@ __all__ = [
     "partitions_option",
     "queue_option",
     "rejected_options",
+    "resolve",
     "store_option",
 ]
 
@@ -64,6 +64,8 @@ _WHY = {"url": "it uses no broker", "file": "it reads no topology file"}
 
 
 def _shown(value: Any) -> str:
+    from delayq.urls import redact  # loads ssl (delayq.tls): not for every --help
+
     text = str(value)
     return repr(redact(text) if "://" in text else text)
 
@@ -180,6 +182,9 @@ class Command(click.Command):
     """A leaf command: options that exclude each other (``exclusive``) and groups of which
     exactly one must be given (``one_of``), checked before the command runs."""
 
+    handler: Handler | str | None = None
+    """What the command runs (set by :func:`leaf`)."""
+
     def __init__(
         self,
         *args: Any,
@@ -215,18 +220,32 @@ Handler = Callable[[Args], int]
 
 @dataclass(frozen=True)
 class Invocation:
-    """What a command line asks for: ``handler(args)``."""
+    """What a command line asks for: ``handler(args)``.
 
-    handler: Handler
+    ``handler`` may be named ``"module:function"``: it is imported only to run, so
+    building the command tree (``delayq --help``) loads no command's implementation."""
+
+    handler: Handler | str
     args: Args
 
     def run(self) -> int:
-        return self.handler(self.args)
+        return resolve(self.handler)(self.args)
+
+
+def resolve(handler: Handler | str) -> Handler:
+    """``handler``, imported first if it is named ``"module:function"``."""
+    if not isinstance(handler, str):
+        return handler
+    import importlib
+
+    module, _, name = handler.partition(":")
+    found: Handler = getattr(importlib.import_module(module), name)
+    return found
 
 
 def leaf(
     name: str,
-    handler: Handler,
+    handler: Handler | str,
     help: str,
     params: Sequence[click.Parameter] = (),
     *,
@@ -256,6 +275,7 @@ def leaf(
         one_of=one_of,
         context_settings=CONTEXT,
     )
+    command.handler = handler
     return command
 
 

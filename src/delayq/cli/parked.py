@@ -63,7 +63,11 @@ def _print_parked(args: Args, url: str, queue: str, label: str, source: str | No
     reason = None if args.command == "dlq" else "no binding"
     now = epoch_ms()
     if args.parked_command == "show":
-        match = [p for p in found if p.message_id == args.message_id]
+        from delayq.ops.parked import find_id
+
+        # `dlq list` may print an id cut short (``abc…``): that, or any prefix, names it
+        wanted = find_id(args.message_id, (p.message_id for p in found))
+        match = [p for p in found if p.message_id == wanted]
         if not match:
             return fail(
                 f"no message {args.message_id!r} in {label} "

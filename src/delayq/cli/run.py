@@ -15,8 +15,10 @@ from pydantic import ValidationError
 from delayq.cli._common import (
     EXIT_BROKER,
     EXIT_INPUT,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     Args,
+    fail,
     load_cli_topology,
     management_choice,
     print_json,
@@ -35,6 +37,7 @@ from delayq.consume.retry import (
 )
 from delayq.durations import format_ms
 from delayq.errors import BodyTooLarge, DelayqError, InvalidBody, InvalidInput
+from delayq.message.envelope import new_message_id
 from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
 from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
@@ -111,8 +114,22 @@ def cmd_publish(args: Args) -> int:
 
     topology, url = topology_and_url(args)
     body = _body(args, topology.limits.max_body_bytes)
-    with Publisher(url, topology) as publisher:
-        receipt = publisher.publish(body, args.routing_key, args.delay, message_id=args.message_id)
+    # Chosen before anything is sent: a run interrupted between the broker's taking the
+    # message and its receipt's printing can still name it (to cancel, or to re-run).
+    message_id = args.message_id or new_message_id()
+    try:
+        with Publisher(url, topology) as publisher:
+            receipt = publisher.publish(body, args.routing_key, args.delay, message_id=message_id)
+    except KeyboardInterrupt:
+        return fail(
+            f"interrupted: message {message_id} may or may not have been published. Run the "
+            f"command again with --message-id {message_id} (consumers skip an id they have "
+            f"handled), or withdraw it: delayq cancel --message-id {message_id} --store URL "
+            "(the consumers' idempotency store)",
+            EXIT_INTERRUPTED,
+            "Interrupted",
+            as_json=args.json,
+        )
     fields = {
         "message_id": receipt.message_id,
         "routing_key": receipt.routing_key,

@@ -200,6 +200,21 @@ def _current_ladder(args: Args) -> tuple[Any, str]:
     return load_cli_topology(args).ladder, f"the topology file {args.file}"
 
 
+def _check_report_paths(records: str, out: Path) -> None:
+    """What :func:`delayq.spark.report` checks of its paths, checked before the session
+    starts, and ``out`` made: a bad path costs no Spark start, and is no traceback."""
+    if "://" not in records and not Path(records).exists():  # local, not hdfs:// etc.
+        raise InvalidInput(f"no delivery records at {records}: no such file or directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidInput(
+            f"cannot write the report to {out}: it is a file, not a directory"
+        ) from None
+    except OSError as exc:  # a name too long, a file on the way, a read-only place
+        raise InvalidInput(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
+
+
 def cmd_spark_report(args: Args) -> int:
     from delayq.spark import report
     from delayq.topology.fit import DEFAULT_GRID_MS
@@ -209,6 +224,7 @@ def cmd_spark_report(args: Args) -> int:
     if args.grid is not None and not grid:
         raise InvalidInput('--grid needs at least one duration, e.g. "30s 1m 5m 1h 24h"')
     bucket_ms = to_ms(args.bucket, what="--bucket") if args.bucket else None
+    _check_report_paths(args.records, args.out)  # before Spark takes its seconds to start
     session = _spark_session(args)
     summary = report(
         args.records,

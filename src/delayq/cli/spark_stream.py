@@ -22,7 +22,6 @@ from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import Command, flag, leaf, once
 from delayq.cli.spark_inputs import CSV_OPTIONS
 from delayq.errors import InvalidInput
-from delayq.urls import redact
 
 __all__ = ["SHARED", "cmd_spark_stream", "stream_command"]
 
@@ -150,6 +149,8 @@ def cmd_spark_stream(args: Args) -> int:
                     f"rejected {rejection['key']!r}: {rejection['error']}: {rejection['reason']}",
                     flush=True,
                 )
+
+    from delayq.urls import redact  # loads ssl: not for every --help
 
     stop = threading.Event()
     previous = {

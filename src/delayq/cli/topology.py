@@ -94,8 +94,13 @@ def cmd_export(args: Args) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text, encoding="utf-8")
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(text, encoding="utf-8")
+        except OSError as exc:  # a folder, a name too long, a read-only place
+            raise InvalidInput(
+                f"cannot write --output {str(args.output)!r}: {exc.strerror or exc}"
+            ) from exc
         print(f"wrote {args.output}", file=sys.stderr)
     return EXIT_OK
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from delayq.cli.heal import cmd_heal, heal_options
+from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     Command,
     PositiveFloat,
@@ -26,12 +26,9 @@ from delayq.cli.options import (
     rejected_options,
     store_option,
 )
-from delayq.cli.parked import cmd_parked
-from delayq.cli.spark import cmd_spark_cancel, cmd_spark_report, cmd_spark_schedule
 from delayq.cli.spark_cluster import cluster_commands, session_options
 from delayq.cli.spark_inputs import schedule_input_options
 from delayq.cli.spark_stream import stream_command
-from delayq.cli.topology import cmd_apply, cmd_export, cmd_grant, cmd_plan, cmd_verify
 from delayq.ops.permissions import VIAS
 from delayq.stores.url import STORE_FORMS
 
@@ -45,7 +42,7 @@ def topology_group() -> click.Group:
         [
             leaf(
                 "plan",
-                cmd_plan,
+                "delayq.cli.topology:cmd_plan",
                 "print what would be declared (no broker)",
                 [json_flag()],
                 url=False,
@@ -53,7 +50,7 @@ def topology_group() -> click.Group:
             ),
             leaf(
                 "apply",
-                cmd_apply,
+                "delayq.cli.topology:cmd_apply",
                 "declare the topology on the broker",
                 [flag("--quiet", "-q", help="print only conflicts and the summary")],
                 url=True,
@@ -61,7 +58,7 @@ def topology_group() -> click.Group:
             ),
             leaf(
                 "export",
-                cmd_export,
+                "delayq.cli.topology:cmd_export",
                 "write RabbitMQ definitions JSON (no broker)",
                 [
                     once(
@@ -76,7 +73,7 @@ def topology_group() -> click.Group:
             ),
             leaf(
                 "verify",
-                cmd_verify,
+                "delayq.cli.topology:cmd_verify",
                 "check the live broker against the topology (exit 0 only if nothing failed)",
                 [
                     *management(),
@@ -94,7 +91,7 @@ def topology_group() -> click.Group:
             ),
             leaf(
                 "grant",
-                cmd_grant,
+                "delayq.cli.topology:cmd_grant",
                 "least-privilege permissions for a producer, a consumer and an admin user",
                 [
                     once("--producer-user", metavar="USER", help="the user that publishes"),
@@ -129,7 +126,7 @@ def topology_group() -> click.Group:
             ),
             leaf(
                 "heal",
-                cmd_heal,
+                "delayq.cli.heal:cmd_heal",
                 "find tier queues whose dead letters stopped moving (a node loss on RabbitMQ "
                 "3.10) and, with --move-leaders, give them a new leader; exit 0 only if none "
                 "is left stalled",
@@ -172,7 +169,7 @@ def parked_group(name: str, what: str) -> click.Group:
     def action_leaf(action: str, help: str, params: list[click.Parameter], **kw: Any) -> Command:
         return leaf(
             action,
-            cmd_parked,
+            "delayq.cli.parked:cmd_parked",
             help,
             [*queue(), *params],
             url=True,
@@ -250,7 +247,7 @@ def spark_group() -> click.Group:
     names = {"spark_command": "schedule"}
     schedule = leaf(
         "schedule",
-        cmd_spark_schedule,
+        "delayq.cli.spark:cmd_spark_schedule",
         "publish one delayed message per row of a Parquet, CSV or JSON-lines input "
         "(or of a --table)",
         [
@@ -281,7 +278,7 @@ def spark_group() -> click.Group:
     )
     cancel = leaf(
         "cancel",
-        cmd_spark_cancel,
+        "delayq.cli.spark:cmd_spark_cancel",
         "cancel the scheduled message of every row (message ids or business keys) of a "
         "Parquet, CSV or JSON-lines input",
         [
@@ -319,7 +316,7 @@ def spark_group() -> click.Group:
     )
     report = leaf(
         "report",
-        cmd_spark_report,
+        "delayq.cli.spark:cmd_spark_report",
         "lateness, overshoot, retries and a recommended ladder from delivery records",
         [
             click.Argument(["records"], metavar="RECORDS"),

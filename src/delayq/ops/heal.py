@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delayq.durations import Duration, to_ms
 from delayq.errors import InvalidInput
-from delayq.topology.model import Topology
+
+if TYPE_CHECKING:  # the CLI's help reads the defaults here: no pydantic for it
+    from delayq.topology.model import Topology
 
 __all__ = [
     "DEFAULT_INTERVAL",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from delayq.consume.delivery import (
     Delivery,
 )
 from delayq.consume.planner import republished
+from delayq.errors import InvalidInput
 from delayq.intake.delay import X_DELAY
 from delayq.message.envelope import (
     H_GENERATION,
@@ -23,7 +25,15 @@ from delayq.message.envelope import (
 )
 from delayq.observe.carrier import replay_history
 
-__all__ = ["DEATH_REASONS", "H_REPLAYED_AT", "Death", "ParkedMessage", "replay_message"]
+__all__ = [
+    "DEATH_REASONS",
+    "H_REPLAYED_AT",
+    "Death",
+    "ParkedMessage",
+    "find_id",
+    "may_name",
+    "replay_message",
+]
 
 H_REPLAYED_AT = "delayq-replayed-at"
 
@@ -127,6 +137,32 @@ class ParkedMessage:
     def age_ms(self, now_ms: int) -> int | None:
         at = self.parked_at_ms()
         return None if at is None else max(0, now_ms - at)
+
+
+def may_name(given: str, message_id: str) -> bool:
+    """``given`` is ``message_id``, or a prefix of it (see :func:`find_id`)."""
+    prefix = given.removesuffix("…").removesuffix("...")
+    return given == message_id or (bool(prefix) and message_id.startswith(prefix))
+
+
+def find_id(given: str, ids: Iterable[str]) -> str | None:
+    """The one id of ``ids`` that ``given`` names: itself, else the id it begins.
+
+    ``dlq list`` cuts a long id to its head and ``…`` (``...`` when retyped): that form,
+    or any other prefix, names the id it begins. ``None``: it names none. A prefix that
+    begins several ids is refused (:class:`~delayq.errors.InvalidInput`) with them.
+    """
+    distinct = list(dict.fromkeys(ids))
+    if given in distinct:
+        return given
+    matches = [i for i in distinct if may_name(given, i)]
+    if len(matches) > 1:
+        shown = ", ".join(matches[:10]) + (", ..." if len(matches) > 10 else "")
+        raise InvalidInput(
+            f"message id {given!r} is ambiguous: it begins {len(matches)} parked ids "
+            f"({shown}); give more of it"
+        )
+    return matches[0] if matches else None
 
 
 def replay_message(

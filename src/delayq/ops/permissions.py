@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from delayq.errors import BrokerError, InvalidInput
-from delayq.ops.grant import Grant, Permissions
-from delayq.ops.management import ManagementAPI
 from delayq.ops.rabbitmqctl import run_ctl
+
+if TYPE_CHECKING:  # the CLI's help reads VIAS: no pydantic (ops.grant) for it
+    from delayq.ops.grant import Grant, Permissions
+    from delayq.ops.management import ManagementAPI
 
 __all__ = [
     "VIAS",
@@ -73,6 +76,8 @@ def current_permissions(
 
 
 def _permissions(row: dict[str, object]) -> Permissions:
+    from delayq.ops.grant import Permissions
+
     return Permissions(str(row["configure"]), str(row["write"]), str(row["read"]))
 
 

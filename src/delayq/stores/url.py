@@ -14,11 +14,13 @@ Anything else is refused with the accepted forms. A server that cannot be reache
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from delayq.errors import DelayqError, InvalidInput, StoreError
 from delayq.scrub import scrub
-from delayq.stores.base import IdempotencyStore
-from delayq.urls import redact
+
+if TYPE_CHECKING:  # the CLI's help reads STORE_FORMS: no store, no ssl (delayq.urls) for it
+    from delayq.stores.base import IdempotencyStore
 
 __all__ = ["STORE_FORMS", "absolute_store_url", "open_store"]
 
@@ -47,6 +49,8 @@ def _sqlite_path(url: str, text: str, what: str) -> str:
 def open_store(url: str, *, what: str = "--store") -> IdempotencyStore:
     """The store ``url`` names, opened (a server store is reached now); ``what`` names
     the URL in errors."""
+    from delayq.urls import redact
+
     text = url.strip() if isinstance(url, str) else ""
     scheme = _scheme(text)
     try:

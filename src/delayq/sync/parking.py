@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
@@ -24,7 +25,7 @@ from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMi
 from delayq.message.envelope import epoch_ms
 from delayq.observe.replays import replaying
 from delayq.observe.tracing import TracingOption, tracing_for
-from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, replay_message
+from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, find_id, may_name, replay_message
 from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
 from delayq.sync._connection import close_quietly, connect
@@ -59,9 +60,10 @@ class ReplayReport:
 
 def _open(
     url: str | None, queue: str, *, returns: bool = True
-) -> tuple[pika.BlockingConnection, BlockingChannel, int]:
-    """A connection, a channel and the message count of ``queue``; with ``returns`` (the
-    caller gives messages back), only if that cannot cost the queue its messages."""
+) -> tuple[pika.BlockingConnection, BlockingChannel, int, str | None]:
+    """A connection, a channel, the message count of ``queue`` and a warning to log once
+    the queue was read (see :func:`_check_limit`); with ``returns`` (the caller gives
+    messages back), only if that cannot cost the queue its messages."""
     connection = connect(resolve_url(url), name="delayq-parking")
     channel = connection.channel()
     try:
@@ -69,22 +71,25 @@ def _open(
     except CHANNEL_CLOSED as exc:
         close_quietly(connection)
         raise TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost") from exc
+    warning = None
     if returns:
         try:
-            _check_limit(connection, queue)
+            warning = _check_limit(connection, queue)
         except BaseException:
             close_quietly(connection)
             raise
-    return connection, channel, count
+    return connection, channel, count, warning
 
 
-def _check_limit(connection: pika.BlockingConnection, queue: str) -> None:
+def _check_limit(connection: pika.BlockingConnection, queue: str) -> str | None:
     """Raise :class:`ParkedAtRisk` when returning messages to ``queue`` counts against a
     delivery limit that browsing could reach (see :func:`parked_at_risk`).
 
     The queue is declared again with the parked arguments: the broker changes nothing
     and names the first argument that differs. A user who may not declare it (no
-    configure permission) cannot tell; the browse goes on, with a warning on 4.x."""
+    configure permission) cannot tell; the browse goes on, with the warning returned on
+    4.x: logged once a read succeeded, so a user who may not read the queue either sees
+    the refusal alone."""
     version = server_property(connection, "version") or ""
     channel = connection.channel()
     try:
@@ -94,16 +99,15 @@ def _check_limit(connection: pika.BlockingConnection, queue: str) -> None:
         if risk is not None:
             raise risk from None
         if reply_code(exc) == 403 and version[:1].isdigit() and int(version.split(".")[0]) >= 4:
-            log.warning(
-                "could not check the delivery limit of %s (this user may not declare it): "
-                "on RabbitMQ %s, a queue declared without delayq's limit loses its messages "
-                "after 20 browses",
-                queue,
-                version,
+            return (
+                f"could not check the delivery limit of {queue} (this user may not declare "
+                f"it): on RabbitMQ {version}, a queue declared without delayq's limit loses "
+                "its messages after 20 browses"
             )
-        return
+        return None
     if channel.is_open:
         channel.close()
+    return None
 
 
 def _parked(
@@ -132,11 +136,14 @@ def browse(
     ``dead_letters_of``: the queue that dead-letters into ``queue`` (a DLQ's
     destination), so :attr:`ParkedMessage.reason` can tell the broker's reasons.
     """
-    connection, channel, _ = _open(url, queue)
+    connection, channel, _, warning = _open(url, queue)
     found: list[ParkedMessage] = []
     try:
         while len(found) < limit:
             method, props, body = channel.basic_get(queue, auto_ack=False)
+            if warning is not None:  # the queue could be read: the warning is worth it
+                log.warning("%s", warning)
+                warning = None
             if method is None:
                 break
             found.append(_parked(queue, method, props, body, dead_letters_of))
@@ -194,19 +201,16 @@ def replay(
     report = ReplayReport()
     # Replaying all of them returns none (only copies routed straight back): the way
     # to empty a queue too risky to browse.
-    connection, channel, total = _open(url, queue, returns=wanted is not None)
+    connection, channel, total, warning = _open(url, queue, returns=wanted is not None)
     interval = 1.0 / rate_per_s if rate_per_s else 0.0
     stamps: dict[str, object] = {}  # id -> the replayed-at header of its copy
+    chosen: dict[str, str | None] = {}  # an id asked for -> the parked id it names
     try:
+        if total == 0:
+            _check_read(channel, queue)  # "empty" only to a user who may read it
         with Publisher(url, topology, tracing=tracing) as publisher:
-            while report.seen < total:
-                method, props, body = channel.basic_get(queue, auto_ack=False)
-                if method is None:
-                    break
-                report.seen += 1
-                parked = _parked(queue, method, props, body)
-                if wanted is not None and parked.message_id not in wanted:
-                    continue  # held unacked, returned at the end
+
+            def send(method: Any, parked: ParkedMessage) -> None:
                 exchange, routing_key = target(parked)
                 started = time.monotonic()
                 if marks is not None:
@@ -224,6 +228,28 @@ def replay(
                     progress(len(report.replayed), total if wanted is None else len(wanted))
                 if interval:
                     time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+            # By ids, every message is taken before any is sent (the others held unacked,
+            # returned at the end): an id given as a prefix must name one id, not two.
+            held: list[tuple[Any, ParkedMessage]] = []
+            while report.seen < total:
+                method, props, body = channel.basic_get(queue, auto_ack=False)
+                if method is None:
+                    break
+                report.seen += 1
+                parked = _parked(queue, method, props, body)
+                if wanted is None:
+                    send(method, parked)
+                elif any(may_name(given, parked.message_id) for given in wanted):
+                    held.append((method, parked))
+            if warning is not None:
+                log.warning("%s", warning)
+            if wanted is not None:
+                found = [parked.message_id for _, parked in held]
+                chosen = {given: find_id(given, found) for given in sorted(wanted)}
+                for method, parked in held:
+                    if parked.message_id in chosen.values():
+                        send(method, parked)
         # Confirmed copies are enqueued: any that came back is behind what we took.
         returned, taken = _returned(channel, queue, stamps)
         _give_back(channel, queue, report.seen - len(report.replayed) + taken)
@@ -241,7 +267,7 @@ def replay(
         report.returned = [m for m in report.replayed if m in returned]
         report.replayed = [m for m in report.replayed if m not in returned]
     if wanted is not None:
-        report.missing = sorted(wanted - set(report.replayed) - set(report.returned))
+        report.missing = sorted(given for given, named in chosen.items() if named is None)
     return report
 
 
@@ -297,13 +323,21 @@ def _give_back(channel: BlockingChannel, queue: str, held: int) -> None:
         time.sleep(GIVE_BACK_POLL_S)
 
 
+def _check_read(channel: BlockingChannel, queue: str) -> None:
+    """Raise the broker's refusal when this user may not read ``queue``: a passive
+    declare (how its count was learnt) needs no permission, a ``basic.get`` does."""
+    method, _, _ = channel.basic_get(queue, auto_ack=False)
+    if method is not None:  # one arrived since the count: left for the next replay
+        channel.basic_nack(method.delivery_tag, requeue=True)
+
+
 def _ready(channel: BlockingChannel, queue: str) -> int:
     return int(channel.queue_declare(queue, passive=True).method.message_count)
 
 
 def purge(url: str | None, queue: str) -> int:
     """Delete every message of ``queue``; returns how many there were."""
-    connection, channel, _ = _open(url, queue, returns=False)
+    connection, channel, _, _ = _open(url, queue, returns=False)
     try:
         return int(channel.queue_purge(queue).method.message_count)
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it

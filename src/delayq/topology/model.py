@@ -36,6 +36,7 @@ from delayq.topology._validation import (
     shown,
 )
 from delayq.topology.cascade import MAX_LEVELS, Strategy, default_levels, key_overhead
+from delayq.topology.default_file import DEFAULT_TOPOLOGY_FILE
 from delayq.topology.destination import Destination
 from delayq.topology.headers import check_header_routing
 from delayq.topology.intakes import Intake, check_intakes
@@ -53,7 +54,6 @@ __all__ = [
     "load_topology",
 ]
 
-DEFAULT_TOPOLOGY_FILE = Path("topology/delayq.yaml")
 
 
 class QueueType(str, enum.Enum):
