@@ -8,6 +8,8 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delayq import Topology, build_declarations
 from delayq.errors import InvalidTopology
@@ -279,3 +281,74 @@ def test_an_existing_destination_is_only_bound_and_no_delayq_consumer_takes_it()
     assert bound == [("shop.ready", "a.b")]  # no direct or retry binding: delayq sends none
     with pytest.raises(InvalidInput, match="existing queue the topology only binds"):
         Consumer("amqp://guest:guest@127.0.0.1:1/", topology, "theirs", lambda body: None)
+
+
+def test_the_id_of_a_message_without_one_is_the_same_when_the_broker_delivers_it_again() -> None:
+    """A redelivery (``x-delivery-count``), a dead-lettering (``x-death`` and the rest) and a
+    replay (delayq's envelope headers) add headers; the derived id leaves them out."""
+    relay = Relay(TOPO, TOPO.intakes[0])
+    first = relay.plan(_incoming({"x-delay": 10, "tenant": "acme"}))
+    again = relay.plan(
+        _incoming(
+            {
+                "x-delay": 10,
+                "tenant": "acme",
+                "x-delivery-count": 3,
+                "x-death": [{"count": 1, "reason": "delivery_limit", "queue": "q"}],
+                "x-first-death-reason": "delivery_limit",
+                "x-last-death-queue": "q",
+                "delayq-replayed-at": 1_700_000_000_000,
+            }
+        )
+    )
+    own = relay.plan(_incoming({"x-delay": 10, "tenant": "acme", "x-request-id": "r-1"}))
+    assert isinstance(first, Forward) and isinstance(again, Forward) and isinstance(own, Forward)
+    assert first.message.message_id == again.message.message_id
+    assert own.message.message_id != first.message.message_id  # a publisher's own x- header
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2**63 - 1, 86_400_000_000_000_000, "99999999999999999999", Decimal("1E+30"), 10**40],
+)
+def test_a_delay_past_anything_a_duration_holds_is_parked_as_unschedulable(value: Any) -> None:
+    plan = Relay(TOPO, TOPO.intakes[0]).plan(_incoming({"x-delay": value}))
+    assert isinstance(plan, Park), plan
+    assert plan.reason.startswith("unschedulable: ")
+    assert "longer than" in plan.reason
+
+
+_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.decimals(allow_nan=True)
+    | st.text()
+    | st.binary()
+    | st.datetimes(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
+
+
+@given(
+    delay=_VALUES,
+    other=_VALUES,
+    key=st.text(max_size=20),
+    message_id=st.none() | st.text(max_size=300),
+    timestamp=st.none() | st.integers(),
+)
+def test_the_relay_plans_every_header_value_and_never_raises(
+    delay: Any, other: Any, key: str, message_id: Any, timestamp: Any
+) -> None:
+    relay = Relay(TOPO, TOPO.intakes[0])
+    properties = {
+        "headers": {"x-delay": delay, "other": other, b"\xff": 1},
+        "message_id": message_id,
+        "timestamp": timestamp,
+    }
+    plan = relay.plan(Incoming(key, b"body", properties))
+    assert isinstance(plan, (Forward, Park))
+    if isinstance(plan, Park):
+        assert plan.message.routing_key == relay.dlq and plan.message.body == b"body"

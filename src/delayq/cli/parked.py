@@ -52,13 +52,31 @@ def _parking(args: Args, topology: Topology) -> tuple[str, str]:
     return topology.unrouted, topology.unrouted
 
 
-def _print_parked(args: Args, url: str, queue: str, label: str, source: str | None) -> int:
+def _identify(intake: Intake | None) -> Any:
+    """An intake DLQ's messages published without an id are known by the one its bridge
+    derives (:func:`delayq.intake.relay.intake_id`): listed, shown and replayed by it."""
+    if intake is None:
+        return None
+    from delayq.intake.relay import intake_id
+
+    def identify(delivery: Any, timestamp: Any) -> str:
+        key = delivery.origin_routing_key
+        return intake_id(intake.exchange, key, delivery.headers, timestamp, delivery.body)
+
+    return identify
+
+
+def _print_parked(
+    args: Args, url: str, queue: str, label: str, source: str | None, intake: Intake | None
+) -> int:
     """``list`` and ``show`` (see delayq.ops.parked_view)."""
     from delayq.ops import parked_view as view
     from delayq.sync import parking
 
     limit = args.limit if args.parked_command == "list" else 10_000
-    found = parking.browse(url, queue, limit=limit, dead_letters_of=source)
+    found = parking.browse(
+        url, queue, limit=limit, dead_letters_of=source, identify=_identify(intake)
+    )
     # Everything in <ns>.unrouted is there because no destination bound its routing key.
     reason = None if args.command == "dlq" else "no binding"
     now = epoch_ms()
@@ -140,7 +158,7 @@ def cmd_parked(args: Args) -> int:
         source = args.queue if args.command == "dlq" else None
         if intake is not None:
             source = intake.queue_name(topology.namespace)
-        return _print_parked(args, url, queue, label, source)
+        return _print_parked(args, url, queue, label, source, intake)
 
     if intake is not None:
         exchange = intake.exchange
@@ -171,6 +189,7 @@ def cmd_parked(args: Args) -> int:
                 rate_per_s=args.rate,
                 progress=progress,
                 marks=marks,
+                identify=_identify(intake),
             )
     finally:
         if marks is not None:

@@ -192,7 +192,27 @@ class Delivery:
             value = value.decode("utf-8", "replace")
         # "" is a key too: a headers namespace's publishers may send none (the exact
         # cascade would otherwise stand in its own wire key).
-        return value if isinstance(value, str) else self.routing_key
+        if isinstance(value, str):
+            return value
+        # Not sent by delayq (a plugin-style publisher's, into an intake): if the broker
+        # dead-lettered it, its key is now the DLQ's; the one it was published with is in
+        # its oldest x-death entry.
+        first = _first_routing_key(self.headers.get("x-death"))
+        return self.routing_key if first is None else first
+
+
+def _first_routing_key(deaths: object) -> str | None:
+    """The routing key a message was published with, from its ``x-death`` entries (the
+    oldest is last), if they say."""
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[-1], dict):
+        return None
+    keys = deaths[-1].get("routing-keys")
+    if not isinstance(keys, list) or not keys:
+        return None
+    key = keys[0]
+    if isinstance(key, (bytes, bytearray)):
+        key = bytes(key).decode("utf-8", "replace")
+    return key if isinstance(key, str) else None
 
 
 def _delivery_count(redelivered: object, headers: Mapping[str, Any] | None) -> int:

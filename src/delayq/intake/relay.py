@@ -82,7 +82,7 @@ BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from"})
 """Headers a broker adds as a message moves (with every ``x-first-death-*`` and
 ``x-last-death-*``): not part of what the publisher sent, so not of its derived id."""
 
-_MAX_DELAY_MS = int(timedelta.max.total_seconds()) * 1000
+_MAX_DELAY_MS = timedelta.max // timedelta(milliseconds=1)
 """The longest delay a ``timedelta`` holds (about 2.7 million years): beyond it, no
 ladder reaches either (Java's ``Long.MAX_VALUE`` ms is 8.64e16 past it)."""
 
@@ -271,14 +271,20 @@ def intake_id(
     return f"intake-{digest.hexdigest()[:32]}"
 
 
-def _added_by_broker(key: str) -> bool:
+def _added_by_broker(key: object) -> bool:
+    if not isinstance(key, str):
+        return False
     key = key.lower()
     return key in BROKER_HEADERS or key.startswith(("x-first-death-", "x-last-death-"))
 
 
 def _their_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The publisher's headers, without any of delayq's (an envelope is written anew)."""
-    return {k: v for k, v in headers.items() if not k.lower().startswith(HEADER_PREFIX)}
+    return {
+        k: v
+        for k, v in headers.items()
+        if not (isinstance(k, str) and k.lower().startswith(HEADER_PREFIX))
+    }
 
 
 def _carried(properties: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from delayq.links import FeedLost, OnDelivery
 from delayq.sync._acks import AckLine, ack_batch
 from delayq.sync._connection import close_quietly, connect, read_content_headers
 from delayq.sync._errors import CHANNEL_CLOSED, CLIENT_ERRORS, LOST, channel_error, feed_lost
+from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.ensure import ensure_topology
 from delayq.topology.model import Topology
 
@@ -92,6 +93,7 @@ class PikaFeed:
     def open(self, topology: Topology, queue: str, prefetch: int, on_delivery: OnDelivery) -> None:
         connection = connect(self._url, name=f"delayq-consumer {queue}")
         read_content_headers(connection)  # delayq's decoder: pika's costs twice as much
+        tolerate_unreadable_headers(connection)  # one such message must not stop the feed
         try:
             ensure_topology(topology, connection)  # or check it, if refused
             channel = connection.channel()
@@ -116,6 +118,17 @@ class PikaFeed:
     def _on_message(
         self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes
     ) -> None:
+        why = unreadable(props)
+        if why is not None:  # to the queue's DLQ, intact, by the broker's dead-lettering
+            channel.basic_reject(method.delivery_tag, requeue=False)
+            log.warning(
+                "rejected delivery %d of %s to its dead-letter queue, as it came: pika "
+                "cannot read its headers (%s)",
+                method.delivery_tag,
+                self._queue,
+                why,
+            )
+            return
         delivery = Delivery(
             queue=self._queue,
             body=body,

@@ -92,6 +92,8 @@ _INT64_MIN, _INT64_END = -(2**63), 2**63
 def _unwritable(msg: OutgoingMessage) -> str | None:
     """Why pika cannot write ``msg``'s properties, or ``None``: checked only when its
     headers hold more than strings, bytes, booleans and 64-bit integers."""
+    if not all(type(key) is str for key in msg.headers):
+        return "a header name is not UTF-8 text"
     for value in msg.headers.values():
         if isinstance(value, (str, bytes, bool)) or value is None:
             continue
@@ -235,7 +237,11 @@ class Bridge:
         """Each delivery's plan, the ones pika cannot write rejected (and left out)."""
         kept: list[tuple[tuple[int, Incoming], Forward | Park]] = []
         for tag, incoming in batch:
-            plan = self.relay.plan(incoming)
+            try:
+                plan = self.relay.plan(incoming)
+            except Exception as exc:  # the relay's own fallback failed: the broker's
+                self._reject(channel, tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
+                continue
             why = _unwritable(plan.message)
             if why is not None and isinstance(plan, Forward):
                 plan = self.relay.park(incoming, why)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.consume.delivery import Delivery
+from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, Delivery
 from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMissing
 from delayq.message.envelope import epoch_ms
 from delayq.observe.replays import replaying
@@ -30,6 +30,7 @@ from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, reply_code
+from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
 from delayq.topology.conflicts import conflict_from_reply, parked_at_risk
 from delayq.topology.declarations import parked_arguments
@@ -58,6 +59,11 @@ class ReplayReport:
     whose routing key still matches no binding): parked again, not replayed."""
 
 
+UNREADABLE_HEADERS = "unreadable-headers"
+"""The reason a parked message whose headers pika cannot read is listed with (a NaN or a
+timestamp past 9999 that a Java or JavaScript publisher sent)."""
+
+
 def _open(
     url: str | None, queue: str, *, returns: bool = True
 ) -> tuple[pika.BlockingConnection, BlockingChannel, int, str | None]:
@@ -65,6 +71,7 @@ def _open(
     the queue was read (see :func:`_check_limit`); with ``returns`` (the caller gives
     messages back), only if that cannot cost the queue its messages."""
     connection = connect(resolve_url(url), name="delayq-parking")
+    tolerate_unreadable_headers(connection)  # listed, and left parked by a replay
     channel = connection.channel()
     try:
         count = _ready(channel, queue)
@@ -110,31 +117,51 @@ def _check_limit(connection: pika.BlockingConnection, queue: str) -> str | None:
     return None
 
 
+Identify = Callable[[Delivery, Any], str]
+"""The id of a parked message its publisher gave none, from the message and its AMQP
+timestamp: an intake's (:func:`delayq.intake.relay.intake_id`), as its bridge gives it."""
+
+
 def _parked(
     queue: str,
     method: object,
     props: pika.BasicProperties,
     body: bytes,
     dead_letters_of: str | None = None,
+    identify: Identify | None = None,
 ) -> ParkedMessage:
+    why = unreadable(props)
+    headers = dict(props.headers or {})
+    if why is not None:  # shown with its reason; never replayed (it cannot be sent again)
+        headers = {H_DEAD_LETTER_REASON: UNREADABLE_HEADERS, H_ERROR_MESSAGE: why}
     delivery = Delivery(
         queue=queue,
         body=body,
         routing_key=getattr(method, "routing_key", "") or "",
         message_id=props.message_id,
         content_type=props.content_type,
-        headers=dict(props.headers or {}),
+        headers=headers,
     )
+    if not props.message_id and identify is not None and why is None:
+        delivery = replace(delivery, message_id=identify(delivery, props.timestamp))
     return ParkedMessage(delivery, props.timestamp, dead_letters_of)
 
 
 def browse(
-    url: str | None, queue: str, *, limit: int = 100, dead_letters_of: str | None = None
+    url: str | None,
+    queue: str,
+    *,
+    limit: int = 100,
+    dead_letters_of: str | None = None,
+    identify: Identify | None = None,
 ) -> list[ParkedMessage]:
     """Up to ``limit`` messages from the head of ``queue``, left in place.
 
     ``dead_letters_of``: the queue that dead-letters into ``queue`` (a DLQ's
     destination), so :attr:`ParkedMessage.reason` can tell the broker's reasons.
+    ``identify``: the id of a message published without one (see :data:`Identify`).
+    A message whose headers pika cannot read is listed with the reason
+    :data:`UNREADABLE_HEADERS`.
     """
     connection, channel, _, warning = _open(url, queue)
     found: list[ParkedMessage] = []
@@ -146,7 +173,7 @@ def browse(
                 warning = None
             if method is None:
                 break
-            found.append(_parked(queue, method, props, body, dead_letters_of))
+            found.append(_parked(queue, method, props, body, dead_letters_of, identify))
         _give_back(channel, queue, len(found))
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise channel_error(exc) from exc
@@ -166,6 +193,7 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     marks: ReplayMarks | None = None,
     tracing: TracingOption = None,
+    identify: Identify | None = None,
 ) -> ReplayReport:
     """Send parked messages again and remove them from ``queue`` once confirmed.
 
@@ -183,6 +211,9 @@ def replay(
     ``marks.uncancel``; the answers land in ``marks.found``. A store failure stops the
     replay (:class:`~delayq.errors.StoreError`): the message it was for and the rest
     stay parked.
+
+    ``identify``: the id of a message published without one (see :data:`Identify`),
+    which its copy then carries. A message whose headers pika cannot read is left parked.
 
     ``tracing``: as a publisher's (:mod:`delayq.observe.tracing`): when traced, each
     message's replay is a span of its own trace (:mod:`delayq.observe.replays`).
@@ -237,7 +268,10 @@ def replay(
                 if method is None:
                     break
                 report.seen += 1
-                parked = _parked(queue, method, props, body)
+                parked = _parked(queue, method, props, body, identify=identify)
+                if unreadable(props) is not None:  # cannot be sent again: stays parked
+                    log.warning("left %s parked: %s", parked.message_id, unreadable(props))
+                    continue
                 if wanted is None:
                     send(method, parked)
                 elif any(may_name(given, parked.message_id) for given in wanted):
