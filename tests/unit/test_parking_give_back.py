@@ -60,7 +60,9 @@ class LaggingChannel:
 @pytest.fixture
 def channel(monkeypatch: pytest.MonkeyPatch) -> LaggingChannel:
     lagging = LaggingChannel(parked=3, others=0)
-    monkeypatch.setattr(parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 3, None))
+    monkeypatch.setattr(
+        parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 3, None)
+    )
     return lagging
 
 
@@ -74,7 +76,9 @@ def test_a_browse_past_its_limit_waits_for_its_own_returns_not_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lagging = LaggingChannel(parked=5, others=0)
-    monkeypatch.setattr(parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 5, None))
+    monkeypatch.setattr(
+        parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 5, None)
+    )
     found = parking.browse("amqp://x/", "ns.work.dlq", limit=2)
     assert len(found) == 2
     assert lagging.counted() == 5  # the 3 never taken and the 2 returned
@@ -84,7 +88,9 @@ def test_a_count_that_never_catches_up_ends_the_wait_without_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lagging = LaggingChannel(parked=2, lag=10**9)  # e.g. another consumer took them
-    monkeypatch.setattr(parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 2, None))
+    monkeypatch.setattr(
+        parking, "_open", lambda url, queue, returns=True: (lagging, lagging, 2, None)
+    )
     monkeypatch.setattr(parking, "GIVE_BACK_WAIT_S", 0.05)
     assert len(parking.browse("amqp://x/", "ns.work.dlq")) == 2
     assert lagging.reads_after_return > 1  # it waited, then gave up quietly
