@@ -85,6 +85,8 @@ class _Consuming:
         self._header: tuple[str | None, dict[str, object], str | None] = (None, {}, None)
         self._left = 0
         self._chunks: list[bytes] = []
+        self._unreadable: str | None = None
+        """Why the delivery being read has a content header that cannot be read."""
 
     def settle(self, frame: bytes) -> None:
         """Queue an ack or a nack; raises if this channel is gone (the broker requeued
@@ -100,7 +102,14 @@ class _Consuming:
         if self._deliver is None:
             raise ValueError(f"a content frame (type {kind}) outside a delivery")
         if kind == _HEADER:
-            size, content_type, headers, message_id = content_header(payload)
+            try:
+                size, content_type, headers, message_id = content_header(payload)
+            except Exception as exc:  # one such message must not stop the consumer
+                if len(payload) < 12:
+                    raise ValueError("a content header cut short") from exc
+                size = int.from_bytes(payload[4:12], "big")  # after class and weight
+                self._unreadable = f"{type(exc).__name__}: {exc}"[:500]
+                content_type, headers, message_id = None, {}, None
             self._header = (content_type, headers, message_id)
             self._left, self._chunks = size, []
             if size == 0:
@@ -122,6 +131,17 @@ class _Consuming:
         assert deliver is not None
         self._deliver = None
         tag, redelivered, routing_key = deliver
+        if self._unreadable is not None:  # to the queue's DLQ, intact, by the broker
+            why, self._unreadable = self._unreadable, None
+            self.settle(nack_frame(CONSUME_CHANNEL, tag, False, False))
+            log.warning(
+                "rejected delivery %d of %s to its dead-letter queue, as it came: its "
+                "headers cannot be read (%s)",
+                tag,
+                self.queue,
+                why,
+            )
+            return
         content_type, headers, message_id = self._header
         delivery = Delivery(
             self.queue, body, routing_key, message_id, content_type, headers, redelivered
