@@ -12,9 +12,10 @@ What a resume does with each state (:func:`resume_plan`):
 - ``complete``: only the rows the errors output names as unconfirmed are sent; a run
   that left none is refused (nothing to resume);
 - ``running`` (the run was killed: its errors output was never written) or ``failed``
-  with unfinished partitions: which rows reached the broker is unknown, so every row of
-  the input is sent again, and the summary says so (message ids derive from the keys:
-  idempotent consumers skip the copies already delivered);
+  with unfinished partitions: the partitions that run got confirmed whole (marked in
+  ``_delayq_done/`` as they finished: :mod:`delayq.spark._done_parts`) are skipped,
+  every other row is sent again, and the summary says so (message ids derive from the
+  keys: idempotent consumers skip what was delivered);
 - no record, a dry run's, or another input's: refused, naming the difference.
 
 The input's identity (files, schema, plan, or content: :mod:`delayq.spark._input_identity`)
@@ -30,6 +31,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from delayq.errors import InvalidInput
+from delayq.spark._done_parts import rows_of
 from delayq.spark._input_identity import identity_difference, input_identity
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ __all__ = [
 
 RECORD = "_delayq_run.json"
 _FORMAT = 2
-"""2: identities without Spark's plan hash (issue 48)."""
+"""2: identities without Spark's plan hash (issue 48), and ``_delayq_done/`` markers."""
 
 State = Literal["running", "complete", "failed"]
 
@@ -110,11 +112,19 @@ class Resume:
     said: str
     """One line for the summary: which run is resumed, and how."""
     record: RunRecord = field(repr=False)
+    skip: frozenset[str] = frozenset()
+    """Digests of the partitions the resumed run got confirmed whole: not sent again."""
 
 
-def resume_plan(record: RunRecord | None, identity: dict[str, Any], path: str) -> Resume:
-    """What resuming ``path`` (whose record is ``record``) means for an input of
-    ``identity``; :class:`~delayq.errors.InvalidInput` when it means nothing."""
+def resume_plan(
+    record: RunRecord | None,
+    identity: dict[str, Any],
+    path: str,
+    done: frozenset[str] = frozenset(),
+) -> Resume:
+    """What resuming ``path`` (whose record is ``record``, its ``_delayq_done/`` markers
+    ``done``) means for an input of ``identity``; :class:`~delayq.errors.InvalidInput`
+    when it means nothing."""
     if record is None:
         raise InvalidInput(
             f"cannot resume from {path}: it has no {RECORD}, so it is not the errors output "
@@ -151,12 +161,24 @@ def resume_plan(record: RunRecord | None, identity: dict[str, Any], path: str) -
         if record.state == "running"
         else f"failed with {record.unfinished} partition(s) unfinished"
     )
+    if not done:
+        return Resume(
+            False,
+            f"resumed run {record.run} (started {record.started}), which {how}: no "
+            "partition of it was confirmed whole, so every row was sent again (ids derive "
+            "from the keys: idempotent consumers skip what was delivered)",
+            record,
+        )
+    rows = sum(rows_of(digest) for digest in done)
     return Resume(
         False,
-        f"resumed run {record.run} (started {record.started}), which {how}: which of its "
-        "rows reached the broker is not known, so every row was sent again (ids derive "
-        "from the keys: idempotent consumers skip what was delivered)",
+        f"resumed run {record.run} (started {record.started}), which {how}: the "
+        f"{len(done):,} partition(s) it got confirmed whole ({rows:,} rows) were skipped "
+        "where this run's held the same rows, and every other row was sent again (rows "
+        "of partitions unfinished then may have been delivered: ids derive from the "
+        "keys, idempotent consumers skip them)",
         record,
+        done,
     )
 
 
