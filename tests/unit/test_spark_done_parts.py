@@ -34,3 +34,16 @@ def test_other_rows_have_another_digest() -> None:
     digests = {_digest(rows) for rows in (ROWS, one_changed, one_less, one_twice, pair_twice)}
     assert len(digests) == 5
     assert _digest([]) == "0-" + "0" * 32
+
+
+def test_a_killed_run_without_markers_is_resent_whole_and_with_them_skipped_by_digest() -> None:
+    from delayq.spark._run_record import RunRecord, resume_plan
+
+    record = RunRecord.start({"plan": "p"}, dry_run=False, resumed_from=None, errors_format="json")
+    plan = resume_plan(record, {"plan": "p"}, "errors")
+    assert not plan.only_unconfirmed and plan.skip == frozenset()
+    assert "no partition of it was confirmed whole, so every row was sent again" in plan.said
+    done = frozenset({_digest(ROWS[:100]), _digest(ROWS[100:])})
+    plan = resume_plan(record, {"plan": "p"}, "errors", done)
+    assert not plan.only_unconfirmed and plan.skip == done
+    assert "the 2 partition(s) it got confirmed whole (200 rows) were skipped" in plan.said
