@@ -4,8 +4,9 @@ A run killed mid-way never writes its errors output, so DIR still holds what an 
 finished run left there: a resume that trusted those files sent nothing and exited 0
 with about half of the input never scheduled. The run record (``_delayq_run.json``,
 written before anything is sent) says the run never finished, and the resume sends
-every row again; another input, a dry run's output, a directory without a record and a
-run that left nothing unconfirmed are refused, naming why.
+every row but those of the partitions it marked confirmed whole (``_delayq_done/``);
+another input, a dry run's output, a directory without a record and a run that left
+nothing unconfirmed are refused, naming why.
 """
 
 from __future__ import annotations
@@ -58,7 +59,20 @@ def _command(source: Path, topology: Path, url: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_a_resume_after_a_killed_run_sends_every_row_again(
+def _parquet(spark: Any, path: Path, count: int) -> Path:
+    rows = [(f"k{n}", "job.a", "1h", str(n)) for n in range(count)]
+    schema = "key string, routing_key string, delay string, body string"
+    spark.createDataFrame(rows, schema).repartition(4).write.parquet(str(path))
+    return path
+
+
+def _marked(errors: Path) -> int:
+    """Partitions the run writing ``errors`` marked confirmed whole (``.crc`` files aside)."""
+    done = errors / "_delayq_done"
+    return len([p for p in done.iterdir() if not p.name.startswith(".")]) if done.is_dir() else 0
+
+
+def test_a_resume_after_a_killed_run_sends_what_it_had_not_confirmed_whole(
     spark: Any,
     rabbitmq_url: str,
     topology_file: tuple[Path, str],
@@ -66,45 +80,48 @@ def test_a_resume_after_a_killed_run_sends_every_row_again(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     topology, tier = topology_file
-    source = _rows(tmp_path / "rows.jsonl", ROWS)
+    source = _parquet(spark, tmp_path / "rows.parquet", ROWS)  # issue 48: Parquet, via the CLI
     errors = tmp_path / "errors"
+    command = [*_command(source, topology, rabbitmq_url, "--format", "parquet"),
+               "--partitions", "4"]  # fmt: skip
     # An earlier run of the same input finished, every row confirmed: its output is in DIR.
-    assert main(_command(source, topology, rabbitmq_url, "--errors", str(errors))) == 0
+    assert main([*command, "--errors", str(errors)]) == 0
     capsys.readouterr()
     assert depth(rabbitmq_url, tier) == ROWS
 
-    # The next run into the same DIR is killed while it publishes (one confirm at a time
-    # on one partition, so it is still publishing when the first rows arrive).
+    # The next run into the same DIR (another Spark session: a process of its own) is
+    # killed while it publishes (one confirm at a time), once a partition was marked
+    # confirmed whole.
     killed = subprocess.Popen(
-        [sys.executable, "-m", "delayq",
-         *_command(source, topology, rabbitmq_url, "--errors", str(errors), "--window", "1",
-                   "--partitions", "1")],
+        [sys.executable, "-m", "delayq", *command, "--errors", str(errors), "--window", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
     try:
-        wait_for(
-            lambda: depth(rabbitmq_url, tier) > ROWS + 100,
-            120,
-            lambda: "the second run publishing",
-        )
+        wait_for(lambda: _marked(errors) >= 1, 120, lambda: "a partition marked confirmed")
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(30)
-    assert depth(rabbitmq_url, tier) - ROWS < ROWS, "the run was killed before it finished"
+    sent_before = depth(rabbitmq_url, tier) - ROWS
+    assert sent_before < ROWS, "the run was killed before it finished"
+    marked = _marked(errors)
 
     again = tmp_path / "errors-2"
-    code = main(
-        _command(source, topology, rabbitmq_url, "--errors", str(again), "--resume", str(errors))
-    )
+    code = main([*command, "--errors", str(again), "--resume", str(errors)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert f"total       {ROWS}          0" in out
     assert "which was interrupted before it finished" in out
-    assert "every row was sent again" in out
-    # Every row again, beside the first run's and what the killed run got confirmed.
-    assert 2 * ROWS < depth(rabbitmq_url, tier) < 3 * ROWS
+    assert f"the {marked} partition(s) it got confirmed whole" in out
+    # The same partitions (--partitions 4 both times): each marked one skipped.
+    skipped = marked * ROWS // 4
+    assert f"skipped: {skipped:,} rows the resumed run got confirmed" in out
+    assert f"total       {ROWS - skipped}          0" in out
+    wait_for(
+        lambda: depth(rabbitmq_url, tier) >= 2 * ROWS + sent_before - skipped,
+        30,
+        lambda: "the resumed run's messages in the tier",
+    )
 
     # The resumed run's own record: complete, a resume of that DIR, nothing unconfirmed.
     record = json.loads((again / "_delayq_run.json").read_text())

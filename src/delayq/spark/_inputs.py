@@ -14,7 +14,10 @@
   partitions are that many and even (none over 1.5 times an even share); otherwise it
   is spread over them (round robin): a single big file, read as one split holding every
   row (a Parquet file of one row group) or as fewer splits than the cluster has cores,
-  does not run on one connection. ``partitions`` always repartitions.
+  does not run on one connection. ``partitions`` always repartitions. A run that can be
+  resumed (an errors output, or a resume) has at least enough tasks that none holds
+  more than ``max_rows`` rows (:data:`~delayq.spark._done_parts.RESUMABLE_ROWS`): a kill
+  then leaves at most that many rows unknown per running task.
 * The input is read once: the selected columns are persisted (memory, spilling to
   disk) by the first job, the one counting rows and repeated keys; the join that
   sets the repeated keys' rows apart and the publishing job read that copy, not the
@@ -129,17 +132,25 @@ class Prepared:
 
 
 def prepare(
-    selected: DataFrame, *, duplicates: str, partitions: int | None, key_col: str
+    selected: DataFrame,
+    *,
+    duplicates: str,
+    partitions: int | None,
+    key_col: str,
+    max_rows: int | None = None,
 ) -> Prepared:
     """The input read once (persisted), repeated keys handled (one aggregation over that
-    copy), then partitions set."""
+    copy), then partitions set; without ``partitions``, none holds more than
+    ``max_rows`` (a run that can be resumed: :mod:`delayq.spark._done_parts`)."""
     from pyspark import StorageLevel
 
     if duplicates not in DUPLICATES:
         raise InvalidInput(f"duplicates must be reject or keep-last, not {duplicates!r}")
     read = selected.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        prepared = _prepare(read, duplicates=duplicates, partitions=partitions, key_col=key_col)
+        prepared = _prepare(
+            read, duplicates=duplicates, partitions=partitions, key_col=key_col, max_rows=max_rows
+        )
     except BaseException:
         read.unpersist()
         raise
@@ -147,7 +158,12 @@ def prepare(
 
 
 def _prepare(
-    selected: DataFrame, *, duplicates: str, partitions: int | None, key_col: str
+    selected: DataFrame,
+    *,
+    duplicates: str,
+    partitions: int | None,
+    key_col: str,
+    max_rows: int | None,
 ) -> Prepared:
     from pyspark.sql import functions as F
 
@@ -198,7 +214,11 @@ def _prepare(
                 F.col("id"),
             )
     rows = rows.select(*_TASK_COLUMNS)
-    target = partitions or max(source_partitions, _default_parallelism(selected))
+    target = partitions or max(
+        source_partitions,
+        _default_parallelism(selected),
+        -(-(rows_read - counted) // max_rows) if max_rows else 1,
+    )
     if partitions is not None:
         rows = rows.repartition(target)
     elif dup_keys:  # the join's shuffle spread the rows by key: as many as the input had

@@ -9,13 +9,16 @@ and gathers their results into counts and the errors output.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delayq.errors import DelayqError, InvalidInput
 from delayq.spark._checks import preflight, task_error
+from delayq.spark._done_parts import RESUMABLE_ROWS, DoneMarks
 from delayq.spark._failure import failed_job, finished_partitions, tallied, tally
 from delayq.spark._inputs import input_columns, prepare
 from delayq.spark._plan_task import plan_partition
@@ -112,6 +115,8 @@ class Job:
         summarise: Summarise,
         progress: Progress | None = None,
         span: JobSpan | None = None,
+        resumable: bool = False,
+        skip: frozenset[str] = frozenset(),
     ) -> Ran:
         """Publish (or with ``dry_run`` plan) every row of ``selected`` (:meth:`select`'s);
         the errors output goes to ``errors_path`` (overwritten), else into the result.
@@ -121,6 +126,11 @@ class Job:
         ``summarise(ran, errors_path)`` of what the finished partitions did
         (:mod:`delayq.spark._failure`), their rejected and unconfirmed rows in the errors
         output (:mod:`delayq.spark._salvage`).
+
+        ``resumable`` (a run with an errors output or a resume): partitions of at most
+        :data:`~delayq.spark._done_parts.RESUMABLE_ROWS` rows, and those confirmed whole
+        marked in ``errors_path`` as they finish; partitions whose digest is in ``skip``
+        (a killed run's) are not sent (:mod:`delayq.spark._done_parts`).
         """
         from pyspark import StorageLevel
 
@@ -130,6 +140,7 @@ class Job:
                 duplicates=self.duplicates,
                 partitions=self.partitions,
                 key_col=self.key_col,
+                max_rows=RESUMABLE_ROWS if resumable else None,
             )
         except DelayqError:
             raise
@@ -155,6 +166,8 @@ class Job:
                 policy=self.policy,
                 job=group,
                 tracing=traced,
+                tracked=resumable and errors_path is not None,
+                skip=skip,
             )
         )
         results = prepared.rows.rdd.mapPartitions(counting(task, counter))
@@ -165,15 +178,21 @@ class Job:
             StorageLevel.MEMORY_AND_DISK
         )
         spark.sparkContext.setJobGroup(group, "delayq: scheduling messages")
+        marks = (
+            DoneMarks(spark, errors_path)
+            if resumable and errors_path is not None and not self.dry_run
+            else None
+        )
         try:
             # The one action that publishes; the persisted results feed what follows.
             # Were a cached partition lost, recomputing it re-sends its rows:
             # duplicates only, by the key-derived ids.
-            if counter is not None and progress is not None:
-                with counter.watching(prepared.to_tasks, progress):
+            with marks.watching(tallies) if marks is not None else nullcontext():
+                if counter is not None and progress is not None:
+                    with counter.watching(prepared.to_tasks, progress):
+                        results.count()
+                else:
                     results.count()
-            else:
-                results.count()
         except Exception as exc:
             error = task_error(exc)
             if error is None:  # Spark's own failure: what the finished partitions did
@@ -185,6 +204,7 @@ class Job:
                     errors_path,
                     summarise,
                     prepared.duplicate_in_input,
+                    marks,
                 ) from exc
             results.unpersist()
             raise error from exc
@@ -213,6 +233,7 @@ class Job:
         errors_path: str | None,
         summarise: Summarise,
         duplicate_in_input: int,
+        marks: DoneMarks | None = None,
     ) -> Exception:
         """The error of a run Spark failed: the finished partitions' counts, and their
         rejected and unconfirmed rows read back into the errors output."""
@@ -229,6 +250,9 @@ class Job:
             )
         finally:
             results.unpersist()
+        if marks is not None and salvaged.written:  # the errors output replaced them
+            with contextlib.suppress(Exception):
+                marks.restore()
         got = summed(counts.items())
         got.rejections = salvaged.rows
         partial = Ran(got, duplicate_in_input, max(partitions - len(finished), 1))

@@ -12,16 +12,14 @@ What a resume does with each state (:func:`resume_plan`):
 - ``complete``: only the rows the errors output names as unconfirmed are sent; a run
   that left none is refused (nothing to resume);
 - ``running`` (the run was killed: its errors output was never written) or ``failed``
-  with unfinished partitions: which rows reached the broker is unknown, so every row of
-  the input is sent again, and the summary says so (message ids derive from the keys:
-  idempotent consumers skip the copies already delivered);
+  with unfinished partitions: the partitions that run got confirmed whole (marked in
+  ``_delayq_done/`` as they finished: :mod:`delayq.spark._done_parts`) are skipped,
+  every other row is sent again, and the summary says so (message ids derive from the
+  keys: idempotent consumers skip what was delivered);
 - no record, a dry run's, or another input's: refused, naming the difference.
 
-The input's identity is Spark's semantic hash of the job's plan (stable across sessions
-for the same source, reader options and columns; for rows made in Python, whose plan
-differs each time, their count and content hash) and the size and modification time of
-each input file, read through Hadoop's file system API (a local path, HDFS or an object
-store alike).
+The input's identity (files, schema, plan, or content: :mod:`delayq.spark._input_identity`)
+is compared whole; a record of an older format is refused as unreadable.
 """
 
 from __future__ import annotations
@@ -33,9 +31,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from delayq.errors import InvalidInput
+from delayq.spark._done_parts import rows_of
+from delayq.spark._input_identity import identity_difference, input_identity
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "RECORD",
@@ -48,9 +48,8 @@ __all__ = [
 ]
 
 RECORD = "_delayq_run.json"
-_FORMAT = 1
-_MAX_FILES = 1000
-"""Input files whose size and time the identity records (the rest: their count)."""
+_FORMAT = 2
+"""2: identities without Spark's plan hash (issue 48), and ``_delayq_done/`` markers."""
 
 State = Literal["running", "complete", "failed"]
 
@@ -113,11 +112,19 @@ class Resume:
     said: str
     """One line for the summary: which run is resumed, and how."""
     record: RunRecord = field(repr=False)
+    skip: frozenset[str] = frozenset()
+    """Digests of the partitions the resumed run got confirmed whole: not sent again."""
 
 
-def resume_plan(record: RunRecord | None, identity: dict[str, Any], path: str) -> Resume:
-    """What resuming ``path`` (whose record is ``record``) means for an input of
-    ``identity``; :class:`~delayq.errors.InvalidInput` when it means nothing."""
+def resume_plan(
+    record: RunRecord | None,
+    identity: dict[str, Any],
+    path: str,
+    done: frozenset[str] = frozenset(),
+) -> Resume:
+    """What resuming ``path`` (whose record is ``record``, its ``_delayq_done/`` markers
+    ``done``) means for an input of ``identity``; :class:`~delayq.errors.InvalidInput`
+    when it means nothing."""
     if record is None:
         raise InvalidInput(
             f"cannot resume from {path}: it has no {RECORD}, so it is not the errors output "
@@ -129,7 +136,7 @@ def resume_plan(record: RunRecord | None, identity: dict[str, Any], path: str) -
             f"cannot resume from {path}: it is the output of a dry run (run {record.run}), "
             "which published nothing; run without --resume"
         )
-    difference = _difference(record.input, identity)
+    difference = identity_difference(record.input, identity)
     if difference:
         raise InvalidInput(
             f"cannot resume from {path}: run {record.run} (started {record.started}) read "
@@ -154,72 +161,25 @@ def resume_plan(record: RunRecord | None, identity: dict[str, Any], path: str) -
         if record.state == "running"
         else f"failed with {record.unfinished} partition(s) unfinished"
     )
+    if not done:
+        return Resume(
+            False,
+            f"resumed run {record.run} (started {record.started}), which {how}: no "
+            "partition of it was confirmed whole, so every row was sent again (ids derive "
+            "from the keys: idempotent consumers skip what was delivered)",
+            record,
+        )
+    rows = sum(rows_of(digest) for digest in done)
     return Resume(
         False,
-        f"resumed run {record.run} (started {record.started}), which {how}: which of its "
-        "rows reached the broker is not known, so every row was sent again (ids derive "
-        "from the keys: idempotent consumers skip what was delivered)",
+        f"resumed run {record.run} (started {record.started}), which {how}: the "
+        f"{len(done):,} partition(s) it got confirmed whole ({rows:,} rows) were skipped "
+        "where this run's held the same rows, and every other row was sent again (rows "
+        "of partitions unfinished then may have been delivered: ids derive from the "
+        "keys, idempotent consumers skip them)",
         record,
+        done,
     )
-
-
-def _difference(before: dict[str, Any], now: dict[str, Any]) -> str:
-    if before.get("files") != now.get("files"):
-        old = {f["path"]: f for f in before.get("files") or []}
-        new = {f["path"]: f for f in now.get("files") or []}
-        for name in sorted(set(old) | set(new)):
-            if name not in new:
-                return f"{name} is no longer read"
-            if name not in old:
-                return f"{name} was not read then"
-            if old[name] != new[name]:
-                return (
-                    f"{name} changed: {old[name]['size']:,} bytes modified at "
-                    f"{old[name]['modified']} then, {new[name]['size']:,} at "
-                    f"{new[name]['modified']} now"
-                )
-        return f"{before.get('file_count')} input files then, {now.get('file_count')} now"
-    if before.get("plan") != now.get("plan"):
-        return "another source, reader options or columns (the Spark plan differs)"
-    return ""
-
-
-def input_identity(df: DataFrame, selected: DataFrame) -> dict[str, Any]:
-    """The identity of ``df``'s input: its files, and the semantic hash of the plan that
-    ``selected`` (the job's columns of it) computes."""
-    try:
-        names = sorted(df.inputFiles())
-    except Exception:  # a source of no files (a table of rows built in memory)
-        names = []
-    files = []
-    spark = df.sparkSession
-    for name in names[:_MAX_FILES]:
-        fs, path = _fs(spark, name)
-        status = fs.getFileStatus(path)
-        files.append(
-            {
-                "path": name,
-                "size": int(status.getLen()),
-                "modified": int(status.getModificationTime()),
-            }
-        )
-    return {"plan": _plan_identity(selected), "files": files, "file_count": len(names)}
-
-
-def _plan_identity(selected: DataFrame) -> str:
-    """The plan's semantic hash; for rows Spark holds as an RDD (``createDataFrame`` of
-    Python rows), whose plan differs each time it is built, their count and content hash
-    (one pass over them)."""
-    from pyspark.sql import functions as F
-
-    plan = str(selected._jdf.queryExecution().analyzed().toString())
-    if "LogicalRDD" not in plan and "ExistingRDD" not in plan:
-        return f"plan:{int(selected.semanticHash())}"
-    row = selected.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.xxhash64(*selected.columns).cast("decimal(38,0)")).alias("hash"),
-    ).collect()[0]
-    return f"rows:{row['rows']}:{row['hash']}"
 
 
 def write_record(spark: SparkSession, directory: str, record: RunRecord) -> None:
@@ -250,7 +210,10 @@ def read_record(spark: SparkSession, directory: str) -> RunRecord | None:
     try:
         data = json.loads(raw.decode("utf-8"))
         if data.get("format") != _FORMAT:
-            raise ValueError(f"format {data.get('format')!r}, this delayq reads {_FORMAT}")
+            raise ValueError(
+                f"format {data.get('format')!r}, this delayq reads {_FORMAT} (written by "
+                "another delayq version: run without --resume)"
+            )
         return RunRecord(**data)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(

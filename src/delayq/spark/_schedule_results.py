@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.spark._done_parts import SKIPPED
 from delayq.spark._plan_task import PUBLISHED, REJECTED
 from delayq.spark._schedule_task import FAILED, RERUN, RETRIED, UNCONFIRMED
 
@@ -43,6 +44,8 @@ class Gathered:
     unconfirmed: Counter[str] = field(default_factory=Counter)
     retried: int = 0
     rerun: int = 0
+    skipped: int = 0
+    """Rows of partitions a resumed run skipped: the killed run got them confirmed."""
     failures: list[Any] = field(default_factory=list)
     """``(error, reason)`` of each task that stopped with rows unconfirmed."""
     rejections: list[dict[str, Any]] = field(default_factory=list)
@@ -64,6 +67,8 @@ def summed(counts: Iterable[tuple[tuple[Any, ...], int]]) -> Gathered:
             out.retried += count
         elif kind == RERUN:
             out.rerun += count
+        elif kind == SKIPPED:
+            out.skipped += count
     return out
 
 

@@ -23,6 +23,7 @@ from delayq.durations import format_ms
 from delayq.errors import PublishError, PublishUnconfirmed
 from delayq.message.bulk import BulkPlanner, Rejection, tier_of
 from delayq.message.envelope import OutgoingMessage
+from delayq.spark._done_parts import SKIPPED, PartDigest, done_tuple
 from delayq.spark._plan_task import (
     LOST,
     PUBLISHED,
@@ -78,6 +79,8 @@ def publish_partition(
     policy: RetryPolicy,
     job: str,
     tracing: TaskTracing | None = None,
+    tracked: bool = False,
+    skip: frozenset[str] = frozenset(),
 ) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
     """The function each Spark task runs over its rows (plain data in, tuples out).
 
@@ -89,6 +92,11 @@ def publish_partition(
     the broker stayed silent or refused for good. With ``tracing``, each message gets a
     ``publish`` span, a child of the job's (an ``untraced`` line, ``error`` why, when
     this worker's provider factory failed: :mod:`delayq.spark._tracing`).
+
+    ``tracked``: a partition whose every row was confirmed ends with a ``done`` line, its
+    rows' digest; with ``skip`` (a killed run's digests) a partition whose digest is
+    among them sends nothing and yields ``skipped`` and ``done`` lines
+    (:mod:`delayq.spark._done_parts`).
     """
 
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
@@ -97,6 +105,19 @@ def publish_partition(
         if salvaging():  # a failed job's lost cached results: never publish them again
             yield count_tuple(LOST, 0)
             return
+        digest = PartDigest()
+        if skip:  # held to know the digest before anything is sent
+            held = list(rows)
+            for values in held:
+                digest.add(values)
+            if digest.value in skip:
+                yield count_tuple(SKIPPED, digest.rows)
+                if tracked:
+                    yield done_tuple(digest)
+                return
+            rows = iter(held)
+        elif tracked:
+            rows = digest.reading(rows)
         topology = Topology.model_validate(topology_data)
         rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()
@@ -158,6 +179,8 @@ def publish_partition(
             yield count_tuple(RETRIED, outcome.retried)
         if published and _attempt() > 0:  # an earlier attempt may have sent them too
             yield count_tuple(RERUN, sum(published.values()))
+        if tracked and stalled is None and not rejections and digest.rows:
+            yield done_tuple(digest)  # every row read (the stream ran out) and confirmed
         if untraced is not None:
             yield (UNTRACED, None, None, None, None, untraced, None, 1, None)
 

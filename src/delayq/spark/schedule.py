@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from delayq.errors import InvalidInput, RowsRejected, SparkJobFailed
 from delayq.message.bulk import RejectionLimit
+from delayq.spark._done_parts import read_done
 from delayq.spark._rejections import rejection_lines, rejections_said
 from delayq.spark._run import Job, Ran
 from delayq.spark._run_record import (
@@ -89,7 +90,11 @@ class ScheduleSummary:
     count the finished ones only; these may have published part of their rows."""
     resumed: str = ""
     """With ``resume_from``: which run was resumed, and whether just its unconfirmed rows
-    or (its errors output never finished) every row was sent again."""
+    or (its errors output never finished) every row but those of the partitions it got
+    confirmed whole was sent again."""
+    skipped: int = 0
+    """Rows of a resumed run (killed or failed) it got confirmed, not sent again: in
+    none of the figures above."""
 
     @property
     def total_published(self) -> int:
@@ -124,6 +129,10 @@ class ScheduleSummary:
         lines.extend(outage_lines(self))
         if self.resumed:
             lines.append(self.resumed)
+        if self.skipped:
+            lines.append(
+                f"skipped: {self.skipped:,} rows the resumed run got confirmed, not sent again"
+            )
         if self.dry_run:
             lines.append("dry run: nothing was published")
         if self.unfinished:
@@ -225,9 +234,13 @@ def schedule(
     partition is accounted for. ``resume_from`` (a previous run's errors output) keeps
     only the rows it names as unconfirmed: the same input and ``resume_from`` send just
     what that run left unconfirmed. Its run record (``_delayq_run.json``, written before anything is
-    sent: :mod:`delayq.spark._run_record`) decides: a run that never finished (killed)
-    has every row sent again, and another input, a dry run's output or a run with
-    nothing unconfirmed are refused (:class:`~delayq.errors.InvalidInput`).
+    sent: :mod:`delayq.spark._run_record`) decides: of a run that never finished
+    (killed), the partitions it got confirmed whole are skipped (``skipped`` in the
+    summary) and every other row is sent again (:mod:`delayq.spark._done_parts`); another
+    input, a dry run's output or a run with nothing unconfirmed are refused
+    (:class:`~delayq.errors.InvalidInput`). A run with ``errors_path`` or ``resume_from``
+    and no ``partitions`` has partitions of at most 10,000 rows, so that a kill leaves
+    little unknown.
 
     A job Spark fails for a reason of its own (an unreadable input file, a task's
     Python worker or executor lost too often) raises
@@ -272,9 +285,17 @@ def schedule(
         spark = df.sparkSession
         identity = input_identity(df, selected) if errors_path or resume_from else {}
         resumed = ""
+        skip: frozenset[str] = frozenset()
         if resume_from is not None:
             check_resume_paths(resume_from, errors_path)
-            plan = resume_plan(read_record(spark, resume_from), identity, resume_from)
+            previous = read_record(spark, resume_from)
+            marked = (
+                read_done(spark, resume_from)
+                if previous is not None and previous.state != "complete"
+                else frozenset()
+            )
+            plan = resume_plan(previous, identity, resume_from, marked)
+            skip = plan.skip
             if plan.only_unconfirmed:
                 schema = errors_schema(id_col)
                 fmt = plan.record.errors_format
@@ -299,6 +320,8 @@ def schedule(
                     partial, written, dry_run=dry_run, resumed=resumed
                 ),
                 span=span,
+                resumable=errors_path is not None or resume_from is not None,
+                skip=skip,
             )
         except SparkJobFailed as exc:
             if record is not None and exc.summary is not None and exc.summary.errors_path:
@@ -311,8 +334,8 @@ def schedule(
             raise
         summary = summary_of(ran, errors_path, dry_run=dry_run, resumed=resumed)
         if record is not None:
-            done = record[1].ended_as("complete", unconfirmed=summary.total_unconfirmed)
-            write_record(spark, record[0], done)
+            complete = record[1].ended_as("complete", unconfirmed=summary.total_unconfirmed)
+            write_record(spark, record[0], complete)
         if span is not None:
             span.summary(summary)
         if ran.got.unconfirmed or ran.got.failures:
@@ -340,4 +363,5 @@ def summary_of(
         rerun=got.rerun,
         unfinished=ran.unfinished,
         resumed=resumed,
+        skipped=got.skipped,
     )
