@@ -104,3 +104,52 @@ def test_the_intake_topology_applies_declares_its_table_and_takes_its_publisher(
     tier = "orders.tier.30m"  # x-delay 15 min: the smallest tier at or above it
     wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the guide's message in {tier}")
     connection.close()
+
+
+def test_the_worker_block_bridges_the_intake_and_handles_its_destination(
+    vhost: VHost,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guide's worker block, as written, run from a folder holding its topology: it
+    bridges the intake and its handler takes what the publisher block sent."""
+    path = tmp_path / "topology" / "orders.yaml"
+    path.parent.mkdir()
+    path.write_text(block(PLUGIN_GUIDE, "yaml", "# topology/orders.yaml"))
+    assert main(["topology", "apply", "-f", str(path), "--url", vhost.url]) == 0
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(block(PLUGIN_GUIDE, "python", "from delayq import Worker, load_topology"), namespace)
+    worker = namespace["worker"]
+    handled: list[object] = []
+
+    class Seen:
+        def settled(self, event: object) -> None:
+            handled.append(event)
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(vhost.url, stop=stop, observers=[Seen()])  # type: ignore[attr-defined]
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(vhost.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "orders.delayed.intake", "order.reminder", b'{"order": 42}',
+            pika.BasicProperties(content_type="application/json", headers={"x-delay": 0}),
+        )  # fmt: skip
+        connection.close()
+        wait_for(lambda: handled or errors, 60, "the worker's handler ran")
+        assert not errors and depth(vhost.url, "orders.intake.orders.delayed.intake") == 0
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive() and not errors
