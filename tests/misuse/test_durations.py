@@ -71,15 +71,19 @@ class Reached(Exception):
 class Env:
     broker: MemoryBroker
     yaml_file: str
+    records: str
+    """A folder that exists: spark report checks its input before Spark starts."""
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     path = tmp_path_factory.mktemp("durations") / "topology.yaml"
     path.write_text(yaml.safe_dump(TOPOLOGY.model_dump(mode="json")))
+    records = path.parent / "records"
+    records.mkdir()
     broker = MemoryBroker()
     broker.apply(TOPOLOGY)
-    yield Env(broker, str(path))
+    yield Env(broker, str(path), str(records))
     broker.close()
 
 
@@ -237,11 +241,11 @@ CLI: dict[str, tuple[Call, str]] = {
         "--probe-timeout",
     ),
     "spark report --bucket": (
-        lambda e, v: cli("spark", "report", "records", "--out", "out", f"--bucket={v}"),
+        lambda e, v: cli("spark", "report", e.records, "--out", "out", f"--bucket={v}"),
         "--bucket",
     ),
     "spark report --ladder": (
-        lambda e, v: cli("spark", "report", "records", "--out", "out", f"--ladder=1m {v}"),
+        lambda e, v: cli("spark", "report", e.records, "--out", "out", f"--ladder=1m {v}"),
         "tier",
     ),
 }
