@@ -241,11 +241,15 @@ CLI: dict[str, tuple[Call, str]] = {
         "--probe-timeout",
     ),
     "spark report --bucket": (
-        lambda e, v: cli("spark", "report", e.records, "--out", f"{e.records}-out", f"--bucket={v}"),
+        lambda e, v: cli(
+            "spark", "report", e.records, "--out", f"{e.records}-out", f"--bucket={v}"
+        ),
         "--bucket",
     ),
     "spark report --ladder": (
-        lambda e, v: cli("spark", "report", e.records, "--out", f"{e.records}-out", f"--ladder=1m {v}"),
+        lambda e, v: cli(
+            "spark", "report", e.records, "--out", f"{e.records}-out", f"--ladder=1m {v}"
+        ),
         "tier",
     ),
 }
