@@ -352,3 +352,18 @@ def test_the_relay_plans_every_header_value_and_never_raises(
     assert isinstance(plan, (Forward, Park))
     if isinstance(plan, Park):
         assert plan.message.routing_key == relay.dlq and plan.message.body == b"body"
+
+
+def test_two_messages_that_differ_only_in_a_property_get_two_ids() -> None:
+    """A correlation id (two RPC requests with the same body), a priority, a content type:
+    what the publisher set is part of the derived id."""
+    relay = Relay(TOPO, TOPO.intakes[0])
+    ids = {
+        plan.message.message_id
+        for props in (
+            {"correlation_id": "a"}, {"correlation_id": "b"}, {"priority": 5},
+            {"content_type": "text/plain"}, {"app_id": "x"}, {"timestamp": 1},
+        )
+        if isinstance(plan := relay.plan(_incoming({"x-delay": 10}, **props)), Forward)
+    }
+    assert len(ids) == 6

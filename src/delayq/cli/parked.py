@@ -59,9 +59,9 @@ def _identify(intake: Intake | None) -> Any:
         return None
     from delayq.intake.relay import intake_id
 
-    def identify(delivery: Any, timestamp: Any) -> str:
+    def identify(delivery: Any, properties: Any) -> str:
         key = delivery.origin_routing_key
-        return intake_id(intake.exchange, key, delivery.headers, timestamp, delivery.body)
+        return intake_id(intake.exchange, key, delivery.headers, properties, delivery.body)
 
     return identify
 
@@ -213,4 +213,10 @@ def cmd_parked(args: Args) -> int:
         )
     if report.missing:
         print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
-    return EXIT_BROKER if report.missing or report.returned else EXIT_OK
+    if report.kept:
+        print(
+            f"delayq: {len(report.kept)} left in {label}: their headers cannot be read or "
+            f"sent again (e.g. {', '.join(report.kept[:5])}; `delayq dlq show` says why)",
+            file=sys.stderr,
+        )
+    return EXIT_BROKER if report.missing or report.returned or report.kept else EXIT_OK

@@ -14,7 +14,7 @@ id, priority, timestamp). Not ``expiration``: a per-message TTL would cut the ti
 wait short and dead-letter the message early; nor ``user_id``, which the broker checks
 against the bridge's own user. delayq's envelope headers are added, as on any delayq
 message. A message without an id gets one derived from its content (exchange, routing
-key, the publisher's headers, body, timestamp: :func:`intake_id`), so the copy a bridge
+key, the publisher's headers and properties, body: :func:`intake_id`), so the copy a bridge
 sends again after a crash, or a replay of a parked one, is a duplicate an idempotent
 consumer skips; two messages identical in all of these are then one message to such a
 consumer (give each its own ``message_id`` if that matters).
@@ -59,6 +59,7 @@ __all__ = [
     "BRIDGE_ERROR",
     "BROKER_HEADERS",
     "FANOUT_KEY",
+    "IDENTIFYING",
     "UNSCHEDULABLE",
     "Forward",
     "Incoming",
@@ -207,16 +208,14 @@ class Relay:
                 return validate_message_id(given)
             except InvalidInput:
                 pass
-        timestamp = incoming.properties.get("timestamp")
+        props = incoming.properties
         try:
             headers = incoming.headers
             return intake_id(
-                self.intake.exchange, incoming.routing_key, headers, timestamp, incoming.body
+                self.intake.exchange, incoming.routing_key, headers, props, incoming.body
             )
         except Exception:  # headers it cannot read (nested too deep...): still one stable id
-            return intake_id(
-                self.intake.exchange, incoming.routing_key, {}, timestamp, incoming.body
-            )
+            return intake_id(self.intake.exchange, incoming.routing_key, {}, props, incoming.body)
 
     def park(self, incoming: Incoming, said: str) -> Park:
         """``incoming`` parked as :data:`BRIDGE_ERROR`: its forward cannot be sent."""
@@ -251,20 +250,41 @@ class Relay:
         return Park(message, f"{reason}: {said}")
 
 
+IDENTIFYING = (
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "type",
+    "app_id",
+    "user_id",
+    "priority",
+    "timestamp",
+)
+"""The AMQP properties (pika's names) a derived id reads: what the publisher set and no
+broker changes. Not ``expiration``, which RabbitMQ drops when it dead-letters a message,
+nor ``delivery_mode``, which a client may set for every message alike."""
+
+
 def intake_id(
-    exchange: str, routing_key: str, headers: Mapping[str, Any], timestamp: Any, body: bytes
+    exchange: str,
+    routing_key: str,
+    headers: Mapping[str, Any],
+    properties: Mapping[str, Any],
+    body: bytes,
 ) -> str:
     """The id the bridge gives a message published without one: a digest of what its
-    publisher sent, so that the same message has the same id whenever it is read (a
-    redelivery after a crash, a replay from the DLQ). Headers the broker added
-    (:data:`BROKER_HEADERS`) and delayq's own are left out."""
+    publisher sent (``properties``: :data:`IDENTIFYING`), so that the same message has
+    the same id whenever it is read (a redelivery after a crash, a replay from the DLQ),
+    and two requests that differ only in a correlation id are two messages. Headers the
+    broker added (:data:`BROKER_HEADERS`) and delayq's own are left out."""
     theirs = {k: v for k, v in _their_headers(headers).items() if not _added_by_broker(k)}
     digest = hashlib.sha256()
     for part in (
         exchange,
         routing_key,
         json.dumps(_plain(theirs), sort_keys=True, default=repr),
-        str(timestamp),
+        *(str(properties.get(name)) for name in IDENTIFYING),
     ):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     digest.update(body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from delayq.consume.delivery import (
@@ -128,10 +129,20 @@ class ParkedMessage:
         return f"{kind}: {message}" if kind else message or "-"
 
     def parked_at_ms(self) -> int | None:
-        for key in (H_FAILED_AT, H_PUBLISHED_AT):
-            value = self.delivery.headers.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
+        headers = self.delivery.headers
+        value = headers.get(H_FAILED_AT)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        # Dead-lettered by the broker: when, by its latest x-death entry (a plugin-style
+        # publisher's timestamp says when it was published, days before, or nothing).
+        entries = headers.get("x-death")
+        if isinstance(entries, list) and entries and isinstance(entries[0], dict):
+            when = entries[0].get("time")
+            if isinstance(when, datetime):
+                return int(when.timestamp() * 1000)
+        value = headers.get(H_PUBLISHED_AT)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
         return None if self.timestamp_s is None else self.timestamp_s * 1000
 
     def age_ms(self, now_ms: int) -> int | None:

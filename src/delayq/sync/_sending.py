@@ -13,7 +13,13 @@ import pika
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
-__all__ = ["CONTENT_HEADER_FIXED_BYTES", "Source", "check_header_frame", "pika_properties"]
+__all__ = [
+    "CONTENT_HEADER_FIXED_BYTES",
+    "Source",
+    "check_header_frame",
+    "pika_properties",
+    "unwritable",
+]
 
 CONTENT_HEADER_FIXED_BYTES = 20
 """A content header frame's bytes besides the encoded properties: the frame's type,
@@ -40,6 +46,29 @@ def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
         timestamp=msg.timestamp_s,
         headers=msg.headers,
     )
+
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+def unwritable(msg: OutgoingMessage) -> str | None:
+    """Why pika cannot write ``msg``'s properties, or ``None``: pika reads some values it
+    cannot write again (a float of 1e300 read as a 997-digit integer, a header name that
+    is not UTF-8). Checked by encoding only when the headers hold more than strings,
+    bytes, booleans and 64-bit integers."""
+    if not all(type(key) is str for key in msg.headers):
+        return "a header name is not UTF-8 text"
+    for value in msg.headers.values():
+        if isinstance(value, (str, bytes, bool)) or value is None:
+            continue
+        if isinstance(value, int) and _INT64_MIN <= value < _INT64_END:
+            continue
+        try:
+            pika_properties(msg).encode()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+    return None
 
 
 def check_header_frame(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, reply_code
+from delayq.sync._sending import unwritable
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
 from delayq.topology.conflicts import conflict_from_reply, parked_at_risk
@@ -57,6 +58,9 @@ class ReplayReport:
     returned: list[str] = field(default_factory=list)
     """Ids sent again that came straight back to the parking queue (an unrouted message
     whose routing key still matches no binding): parked again, not replayed."""
+    kept: list[str] = field(default_factory=list)
+    """Ids left parked: their headers cannot be read, or cannot be sent again (a header
+    name that is not UTF-8, a value pika cannot write), as the log says."""
 
 
 UNREADABLE_HEADERS = "unreadable-headers"
@@ -117,9 +121,26 @@ def _check_limit(connection: pika.BlockingConnection, queue: str) -> str | None:
     return None
 
 
-Identify = Callable[[Delivery, Any], str]
+Identify = Callable[[Delivery, Mapping[str, Any]], str]
 """The id of a parked message its publisher gave none, from the message and its AMQP
-timestamp: an intake's (:func:`delayq.intake.relay.intake_id`), as its bridge gives it."""
+properties (pika's names): an intake's (:func:`delayq.intake.relay.intake_id`), as its
+bridge gives it."""
+
+_PROPERTY_NAMES = (
+    "content_type", "content_encoding", "correlation_id", "reply_to", "type", "app_id",
+    "user_id", "priority", "timestamp", "expiration", "delivery_mode",
+)  # fmt: skip
+
+
+def _unsendable(props: pika.BasicProperties) -> str | None:
+    """Why a parked message cannot be sent again as it is (``None``: it can): pika could
+    not read its headers, or read a header name that is not UTF-8 text."""
+    why = unreadable(props)
+    if why is None:
+        names = [name for name in props.headers or {} if not isinstance(name, str)]
+        if names:
+            why = f"a header name is not UTF-8 text: {names[0]!r}"
+    return why
 
 
 def _parked(
@@ -130,10 +151,11 @@ def _parked(
     dead_letters_of: str | None = None,
     identify: Identify | None = None,
 ) -> ParkedMessage:
-    why = unreadable(props)
+    why = _unsendable(props)
     headers = dict(props.headers or {})
     if why is not None:  # shown with its reason; never replayed (it cannot be sent again)
-        headers = {H_DEAD_LETTER_REASON: UNREADABLE_HEADERS, H_ERROR_MESSAGE: why}
+        kept = {k: v for k, v in headers.items() if isinstance(k, str)}
+        headers = {**kept, H_DEAD_LETTER_REASON: UNREADABLE_HEADERS, H_ERROR_MESSAGE: why}
     delivery = Delivery(
         queue=queue,
         body=body,
@@ -143,7 +165,8 @@ def _parked(
         headers=headers,
     )
     if not props.message_id and identify is not None and why is None:
-        delivery = replace(delivery, message_id=identify(delivery, props.timestamp))
+        properties = {name: getattr(props, name, None) for name in _PROPERTY_NAMES}
+        delivery = replace(delivery, message_id=identify(delivery, properties))
     return ParkedMessage(delivery, props.timestamp, dead_letters_of)
 
 
@@ -249,6 +272,11 @@ def replay(
                 copy = replay_message(
                     parked.delivery, exchange=exchange, routing_key=routing_key, now_ms=epoch_ms()
                 )
+                why = unwritable(copy)
+                if why is not None:  # left unacked: given back, still parked
+                    log.warning("left %s parked: pika cannot write it (%s)", copy.message_id, why)
+                    report.kept.append(parked.message_id)
+                    return
                 with replaying(traces, parked.delivery, copy):
                     publisher.send(copy)
                     channel.basic_ack(method.delivery_tag)  # only once the copy is confirmed
@@ -269,8 +297,10 @@ def replay(
                     break
                 report.seen += 1
                 parked = _parked(queue, method, props, body, identify=identify)
-                if unreadable(props) is not None:  # cannot be sent again: stays parked
-                    log.warning("left %s parked: %s", parked.message_id, unreadable(props))
+                why = _unsendable(props)
+                if why is not None:  # cannot be sent again: stays parked
+                    log.warning("left %s parked: %s", parked.message_id, why)
+                    report.kept.append(parked.message_id)
                     continue
                 if wanted is None:
                     send(method, parked)
