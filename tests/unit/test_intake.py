@@ -309,7 +309,8 @@ def test_the_id_of_a_message_without_one_is_the_same_when_the_broker_delivers_it
 
 @pytest.mark.parametrize(
     "value",
-    [2**63 - 1, 86_400_000_000_000_000, "99999999999999999999", Decimal("1E+30"), 10**40],
+    [2**63 - 1, 86_400_000_000_000_000, "99999999999999999999", Decimal("1E+30"), 10**40,
+     "9" * 5000],
 )
 def test_a_delay_past_anything_a_duration_holds_is_parked_as_unschedulable(value: Any) -> None:
     plan = Relay(TOPO, TOPO.intakes[0]).plan(_incoming({"x-delay": value}))
@@ -367,3 +368,9 @@ def test_two_messages_that_differ_only_in_a_property_get_two_ids() -> None:
         if isinstance(plan := relay.plan(_incoming({"x-delay": 10}, **props)), Forward)
     }
     assert len(ids) == 6
+
+
+def test_a_string_of_thousands_of_digits_is_read_without_pythons_digit_limit() -> None:
+    assert read_delay({"x-delay": "0" * 5000 + "5"}) == 5
+    assert read_delay({"x-delay": "-" + "9" * 5000}) == 0
+    assert read_delay({"x-delay": "9" * 5000}) > 86_400_000_000_000_000

@@ -29,6 +29,10 @@ X_DELAY = "x-delay"
 _DIGITS = re.compile(r"[+-]?[0-9]+")
 """What Erlang's ``binary_to_integer`` takes: an optional sign and digits, nothing else."""
 
+_LONGEST = 25
+"""Digits past which a string of digits is read as 10**25 ms: longer than any delay a
+duration holds (8.64e16 ms has 17), whatever the rest says."""
+
 
 @dataclass(frozen=True)
 class BadDelay:
@@ -66,7 +70,10 @@ def read_delay(headers: Mapping[str, Any] | None) -> int | BadDelay:
                 f"x-delay {text!r} is not a number of milliseconds (an integer, or a string "
                 "of digits)"
             )
-        return max(0, int(text))
+        magnitude = text.lstrip("+-").lstrip("0")
+        if len(magnitude) > _LONGEST:  # past any delay; int() refuses 4,300 digits
+            return 0 if text.startswith("-") else 10**_LONGEST
+        return 0 if text.startswith("-") else int(magnitude or "0")
     return BadDelay(
         f"x-delay of type {type(value).__name__} ({value!r}) is not a number of milliseconds"
     )

@@ -173,7 +173,8 @@ class Relay:
                 incoming,
                 UNSCHEDULABLE,
                 "InvalidDelay",
-                f"x-delay {delay_ms} ms is longer than any delay delayq schedules (the "
+                f"x-delay {_shown(incoming.headers.get(X_DELAY))} ms is longer than any delay "
+                "delayq schedules (the "
                 f"ladder's longest tier is {format_ms(self.topology.ladder.max_ms)})",
             )
         message_id = self._message_id(incoming)
@@ -289,6 +290,11 @@ def intake_id(
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     digest.update(body)
     return f"intake-{digest.hexdigest()[:32]}"
+
+
+def _shown(value: Any) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _added_by_broker(key: object) -> bool:
