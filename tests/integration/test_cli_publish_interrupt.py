@@ -106,3 +106,43 @@ def test_an_interrupted_publish_names_the_message_id_and_how_to_stay_idempotent(
     )
     assert again.returncode == 0, again.stderr
     assert f'"message_id": "{message_id}"' in again.stdout
+
+
+AFTER = textwrap.dedent(
+    """
+    import os, signal
+
+    import delayq.cli.run as run
+
+    original = run._print_receipt
+
+    def print_receipt(args, receipt):
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C once the publish returned
+        original(args, receipt)
+
+    run._print_receipt = print_receipt
+    """
+)
+
+
+def test_a_ctrl_c_once_the_message_is_published_still_prints_its_receipt_and_exits_0(
+    make_topology, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """The outcome is known: the receipt is the truth, not "interrupted" (exit 130), which
+    a script reads as a failure and publishes again."""
+    topology = make_topology(["1h"])
+    apply_topology(topology, rabbitmq_url)
+    ns, path = topology.namespace, write(topology, tmp_path)
+    (tmp_path / "sitecustomize.py").write_text(AFTER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    line = ["publish", "-k", "job.1", "-d", "1h", "--file", str(path), "--url", rabbitmq_url]
+    done = subprocess.run(
+        [sys.executable, "-m", "delayq", *line, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    [message_id] = re.findall(r'"message_id": "([0-9a-f]{32})"', done.stdout)
+    assert in_tier(rabbitmq_url, f"{ns}.tier.1h") == [message_id]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import stat
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,19 +120,45 @@ def cmd_publish(args: Args) -> int:
     # Chosen before anything is sent: a run interrupted between the broker's taking the
     # message and its receipt's printing can still name it (to cancel, or to re-run).
     message_id = args.message_id or new_message_id()
+    receipt = None
+    held: Callable[[], None] | None = None
     try:
         with Publisher(url, topology) as publisher:
             receipt = publisher.publish(body, args.routing_key, args.delay, message_id=message_id)
+            held = _hold_interrupts()  # it is published: a Ctrl-C now cuts the receipt short
     except KeyboardInterrupt:
-        return fail(
-            f"interrupted: message {message_id} may or may not have been published. Run the "
-            f"command again with --message-id {message_id} (consumers skip an id they have "
-            f"handled), or withdraw it: delayq cancel --message-id {message_id} --store URL "
-            "(the consumers' idempotency store)",
-            EXIT_INTERRUPTED,
-            "Interrupted",
-            as_json=args.json,
-        )
+        if receipt is None:
+            return fail(
+                f"interrupted: message {message_id} may or may not have been published. Run "
+                f"the command again with --message-id {message_id} (consumers skip an id they "
+                f"have handled), or withdraw it: delayq cancel --message-id {message_id} "
+                "--store URL (the consumers' idempotency store)",
+                EXIT_INTERRUPTED,
+                "Interrupted",
+                as_json=args.json,
+            )
+        held = held or _hold_interrupts()  # while the publisher closed: the receipt stands
+    try:
+        _print_receipt(args, receipt)
+    finally:
+        if held is not None:
+            held()
+    return EXIT_OK
+
+
+def _hold_interrupts() -> Callable[[], None]:
+    """Ignore SIGINT until the returned function is called (in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return restore
+
+
+def _print_receipt(args: Args, receipt: Any) -> None:
     fields = {
         "message_id": receipt.message_id,
         "routing_key": receipt.routing_key,
@@ -145,7 +174,6 @@ def cmd_publish(args: Args) -> int:
     else:
         for key, value in fields.items():
             print(f"{key:<13} {value}")
-    return EXIT_OK
 
 
 def _policy(args: Args) -> RetryPolicy:
