@@ -37,7 +37,7 @@ from delayq.consume.retry import (
 )
 from delayq.durations import format_ms
 from delayq.errors import BodyTooLarge, DelayqError, InvalidBody, InvalidInput
-from delayq.message.envelope import new_message_id
+from delayq.message.envelope import new_message_id, parse_json_body
 from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
 from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
@@ -101,7 +101,7 @@ def _body(args: Args, limit: int) -> Any:
     if args.body is None:
         return None
     try:
-        return json.loads(args.body)
+        return parse_json_body(args.body, "--body")
     except json.JSONDecodeError as exc:
         raise InvalidBody(
             f"--body is not valid JSON ({exc.msg}); quote text as a JSON string, "

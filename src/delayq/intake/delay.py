@@ -29,6 +29,9 @@ X_DELAY = "x-delay"
 _DIGITS = re.compile(r"[+-]?[0-9]+")
 """What Erlang's ``binary_to_integer`` takes: an optional sign and digits, nothing else."""
 
+_DIGITS_READ = 30
+"""An x-delay string of more digits is read as ``10**30`` ms, past any tier."""
+
 
 @dataclass(frozen=True)
 class BadDelay:
@@ -66,7 +69,11 @@ def read_delay(headers: Mapping[str, Any] | None) -> int | BadDelay:
                 f"x-delay {text!r} is not a number of milliseconds (an integer, or a string "
                 "of digits)"
             )
-        return max(0, int(text))
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if text.startswith("-"):
+            return 0
+        # longer than any delay alike; int() of 4,300+ digits would raise ValueError
+        return 10**_DIGITS_READ if len(digits) > _DIGITS_READ else int(digits)
     return BadDelay(
         f"x-delay of type {type(value).__name__} ({value!r}) is not a number of milliseconds"
     )

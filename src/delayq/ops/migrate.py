@@ -35,6 +35,7 @@ warning: its intake would park every message.
 from __future__ import annotations
 
 import json
+import re
 import string
 import urllib.parse
 from collections import Counter
@@ -43,9 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delayq.errors import InvalidInput, InvalidTopology
+from delayq.durations import format_ms
+from delayq.errors import InvalidBody, InvalidInput, InvalidTopology
+from delayq.message.envelope import parse_json_body
 from delayq.ops.migrate_ladder import PlannedLadder, default_ladder, fitted_ladder
+from delayq.topology.ladder import MAX_TIER_MS
 from delayq.topology.model import Topology
+from delayq.wording import shortened
 
 __all__ = [
     "PlannedExchange",
@@ -56,6 +61,9 @@ __all__ = [
 ]
 
 PLUGIN_TYPE = "x-delayed-message"
+
+_DELAY = re.compile(r"[+-]?[0-9]+", re.ASCII)
+"""An x-delay as the bridge reads one (:mod:`delayq.intake.delay`)."""
 
 
 @dataclass(frozen=True)
@@ -106,11 +114,13 @@ def check_intake_name(template: str) -> None:
 def load_definitions(path: Path) -> dict[str, Any]:
     """A definitions file as a dict; a clear error for what is not one."""
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = parse_json_body(path.read_text("utf-8"), f"definitions {str(path)!r}")
     except OSError as exc:
         raise InvalidInput(f"cannot read definitions {str(path)!r}: {exc.strerror}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"definitions {str(path)!r} are not JSON: {exc}") from exc
+    except InvalidBody as exc:  # JSON, but too long a number or too deep for Python
+        raise InvalidInput(str(exc)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("exchanges", []), list):
         raise InvalidInput(
             f"definitions {str(path)!r} are not RabbitMQ definitions (an object with "
@@ -130,11 +140,23 @@ def read_delays(path: Path) -> Counter[int]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        if not line.lstrip("-").isdigit():
+        # ASCII digits only, as the bridge reads an x-delay (str.isdigit() takes '٣٠٠٠')
+        if _DELAY.fullmatch(line) is None:
             raise InvalidInput(
-                f"{path}:{number}: {line!r} is not a delay in milliseconds (an integer)"
+                f"{path}:{number}: {shortened(line)} is not a delay in milliseconds (an "
+                "integer, digits 0-9)"
             )
-        delays[max(0, int(line))] += 1
+        digits = line.lstrip("+-").lstrip("0")
+        if line.startswith("-") or not digits:
+            delays[0] += 1  # the plugin delivers a negative x-delay at once
+            continue
+        # int() of more than 4,300 digits raises ValueError; far fewer make no tier
+        if len(digits) > len(str(MAX_TIER_MS)):
+            raise InvalidInput(
+                f"{path}:{number}: {shortened(line)} is longer than any tier delayq takes "
+                f"(at most {MAX_TIER_MS} ms, {format_ms(MAX_TIER_MS)})"
+            )
+        delays[int(digits)] += 1
     if not any(ms > 0 for ms in delays):
         raise InvalidInput(f"the delays sample {str(path)!r} holds no positive delay")
     return delays
