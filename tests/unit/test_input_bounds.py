@@ -191,3 +191,32 @@ def test_an_x_delay_string_of_thousands_of_digits_is_read_as_too_long() -> None:
     assert read_delay({"x-delay": HUGE}) > 2**64
     assert read_delay({"x-delay": "-" + HUGE}) == 0
     assert read_delay({"x-delay": "0" * 5000 + "1500"}) == 1500
+
+
+# back-off ----------------------------------------------------------------------------
+
+
+def test_an_exponential_backoff_caps_at_max_delay_however_many_retries() -> None:
+    from delayq.consume.retry import ExponentialBackoff
+
+    policy = ExponentialBackoff(initial="1s", multiplier=100, max_attempts=1000, max_delay="3s")
+    assert [policy.base_delay_ms(r) for r in (1, 2, 3, 999, 10**6)] == [1000] + [3000] * 4
+    slow = ExponentialBackoff(initial="1s", multiplier=1.0001, max_delay="1h")
+    assert slow.base_delay_ms(1) == 1000 and slow.base_delay_ms(2) == 1000  # 1000.1, floored
+    assert slow.base_delay_ms(10**6) == 3_600_000
+
+
+def test_retry_plan_with_a_huge_multiplier_power_prints_the_capped_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["retry-plan", "-f", TOPOLOGY, "--initial", "1s", "--multiplier", "100",
+                 "--max-attempts", "1000", "--max-delay", "3s"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_the_connection_pause_stays_capped_after_thousands_of_rounds() -> None:
+    from delayq.retrying import MAX_PAUSE_S, pause_s
+
+    assert pause_s(5000, 0.25) == MAX_PAUSE_S
