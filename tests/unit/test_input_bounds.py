@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from delayq.cli import main
-from delayq.errors import InvalidBody, InvalidDelay, InvalidHeaders
+from delayq.errors import InvalidBody, InvalidDelay, InvalidHeaders, InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = str(ROOT / "topology" / "delayq.yaml")
@@ -220,3 +220,33 @@ def test_the_connection_pause_stays_capped_after_thousands_of_rounds() -> None:
     from delayq.retrying import MAX_PAUSE_S, pause_s
 
     assert pause_s(5000, 0.25) == MAX_PAUSE_S
+
+
+# prefetch ----------------------------------------------------------------------------
+
+
+def test_a_prefetch_past_16_bits_is_refused_at_once_by_the_api() -> None:
+    from delayq import Worker, load_topology
+    from delayq.consume.settings import ConsumeSettings
+
+    with pytest.raises(InvalidInput, match="65535"):
+        ConsumeSettings.parse(prefetch=70_000, handler_timeout="1m")
+    assert ConsumeSettings.parse(prefetch=65_535, handler_timeout="1m").prefetch == 65_535
+    topology = load_topology(ROOT / "topology" / "quickstart.yaml")
+    worker = Worker(topology)
+    with pytest.raises(InvalidInput, match="65535"):
+        worker.bridge(prefetch=70_000)
+
+    @worker.handler(topology.destinations[0].queue)
+    def handle(body: object) -> None: ...
+
+    with pytest.raises(InvalidInput, match="65535"):
+        worker.run(DEAD_URL, prefetch=70_000)
+
+
+@pytest.mark.parametrize("command", [["bridge"], ["worker", "nowhere:worker"]])
+def test_every_prefetch_option_refuses_more_than_16_bits_before_connecting(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    code, err = _run(capsys, *command, "--url", DEAD_URL, "--prefetch", "70000")
+    assert code == 2 and "65535" in err, err

@@ -23,6 +23,7 @@ from delayq.cli.options import (
     CONTEXT,
     Invocation,
     PositiveInt,
+    Prefetch,
     flag,
     global_options,
     json_flag,
@@ -105,7 +106,7 @@ def _run_commands() -> list[click.Command]:
             "run the handlers a module declares (delayq.Worker)",
             [
                 click.Argument(["spec"], metavar="MODULE[:ATTR]"),
-                once("--prefetch", type=PositiveInt(), help="deliveries per consumer"),
+                once("--prefetch", type=Prefetch(), help="deliveries per consumer"),
                 once(
                     "--concurrency",
                     type=PositiveInt(),

@@ -37,6 +37,7 @@ __all__ = [
     "Invocation",
     "PositiveFloat",
     "PositiveInt",
+    "Prefetch",
     "errors_options",
     "flag",
     "format_option",
@@ -74,6 +75,14 @@ def PositiveInt() -> click.IntRange:
     """A whole number of at least 1 (``--limit 0`` listed nothing and said the queue was
     empty; ``--concurrency -1`` died with a traceback)."""
     return click.IntRange(min=1)
+
+
+def Prefetch() -> click.IntRange:
+    """A prefetch count, 1 to 65535: AMQP carries it in 16 bits (``--prefetch 70000``
+    failed after connecting, exit 1)."""
+    from delayq.consume.settings import MAX_PREFETCH
+
+    return click.IntRange(min=1, max=MAX_PREFETCH)
 
 
 def PositiveFloat() -> click.FloatRange:
