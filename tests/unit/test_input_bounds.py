@@ -250,3 +250,33 @@ def test_every_prefetch_option_refuses_more_than_16_bits_before_connecting(
 ) -> None:
     code, err = _run(capsys, *command, "--url", DEAD_URL, "--prefetch", "70000")
     assert code == 2 and "65535" in err, err
+
+
+# replay rate -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [1e-300, 1e-6, 0.0, -5.0, float("nan"), float("inf"), 1e13, 2**2000],
+    ids=["1e-300", "1e-6", "0", "-5", "nan", "inf", "1e13", "2**2000"],
+)
+def test_a_replay_rate_outside_one_a_day_to_1e12_is_refused(rate: float) -> None:
+    from delayq.ops.pace import check_rate
+
+    with pytest.raises(InvalidInput, match="rate"):
+        check_rate(rate)
+
+
+def test_one_message_a_day_is_a_rate() -> None:
+    from delayq.ops.pace import check_rate
+
+    assert check_rate(1 / 86_400) == 1 / 86_400 and check_rate(5) == 5.0
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "nan", "0"])
+def test_dlq_replay_refuses_such_a_rate_before_connecting(
+    capsys: pytest.CaptureFixture[str], rate: str
+) -> None:
+    code, err = _run(capsys, "dlq", "replay", "q", "--all", "--url", DEAD_URL, "-f", TOPOLOGY,
+                     "--rate", rate)  # fmt: skip
+    assert code == 2 and "--rate" in err and "rate" in err.split("--rate", 1)[1], err

@@ -35,9 +35,9 @@ __all__ = [
     "GLOBAL_DEFAULTS",
     "Command",
     "Invocation",
-    "PositiveFloat",
     "PositiveInt",
     "Prefetch",
+    "Rate",
     "errors_options",
     "flag",
     "format_option",
@@ -85,10 +85,24 @@ def Prefetch() -> click.IntRange:
     return click.IntRange(min=1, max=MAX_PREFETCH)
 
 
-def PositiveFloat() -> click.FloatRange:
-    """A number above 0 (``--rate 0`` or ``-5`` meant no limit at all; ``inf`` is refused
-    by the upper bound)."""
-    return click.FloatRange(min=0, min_open=True, max=1e12)
+class Rate(click.ParamType[float, Any]):
+    """Messages per second, one a day to 1e12 (:func:`delayq.ops.pace.check_rate`):
+    ``--rate 0`` or ``-5`` meant no limit at all, ``1e-300`` overflowed after the first
+    message."""
+
+    name = "rate"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        from delayq.errors import InvalidInput
+        from delayq.ops.pace import check_rate
+
+        number = click.FLOAT.convert(value, param, ctx)
+        try:
+            return check_rate(number)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def once(*decls: str, default: Any = None, **kwargs: Any) -> click.Option:

@@ -10,8 +10,8 @@ import click
 from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     Command,
-    PositiveFloat,
     PositiveInt,
+    Rate,
     errors_options,
     flag,
     format_option,
@@ -228,7 +228,7 @@ def parked_group(name: str, what: str) -> click.Group:
                     flag("--all", help="every parked message"),
                     once(
                         "--rate",
-                        type=PositiveFloat(),
+                        type=Rate(),
                         metavar="N",
                         help="at most N messages per second",
                     ),
