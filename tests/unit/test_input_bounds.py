@@ -280,3 +280,14 @@ def test_dlq_replay_refuses_such_a_rate_before_connecting(
     code, err = _run(capsys, "dlq", "replay", "q", "--all", "--url", DEAD_URL, "-f", TOPOLOGY,
                      "--rate", rate)  # fmt: skip
     assert code == 2 and "--rate" in err and "rate" in err.split("--rate", 1)[1], err
+
+
+# empty values that meant "the default" -----------------------------------------------
+
+
+def test_publish_refuses_an_empty_message_id_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = _run(capsys, "publish", "-f", TOPOLOGY, "--url", DEAD_URL, "-k",
+                     "orders.reminder", "-d", "1s", "--message-id", "")  # fmt: skip
+    assert code == 2 and "message id" in err, err
