@@ -291,3 +291,31 @@ def test_publish_refuses_an_empty_message_id_before_connecting(
     code, err = _run(capsys, "publish", "-f", TOPOLOGY, "--url", DEAD_URL, "-k",
                      "orders.reminder", "-d", "1s", "--message-id", "")  # fmt: skip
     assert code == 2 and "message id" in err, err
+
+
+def test_migrate_plans_warnings_and_steps_name_the_file_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "elsewhere"
+    definitions = _definitions(tmp_path, key="")
+    argv = ["migrate", "plan", str(definitions), "--out", str(out)]
+    code, err = _run(capsys, *argv)
+    written = str(out / "delayq.e.yaml")
+    assert code == 1 and f"bind 'q' by it in {written}" in err, err
+    assert "topology/" not in err
+    assert main([*argv, "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)["exchanges"][0]
+    assert document["topology_file"] == written
+    assert all("topology/" not in line for line in document["warnings"] + document["steps"])
+    assert any(written in step for step in document["steps"])
+
+
+def test_an_empty_path_option_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(capsys, "migrate", "plan", str(_definitions(tmp_path)), "--out", "")
+    assert code == 2 and "--out" in err and "empty" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["definitions.json"]
+    code, err = _run(capsys, "publish", "-f", "", "-k", "orders.reminder", "-d", "1s")
+    assert code == 2 and "empty" in err, err

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from delayq.cli._common import Args
+from delayq.cli.params import PathParam, PositiveInt, Prefetch, Rate
 from delayq.stores.url import STORE_FORMS
 from delayq.topology.default_file import DEFAULT_TOPOLOGY_FILE
 
@@ -35,6 +35,7 @@ __all__ = [
     "GLOBAL_DEFAULTS",
     "Command",
     "Invocation",
+    "PathParam",
     "PositiveInt",
     "Prefetch",
     "Rate",
@@ -69,40 +70,6 @@ def _shown(value: Any) -> str:
 
     text = str(value)
     return repr(redact(text) if "://" in text else text)
-
-
-def PositiveInt() -> click.IntRange:
-    """A whole number of at least 1 (``--limit 0`` listed nothing and said the queue was
-    empty; ``--concurrency -1`` died with a traceback)."""
-    return click.IntRange(min=1)
-
-
-def Prefetch() -> click.IntRange:
-    """A prefetch count, 1 to 65535: AMQP carries it in 16 bits (``--prefetch 70000``
-    failed after connecting, exit 1)."""
-    from delayq.consume.settings import MAX_PREFETCH
-
-    return click.IntRange(min=1, max=MAX_PREFETCH)
-
-
-class Rate(click.ParamType[float, Any]):
-    """Messages per second, one a day to 1e12 (:func:`delayq.ops.pace.check_rate`):
-    ``--rate 0`` or ``-5`` meant no limit at all, ``1e-300`` overflowed after the first
-    message."""
-
-    name = "rate"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
-        from delayq.errors import InvalidInput
-        from delayq.ops.pace import check_rate
-
-        number = click.FLOAT.convert(value, param, ctx)
-        try:
-            return check_rate(number)
-        except InvalidInput as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def once(*decls: str, default: Any = None, **kwargs: Any) -> click.Option:
@@ -155,7 +122,7 @@ def global_options(*, url: bool = True, file: bool = True, where: str = "") -> l
         click.Option(
             ["--file", "-f"],
             multiple=True,
-            type=click.Path(path_type=Path),
+            type=PathParam(),
             metavar="FILE",
             expose_value=False,
             callback=_record("file"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -10,6 +9,7 @@ import click
 from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     Command,
+    PathParam,
     PositiveInt,
     Rate,
     errors_options,
@@ -64,7 +64,7 @@ def topology_group() -> click.Group:
                     once(
                         "--output",
                         "-o",
-                        type=click.Path(path_type=Path),
+                        type=PathParam(),
                         help="output file (default: stdout)",
                     )
                 ],
@@ -324,7 +324,7 @@ def spark_group() -> click.Group:
             once(
                 "--out",
                 required=True,
-                type=click.Path(path_type=Path),
+                type=PathParam(),
                 metavar="DIR",
                 help="where the report goes",
             ),

@@ -58,6 +58,7 @@ __all__ = [
     "load_definitions",
     "plan_migration",
     "read_delays",
+    "topology_file",
 ]
 
 PLUGIN_TYPE = "x-delayed-message"
@@ -109,6 +110,11 @@ def check_intake_name(template: str) -> None:
             raise InvalidInput(f"--intake-name {template!r}: {shown} is not a placeholder; {usage}")
     if not named:
         raise InvalidInput(f"--intake-name {template!r} has no {{exchange}}; {usage}")
+
+
+def topology_file(folder: str | Path, namespace: str) -> str:
+    """Where the plan writes a namespace's topology, as its steps and warnings name it."""
+    return str(Path(folder) / f"{namespace}.yaml")
 
 
 def load_definitions(path: Path) -> dict[str, Any]:
@@ -168,8 +174,10 @@ def plan_migration(
     vhost: str = "/",
     delays: Mapping[int, int] | None = None,
     intake_name: str = "{exchange}.intake",
+    folder: str | Path = "topology",
 ) -> list[PlannedExchange]:
-    """A topology and the cut-over steps for each plugin exchange of ``vhost``."""
+    """A topology and the cut-over steps for each plugin exchange of ``vhost``; the steps
+    and warnings name its file as ``folder/<namespace>.yaml`` (where ``--out`` writes it)."""
     exchanges = [
         e
         for e in _entries(definitions, "exchanges")
@@ -204,7 +212,7 @@ def plan_migration(
                 f"--intake-name {intake_name!r} gives exchange {name!r} the intake {intake!r}, "
                 f"an exchange the vhost already has (type {existing[intake]}): choose another"
             )
-        planned.append(_plan_one(exchange, bindings, vhost, ladder, intake))
+        planned.append(_plan_one(exchange, bindings, vhost, ladder, intake, Path(folder)))
     return planned
 
 
@@ -221,6 +229,7 @@ def _plan_one(
     vhost: str,
     ladder: PlannedLadder,
     intake: str,
+    folder: Path,
 ) -> PlannedExchange:
     name = str(exchange.get("name", ""))
     arguments = exchange.get("arguments") or {}
@@ -233,6 +242,7 @@ def _plan_one(
     steps_bind: list[str] = []
     left_out: list[str] = []
     namespace = f"delayq.{name}"
+    file = topology_file(folder, namespace)
     dlq = f"{namespace}.intake.{intake}.dlq"
     bound = 0
     for binding in bindings:
@@ -256,7 +266,7 @@ def _plan_one(
                 f"{where} (routing key '') is left out: delayq schedules nothing under the "
                 f"empty key, so the intake parks such messages in {dlq}; have their "
                 f"publishers send a key, and bind {binding['destination']!r} by it in "
-                f"topology/{namespace}.yaml"
+                f"{file}"
             )
             continue
         if kind == "direct" and {"*", "#"} & set(key.split(".")):
@@ -298,9 +308,9 @@ def _plan_one(
         warnings.append(
             f"exchange {name!r}: {how}, so its intake has no destination and every message "
             f"published to it is parked in {parked} (the plugin dropped them): bind a queue "
-            f"in topology/{namespace}.yaml, or leave this exchange out"
+            f"in {file}, or leave this exchange out"
         )
-    steps = _steps(name, vhost, topology, steps_bind, warnings)
+    steps = _steps(name, vhost, topology, file, steps_bind, warnings)
     return PlannedExchange(name, topology, steps, ladder.note, tuple(warnings), tuple(left_out))
 
 
@@ -336,10 +346,9 @@ def _unique(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _steps(
-    name: str, vhost: str, topology: Topology, binds: list[str], warnings: list[str]
+    name: str, vhost: str, topology: Topology, file: str, binds: list[str], warnings: list[str]
 ) -> tuple[str, ...]:
     intake = topology.intakes[0].exchange
-    file = f"topology/{topology.namespace}.yaml"
     largest = topology.ladder.tiers[-1].label
     quoted = urllib.parse.quote  # the default vhost '/' is %2F in a path
     path = f"/api/exchanges/{quoted(vhost, safe='')}/{quoted(name, safe='')}"
