@@ -319,3 +319,15 @@ def test_an_empty_path_option_is_refused(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["definitions.json"]
     code, err = _run(capsys, "publish", "-f", "", "-k", "orders.reminder", "-d", "1s")
     assert code == 2 and "empty" in err, err
+
+
+def test_the_plugin_guide_says_the_intake_name_must_contain_exchange(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.guide_blocks import PLUGIN_GUIDE
+
+    text = " ".join(PLUGIN_GUIDE.read_text().split())
+    assert "The template must contain `{exchange}`" in text
+    code, err = _run(capsys, "migrate", "plan", str(_definitions(tmp_path)), "--out",
+                     str(tmp_path / "out"), "--intake-name", "orders.intake")  # fmt: skip
+    assert code == 2 and "has no {exchange}" in err, err  # as the guide says
