@@ -18,6 +18,7 @@ import re
 from datetime import timedelta
 
 from delayq.errors import InvalidDelay
+from delayq.wording import shortened, shown_int
 
 __all__ = ["ACCEPTED_FORMS", "Duration", "format_ms", "to_ms", "to_timedelta"]
 
@@ -30,6 +31,8 @@ ACCEPTED_FORMS = (
 )
 
 _UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_MAX_MS = timedelta.max // timedelta(milliseconds=1)
+"""The longest duration there is: ``timedelta.max``, 999999999 days (18 digits in ms)."""
 _PART = re.compile(r"([0-9]+)(ms|d|h|m|s)", re.ASCII)
 _WHOLE = re.compile(r"(?:[0-9]+(?:ms|d|h|m|s))+", re.ASCII)
 
@@ -39,11 +42,12 @@ def _parse(value: str, what: str) -> int:
     """Parse a duration string; cached, since a few delays serve millions of messages
     (a failure raises and is not cached)."""
     text = value.strip().replace(" ", "")
+    shown = shortened(value)
     if not text:
         raise InvalidDelay(f"{what} is an empty string; expected {ACCEPTED_FORMS}")
     if text.startswith("="):  # `-d=-5s`: click gives a short option "=-5s"
         hint = (
-            f"{what} {value!r} starts with '=': a short option takes its value without one "
+            f"{what} {shown} starts with '=': a short option takes its value without one "
             "(-d 5s, or --delay=5s)"
         )
         try:
@@ -52,16 +56,30 @@ def _parse(value: str, what: str) -> int:
             raise InvalidDelay(f"{exc}; {hint}") from None
         raise InvalidDelay(hint)
     if text.startswith("-"):
-        raise InvalidDelay(f"{what} must not be negative, got {value!r}")
+        raise InvalidDelay(f"{what} must not be negative, got {shown}")
     if text.isascii() and text.isdigit():
         raise InvalidDelay(_bare_number(what, value, text))
     if not _WHOLE.fullmatch(text):
-        raise InvalidDelay(f"{what} {value!r} is not a duration; expected {ACCEPTED_FORMS}")
+        raise InvalidDelay(f"{what} {shown} is not a duration; expected {ACCEPTED_FORMS}")
     parts = _PART.findall(text)
     units = [unit for _, unit in parts]
     if len(set(units)) != len(units):
-        raise InvalidDelay(f"{what} {value!r} repeats a unit; expected {ACCEPTED_FORMS}")
-    return sum(int(n) * _UNIT_MS[unit] for n, unit in parts)
+        raise InvalidDelay(f"{what} {shown} repeats a unit; expected {ACCEPTED_FORMS}")
+    # Past 20 digits a part is longer than any duration; int() of one past 4,300 digits
+    # raises ValueError (Python's limit), so it is never asked to.
+    if any(len(n.lstrip("0")) > 20 for n, _ in parts):
+        raise InvalidDelay(_too_long(what, shown))
+    total = sum(int(n.lstrip("0") or "0") * _UNIT_MS[unit] for n, unit in parts)
+    if total > _MAX_MS:
+        raise InvalidDelay(_too_long(what, shown))
+    return total
+
+
+def _too_long(what: str, shown: str) -> str:
+    return (
+        f"{what} {shown} is longer than any duration (at most {_MAX_MS} ms, "
+        "timedelta.max); delayq's ladders hold at most a few weeks"
+    )
 
 
 def to_ms(value: object, *, what: str = "delay") -> int:
@@ -93,12 +111,25 @@ def _bare_number(what: str, value: object, number: object) -> str:
     if isinstance(number, float) and not number.is_integer():
         how = f"timedelta(seconds={number!r})"
     else:
-        whole = int(number) if isinstance(number, float) else number
-        how = f'"{whole}s" (or "{whole}ms"), or timedelta(seconds={whole})'
+        whole = shown_int(int(number)) if isinstance(number, (int, float)) else str(number)
+        if len(whole) <= 40 and whole.lstrip("-").isdigit():
+            how = f'"{whole}s" (or "{whole}ms"), or timedelta(seconds={whole})'
+        else:  # too long to repeat
+            how = 'it with a unit, as in "90s" or timedelta(seconds=90)'
     return (
-        f"{what} {value!r} is a bare number, which has no unit: write {how}; "
+        f"{what} {_shown(value)} is a bare number, which has no unit: write {how}; "
         f"expected {ACCEPTED_FORMS}"
     )
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, however long (an int past 4,300 digits cannot be
+    printed at all)."""
+    if isinstance(value, str):
+        return shortened(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return shown_int(value)
+    return repr(value)
 
 
 def to_timedelta(ms: int) -> timedelta:

@@ -58,7 +58,9 @@ def pause_s(round_: int, backoff_s: float) -> float:
     """
     if round_ <= 0:
         return 0.0
-    return min(MAX_PAUSE_S, backoff_s * 2.0 ** (round_ - 1))
+    # The exponent bounded: 2.0**1024 raises OverflowError, a round a long outage reaches
+    # (reconnect_within of hours, a pause of MAX_PAUSE_S per round); 2**64 is past any cap.
+    return min(MAX_PAUSE_S, backoff_s * 2.0 ** min(round_ - 1, 64))
 
 
 class Tries:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from delayq.consume.handlers import check_handler
 from delayq.consume.retry import RetryPolicy, check_policy
+from delayq.consume.settings import check_prefetch
 from delayq.durations import to_ms
 from delayq.errors import DelayqError, InvalidInput
 from delayq.observe.deliveries import DeliveryObserver
@@ -71,6 +72,8 @@ class Worker:
         for name in ("handler_timeout", "stuck_grace", "lease", "retention"):
             if options.get(name) is not None:
                 to_ms(options[name], what=name)
+        if options.get("prefetch") is not None:
+            check_prefetch(options["prefetch"])
         if "key_scope" in options:
             KeyScope.parse(options["key_scope"])
         policy = options.get("policy")
@@ -107,8 +110,7 @@ class Worker:
         ``delayq bridge`` runs, in a thread of this worker (see :mod:`delayq.sync.bridge`)."""
         from delayq.sync.bridge import pick_intake
 
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        check_prefetch(prefetch)
         name = pick_intake(self.topology, intake).exchange
         if any(name == bridged for bridged, _ in self.bridges):
             raise InvalidInput(f"intake {name!r} is bridged already by this worker")
@@ -177,6 +179,8 @@ class Worker:
                 "a worker on a memory broker is driven by the test: use broker.attach(worker) "
                 "(or await broker.attach_async(worker)), then broker.advance(...)"
             )
+        if prefetch is not None:
+            check_prefetch(prefetch)
         for reg in self.registrations:  # before any consumer starts
             self._check_options(reg.queue, {**self.defaults, **reg.options})
         stop = stop or threading.Event()

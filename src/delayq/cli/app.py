@@ -9,7 +9,6 @@ exit codes. :func:`parse` gives the invocation alone, for tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import click
 
@@ -22,7 +21,9 @@ from delayq.cli.migrate import migrate_group
 from delayq.cli.options import (
     CONTEXT,
     Invocation,
+    PathParam,
     PositiveInt,
+    Prefetch,
     flag,
     global_options,
     json_flag,
@@ -55,7 +56,7 @@ def _run_commands() -> list[click.Command]:
                 once("--body", help="the body as JSON text (default: null)"),
                 once(
                     "--body-file",
-                    type=click.Path(path_type=Path),
+                    type=PathParam(),
                     help="send this file's bytes as the body",
                 ),
                 once("--message-id", help="default: a new UUID"),
@@ -105,7 +106,7 @@ def _run_commands() -> list[click.Command]:
             "run the handlers a module declares (delayq.Worker)",
             [
                 click.Argument(["spec"], metavar="MODULE[:ATTR]"),
-                once("--prefetch", type=PositiveInt(), help="deliveries per consumer"),
+                once("--prefetch", type=Prefetch(), help="deliveries per consumer"),
                 once(
                     "--concurrency",
                     type=PositiveInt(),
@@ -147,7 +148,7 @@ def _run_commands() -> list[click.Command]:
                 *heal_options("heal-"),
                 once(
                     "--records",
-                    type=click.Path(path_type=Path),
+                    type=PathParam(),
                     metavar="DIR",
                     help="append one JSON line per settled delivery to rotating files in DIR "
                     "(delivery records, v1; read by `delayq spark report`)",

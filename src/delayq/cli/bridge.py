@@ -8,7 +8,7 @@ import logging
 import click
 
 from delayq.cli._common import EXIT_OK, Args, topology_and_url
-from delayq.cli.options import PositiveInt, leaf, once
+from delayq.cli.options import Prefetch, leaf, once
 
 __all__ = ["bridge_commands"]
 
@@ -29,7 +29,7 @@ def bridge_commands() -> list[click.Command]:
                 ),
                 once(
                     "--prefetch",
-                    type=PositiveInt(),
+                    type=Prefetch(),
                     default=1000,
                     help="deliveries in hand per intake (default 1000)",
                 ),

@@ -29,6 +29,7 @@ from delayq.cli._common import (
 )
 from delayq.cli._console import show_table
 from delayq.cli.options import (
+    PathParam,
     flag,
     json_flag,
     key_scope_option,
@@ -76,7 +77,7 @@ def cancel_commands() -> list[click.Command]:
                 ),
                 once(
                     "--from-file",
-                    type=click.Path(path_type=Path),
+                    type=PathParam(),
                     metavar="PATH",
                     help="read message ids (or keys, with --file-has-keys) one a line; "
                     "'-' for stdin; blank lines and # comments skipped",
@@ -113,7 +114,7 @@ def cancel_commands() -> list[click.Command]:
                 once("--body", help="the body as JSON text, as published"),
                 once(
                     "--body-file",
-                    type=click.Path(path_type=Path),
+                    type=PathParam(),
                     help="the body as this file's bytes",
                 ),
                 once("--routing-key", "-k", required=True, help="the routing key, as published"),

@@ -22,7 +22,7 @@ from delayq.cli._common import (
     print_json,
     topology_and_url,
 )
-from delayq.cli.options import flag, once
+from delayq.cli.options import PathParam, flag, once
 from delayq.errors import InvalidInput
 from delayq.ops.heal import DEFAULT_INTERVAL, DEFAULT_THRESHOLD
 from delayq.wording import counted
@@ -66,7 +66,7 @@ def heal_options(prefix: str = "") -> list[click.Option]:
         ),
         once(
             "--erlang-cookie-file",
-            type=click.Path(path_type=Path),
+            type=PathParam(),
             metavar="FILE",
             help="the cluster's Erlang cookie (default: the CLI's own, $HOME/.erlang.cookie)",
         ),

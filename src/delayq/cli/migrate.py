@@ -17,7 +17,7 @@ from delayq.cli._common import (
     print_json,
     topology_and_url,
 )
-from delayq.cli.options import group, json_flag, leaf, once
+from delayq.cli.options import PathParam, group, json_flag, leaf, once
 from delayq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -37,9 +37,7 @@ def migrate_group() -> click.Group:
                 "write a topology per x-delayed-message exchange of a definitions file, and "
                 "print the cut-over steps (no broker)",
                 [
-                    click.Argument(
-                        ["definitions"], type=click.Path(path_type=Path), required=False
-                    ),
+                    click.Argument(["definitions"], type=PathParam(), required=False),
                     once(
                         "--management-url",
                         help="read the definitions from this management API "
@@ -48,14 +46,14 @@ def migrate_group() -> click.Group:
                     once("--vhost", default="/", help="the vhost to migrate (default /)"),
                     once(
                         "--out",
-                        type=click.Path(path_type=Path),
+                        type=PathParam(),
                         default=Path("topology"),
                         metavar="DIR",
                         help="where the topology files go (default topology/)",
                     ),
                     once(
                         "--delays",
-                        type=click.Path(path_type=Path),
+                        type=PathParam(),
                         metavar="FILE",
                         help="observed x-delay values (ms, one a line): the ladder fitted "
                         "to them instead of the default",
@@ -85,7 +83,13 @@ def migrate_group() -> click.Group:
 
 
 def cmd_migrate_plan(args: Args) -> int:
-    from delayq.ops.migrate import check_intake_name, load_definitions, plan_migration, read_delays
+    from delayq.ops.migrate import (
+        check_intake_name,
+        load_definitions,
+        plan_migration,
+        read_delays,
+        topology_file,
+    )
 
     check_intake_name(args.intake_name)  # before a management API is asked anything
     if args.management_url is not None:
@@ -96,9 +100,13 @@ def cmd_migrate_plan(args: Args) -> int:
         definitions = load_definitions(args.definitions)
     delays = read_delays(args.delays) if args.delays is not None else None
     planned = plan_migration(
-        definitions, vhost=args.vhost, delays=delays, intake_name=args.intake_name
+        definitions,
+        vhost=args.vhost,
+        delays=delays,
+        intake_name=args.intake_name,
+        folder=args.out,
     )
-    files = {p.exchange: (f"{p.topology.namespace}.yaml", _topology_file(p)) for p in planned}
+    files = {p.exchange: (topology_file(args.out, p.topology.namespace), _yaml(p)) for p in planned}
     written = _write(args.out, files)
     for plan in planned:
         for warning in plan.warnings:
@@ -129,8 +137,7 @@ def cmd_migrate_plan(args: Args) -> int:
         print(f"exchange {plan.exchange!r} -> {path} (namespace {plan.topology.namespace!r})")
         print(f"  ladder: {plan.ladder_note}")
         for number, step in enumerate(plan.steps, 1):
-            shown = step.replace(f"topology/{plan.topology.namespace}.yaml", str(path))
-            print(f"  {number}. {shown}")
+            print(f"  {number}. {step}")
     if not complete:
         print(
             "delayq: the plan is not complete: the bindings warned about are left out (exit 1)",
@@ -139,7 +146,7 @@ def cmd_migrate_plan(args: Args) -> int:
     return EXIT_OK if complete else EXIT_BROKER
 
 
-def _topology_file(plan: PlannedExchange) -> str:
+def _yaml(plan: PlannedExchange) -> str:
     import yaml
 
     topology = plan.topology
@@ -157,17 +164,16 @@ def _topology_file(plan: PlannedExchange) -> str:
 
 
 def _write(out: Path, files: dict[str, tuple[str, str]]) -> dict[str, Path]:
-    """Each exchange's topology file (its name, its text) in ``out``, all or none: each is
-    written beside its
-    place and renamed into it once every one is written, so a full disk or a refused
-    folder leaves no half-written plan."""
+    """Each exchange's topology file (its path in ``out``, its text), all or none: each is
+    written beside its place and renamed into it once every one is written, so a full
+    disk or a refused folder leaves no half-written plan."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise InvalidInput(f"--out {str(out)!r} is a file, not a folder") from None
     except OSError as exc:
         raise InvalidInput(f"--out {str(out)!r}: cannot make the folder: {exc.strerror}") from None
-    paths = {exchange: out / name for exchange, (name, _) in files.items()}
+    paths = {exchange: Path(name) for exchange, (name, _) in files.items()}
     staged: list[tuple[Path, Path]] = []
     try:
         for exchange, (_, text) in files.items():

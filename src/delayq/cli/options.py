@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from delayq.cli._common import Args
+from delayq.cli.params import PathParam, PositiveInt, Prefetch, Rate
 from delayq.stores.url import STORE_FORMS
 from delayq.topology.default_file import DEFAULT_TOPOLOGY_FILE
 
@@ -35,8 +35,10 @@ __all__ = [
     "GLOBAL_DEFAULTS",
     "Command",
     "Invocation",
-    "PositiveFloat",
+    "PathParam",
     "PositiveInt",
+    "Prefetch",
+    "Rate",
     "errors_options",
     "flag",
     "format_option",
@@ -68,18 +70,6 @@ def _shown(value: Any) -> str:
 
     text = str(value)
     return repr(redact(text) if "://" in text else text)
-
-
-def PositiveInt() -> click.IntRange:
-    """A whole number of at least 1 (``--limit 0`` listed nothing and said the queue was
-    empty; ``--concurrency -1`` died with a traceback)."""
-    return click.IntRange(min=1)
-
-
-def PositiveFloat() -> click.FloatRange:
-    """A number above 0 (``--rate 0`` or ``-5`` meant no limit at all; ``inf`` is refused
-    by the upper bound)."""
-    return click.FloatRange(min=0, min_open=True, max=1e12)
 
 
 def once(*decls: str, default: Any = None, **kwargs: Any) -> click.Option:
@@ -132,7 +122,7 @@ def global_options(*, url: bool = True, file: bool = True, where: str = "") -> l
         click.Option(
             ["--file", "-f"],
             multiple=True,
-            type=click.Path(path_type=Path),
+            type=PathParam(),
             metavar="FILE",
             expose_value=False,
             callback=_record("file"),

@@ -40,7 +40,8 @@ from delayq.consume.retry import (
 )
 from delayq.durations import format_ms
 from delayq.errors import BodyTooLarge, DelayqError, InvalidBody, InvalidInput
-from delayq.message.envelope import new_message_id
+from delayq.message.envelope import new_message_id, parse_json_body
+from delayq.message.validate import validate_message_id
 from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
 from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
@@ -104,7 +105,7 @@ def _body(args: Args, limit: int) -> Any:
     if args.body is None:
         return None
     try:
-        return json.loads(args.body)
+        return parse_json_body(args.body, "--body")
     except json.JSONDecodeError as exc:
         raise InvalidBody(
             f"--body is not valid JSON ({exc.msg}); quote text as a JSON string, "
@@ -119,7 +120,12 @@ def cmd_publish(args: Args) -> int:
     body = _body(args, topology.limits.max_body_bytes)
     # Chosen before anything is sent: a run interrupted between the broker's taking the
     # message and its receipt's printing can still name it (to cancel, or to re-run).
-    message_id = args.message_id or new_message_id()
+    # `--message-id ''` is an id given, and refused as the API refuses it, not "none
+    # given" (which published under a fresh random id, exit 0).
+    if args.message_id is None:
+        message_id = new_message_id()
+    else:
+        message_id = validate_message_id(args.message_id)
     receipt = None
     held: Callable[[], None] | None = None
     try:

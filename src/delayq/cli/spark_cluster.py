@@ -5,13 +5,12 @@ every job, ``pack-env`` (the executors' environment) and ``submit-path`` (the fi
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
 from delayq.cli._common import EXIT_OK, Args
-from delayq.cli.options import flag, leaf, master_option, once
+from delayq.cli.options import PathParam, flag, leaf, master_option, once
 
 __all__ = ["cluster_commands", "prepare_session", "session_options"]
 
@@ -61,7 +60,7 @@ def cluster_commands() -> list[click.Command]:
         leaf(
             "submit-path",
             cmd_spark_submit_path,
-            "print the file spark-submit runs: spark-submit ... \"$(delayq spark submit-path)\" "
+            'print the file spark-submit runs: spark-submit ... "$(delayq spark submit-path)" '
             "schedule ...",
             url=False,
             file=False,
@@ -72,7 +71,7 @@ def cluster_commands() -> list[click.Command]:
             "build a venv with delayq for the executors and pack it into OUT.tar.gz "
             "(spark-submit --archives OUT.tar.gz#env --conf spark.pyspark.python=./env/bin/python)",
             [
-                click.Argument(["out"], metavar="OUT.tar.gz", type=click.Path(path_type=Path)),
+                click.Argument(["out"], metavar="OUT.tar.gz", type=PathParam()),
                 once(
                     "--source",
                     metavar="DIR|WHEEL|REQ",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -10,8 +9,9 @@ import click
 from delayq.cli.heal import heal_options
 from delayq.cli.options import (
     Command,
-    PositiveFloat,
+    PathParam,
     PositiveInt,
+    Rate,
     errors_options,
     flag,
     format_option,
@@ -64,7 +64,7 @@ def topology_group() -> click.Group:
                     once(
                         "--output",
                         "-o",
-                        type=click.Path(path_type=Path),
+                        type=PathParam(),
                         help="output file (default: stdout)",
                     )
                 ],
@@ -228,7 +228,7 @@ def parked_group(name: str, what: str) -> click.Group:
                     flag("--all", help="every parked message"),
                     once(
                         "--rate",
-                        type=PositiveFloat(),
+                        type=Rate(),
                         metavar="N",
                         help="at most N messages per second",
                     ),
@@ -324,7 +324,7 @@ def spark_group() -> click.Group:
             once(
                 "--out",
                 required=True,
-                type=click.Path(path_type=Path),
+                type=PathParam(),
                 metavar="DIR",
                 help="where the report goes",
             ),

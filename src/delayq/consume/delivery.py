@@ -10,7 +10,6 @@ crash between the two can only duplicate, which the idempotency store absorbs.
 from __future__ import annotations
 
 import enum
-import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from delayq.message.envelope import (
     H_GENERATION,
     H_ROUTING_KEY,
     OutgoingMessage,
+    parse_json_body,
 )
 from delayq.stores.base import CANCELLED_GENERATION as _CANCELLED_GENERATION
 from delayq.stores.key_scope import KeyScope, scoped_key
@@ -268,13 +268,14 @@ def decode_body(delivery: Delivery, model: type[BaseModel] | None = None) -> Any
         if content_type == CONTENT_JSON or content_type.endswith("+json"):
             if model is not None:
                 return model.model_validate_json(delivery.body)
-            return json.loads(delivery.body)
+            return parse_json_body(delivery.body)
         if content_type.startswith("text/"):
             value: Any = delivery.body.decode("utf-8")
         else:
             value = delivery.body
         return model.model_validate(value) if model is not None else value
-    except (ValueError, ValidationError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+    # JSONDecodeError, InvalidBody (JSON too long or deep for Python), UnicodeDecodeError too
+    except (ValueError, ValidationError) as exc:
         raise Undecodable(
             f"cannot decode the {content_type} body of message {delivery.message_id!r}"
             f"{' as ' + model.__name__ if model is not None else ''}: {exc}"

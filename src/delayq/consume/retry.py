@@ -13,6 +13,7 @@ given ladder, a 1 ms initial delay included:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -257,9 +258,12 @@ class ExponentialBackoff(RetryPolicy):
         return self
 
     def base_delay_ms(self, retry: int) -> int:
-        # Compare in floats before converting: multiplier**retry can be huge.
-        raw = self.initial * self.multiplier ** max(0, retry - 1)
-        return self.max_delay if raw >= self.max_delay else int(raw)
+        steps = max(0, retry - 1)
+        # Compared in log space: multiplier**steps overflows a float (OverflowError) long
+        # before the retries run out (100**154 already); past the cap it is not needed.
+        if steps * math.log(self.multiplier) >= math.log(self.max_delay / self.initial):
+            return self.max_delay
+        return min(self.max_delay, int(self.initial * self.multiplier**steps))
 
     def _jittered(self, delay_ms: int, rng: random.Random | None) -> int:
         if not self.jitter:

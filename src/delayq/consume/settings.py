@@ -8,11 +8,13 @@ from delayq.durations import to_ms
 from delayq.errors import InvalidInput
 
 __all__ = [
+    "MAX_PREFETCH",
     "RECONNECT_MAX_S",
     "RECONNECT_MIN_S",
     "STALL_CHECK_S",
     "ConsumeSettings",
     "check_concurrency",
+    "check_prefetch",
 ]
 
 
@@ -22,6 +24,10 @@ RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 10.0
 """A consumer's back-off between attempts to reopen a lost connection (doubling, capped)."""
 
+
+MAX_PREFETCH = 65_535
+"""The largest prefetch count: AMQP's basic.qos carries it in 16 bits (pika's
+``struct.pack('H')`` failed past it, after connecting)."""
 
 STALL_CHECK_S = 10.0
 """A consumer idle this long while its queue holds ready messages re-subscribes."""
@@ -57,8 +63,7 @@ class ConsumeSettings:
         concurrency: object = None,
         stuck_grace: object = "1m",
     ) -> ConsumeSettings:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        check_prefetch(prefetch)
         checked = check_concurrency(concurrency, prefetch)
         timeout_ms = to_ms(handler_timeout, what="handler_timeout")
         if timeout_ms <= 0:
@@ -72,6 +77,19 @@ class ConsumeSettings:
         prune_every_ms = max(1_000, min(600_000, retention_ms // 10))
         grace_ms = None if stuck_grace is None else to_ms(stuck_grace, what="stuck_grace")
         return cls(prefetch, timeout_ms, lease_ms, retention_ms, prune_every_ms, checked, grace_ms)
+
+
+def check_prefetch(prefetch: object) -> int:
+    """``prefetch`` if it is an int from 1 to :data:`MAX_PREFETCH`, else
+    :class:`~delayq.errors.InvalidInput` saying why."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+    if prefetch > MAX_PREFETCH:
+        raise InvalidInput(
+            f"prefetch {prefetch} is more than {MAX_PREFETCH}, the most AMQP's prefetch "
+            "count (16 bits) can say"
+        )
+    return prefetch
 
 
 def check_concurrency(concurrency: object, prefetch: int) -> int | None:

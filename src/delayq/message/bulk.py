@@ -36,7 +36,7 @@ from typing import Any
 
 from delayq.durations import to_ms
 from delayq.errors import InvalidBody, InvalidDelay, InvalidInput, InvalidMessageId
-from delayq.message.envelope import OutgoingMessage, epoch_ms
+from delayq.message.envelope import OutgoingMessage, epoch_ms, parse_json_body
 from delayq.message.factory import MessageFactory
 from delayq.topology.model import Topology
 
@@ -121,7 +121,7 @@ def plain_body(value: object, *, json_text: bool = False) -> object:
     """
     if json_text and isinstance(value, str):
         try:
-            return json.loads(value)
+            return parse_json_body(value)
         except json.JSONDecodeError as exc:
             hint = (
                 "; its quotes are doubled, as in a CSV cell written the RFC 4180 way "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ __all__ = [
     "envelope_headers",
     "epoch_ms",
     "new_message_id",
+    "parse_json_body",
     "restamp",
 ]
 
@@ -226,6 +228,28 @@ def encode_body(body: object) -> tuple[bytes, str]:
             f"body of type {type(body).__name__} cannot be encoded ({exc}); pass bytes, "
             "str, a pydantic model, or a JSON value (dict, list, int, float, bool, None) "
             "without NaN or infinity"
+        ) from exc
+
+
+def parse_json_body(text: str | bytes, what: str = "body") -> Any:
+    """``text`` parsed as JSON, or :class:`InvalidBody` for JSON Python's parser cannot
+    hold: an integer past ``sys.get_int_max_str_digits()`` (4,300 by default) digits, or
+    nesting past the recursion limit (both raised a bare ValueError or RecursionError).
+    Invalid JSON raises ``json.JSONDecodeError``, for the caller to say how to write it.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # only the digit limit: any other is a JSONDecodeError
+        raise InvalidBody(
+            f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+            "more than Python reads: send such a number as a JSON string"
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidBody(
+            f"{what} is nested too deeply for Python to read (arrays or objects inside "
+            f"one another past {sys.getrecursionlimit()} levels, about)"
         ) from exc
 
 

@@ -20,6 +20,7 @@ from delayq.message.limits import (
     DEFAULT_LIMITS,
     MessageLimits,
 )
+from delayq.wording import shown_int
 
 __all__ = [
     "headers_size",
@@ -72,7 +73,11 @@ def _check_value(key: str, value: object, depth: int = 0) -> int:
         return 2
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
-            raise InvalidHeaders(f"header {key!r}: int {value} does not fit in 64 bits")
+            # shown_int: str() of an int past 4,300 digits raises ValueError
+            raise InvalidHeaders(
+                f"header {key!r}: {shown_int(value)} does not fit in signed 64 bits "
+                "(-2**63 to 2**63 - 1), the widest int AMQP carries: send it as a str"
+            )
         return 9
     if isinstance(value, str):
         return 5 + _utf8_len(value, InvalidHeaders, f"header {key!r}")

@@ -35,6 +35,7 @@ warning: its intake would park every message.
 from __future__ import annotations
 
 import json
+import re
 import string
 import urllib.parse
 from collections import Counter
@@ -43,9 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delayq.errors import InvalidInput, InvalidTopology
+from delayq.durations import format_ms
+from delayq.errors import InvalidBody, InvalidInput, InvalidTopology
+from delayq.message.envelope import parse_json_body
 from delayq.ops.migrate_ladder import PlannedLadder, default_ladder, fitted_ladder
+from delayq.topology.ladder import MAX_TIER_MS
 from delayq.topology.model import Topology
+from delayq.wording import shortened
 
 __all__ = [
     "PlannedExchange",
@@ -53,9 +58,13 @@ __all__ = [
     "load_definitions",
     "plan_migration",
     "read_delays",
+    "topology_file",
 ]
 
 PLUGIN_TYPE = "x-delayed-message"
+
+_DELAY = re.compile(r"[+-]?[0-9]+", re.ASCII)
+"""An x-delay as the bridge reads one (:mod:`delayq.intake.delay`)."""
 
 
 @dataclass(frozen=True)
@@ -103,14 +112,21 @@ def check_intake_name(template: str) -> None:
         raise InvalidInput(f"--intake-name {template!r} has no {{exchange}}; {usage}")
 
 
+def topology_file(folder: str | Path, namespace: str) -> str:
+    """Where the plan writes a namespace's topology, as its steps and warnings name it."""
+    return str(Path(folder) / f"{namespace}.yaml")
+
+
 def load_definitions(path: Path) -> dict[str, Any]:
     """A definitions file as a dict; a clear error for what is not one."""
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = parse_json_body(path.read_text("utf-8"), f"definitions {str(path)!r}")
     except OSError as exc:
         raise InvalidInput(f"cannot read definitions {str(path)!r}: {exc.strerror}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"definitions {str(path)!r} are not JSON: {exc}") from exc
+    except InvalidBody as exc:  # JSON, but too long a number or too deep for Python
+        raise InvalidInput(str(exc)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("exchanges", []), list):
         raise InvalidInput(
             f"definitions {str(path)!r} are not RabbitMQ definitions (an object with "
@@ -130,11 +146,23 @@ def read_delays(path: Path) -> Counter[int]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        if not line.lstrip("-").isdigit():
+        # ASCII digits only, as the bridge reads an x-delay (str.isdigit() takes '٣٠٠٠')
+        if _DELAY.fullmatch(line) is None:
             raise InvalidInput(
-                f"{path}:{number}: {line!r} is not a delay in milliseconds (an integer)"
+                f"{path}:{number}: {shortened(line)} is not a delay in milliseconds (an "
+                "integer, digits 0-9)"
             )
-        delays[max(0, int(line))] += 1
+        digits = line.lstrip("+-").lstrip("0")
+        if line.startswith("-") or not digits:
+            delays[0] += 1  # the plugin delivers a negative x-delay at once
+            continue
+        # int() of more than 4,300 digits raises ValueError; far fewer make no tier
+        if len(digits) > len(str(MAX_TIER_MS)):
+            raise InvalidInput(
+                f"{path}:{number}: {shortened(line)} is longer than any tier delayq takes "
+                f"(at most {MAX_TIER_MS} ms, {format_ms(MAX_TIER_MS)})"
+            )
+        delays[int(digits)] += 1
     if not any(ms > 0 for ms in delays):
         raise InvalidInput(f"the delays sample {str(path)!r} holds no positive delay")
     return delays
@@ -146,8 +174,10 @@ def plan_migration(
     vhost: str = "/",
     delays: Mapping[int, int] | None = None,
     intake_name: str = "{exchange}.intake",
+    folder: str | Path = "topology",
 ) -> list[PlannedExchange]:
-    """A topology and the cut-over steps for each plugin exchange of ``vhost``."""
+    """A topology and the cut-over steps for each plugin exchange of ``vhost``; the steps
+    and warnings name its file as ``folder/<namespace>.yaml`` (where ``--out`` writes it)."""
     exchanges = [
         e
         for e in _entries(definitions, "exchanges")
@@ -182,7 +212,7 @@ def plan_migration(
                 f"--intake-name {intake_name!r} gives exchange {name!r} the intake {intake!r}, "
                 f"an exchange the vhost already has (type {existing[intake]}): choose another"
             )
-        planned.append(_plan_one(exchange, bindings, vhost, ladder, intake))
+        planned.append(_plan_one(exchange, bindings, vhost, ladder, intake, Path(folder)))
     return planned
 
 
@@ -199,6 +229,7 @@ def _plan_one(
     vhost: str,
     ladder: PlannedLadder,
     intake: str,
+    folder: Path,
 ) -> PlannedExchange:
     name = str(exchange.get("name", ""))
     arguments = exchange.get("arguments") or {}
@@ -211,6 +242,7 @@ def _plan_one(
     steps_bind: list[str] = []
     left_out: list[str] = []
     namespace = f"delayq.{name}"
+    file = topology_file(folder, namespace)
     dlq = f"{namespace}.intake.{intake}.dlq"
     bound = 0
     for binding in bindings:
@@ -234,7 +266,7 @@ def _plan_one(
                 f"{where} (routing key '') is left out: delayq schedules nothing under the "
                 f"empty key, so the intake parks such messages in {dlq}; have their "
                 f"publishers send a key, and bind {binding['destination']!r} by it in "
-                f"topology/{namespace}.yaml"
+                f"{file}"
             )
             continue
         if kind == "direct" and {"*", "#"} & set(key.split(".")):
@@ -276,9 +308,9 @@ def _plan_one(
         warnings.append(
             f"exchange {name!r}: {how}, so its intake has no destination and every message "
             f"published to it is parked in {parked} (the plugin dropped them): bind a queue "
-            f"in topology/{namespace}.yaml, or leave this exchange out"
+            f"in {file}, or leave this exchange out"
         )
-    steps = _steps(name, vhost, topology, steps_bind, warnings)
+    steps = _steps(name, vhost, topology, file, steps_bind, warnings)
     return PlannedExchange(name, topology, steps, ladder.note, tuple(warnings), tuple(left_out))
 
 
@@ -314,10 +346,9 @@ def _unique(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _steps(
-    name: str, vhost: str, topology: Topology, binds: list[str], warnings: list[str]
+    name: str, vhost: str, topology: Topology, file: str, binds: list[str], warnings: list[str]
 ) -> tuple[str, ...]:
     intake = topology.intakes[0].exchange
-    file = f"topology/{topology.namespace}.yaml"
     largest = topology.ladder.tiers[-1].label
     quoted = urllib.parse.quote  # the default vhost '/' is %2F in a path
     path = f"/api/exchanges/{quoted(vhost, safe='')}/{quoted(name, safe='')}"

@@ -21,10 +21,11 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, Delivery
-from delayq.errors import ConnectionFailed, InvalidInput, StoreError, TopologyMissing
+from delayq.errors import ConnectionFailed, StoreError, TopologyMissing
 from delayq.message.envelope import epoch_ms
 from delayq.observe.replays import replaying
 from delayq.observe.tracing import TracingOption, tracing_for
+from delayq.ops.pace import check_rate
 from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, find_id, may_name, replay_message
 from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
@@ -244,8 +245,8 @@ def replay(
     A ``topology`` that names another vhost than the URL's is refused before anything is
     opened (:class:`~delayq.errors.InvalidInput`, :func:`delayq.urls.check_vhost`).
     """
-    if rate_per_s is not None and not 0 < rate_per_s < float("inf"):
-        raise InvalidInput(f"rate_per_s must be a number above 0, got {rate_per_s!r}")
+    if rate_per_s is not None:  # a rate of 1e-300 a second once overflowed a sleep
+        rate_per_s = check_rate(rate_per_s)
     url = resolve_url(url)
     # Before the parking queue is opened: the publisher refuses another vhost, but only
     # once the queue's messages are being taken.

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import StrictBool, StrictInt, StrictStr
 
+from delayq.wording import shown_int
+
 if TYPE_CHECKING:
     from delayq.topology.model import Topology
 
@@ -86,7 +88,10 @@ def check_table(table: Mapping[str, Any]) -> dict[str, Any]:
         value = table[key]
         if isinstance(value, int) and not isinstance(value, bool):
             if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
-                raise ValueError(f"header {key!r}: {value} does not fit in 64 bits")
+                raise ValueError(
+                    f"header {key!r}: {shown_int(value)} does not fit in signed 64 bits (-2**63 "
+                    "to 2**63 - 1), the widest int AMQP carries"
+                )
     if not keys and str(mode).startswith("any"):
         raise ValueError(f"an x-match {mode!r} table with no header matches no message")
     return dict(table)
