@@ -14,6 +14,7 @@ integer, or a property of another type, is left to pika (``None``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
@@ -34,24 +35,6 @@ _PERSISTENT = b"\x02"
 _INT32_MIN, _INT32_END = -(2**31), 2**31
 _INT64_MIN, _INT64_END = -(2**63), 2**63
 
-_SHORT = "short"
-_FIELDS: tuple[tuple[str, int, str], ...] = (
-    # (pika's name, property flag, kind), in the order AMQP encodes them
-    ("content_type", 1 << 15, _SHORT),
-    ("content_encoding", 1 << 14, _SHORT),
-    ("headers", 1 << 13, "table"),
-    ("delivery_mode", 1 << 12, "octet"),
-    ("priority", 1 << 11, "octet"),
-    ("correlation_id", 1 << 10, _SHORT),
-    ("reply_to", 1 << 9, _SHORT),
-    ("expiration", 1 << 8, _SHORT),
-    ("message_id", 1 << 7, _SHORT),
-    ("timestamp", 1 << 6, "timestamp"),
-    ("type", 1 << 5, _SHORT),
-    ("user_id", 1 << 4, _SHORT),
-    ("app_id", 1 << 3, _SHORT),
-)
-_KNOWN = frozenset(name for name, _flag, _kind in _FIELDS)
 
 
 def _short(value: object) -> bytes | None:
@@ -116,6 +99,52 @@ def _table(headers: dict[str, object]) -> bytes | None:
     return _pack_u32(len(payload)) + payload
 
 
+def _octet(value: object) -> bytes | None:
+    return bytes((value,)) if type(value) is int and 0 <= value <= 255 else None
+
+
+def _timestamp(value: object) -> bytes | None:
+    return _pack_u64(value) if type(value) is int and 0 <= value < 2**64 else None
+
+
+def _headers(value: object) -> bytes | None:
+    return _table(value) if isinstance(value, dict) else None
+
+
+Encoder = Callable[[object], "bytes | None"]
+
+_FIELDS: tuple[tuple[str, int, Encoder], ...] = (
+    # (pika's name, property flag, encoder), in the order AMQP encodes them
+    ("content_type", 1 << 15, _name),
+    ("content_encoding", 1 << 14, _name),
+    ("headers", 1 << 13, _headers),
+    ("delivery_mode", 1 << 12, _octet),
+    ("priority", 1 << 11, _octet),
+    ("correlation_id", 1 << 10, _name),
+    ("reply_to", 1 << 9, _name),
+    ("expiration", 1 << 8, _name),
+    ("message_id", 1 << 7, _short),  # each one new: not kept
+    ("timestamp", 1 << 6, _timestamp),
+    ("type", 1 << 5, _name),
+    ("user_id", 1 << 4, _name),
+    ("app_id", 1 << 3, _name),
+)
+_ALWAYS = frozenset({"content_type", "headers", "delivery_mode", "message_id", "timestamp"})
+_SHAPES: dict[tuple[str, ...], tuple[tuple[str, int, Encoder], ...]] = {}
+"""The fields to encode, by the names of the properties a message carries (a few
+shapes recur: the property names a publisher sets)."""
+
+
+def _shape(names: tuple[str, ...]) -> tuple[tuple[str, int, Encoder], ...] | None:
+    present = _ALWAYS.union(names)
+    if not present.issubset(field[0] for field in _FIELDS):
+        return None  # a property pika knows and this does not: pika's
+    shape = tuple(field for field in _FIELDS if field[0] in present)
+    if len(_SHAPES) < _KEPT:
+        _SHAPES[names] = shape
+    return shape
+
+
 def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes | None:
     """The frames publishing ``msg`` (mandatory, persistent) on ``channel`` as pika would,
     or ``None``: pika must encode it.
@@ -124,8 +153,11 @@ def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes 
         ``frame_max`` (the connection's).
     """
     props = msg.properties
-    if not _KNOWN.issuperset(props):
-        return None
+    shape = _SHAPES.get(tuple(props))
+    if shape is None:
+        shape = _shape(tuple(props))
+        if shape is None:
+            return None
     values = {
         "content_type": msg.content_type,
         "delivery_mode": 2,
@@ -136,23 +168,14 @@ def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes 
     }
     flags = 0
     encoded: list[bytes] = []
-    for name, flag, kind in _FIELDS:
-        value = values.get(name)
+    for name, flag, encode in shape:
+        value = values[name]
         if value is None:
             continue
-        flags |= flag
-        if kind is _SHORT:
-            part = _short(value) if name == "message_id" else _name(value)
-        elif kind == "table":
-            part = _table(value) if isinstance(value, dict) else None
-        elif type(value) is not int:
-            part = None
-        elif kind == "octet":
-            part = bytes((value,)) if 0 <= value <= 255 else None
-        else:
-            part = _pack_u64(value) if 0 <= value < 2**64 else None
+        part = encode(value)
         if part is None:
             return None
+        flags |= flag
         encoded.append(part)
     exchange, key = _name(msg.exchange), _name(msg.routing_key)
     if exchange is None or key is None:
