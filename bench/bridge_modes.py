@@ -202,7 +202,7 @@ class PipelinedRelay(RelayRun):
 class BridgeRelay(RelayRun):
     """delayq's :class:`~delayq.sync.bridge.Bridge`: the ``x-delay`` read as the plugin
     did, the tier, the message id, the properties carried, the DLQ for what cannot be
-    scheduled, pipelined confirms (a window of the batch in hand)."""
+    scheduled, each delivery streamed as it arrives (a window of the prefetch)."""
 
     label = "delayq bridge"
 

@@ -32,7 +32,6 @@ from delayq.sync._errors import (
 )
 from delayq.sync._pipeline import publish_pipelined, send_pipelined
 from delayq.sync._sending import Source, check_header_frame, pika_properties
-from delayq.sync._shared import LiveSource
 from delayq.sync.provision import apply_topology
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
@@ -184,8 +183,9 @@ class PikaLink:
     def send_stream(self, messages: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
         self._stream(messages, settle, window, "delayq-publisher-stream")
 
-    def send_live(self, source: LiveSource, settle: Settle, window: int) -> None:
-        """The stream of single publishes from many threads (:mod:`delayq.sync._shared`)."""
+    def send_live(self, source: Source, settle: Settle, window: int) -> None:
+        """A stream fed as it goes: single publishes from many threads
+        (:mod:`delayq.sync._shared`), the bridge's deliveries."""
         self._stream(source, settle, window, "delayq-publisher-shared")
 
     def _stream(

@@ -31,6 +31,7 @@ from delayq.message.inflight import size_of
 from delayq.message.limits import FRAME_MAX
 from delayq.sync._connection import coalesce_writes, frames_writer
 from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
+from delayq.sync._pika_frames import carried_frames
 from delayq.sync._sending import Source, check_header_frame, pika_properties
 from delayq.topology.marker import Gate
 
@@ -227,11 +228,15 @@ class Round:
             if msg.exchange not in self.checked:
                 self._check_exchange(item)
                 return
-            write = self.write if not msg.properties else None  # else pika encodes them
+            frames: bytes | None = None
             try:
-                if write is not None:  # delayq's own encoder (message/frames.py)
+                if self.write is None:
+                    pass
+                elif not msg.properties:  # delayq's own encoder (message/frames.py)
                     frames = publish_frames(msg, channel.channel_number, self.frame_max_now)
-                else:
+                else:  # an intake's carried properties: as pika writes them, or pika
+                    frames = carried_frames(msg, channel.channel_number, self.frame_max_now)
+                if frames is None:
                     properties = self.properties(msg)
                     check_header_frame(msg, properties, self.connection, self.frame_max)
             except HeaderFrameTooLarge as exc:  # not sent; the rest goes on
@@ -241,8 +246,9 @@ class Round:
             self.outstanding[self.next_tag] = item
             self.outstanding_bytes += size_of(msg)
             self.next_tag += 1
-            if write is not None:
-                write(frames)
+            if frames is not None:
+                assert self.write is not None
+                self.write(frames)
             else:
                 channel.basic_publish(
                     msg.exchange, msg.routing_key, msg.body, properties, mandatory=True

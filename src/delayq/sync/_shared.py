@@ -193,8 +193,9 @@ class LiveSource(Source):
 class LiveLink(Protocol):
     """A link that can run a stream from a :class:`LiveSource` (pika's)."""
 
-    def send_live(self, source: LiveSource, settle: Callable[..., None], window: int) -> None:
-        """Run ``source`` through one pipelined connection until it ends."""
+    def send_live(self, source: Source, settle: Callable[..., None], window: int) -> None:
+        """Run ``source`` (a :class:`LiveSource`, the bridge's feed) through one pipelined
+        connection until it ends."""
 
 
 def failed_for(exc: BaseException, source: LiveSource, msg: OutgoingMessage) -> bool:

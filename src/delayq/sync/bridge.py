@@ -4,19 +4,21 @@
 >>> bridge.run()             # until SIGTERM/SIGINT (``delayq bridge`` runs this)  # doctest: +SKIP
 
 One connection consumes the intake queue (``<ns>.intake.<exchange>``, prefetch
-``prefetch``); each batch it receives is planned by :class:`~delayq.intake.relay.Relay`
-(pure) and sent through a :class:`~delayq.sync.Publisher` with pipelined confirms. A
-delivery is acked only once the broker confirmed where it went, its tier or the
-intake's DLQ, so nothing is lost: a bridge that dies leaves the unacked messages in
-the intake queue, and the next one sends them again under the same message ids
-(duplicates an idempotent consumer skips). A message the broker did not take (a full
-tier, say) goes back to the intake queue after a pause; one that comes back more
-than the intake's ``delivery_limit`` times is dead-lettered to its DLQ by the broker.
+``prefetch``); each delivery is planned by :class:`~delayq.intake.relay.Relay` (pure) as
+it arrives and streamed through the :class:`~delayq.sync.Publisher`'s link, up to
+``prefetch`` unconfirmed (:mod:`delayq.sync._intake_stream`). A delivery is acked only
+once the broker confirmed where it went, its tier or the intake's DLQ (the confirmed
+ones in delivery order, with one ``multiple`` ack), so nothing is lost: a bridge that
+dies leaves the unacked messages in the intake queue, and the next one sends them again
+under the same message ids (duplicates an idempotent consumer skips). A message the
+broker did not take (a full tier, say) goes back to the intake queue after a pause; one
+that comes back more than the intake's ``delivery_limit`` times is dead-lettered to its
+DLQ by the broker. A stop settles what is in flight first.
 
 No message stops the bridge: what the relay cannot schedule it parks with the reason; a
 message whose headers pika cannot read, or cannot write again (a NaN, a timestamp past
 the year 9999), is rejected, and the broker dead-letters it, as it came, to the same DLQ
-(reason ``rejected``). Every other message of the batch goes on.
+(reason ``rejected``). Every other message goes on.
 
 A delay counts from when the bridge takes the message: while the bridge is down,
 messages wait in the intake queue and arrive late by that much, never early.
@@ -26,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pika
@@ -37,8 +40,10 @@ from delayq.errors import ConnectionFailed, DelayqError, InvalidInput, PublishEr
 from delayq.intake.relay import Forward, Incoming, Park, Relay
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CHANNEL_CLOSED, LOST, channel_error
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, LOST, channel_error
+from delayq.sync._intake_stream import Ended, Feed, Settled, Window, coalesce
 from delayq.sync._sending import pika_properties
+from delayq.sync._shared import LiveLink
 from delayq.sync._signals import stopping_on_signals
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
@@ -52,7 +57,11 @@ log = logging.getLogger("delayq.bridge")
 
 RECONNECTABLE: tuple[type[BaseException], ...] = (*LOST, ConnectionFailed)
 _PASSED_ON: tuple[type[BaseException], ...] = (*RECONNECTABLE, DelayqError)
-"""What sending a batch may raise that is the broker's or the topology's doing."""
+"""What a stream may raise that is the broker's or the topology's doing."""
+
+_POLL_S = 0.05
+"""How often the consuming thread looks at the stop flag (deliveries and confirms wake
+it at once)."""
 
 _PROPERTIES = (
     "content_type",
@@ -146,13 +155,23 @@ class Bridge:
         self.queue = self.relay.queue
         self._prefetch = prefetch
         self._publisher = publisher or Publisher(self._url, topology)
+        link = self._publisher.link
+        if not isinstance(link, LiveLink):
+            raise InvalidInput(f"the bridge streams through pika's link, not {link!r}")
+        self._link: LiveLink = link
         self._stop = threading.Event()
         self.started = threading.Event()
         self.stats = BridgeStats()
-        self._batch: list[tuple[int, Incoming]] = []
+        # One consuming channel's state (see _serve).
+        self._channel: Any = None
+        self._window = Window()
+        self._feeds: list[tuple[Feed, threading.Thread]] = []
+        """Each stream not yet over, the newest last (the one taking deliveries)."""
+        self._wake: Callable[[], None] = _nothing
 
     def request_stop(self) -> None:
-        """Stop after the batch in hand (safe from any thread or a signal handler)."""
+        """Stop taking deliveries, settle those in flight, return (safe from any thread
+        or a signal handler)."""
         self._stop.set()
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
@@ -193,36 +212,71 @@ class Bridge:
     def _serve(self) -> None:
         connection = connect(self._url, name=f"delayq-bridge {self.queue}")
         tolerate_unreadable_headers(connection)
+        self._window = Window()
+        self._wake = partial(_wake, connection)
         try:
-            channel = connection.channel()
+            channel = self._channel = connection.channel()
             channel.basic_qos(prefetch_count=self._prefetch)
             try:
-                channel.basic_consume(self.queue, self._arrived)
+                consumer = channel.basic_consume(self.queue, self._arrived)
             except CHANNEL_CLOSED as exc:
                 raise channel_error(exc) from exc  # a missing queue: TopologyMissing
             self.started.set()
             log.info("bridging %s (prefetch %d)", self.queue, self._prefetch)
             while not self._stop.is_set():
-                connection.process_data_events(time_limit=0.05)
-                if self._batch:
-                    batch, self._batch = self._batch, []
-                    self._send(channel, batch)
+                connection.process_data_events(time_limit=_POLL_S)
+                self._settle()
+            channel.basic_cancel(consumer)  # what the client holds goes back
+            while self._window:  # each one in flight settles (a lost broker: in time)
+                connection.process_data_events(time_limit=_POLL_S)
+                self._settle()
         finally:
-            self._batch = []  # unacked: back to the queue with the channel
+            # Unacked deliveries go back to the queue with the channel; the stream
+            # sends no more of them (the ones in flight may still arrive: duplicates).
+            for feed, _thread in self._feeds:
+                feed.end(drop=True)
+            for _feed, thread in self._feeds:
+                thread.join()
+            self._feeds = []
+            self._channel = None
             close_quietly(connection)
 
     def _arrived(self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes) -> None:
+        tag = method.delivery_tag
         why = unreadable(props)
         if why is not None:
-            self._reject(channel, method.delivery_tag, f"delivery {method.delivery_tag}", why)
+            self._reject(tag, f"delivery {tag}", why)
             return
         properties = {name: getattr(props, name) for name in _PROPERTIES}
-        incoming = Incoming(method.routing_key or "", body, properties)
-        self._batch.append((method.delivery_tag, incoming))
+        plan = self._planned(tag, Incoming(method.routing_key or "", body, properties))
+        if plan is None:
+            return
+        self._window.add(tag, plan)
+        feed = self._feeds[-1][0] if self._feeds else None
+        while feed is None or not feed.put(tag, plan.message):
+            feed = self._start_feed()  # the last one gave up: _settle hears its end
 
-    def _reject(self, channel: Any, tag: int, name: str, why: str) -> None:
+    def _start_feed(self) -> Feed:
+        feed = Feed(self._wake)
+        thread = threading.Thread(
+            target=self._stream, args=(feed,), name=f"delayq-bridge-io {self.queue}", daemon=True
+        )
+        self._feeds.append((feed, thread))
+        thread.start()
+        return feed
+
+    def _stream(self, feed: Feed) -> None:
+        """The I/O thread: one pipelined stream, until the feed ends or it gives up."""
+        failed: BaseException | None = None
+        try:
+            self._link.send_live(feed, feed.settle, self._prefetch)
+        except BaseException as exc:  # the consuming thread decides (see _ended)
+            failed = exc
+        feed.finish(failed)
+
+    def _reject(self, tag: int, name: str, why: str) -> None:
         """Leave the delivery to the broker's dead-lettering: into the intake's DLQ, intact."""
-        channel.basic_reject(tag, requeue=False)
+        self._channel.basic_reject(tag, requeue=False)
         self.stats.rejected += 1
         log.warning(
             "rejected %s of %s to %s, as it came: its headers cannot be read or sent again "
@@ -233,75 +287,112 @@ class Bridge:
             why,
         )
 
-    def _planned(self, channel: Any, batch: list[tuple[int, Incoming]]) -> list[Any]:
-        """Each delivery's plan, the ones pika cannot write rejected (and left out)."""
-        kept: list[tuple[tuple[int, Incoming], Forward | Park]] = []
-        for tag, incoming in batch:
-            try:
-                plan = self.relay.plan(incoming)
-            except Exception as exc:  # the relay's own fallback failed: the broker's
-                self._reject(channel, tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
-                continue
-            why = _unwritable(plan.message)
-            if why is not None and isinstance(plan, Forward):
-                plan = self.relay.park(incoming, why)
-                why = _unwritable(plan.message)
-            if why is not None:
-                self._reject(channel, tag, plan.message.message_id, why)
-                continue
-            kept.append(((tag, incoming), plan))
-        return kept
-
-    def _send(self, channel: Any, batch: list[tuple[int, Incoming]]) -> None:
-        kept = self._planned(channel, batch)
-        if not kept:
-            return
-        batch = [item for item, _plan in kept]
-        plans = [plan for _item, plan in kept]
-        errors: dict[int, BaseException] = {}
-
-        def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
-            if error is not None:
-                errors[index] = error
-
+    def _planned(self, tag: int, incoming: Incoming) -> Forward | Park | None:
+        """The delivery's plan, or ``None``: rejected, pika cannot write it."""
         try:
-            self._publisher.send_many(
-                (plan.message for plan in plans), settle=settle, window=len(plans)
-            )
-        except ConnectionFailed as exc:  # nothing could be sent: all go back
-            errors = dict.fromkeys(range(len(plans)), exc)
+            plan = self.relay.plan(incoming)
+        except Exception as exc:  # the relay's own fallback failed: the broker's
+            self._reject(tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
+            return None
+        why = _unwritable(plan.message)
+        if why is not None and isinstance(plan, Forward):
+            plan = self.relay.park(incoming, why)
+            why = _unwritable(plan.message)
+        if why is not None:
+            self._reject(tag, plan.message.message_id, why)
+            return None
+        return plan
+
+    def _settle(self) -> None:
+        """Ack or nack what the streams settled; handle the end of each that is over."""
+        over: list[Ended] = []
+        for feed, thread in list(self._feeds):
+            outcomes, ended = feed.take()
+            for tag, error in outcomes:
+                self._window.settled(tag, error)
+            if ended is not None:
+                thread.join()  # it has finished, or is about to
+                self._feeds.remove((feed, thread))
+                over.append(ended)
+        refused = self._apply(self._window.ready())  # acked first: a raise below loses none
+        for ended in over:
+            self._ended(ended)
+        if over:
+            refused = self._apply(self._window.ready()) or refused
+        if refused:
+            self._stop.wait(min(RECONNECT_MAX_S, RECONNECT_MIN_S * 2))  # the broker is not taking
+
+    def _ended(self, ended: Ended) -> None:
+        """A stream is over with ``ended.left`` unsettled: they go back, or it raises."""
+        error = ended.error
+        if error is None or isinstance(error, ConnectionFailed):  # nothing sent: all back
+            for tag in ended.left:
+                self._window.settled(tag, error or ConnectionFailed("the stream gave up"))
+            return
+        if isinstance(error, _PASSED_ON):
+            raise error  # the channel's close puts every unacked delivery back
+        log.error(
+            "bridge of %s failed streaming; sending its %d in flight one at a time",
+            self.queue,
+            len(ended.left),
+            exc_info=error,
+        )
+        for tag in ended.left:  # not the broker's doing: find the message, go on
+            self._send_alone(tag)
+
+    def _send_alone(self, tag: int) -> None:
+        msg = self._window.plan(tag).message
+        try:
+            self._publisher.send(msg)
+        except PublishError as exc:
+            self._window.settled(tag, exc)
         except _PASSED_ON:
             raise
-        except Exception as exc:  # not the broker's doing: find the message, go on
-            log.exception("bridge of %s failed sending a batch of %d", self.queue, len(plans))
-            if len(batch) == 1:
-                self._reject(channel, batch[0][0], plans[0].message.message_id, repr(exc))
+        except Exception as exc:
+            log.exception("bridge of %s failed sending %s", self.queue, msg.message_id)
+            self._window.discard(tag)
+            self._reject(tag, msg.message_id, repr(exc))
+        else:
+            self._window.settled(tag, None)
+
+    def _apply(self, done: list[Settled]) -> bool:
+        """Ack and nack ``done``; whether the broker refused any."""
+        if not done:
+            return False
+        for step, tag in coalesce(done):
+            if step == "ack":
+                self._channel.basic_ack(tag, multiple=True)
             else:
-                for item in batch:
-                    self._send(channel, [item])
-            return
-        if not errors:
-            channel.basic_ack(batch[-1][0], multiple=True)
-        for index, ((tag, _incoming), plan) in enumerate(zip(batch, plans, strict=True)):
-            error = errors.get(index)
-            if error is not None:
+                self._channel.basic_nack(tag, requeue=True)
+        refused = False
+        for item in done:
+            plan = item.plan
+            if item.error is not None:
+                refused = True
                 log.warning(
                     "%s of %s not taken by the broker (%s): back to the intake queue",
                     plan.message.message_id,
                     self.queue,
-                    error,
+                    item.error,
                 )
-                channel.basic_nack(tag, requeue=True)
                 self.stats.returned += 1
-                continue
-            if errors:
-                channel.basic_ack(tag)
-            if isinstance(plan, Park):
+            elif isinstance(plan, Park):
                 self.stats.parked += 1
                 log.warning(
                     "parked %s in %s: %s", plan.message.message_id, self.relay.dlq, plan.reason
                 )
-            elif isinstance(plan, Forward):
+            else:
                 self.stats.forwarded += 1
-        if errors:
-            time.sleep(min(RECONNECT_MAX_S, RECONNECT_MIN_S * 2))  # the broker is not taking
+        return refused
+
+
+def _nothing() -> None:
+    """No consuming connection to wake."""
+
+
+def _wake(connection: pika.BlockingConnection) -> None:
+    """Wake the consuming thread from the I/O thread (a closed connection: nobody to)."""
+    try:
+        connection.add_callback_threadsafe(_nothing)
+    except CONNECTION_ERRORS:
+        pass  # closing: the consuming thread is leaving, or reconnecting

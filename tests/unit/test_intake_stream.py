@@ -1,0 +1,101 @@
+"""The bridge's stream bookkeeping (no broker): each delivery acked only once its own
+confirm and every one before it are in, confirmed runs coalesced into one ``multiple``
+ack, a refused one nacked alone; the feed hands outcomes across threads, once each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from delayq import Topology
+from delayq.errors import PublishRejected
+from delayq.intake import Incoming, Relay
+from delayq.sync._intake_stream import Feed, Settled, Window, coalesce
+
+TOPO = Topology(
+    namespace="shop",
+    ladder=["1s"],
+    destinations=[{"queue": "emails", "bindings": ["email.welcome"]}],
+    intakes=[{"exchange": "delayed", "type": "direct"}],
+)
+RELAY = Relay(TOPO, TOPO.intakes[0])
+
+
+def _plan(n: int) -> Any:
+    return RELAY.plan(Incoming("email.welcome", b"{}", {"message_id": f"m-{n}",
+                                                         "headers": {"x-delay": 500}}))  # fmt: skip
+
+
+REFUSED = PublishRejected("nacked")
+
+
+def test_a_confirm_waits_for_every_delivery_before_it() -> None:
+    window = Window()
+    for tag in (1, 2, 3, 5):  # 4 was rejected on arrival: never in the window
+        window.add(tag, _plan(tag))
+    window.settled(2, None)
+    window.settled(3, None)
+    assert window.ready() == []  # 1 is still in flight
+    window.settled(1, None)
+    assert [s.tag for s in window.ready()] == [1, 2, 3]
+    assert len(window) == 1
+    window.settled(5, REFUSED)
+    window.settled(5, None)  # a second outcome is ignored
+    [last] = window.ready()
+    assert (last.tag, last.error) == (5, REFUSED)
+    assert len(window) == 0
+
+
+def test_confirmed_runs_are_one_multiple_ack_and_a_refused_delivery_is_nacked_alone() -> None:
+    p = _plan(0)
+    done = [Settled(1, p, None), Settled(2, p, None), Settled(3, p, REFUSED),
+            Settled(4, p, REFUSED), Settled(6, p, None)]  # fmt: skip
+    assert coalesce(done) == [("ack", 2), ("nack", 3), ("nack", 4), ("ack", 6)]
+    assert coalesce([Settled(7, p, None)]) == [("ack", 7)]
+    assert coalesce([]) == []
+
+
+def test_a_discarded_delivery_no_longer_holds_back_those_after_it() -> None:
+    window = Window()
+    window.add(1, _plan(1))
+    window.add(2, _plan(2))
+    window.settled(2, None)
+    window.discard(1)
+    assert [s.tag for s in window.ready()] == [2]
+
+
+def test_the_feed_wakes_each_side_only_when_it_may_be_idle() -> None:
+    woken: list[str] = []
+    feed = Feed(lambda: woken.append("consumer"))
+    p1, p2 = _plan(1), _plan(2)
+    assert feed.put(1, p1.message)  # no round yet: nobody to wake
+    feed.attach(lambda: woken.append("round"))
+    assert feed.put(2, p2.message)  # 1 in flight: its confirm pulls 2
+    assert woken == []
+    assert feed.next() == (1, p1.message)
+    assert feed.next() == (2, p2.message)
+    assert feed.next() is None and not feed.done  # nothing now, not over
+    feed.settle(1, p1.message, None)
+    feed.settle(2, p2.message, REFUSED)
+    feed.settle(2, p2.message, None)  # settled already: ignored
+    assert woken == ["consumer"]  # the second outcome found the inbox full: no wake
+    assert feed.take() == ([(1, None), (2, REFUSED)], None)
+    assert feed.put(3, p1.message)  # nothing in flight: the round must be woken
+    assert woken == ["consumer", "round"]
+
+
+def test_an_ended_feed_says_what_it_left_unsettled_and_takes_no_more() -> None:
+    feed = Feed(lambda: None)
+    p = _plan(0)
+    for tag in (1, 2, 3):
+        feed.put(tag, p.message)
+    feed.next()
+    feed.next()
+    feed.settle(1, p.message, None)
+    feed.end(drop=True)  # 3 was never sent: dropped, back to the queue with the channel
+    assert not feed.put(4, p.message)
+    assert feed.next() is None and feed.done
+    failure = ConnectionError("lost")
+    feed.finish(failure)
+    outcomes, ended = feed.take()
+    assert outcomes == [(1, None)]
+    assert ended is not None and (ended.error, ended.left) == (failure, [2])
