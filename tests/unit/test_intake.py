@@ -374,3 +374,12 @@ def test_a_string_of_thousands_of_digits_is_read_without_pythons_digit_limit() -
     assert read_delay({"x-delay": "0" * 5000 + "5"}) == 5
     assert read_delay({"x-delay": "-" + "9" * 5000}) == 0
     assert read_delay({"x-delay": "9" * 5000}) > 86_400_000_000_000_000
+
+
+@pytest.mark.parametrize("prefetch", [0, 70_000, True, "10"])
+def test_a_bridge_refuses_a_prefetch_amqp_cannot_carry_before_it_connects(prefetch: Any) -> None:
+    from delayq.errors import InvalidInput
+    from delayq.sync.bridge import Bridge
+
+    with pytest.raises(InvalidInput, match="prefetch"):
+        Bridge("amqp://guest:guest@127.0.0.1:1/", TOPO, prefetch=prefetch)

@@ -35,14 +35,13 @@ from typing import Any
 
 import pika
 
-from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S
+from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, check_prefetch
 from delayq.errors import ConnectionFailed, DelayqError, InvalidInput, PublishError
 from delayq.intake.relay import Forward, Incoming, Park, Relay
-from delayq.message.envelope import OutgoingMessage
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, LOST, channel_error
 from delayq.sync._intake_stream import Ended, Feed, Settled, Window, coalesce
-from delayq.sync._sending import pika_properties
+from delayq.sync._sending import unwritable
 from delayq.sync._shared import LiveLink
 from delayq.sync._signals import stopping_on_signals
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
@@ -95,27 +94,6 @@ class BridgeStats:
     reconnects: int = 0
 
 
-_INT64_MIN, _INT64_END = -(2**63), 2**63
-
-
-def _unwritable(msg: OutgoingMessage) -> str | None:
-    """Why pika cannot write ``msg``'s properties, or ``None``: checked only when its
-    headers hold more than strings, bytes, booleans and 64-bit integers."""
-    if not all(type(key) is str for key in msg.headers):
-        return "a header name is not UTF-8 text"
-    for value in msg.headers.values():
-        if isinstance(value, (str, bytes, bool)) or value is None:
-            continue
-        if isinstance(value, int) and _INT64_MIN <= value < _INT64_END:
-            continue
-        try:
-            pika_properties(msg).encode()
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return None
-    return None
-
-
 def pick_intake(topology: Topology, name: str | None) -> Intake:
     """The intake of ``topology`` named ``name`` (the only one when ``None``)."""
     if not topology.intakes:
@@ -146,8 +124,7 @@ class Bridge:
         prefetch: int = 1000,
         publisher: Publisher | None = None,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise InvalidInput(f"prefetch must be an int of at least 1, got {prefetch!r}")
+        prefetch = check_prefetch(prefetch)  # AMQP's is 16 bits: refused before connecting
         self._url = resolve_url(url)
         self.topology = topology
         self.intake = pick_intake(topology, intake)
@@ -294,10 +271,10 @@ class Bridge:
         except Exception as exc:  # the relay's own fallback failed: the broker's
             self._reject(tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
             return None
-        why = _unwritable(plan.message)
+        why = unwritable(plan.message)
         if why is not None and isinstance(plan, Forward):
             plan = self.relay.park(incoming, why)
-            why = _unwritable(plan.message)
+            why = unwritable(plan.message)
         if why is not None:
             self._reject(tag, plan.message.message_id, why)
             return None
