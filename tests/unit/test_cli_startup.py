@@ -126,3 +126,19 @@ def test_ctrl_c_while_loading_ends_in_one_line_and_130(
         [sys.executable, "-c", CONSOLE_SCRIPT, *argv], capture_output=True, text=True, env=env
     )
     assert (done.returncode, done.stderr) == (130, "delayq: interrupted\n"), done.stderr
+
+
+def test_the_start_up_bench_runs_as_documented() -> None:
+    """``bench/cli_help.py`` (docs/project/performance.md) prints both figures and their
+    ratio; the figures themselves are the script's to measure, never asserted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "bench/cli_help.py", "--runs", "2"],
+        cwd=root, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "delayq --help" in done.stdout and "ratio" in done.stdout.lower(), done.stdout
