@@ -68,6 +68,8 @@ VALUES: dict[str, bytes] = {
     "bytes": b"x" + _long(b"\x00\xff"),
     "table": b"F" + _long(_short(b"ms") + b"I" + struct.pack(">i", 5)),
     "array": b"A" + _long(b"t\x01" + b"d" + struct.pack(">d", float("nan"))),
+    # A table inside a header whose key is not UTF-8 (pika reads it as bytes).
+    "table-bad-key": b"F" + _long(_short(b"\xff\xfe\xfd") + b"V"),
 }
 
 

@@ -56,7 +56,7 @@ def unwritable(msg: OutgoingMessage) -> str | None:
     cannot write again (a float of 1e300 read as a 997-digit integer, a header name that
     is not UTF-8). Checked by encoding only when the headers hold more than strings,
     bytes, booleans and 64-bit integers."""
-    if not all(type(key) is str for key in msg.headers):
+    if not _names_are_text(msg.headers):
         return "a header name is not UTF-8 text"
     for value in msg.headers.values():
         if isinstance(value, (str, bytes, bool)) or value is None:
@@ -69,6 +69,27 @@ def unwritable(msg: OutgoingMessage) -> str | None:
             return f"{type(exc).__name__}: {exc}"
         return None
     return None
+
+
+def _names_are_text(table: dict[Any, Any], depth: int = 0) -> bool:
+    """Every key of ``table`` and of the tables inside it is a str (pika reads a name
+    that is not UTF-8 as bytes, which delayq's stream cannot write)."""
+    if depth > 100:  # deeper than any table pika writes again
+        return False
+    for key, value in table.items():
+        if type(key) is not str:
+            return False
+        if not _nested_text(value, depth + 1):
+            return False
+    return True
+
+
+def _nested_text(value: object, depth: int) -> bool:
+    if isinstance(value, dict):
+        return _names_are_text(value, depth)
+    if isinstance(value, (list, tuple)):
+        return all(_nested_text(item, depth + 1) for item in value)
+    return True
 
 
 def check_header_frame(
