@@ -26,7 +26,7 @@ from delayq.errors import InvalidInput
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
-__all__ = ["FRAME_OVERHEAD", "pamqp_value", "publish_frames", "table"]
+__all__ = ["FRAME_OVERHEAD", "content_frames", "pamqp_value", "publish_frames", "table"]
 
 FRAME_OVERHEAD = 8
 """Bytes a frame adds to its payload: type, channel, size, frame end."""
@@ -163,6 +163,17 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
         + _pack_u64(msg.timestamp_s)
     )
     header = _pack_header(60, 0, size, _FLAGS) + properties
+    return content_frames(msg, channel, frame_max, method, header)
+
+
+def content_frames(
+    msg: OutgoingMessage, channel: int, frame_max: int, method: bytes, header: bytes
+) -> bytes:
+    """A publish's frames from its encoded ``Basic.Publish`` and content header payloads:
+    the method, the header and ``msg``'s body in frames of at most ``frame_max`` bytes.
+
+    :raises HeaderFrameTooLarge: the content header does not fit in one frame.
+    """
     if len(header) + FRAME_OVERHEAD > frame_max:  # the broker would close the connection
         raise outcomes.header_frame_too_large(msg, len(header) + FRAME_OVERHEAD, frame_max)
     parts = [
@@ -173,6 +184,8 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
         header,
         _END,
     ]
+    body = msg.body
+    size = len(body)
     limit = frame_max - FRAME_OVERHEAD
     if size <= limit:
         if size:

@@ -16,14 +16,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
-from delayq.message.frames import FRAME_OVERHEAD
+from delayq.message.frames import content_frames
 
 __all__ = ["carried_frames"]
 
-_END = b"\xce"
-_pack_frame = struct.Struct(">BHI").pack
 _pack_header = struct.Struct(">HHQH").pack  # class 60, weight 0, body size, property flags
 _pack_u32 = struct.Struct(">I").pack
 _pack_int = struct.Struct(">ci").pack
@@ -181,22 +178,5 @@ def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes 
     if exchange is None or key is None:
         return None
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY
-    body = msg.body
-    size = len(body)
-    header = _pack_header(60, 0, size, flags) + b"".join(encoded)
-    if len(header) + FRAME_OVERHEAD > frame_max:  # the broker would close the connection
-        raise outcomes.header_frame_too_large(msg, len(header) + FRAME_OVERHEAD, frame_max)
-    parts = [
-        _pack_frame(1, channel, len(method)),
-        method,
-        _END,
-        _pack_frame(2, channel, len(header)),
-        header,
-        _END,
-    ]
-    limit = frame_max - FRAME_OVERHEAD
-    view = memoryview(body)
-    for start in range(0, size, limit):
-        chunk = view[start : start + limit]
-        parts += (_pack_frame(3, channel, len(chunk)), bytes(chunk), _END)
-    return b"".join(parts)
+    header = _pack_header(60, 0, len(msg.body), flags) + b"".join(encoded)
+    return content_frames(msg, channel, frame_max, method, header)
