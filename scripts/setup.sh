@@ -4,8 +4,9 @@
 # no system service is needed), with --test also redis-server and postgresql
 # (the idempotency-store tests start throwaway servers from them) and openssl
 # (the TLS tests make throwaway certificates with it) and a Java runtime (the
-# Spark tests run a local PySpark session) and RabbitMQ 4.0 in a Debian 13 tree
-# (scripts/setup-rabbitmq-4.sh: the broker-facing tests run on 3.10 and on 4.0), and a
+# Spark tests run a local PySpark session) and RabbitMQ 4.0 and 4.3 in Debian 13 and
+# Debian testing trees (scripts/setup-rabbitmq-4.sh: the broker-facing tests run on 3.10,
+# 4.0 and 4.3), and a
 # virtualenv in .venv with delayq, its test tools, the spark and the docs extras. Safe to run again: it
 # skips what is already there.
 #   bash scripts/setup.sh          # for the demo
@@ -50,8 +51,10 @@ if [ $with_test_servers = yes ] && ! command -v java >/dev/null 2>&1; then
 fi
 
 if [ $with_test_servers = yes ]; then
-  # RabbitMQ 4.0.5 beside the installed 3.10.8: the broker-facing suites run on both.
-  bash scripts/setup-rabbitmq-4.sh
+  # RabbitMQ 4.0.5 and 4.3.x beside the installed 3.10.8: the broker-facing suites run on
+  # each (scripts/test.sh).
+  bash scripts/setup-rabbitmq-4.sh 4.0
+  bash scripts/setup-rabbitmq-4.sh 4.3
 fi
 
 if [ $with_test_servers = yes ]; then

@@ -132,7 +132,12 @@ class Settleable(Protocol):
 
     async def ack(self, multiple: bool = False) -> None: ...
 
-    async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        """Return (``requeue``) or drop the delivery; one delivery alone goes back with a
+        ``basic.reject``, which RabbitMQ 4.3 counts toward a quorum queue's delivery limit
+        (a ``basic.nack`` it does not, so a message that always comes back would cycle for
+        ever; earlier releases count both)."""
+        ...
 
 
 AsyncOnDelivery = Callable[[Settleable, "Delivery"], Coroutine[Any, Any, None]]

@@ -286,7 +286,7 @@ def describe_tls_reset(exc: BaseException, options: TLSOptions) -> str | None:
     tries). A reset can have other causes, so the connection is retried, and
     this hint ends the final error.
     """
-    if not any(isinstance(e, (ConnectionResetError, ssl.SSLEOFError)) for e in wrapped_errors(exc)):
+    if not any(_is_reset(e) for e in wrapped_errors(exc)):
         return None
     if options.certfile is not None:
         # TLS 1.3: the client's handshake is over before the broker checks the
@@ -300,3 +300,14 @@ def describe_tls_reset(exc: BaseException, options: TLSOptions) -> str | None:
         "certificate (set certfile= and keyfile=, or $DELAYQ_TLS_CERTFILE and "
         "$DELAYQ_TLS_KEYFILE)"
     )
+
+
+_RESET_TEXT = ("SSLEOFError", "EOF occurred in violation of protocol", "ConnectionResetError")
+
+
+def _is_reset(error: BaseException) -> bool:
+    """A reset during TLS setup: the error itself, or (pika) its text inside another's,
+    as in ``IncompatibleProtocolError('StreamLostError: (... SSLEOFError(8, ...))')``."""
+    if isinstance(error, (ConnectionResetError, ssl.SSLEOFError)):
+        return True
+    return any(marker in str(error) for marker in _RESET_TEXT)

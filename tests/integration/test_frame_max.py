@@ -1,10 +1,10 @@
 """Headers are checked against the ``frame_max`` the broker negotiated before sending.
 
-A broker configured with ``frame_max = 4096`` (the smallest AMQP allows) takes a topology
-that assumes the default 131,072. A message whose headers pass the topology's limits but
-not one 4,096-byte frame is refused by the publisher with ``HeaderFrameTooLarge``, nothing
-sent; before, the broker closed the shared connection over it and everything in flight
-on it was sent again.
+A broker configured with ``frame_max = 8192`` (the smallest RabbitMQ 4.1+ accepts; 3.x and
+4.0 take 4,096) takes a topology that assumes the default 131,072. A message whose headers
+pass the topology's limits but not one 8,192-byte frame is refused by the publisher with
+``HeaderFrameTooLarge``, nothing sent; before, the broker closed the shared connection
+over it and everything in flight on it was sent again.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from delayq.sync import apply_topology
 from delayq.topology.model import Topology
 from tests.amqp import depth
 
-BIG = {"note": "x" * 6000}  # 6 KB: inside the default limits (16 KiB), over one 4 KiB frame
+BIG = {"note": "x" * 10_000}  # 10 KB: inside the default limits (16 KiB), over one 8 KiB frame
 
 
 @pytest.fixture(scope="module")
 def small_frames(local_rabbitmq_node: LocalNode, _delayq_nodes: Any) -> LocalNode:
-    """A node of its own that negotiates 4,096-byte frames (the session's node first: it
-    skips or fails, as the session says, without rabbitmq-server)."""
-    node: LocalNode = _delayq_nodes.start(config={"frame_max": "4096"})
+    """A node of its own that negotiates 8,192-byte frames (the session's node first: it
+    skips or fails, as the session says, without rabbitmq-server). RabbitMQ 4.1+ resets a
+    connection to a node configured below 8,192."""
+    node: LocalNode = _delayq_nodes.start(config={"frame_max": "8192"})
     return node
 
 
@@ -61,8 +62,8 @@ def test_an_oversized_header_is_refused_and_the_connection_kept(
         failure = error.failures[3]
         assert isinstance(failure, HeaderFrameTooLarge)
         assert isinstance(failure, HeadersTooLarge) and isinstance(failure, PublishError)
-        assert "frame_max (4,096 bytes, negotiated" in str(failure)
-        assert "limits: {frame_max: 4096}" in str(failure)
+        assert "frame_max (8,192 bytes, negotiated" in str(failure)
+        assert "limits: {frame_max: 8192}" in str(failure)
         assert [r is None for r in error.receipts] == [n == 3 for n in range(10)]
 
     if kind == "sync":

@@ -23,6 +23,7 @@ from delayq.aio._deliveries import (
     deliver_fields,
     field_table,
     nack_frame,
+    reject_frame,
 )
 from delayq.aio._framefeed import FrameDelivery, _Consuming
 from delayq.aio._wire import CONSUME_CHANNEL, Wire, WireClosed
@@ -176,6 +177,7 @@ def test_acks_and_nacks_are_the_frames_pamqp_encodes(multiple: bool, requeue: bo
     assert nack_frame(5, tag, multiple, requeue) == frame.marshal(
         commands.Basic.Nack(tag, multiple, requeue), 5
     )
+    assert reject_frame(5, tag, requeue) == frame.marshal(commands.Basic.Reject(tag, requeue), 5)
 
 
 # The framing, fed bytes by hand -----------------------------------------------------------
@@ -280,7 +282,9 @@ def test_acks_go_out_in_order_and_never_on_a_closed_channel() -> None:
         await first.nack(requeue=True)
         await second.ack(multiple=True)
         await asyncio.sleep(0)  # written at the end of the loop turn, in one write
-        assert transport.written == nack_frame(3, 1, False, True) + ack_frame(3, 2, True)
+        # one delivery goes back with a reject: RabbitMQ 4.3 counts that toward a delivery
+        # limit, a nack not
+        assert transport.written == reject_frame(3, 1, True) + ack_frame(3, 2, True)
         wire.data_received(
             frame.marshal(commands.Basic.Cancel("ctag"), 3)
             + frame.marshal(commands.Channel.Close(406, "PRECONDITION_FAILED", 60, 80), 3)

@@ -13,6 +13,7 @@ Python's ``re.search`` reads these simple patterns the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given
@@ -27,11 +28,13 @@ from delayq.ops.grant import (
     Grant,
     Role,
     admin_grant,
+    consumer_checks,
     consumer_grant,
     grants_for,
     producer_grant,
 )
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.marker import MARKER_ROLE
 
 TOPO = Topology(
     namespace="shop",
@@ -85,18 +88,32 @@ def consumer_needs(topology: Topology) -> set[Need]:
         for decision in decisions:
             assert decision.message is not None
             needs.add(("write", _x(decision.message.exchange)))
-    return needs
+    return needs | check_needs(consumer_checks(topology), needs)
+
+
+def check_needs(checked: Iterable[ExchangeDecl | QueueDecl], needs: set[Need]) -> set[Need]:
+    """A passive declare of a name the role has no other permission on: RabbitMQ 4.2.6+
+    wants one (any, since 4.3.x), and delayq grants write."""
+    held = {name for _, name in needs}
+    return {("write", decl.name) for decl in checked if decl.name not in held}
+
+
+def marker(topology: Topology) -> ExchangeDecl:
+    (found,) = [d for d in build_declarations(topology) if getattr(d, "role", "") == MARKER_ROLE]
+    assert isinstance(found, ExchangeDecl)
+    return found
 
 
 def producer_needs(topology: Topology) -> set[Need]:
     factory = MessageFactory(topology)
     delays = ["0s", "1s", "7s", *(f"{t.ttl_ms}ms" for t in topology.ladder.tiers)]
     strategies = ["tiered", "exact"] if topology.exact_enabled else ["tiered"]
-    return {
+    needs = {
         ("write", _x(factory.build(b"x", "email.x", d, strategy=s).exchange))
         for d in delays
         for s in strategies
     }
+    return needs | check_needs([marker(topology)], needs)  # the publisher's gate
 
 
 def granted(grant: Grant, need: Need) -> bool:
@@ -165,7 +182,7 @@ def test_the_consumer_declares_nothing_and_has_no_way_into_other_queues() -> Non
     assert perms.configure == NOTHING  # cannot declare, nor delete tiers, retries, ready
     # The default exchange and the retry tiers' fanouts route any routing key to any
     # queue of the vhost (the retry queues dead-letter through the default exchange).
-    no_write = ["amq.default", "", "shop.ready", "shop.unrouted", "emails", "emails.dlq"]
+    no_write = ["amq.default", "", "shop.ready", "shop.unrouted", "emails"]
     no_write += [TOPO.retry_name(t) for t in TOPO.ladder.tiers]
     no_write += [TOPO.tier_name(t) for t in TOPO.ladder.tiers]
     for name in [*no_write, *OUTSIDE]:
@@ -178,6 +195,10 @@ def test_the_direct_exchanges_route_the_topologys_queue_names_only() -> None:
     """What the consumer may write to can reach this topology's queues and DLQs alone."""
     writable = {d.name for d in build_declarations(TOPO) if isinstance(d, ExchangeDecl)}
     writable = {x for x in writable if re.search(consumer_grant(TOPO, "c").permissions.write, x)}
+    # the apply marker, which the consumer checks, is bound to nothing: it reaches no queue
+    sources = {d.source for d in build_declarations(TOPO) if isinstance(d, BindingDecl)}
+    assert marker(TOPO).name not in sources
+    writable.discard(marker(TOPO).name)
     assert writable == {"shop.direct", *(f"{TOPO.retry_name(t)}.direct" for t in TOPO.ladder.tiers)}
     ours = {d.queue for d in TOPO.destinations} | {d.dlq for d in TOPO.destinations}
     for decl in build_declarations(TOPO):
@@ -267,3 +288,20 @@ def test_grants_for_whichever_users_are_given(
 def test_every_grant_explains_each_permission() -> None:
     for grant in grants_for(TOPO, producer="p", consumer="c", admin="a"):
         assert [r.split(":")[0] for r in grant.reasons] == ["configure", "write", "read"]
+
+
+def test_a_consumer_checks_only_names_its_grant_covers() -> None:
+    """RabbitMQ 4.2.6+ refuses a passive declare of a name the user has no permission on:
+    every name a least-privilege consumer checks is one its grant names; the marker
+    stands for the namespace's own exchanges and queues, which it may not touch."""
+    for topology in (TOPO, EXACT, CASCADE):
+        perms = consumer_grant(topology, "c").permissions
+        checked = consumer_checks(topology)
+        names = {d.name for d in checked}
+        assert marker(topology).name in names
+        assert {d.queue for d in topology.destinations} <= names
+        assert {d.dlq for d in topology.destinations} <= names
+        assert topology.direct_exchange in names
+        for decl in checked:
+            assert any(re.search(p, decl.name) for p in (perms.write, perms.read)), decl.name
+        assert not {topology.ready_exchange, topology.unrouted} & names

@@ -340,6 +340,8 @@ def test_a_failing_observer_does_not_stop_the_watchdog(caplog: pytest.LogCapture
         def heal_event(self, event: HealEvent) -> None:
             raise RuntimeError("bug")
 
+    # `delayq heal` (run in-process by the CLI tests) quiets this logger for good
+    caplog.set_level(logging.ERROR, logger="delayq.watchdog")
     dog, clock = _dog([FakeAPI([_row("shop.tier.5s", 7)])], observers=[Bad()])
     dog.look()
     clock.now = 10.0

@@ -294,6 +294,7 @@ def test_the_id_of_a_message_without_one_is_the_same_when_the_broker_delivers_it
                 "x-delay": 10,
                 "tenant": "acme",
                 "x-delivery-count": 3,
+                "x-acquired-count": 5,  # RabbitMQ 4.3 counts every return, nacks included
                 "x-death": [{"count": 1, "reason": "delivery_limit", "queue": "q"}],
                 "x-first-death-reason": "delivery_limit",
                 "x-last-death-queue": "q",
@@ -383,3 +384,16 @@ def test_a_bridge_refuses_a_prefetch_amqp_cannot_carry_before_it_connects(prefet
 
     with pytest.raises(InvalidInput, match="prefetch"):
         Bridge("amqp://guest:guest@127.0.0.1:1/", TOPO, prefetch=prefetch)
+
+
+def test_a_forward_does_not_carry_the_intakes_delivery_counts() -> None:
+    """A forward is a new message: the intake's ``x-delivery-count`` (a bridge that crashed
+    before) must not read, at the destination, as deliveries of its own."""
+    relay = Relay(TOPO, TOPO.intakes[0])
+    forward = relay.plan(
+        _incoming({"x-delay": 10, "x-delivery-count": 2, "x-acquired-count": 4, "t": "a"})
+    )
+    assert isinstance(forward, Forward)
+    assert "x-delivery-count" not in forward.message.headers
+    assert "x-acquired-count" not in forward.message.headers
+    assert forward.message.headers["t"] == "a"

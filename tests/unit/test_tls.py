@@ -293,3 +293,16 @@ def test_a_reset_during_tls_setup_hints_at_the_client_certificate() -> None:
     assert broker.unreachable_hint(None) == "is RabbitMQ running and the URL right?"
     plain = parse_url("amqp://h/", environ={})
     assert plain.unreachable_hint(reset) == "is RabbitMQ running and the URL right?"
+
+
+def test_pikas_reset_in_text_only_hints_at_the_client_certificate() -> None:
+    # pika keeps only the text of the SSL EOF: what CI's sync driver saw on 3.10.8
+    from pika.exceptions import IncompatibleProtocolError
+
+    error = IncompatibleProtocolError(
+        "StreamLostError: (\"Stream connection lost: SSLEOFError(8, 'EOF occurred in "
+        "violation of protocol (_ssl.c:2427)')\",)"
+    )
+    hint = describe_tls_reset(error, TLSOptions())
+    assert hint is not None and "may require a client certificate" in hint
+    assert describe_tls_reset(IncompatibleProtocolError("AMQP 0-8"), TLSOptions()) is None

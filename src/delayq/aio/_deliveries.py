@@ -103,6 +103,13 @@ def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
     return _SETTLE(1, channel, 13, 60, 80, tag, 1 if multiple else 0, 0xCE)
 
 
+def reject_frame(channel: int, tag: int, requeue: bool) -> bytes:
+    """``Basic.Reject`` of ``tag``: back to the queue when ``requeue`` (RabbitMQ 4.3 counts
+    it toward a quorum queue's delivery limit, a ``Basic.Nack`` not), else dropped (or
+    dead-lettered by the queue's own policy)."""
+    return _SETTLE(1, channel, 13, 60, 90, tag, 1 if requeue else 0, 0xCE)
+
+
 def nack_frame(channel: int, tag: int, multiple: bool, requeue: bool) -> bytes:
     """``Basic.Nack`` of ``tag``: back to the queue when ``requeue``, else dropped (or
     dead-lettered by the queue's own policy)."""

@@ -58,6 +58,9 @@ class AmqpDelivery:
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         assert self.delivery_tag is not None
+        if not multiple:  # counted toward a delivery limit on RabbitMQ 4.3 too
+            await self._channel.basic_reject(self.delivery_tag, requeue=requeue, wait=False)
+            return
         await self._channel.basic_nack(
             self.delivery_tag, multiple=multiple, requeue=requeue, wait=False
         )

@@ -31,7 +31,13 @@ from typing import Any
 from pamqp import commands
 
 from delayq.aio._connection import close_quietly, connect
-from delayq.aio._deliveries import ack_frame, content_header, deliver_fields, nack_frame
+from delayq.aio._deliveries import (
+    ack_frame,
+    content_header,
+    deliver_fields,
+    nack_frame,
+    reject_frame,
+)
 from delayq.aio._framebatch import channel_error
 from delayq.aio._framelink import open_wire
 from delayq.aio._subscription import Subscription
@@ -66,7 +72,11 @@ class FrameDelivery:
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         assert self.delivery_tag is not None
-        self._channel.settle(nack_frame(CONSUME_CHANNEL, self.delivery_tag, multiple, requeue))
+        tag = self.delivery_tag
+        if multiple:
+            self._channel.settle(nack_frame(CONSUME_CHANNEL, tag, multiple, requeue))
+        else:  # counted toward a delivery limit on RabbitMQ 4.3 too (links.Settleable)
+            self._channel.settle(reject_frame(CONSUME_CHANNEL, tag, requeue))
 
 
 class _Consuming:

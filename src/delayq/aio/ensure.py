@@ -10,7 +10,7 @@ from aio_pika.abc import AbstractConnection
 from delayq.aio._errors import CHANNEL_CLOSED, channel_error
 from delayq.aio.provision import _Channels, _declare, apply_topology_async
 from delayq.errors import AccessRefused
-from delayq.topology.declarations import BindingDecl, build_declarations
+from delayq.ops.grant import consumer_checks
 from delayq.topology.model import Topology
 
 __all__ = ["check_topology", "ensure_topology"]
@@ -19,14 +19,13 @@ log = logging.getLogger("delayq.consumer")
 
 
 async def check_topology(topology: Topology, connection: AbstractConnection) -> int:
-    """Check with passive declares that every exchange and queue of ``topology`` exists;
-    returns how many were checked."""
+    """Check with passive declares that ``topology`` was applied: its apply marker, the
+    consumer's queues and DLQs and the exchanges it writes to
+    (:func:`~delayq.ops.grant.consumer_checks`); returns how many were checked."""
     channels = _Channels(connection)
     checked = 0
     try:
-        for decl in build_declarations(topology):
-            if isinstance(decl, BindingDecl):
-                continue
+        for decl in consumer_checks(topology):
             try:
                 await _declare(await channels.get(), decl, passive=True)
             except CHANNEL_CLOSED as exc:

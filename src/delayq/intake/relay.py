@@ -79,9 +79,14 @@ BRIDGE_ERROR = "bridge-error"
 """The DLQ reason of a message the bridge failed on for a reason of its own (a bug):
 parked as it came, with the error, so that no message can stop the bridge."""
 
-BROKER_HEADERS = frozenset({"x-delivery-count", "x-death", "x-received-from"})
+BROKER_HEADERS = frozenset({"x-delivery-count", "x-acquired-count", "x-death", "x-received-from"})
 """Headers a broker adds as a message moves (with every ``x-first-death-*`` and
-``x-last-death-*``): not part of what the publisher sent, so not of its derived id."""
+``x-last-death-*``; ``x-acquired-count`` since RabbitMQ 4.3): not part of what the
+publisher sent, so not of its derived id."""
+
+_DELIVERY_COUNTS = ("x-delivery-count", "x-acquired-count")
+"""How often the intake queue delivered a message: a forward is a new message, which a
+consumer must not read as delivered that often (its crash count, its delivery limit)."""
 
 _MAX_DELAY_MS = timedelta.max // timedelta(milliseconds=1)
 """The longest delay a ``timedelta`` holds (about 2.7 million years): beyond it, no
@@ -189,6 +194,8 @@ class Relay:
         except InvalidInput as exc:
             return self._park(incoming, UNSCHEDULABLE, type(exc).__name__, str(exc))
         headers = _their_headers(incoming.headers)
+        for count in _DELIVERY_COUNTS:  # the intake's, not the new message's
+            headers.pop(count, None)
         if X_DELAY in headers:
             headers[X_DELAY] = -delay_ms  # as the plugin left it: delayed, not to be again
         headers.update(built.headers)

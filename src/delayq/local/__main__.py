@@ -8,6 +8,7 @@ and deletes its data::
     python -m delayq.local                  # DELAYQ_URL=amqp://guest:guest@127.0.0.1:5672/
     python -m delayq.local --port 0 --management
     python -m delayq.local --server 4.0     # RabbitMQ 4.0.5 (scripts/setup-rabbitmq-4.sh)
+    python -m delayq.local --server 4.3     # RabbitMQ 4.3.x (scripts/setup-rabbitmq-4.sh 4.3)
 
 The URL is what every delayq command and class reads from ``$DELAYQ_URL``.
 """
@@ -44,8 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--server",
         default=None,
-        help="which RabbitMQ: 'installed' (the default, Debian 12's 3.10.8) or '4.0' "
-        "(RabbitMQ 4.0.5 from the Debian 13 tree scripts/setup-rabbitmq-4.sh builds); "
+        help="which RabbitMQ: 'installed' (the default, Debian 12's 3.10.8), '4.0' "
+        "(RabbitMQ 4.0.5 from the Debian 13 tree scripts/setup-rabbitmq-4.sh builds) or "
+        "'4.3' (4.3.x from Debian testing: scripts/setup-rabbitmq-4.sh 4.3); "
         "default $DELAYQ_RABBITMQ_SERVER, else installed",
     )
     args = parser.parse_args(argv)

@@ -1,10 +1,17 @@
-"""Which RabbitMQ server a local node runs: the installed one, or RabbitMQ 4.0 from a tree.
+"""Which RabbitMQ server a local node runs: the installed one, or RabbitMQ 4.x from a tree.
 
 * ``"installed"``: the host's ``rabbitmq-server`` (Debian 12 ships 3.10.8), its scripts
   in ``$DELAYQ_RABBITMQ_BIN`` (default ``/usr/lib/rabbitmq/bin``).
 * ``"4.0"``: RabbitMQ 4.0.5 on Erlang 27 from Debian 13's own packages, installed in a
   minimal Debian 13 tree (``scripts/setup-rabbitmq-4.sh`` builds it with ``debootstrap``
-  into ``$DELAYQ_RABBITMQ_4_ROOT``, default ``/var/lib/delayq/rabbitmq-4.0``). Its commands
+  into ``$DELAYQ_RABBITMQ_4_ROOT``, default ``/var/lib/delayq/rabbitmq-4.0``).
+* ``"4.3"``: RabbitMQ 4.3.x on Erlang 29 from Debian testing ("forky"), the first series
+  without Mnesia (so without the delayed-message-exchange plugin), in a tree that
+  ``scripts/setup-rabbitmq-4.sh 4.3`` builds into ``$DELAYQ_RABBITMQ_4_3_ROOT`` (default
+  ``/var/lib/delayq/rabbitmq-4.3``). Debian testing moves: :attr:`RabbitServer.version`
+  says which 4.3 release a tree holds, and tests assert behaviour by version.
+
+A tree server's commands
   run under ``unshare --mount`` + ``chroot`` (root only): ``/tmp``, the temporary folder
   (``$TMPDIR``) and the node's own folders are bind-mounted at the same paths inside a
   mount namespace of their own,
@@ -12,7 +19,7 @@
   server also runs in a PID namespace of its own: its epmd and every process it forks
   end with it.
 
-The server is chosen explicitly (``LocalNode(server="4.0")``, ``--server 4.0``) or by
+The server is chosen explicitly (``LocalNode(server="4.3")``, ``--server 4.3``) or by
 ``$DELAYQ_RABBITMQ_SERVER``; a server that is not there is an error, never a silent
 fallback to the other one.
 """
@@ -37,11 +44,31 @@ __all__ = [
     "server_choice",
 ]
 
-SERVERS = ("installed", "4.0")
+SERVERS = ("installed", "4.0", "4.3")
 """The servers a local node can run."""
 
-_ALIASES = {"installed": "installed", "system": "installed", "4.0": "4.0", "4": "4.0"}
-_TREE_DEFAULT = "/var/lib/delayq/rabbitmq-4.0"
+_ALIASES = {
+    "installed": "installed",
+    "system": "installed",
+    "4.0": "4.0",
+    "4": "4.0",
+    "4.3": "4.3",
+}
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """Where a tree server is built: its variable, default folder and Debian release."""
+
+    variable: str
+    default: str
+    release: str
+
+
+_TREES = {
+    "4.0": _Tree("DELAYQ_RABBITMQ_4_ROOT", "/var/lib/delayq/rabbitmq-4.0", "Debian 13"),
+    "4.3": _Tree("DELAYQ_RABBITMQ_4_3_ROOT", "/var/lib/delayq/rabbitmq-4.3", "Debian testing"),
+}
 _TREE_BIN = Path("/usr/lib/rabbitmq/bin")
 _READY_MARK = ".delayq-ready"
 
@@ -101,9 +128,9 @@ class RabbitServer:
 
     name: str
     bin_dir: Path
-    """The scripts' folder as the server sees it (inside the tree for ``"4.0"``)."""
+    """The scripts' folder as the server sees it (inside the tree for ``"4.0"``, ``"4.3"``)."""
     root: Path | None = None
-    """The Debian 13 tree the server runs in (``chroot``), ``None`` for the host's own."""
+    """The Debian tree the server runs in (``chroot``), ``None`` for the host's own."""
 
     @property
     def host_bin_dir(self) -> Path:
@@ -123,10 +150,12 @@ class RabbitServer:
                 f"RabbitMQ is not installed ({self.bin_dir}/rabbitmq-server is missing): "
                 "apt-get install rabbitmq-server"
             )
+        tree = _TREES[self.name]
+        script = "scripts/setup-rabbitmq-4.sh" + ("" if self.name == "4.0" else f" {self.name}")
         return (
-            f"RabbitMQ 4.0 is not set up ({self.root} holds no finished Debian 13 tree): "
-            "run `bash scripts/setup-rabbitmq-4.sh` as root (or `bash scripts/setup.sh --test`), "
-            "or point $DELAYQ_RABBITMQ_4_ROOT at such a tree"
+            f"RabbitMQ {self.name} is not set up ({self.root} holds no finished "
+            f"{tree.release} tree): run `bash {script}` as root (or "
+            f"`bash scripts/setup.sh --test`), or point ${tree.variable} at such a tree"
         )
 
     @cached_property
@@ -199,5 +228,6 @@ def rabbit_server(name: str | None = None) -> RabbitServer:
         return RabbitServer(
             "installed", Path(os.environ.get("DELAYQ_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
         )
-    root = Path(os.environ.get("DELAYQ_RABBITMQ_4_ROOT") or _TREE_DEFAULT)
-    return RabbitServer("4.0", _TREE_BIN, root=root)
+    tree = _TREES[choice]
+    root = Path(os.environ.get(tree.variable) or tree.default)
+    return RabbitServer(choice, _TREE_BIN, root=root)

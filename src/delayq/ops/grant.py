@@ -10,17 +10,25 @@ exchange and queue names (the default exchange is called ``amq.default``):
 - ``read``: consume or get from a queue, bind *from* an exchange, declare a
   queue that dead-letters or an exchange that has an alternate exchange.
 
-Passive declares need no permission. What each role does, read from the code:
+A passive declare needs no permission up to RabbitMQ 4.2.5; 4.2.6 and 4.3.0 required
+``configure`` for it, and later releases (4.3.6 here) accept any of the three permissions
+on the name (rabbitmq-server #16085, #16272). So each role is granted ``write`` on every
+name it checks and does not otherwise use: the apply marker (a fanout exchange bound to
+nothing: a message published to it goes nowhere) and, for a consumer, the DLQs (a queue:
+``write`` binds *to* it, which also needs ``read`` on an exchange, and a consumer reads
+no exchange). What each role does, read from the code:
 
 - a **producer** (``Publisher``, ``AsyncPublisher``) publishes to the tier
   exchanges ``<ns>.tier.<label>`` and, for delay 0, to ``<ns>.ready``; it checks
-  that exchanges exist with passive declares and never declares anything;
+  the apply marker ``<ns>.applied.<digest>`` with a passive declare and never declares
+  anything;
 - a **consumer** (``Consumer``, ``AsyncConsumer``, ``delayq worker``) consumes its
   destination queues and republishes retries to ``<ns>.retry.<label>.direct``,
   immediate retries and dead letters to ``<ns>.direct``: direct exchanges bound
   by queue name to this topology's queues and DLQs alone. It declares nothing:
   refused the configure permission, it checks with passive declares that the
-  topology exists instead of applying it. It needs no write on the default
+  topology exists instead of applying it (:func:`consumer_checks`: the apply marker,
+  its queues and DLQs, the exchanges it writes to). It needs no write on the default
   exchange, nor on a retry tier's fanout ``<ns>.retry.<label>`` (whose queue
   dead-letters through the default exchange by routing key): either would let
   it put a message in any queue of the vhost, another namespace's included;
@@ -33,15 +41,18 @@ Passive declares need no permission. What each role does, read from the code:
 >>> from delayq.topology.model import Topology
 >>> grant = producer_grant(Topology(namespace="shop"), "app")
 >>> grant.permissions.write
-'^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+)$'
+'^(?:shop\\\\.ready|shop\\\\.tier\\\\.[0-9hms]+|shop\\\\.applied\\\\.[0-9a-f]+)$'
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from delayq.errors import InvalidInput
+from delayq.topology.declarations import ExchangeDecl, QueueDecl, build_declarations
+from delayq.topology.marker import MARKER_ROLE
 from delayq.topology.model import Strategy, Topology
 from delayq.topology.shards import SHARD_SUFFIX_PATTERN
 
@@ -51,6 +62,7 @@ __all__ = [
     "Permissions",
     "Role",
     "admin_grant",
+    "consumer_checks",
     "consumer_grant",
     "grants_for",
     "producer_grant",
@@ -163,11 +175,14 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
         vhost=vhost or topology.vhost,
         permissions=Permissions(
             configure=NOTHING,
-            write=_pattern([n["ready"], n["tier"], *_cascade(topology, n), *exchanges, *bridge]),
+            write=_pattern(
+                [n["ready"], n["tier"], *_cascade(topology, n), *exchanges, *bridge, n["marker"]]
+            ),
             read=_pattern(queues),
         ),
         reasons=(
-            "configure: nothing (a producer only checks exchanges with passive declares)",
+            "configure: nothing (a producer only checks the apply marker with a passive "
+            "declare)",
             f"write: publish to the tier exchanges {topology.namespace}.tier.<label> and, "
             f"for delay 0, to {topology.ready_exchange}"
             + (
@@ -180,7 +195,10 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
                 "the bridge parks what it cannot schedule"
                 if queues
                 else ""
-            ),
+            )
+            + f"; and {topology.namespace}.applied.<digest>, the apply marker it checks "
+            "(RabbitMQ 4.2.6+ refuses a passive declare to a user with no permission on the "
+            "name; the marker is bound to nothing)",
             (
                 "read: the intake queues, which delayq bridge (run as this user) consumes"
                 if queues
@@ -197,13 +215,14 @@ def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
     # Retries follow the topology's strategy: a retry tier, or a cascade level.
     exact = topology.strategy is Strategy.EXACT
     retries = [n["levels"]] if exact else [n["retry_direct"]]
+    dlqs = [_escape(d.dlq) for d in topology.destinations if not d.existing]
     return Grant(
         role=Role.CONSUMER,
         user=user,
         vhost=vhost or topology.vhost,
         permissions=Permissions(
             configure=NOTHING,
-            write=_pattern([n["direct"], *retries]),
+            write=_pattern([n["direct"], *retries, n["marker"], *dlqs]),
             read=_pattern(queues),
         ),
         reasons=(
@@ -217,7 +236,11 @@ def consumer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
             )
             + f", immediate retries and dead letters to {topology.direct_exchange}: direct "
             "exchanges that route this topology's queue names only. Not the default exchange "
-            "nor the retry tiers' fanouts, through which any queue of the vhost is reached",
+            "nor the retry tiers' fanouts, through which any queue of the vhost is reached; "
+            f"and the apply marker {topology.namespace}.applied.<digest> and the DLQs, which "
+            "it checks with passive declares (RabbitMQ 4.2.6+ refuses those to a user with no "
+            "permission on the name; the marker is bound to nothing, and binding to a DLQ "
+            "also needs read on an exchange, which a consumer has on none)",
             "read: consume the destination queues",
         ),
     )
@@ -293,3 +316,18 @@ def grants_for(
     if admin is not None:
         grants.append(admin_grant(topology, admin, vhost))
     return grants
+
+
+def consumer_checks(topology: Topology) -> list[ExchangeDecl | QueueDecl]:
+    """What a consumer refused the configure permission checks with passive declares: the
+    apply marker (the namespace's exchanges and queues, as applied, with their arguments),
+    its destination queues and DLQs, and the exchanges it writes to. Each is a name the
+    consumer grant gives a permission on, so the check passes on RabbitMQ 4.2.6+ too."""
+    grant = consumer_grant(topology, "consumer").permissions
+    allowed = [re.compile(p) for p in (grant.write, grant.read)]
+    return [
+        decl
+        for decl in build_declarations(topology)
+        if isinstance(decl, (ExchangeDecl, QueueDecl))
+        and (decl.role == MARKER_ROLE or any(p.fullmatch(decl.name) for p in allowed))
+    ]

@@ -62,7 +62,9 @@ class _ChannelSettler:
         if self._channel is self._feed.channel:
             self._line.drop(self._tag)  # sent now, ahead of any ack that could cover it
         try:
-            self._channel.basic_nack(self._tag, requeue=True)
+            # a reject: RabbitMQ 4.3 counts it toward a quorum queue's delivery limit, a
+            # nack not (a message that always comes back would cycle for ever)
+            self._channel.basic_reject(self._tag, requeue=True)
         except LOST as exc:
             raise feed_lost(exc) from exc
 

@@ -340,7 +340,7 @@ class Bridge:
             if step == "ack":
                 self._channel.basic_ack(tag, multiple=True)
             else:
-                self._channel.basic_nack(tag, requeue=True)
+                self._channel.basic_reject(tag, requeue=True)  # counted on 4.3 too
         refused = False
         for item in done:
             plan = item.plan

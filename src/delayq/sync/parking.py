@@ -82,7 +82,12 @@ def _open(
         count = _ready(channel, queue)
     except CHANNEL_CLOSED as exc:
         close_quietly(connection)
-        raise TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost") from exc
+        error = channel_error(exc)
+        if isinstance(error, TopologyMissing):  # 404
+            error = TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost")
+        # RabbitMQ 4.2.6+ refuses the passive declare (403) to a user who has no permission
+        # on the queue: an access error, not a missing queue
+        raise error from exc
     warning = None
     if returns:
         try:
