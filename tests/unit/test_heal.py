@@ -199,9 +199,16 @@ def test_a_refused_or_failed_move_is_a_broker_error(
         TransferLeadership(_fake_ctl(tmp_path, output, code)).move_leader("/", "q", "a", "b")
 
 
-def test_already_leading_counts_as_done(tmp_path: Path) -> None:
-    ctl = _fake_ctl(tmp_path, "{not_migrated,already_leader}")
-    TransferLeadership(ctl).move_leader("/", "q", "a", "b")
+@pytest.mark.parametrize(
+    "output",
+    [
+        "{not_migrated,already_leader}",
+        "{migrated,'rabbit@b'}",
+        "{ok,'rabbit@b'}",  # RabbitMQ 4.3's answer
+    ],
+)
+def test_a_move_or_already_leading_counts_as_done(tmp_path: Path, output: str) -> None:
+    TransferLeadership(_fake_ctl(tmp_path, output)).move_leader("/", "q", "a", "b")
 
 
 def test_a_missing_or_slow_command_says_so(tmp_path: Path) -> None:

@@ -19,34 +19,43 @@ def test_the_choice_is_the_argument_else_the_environment_else_installed(monkeypa
     assert server_choice() == "4.0"
     assert server_choice("installed") == "installed"
     assert server_choice(" 4 ") == "4.0"
+    assert server_choice("4.3") == "4.3"
 
 
 @pytest.mark.parametrize("name", ["3.13", "", "latest", "4.1"])
 def test_an_unknown_server_names_the_choices(monkeypatch, name):
-    with pytest.raises(UnknownServer, match=r"choose one of installed, 4\.0"):
+    with pytest.raises(UnknownServer, match=r"choose one of installed, 4\.0, 4\.3"):
         server_choice(name)
     monkeypatch.setenv("DELAYQ_RABBITMQ_SERVER", name)
     with pytest.raises(UnknownServer, match=r"\$DELAYQ_RABBITMQ_SERVER"):
         server_choice()
 
 
+@pytest.mark.parametrize(
+    ("name", "variable", "version", "script"),
+    [
+        ("4.0", "DELAYQ_RABBITMQ_4_ROOT", "4.0.5", r"setup-rabbitmq-4\.sh`"),
+        ("4.3", "DELAYQ_RABBITMQ_4_3_ROOT", "4.3.6", r"setup-rabbitmq-4\.sh 4\.3`"),
+    ],
+)
 def test_a_tree_that_is_not_finished_is_not_installed_and_says_how_to_build_it(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, name: str, variable: str, version: str, script: str
 ):
     root = tmp_path / "tree"
     (root / "usr/lib/rabbitmq/bin").mkdir(parents=True)
     (root / "usr/lib/rabbitmq/bin/rabbitmq-server").write_text("")
-    (root / "usr/lib/rabbitmq/lib/rabbitmq_server-4.0.5").mkdir(parents=True)
-    monkeypatch.setenv("DELAYQ_RABBITMQ_4_ROOT", str(root))
-    server = rabbit_server("4.0")
-    assert server.version == "4.0.5"
-    assert not server.installed() and not server_installed("4.0")  # no .delayq-ready mark
-    with pytest.raises(LocalNodeError, match=r"RabbitMQ 4\.0 is not set up.*setup-rabbitmq-4\.sh"):
-        LocalNode(server="4.0")
-    (root / ".delayq-ready").write_text("rabbitmq-server 4.0.5")
+    (root / f"usr/lib/rabbitmq/lib/rabbitmq_server-{version}").mkdir(parents=True)
+    monkeypatch.setenv(variable, str(root))
+    server = rabbit_server(name)
+    assert server.version == version and server.root == root
+    assert not server.installed() and not server_installed(name)  # no .delayq-ready mark
+    missing = rf"RabbitMQ {name} is not set up.*{script}.*{variable}"
+    with pytest.raises(LocalNodeError, match=missing):
+        LocalNode(server=name)
+    (root / ".delayq-ready").write_text(f"rabbitmq-server {version}")
     assert server.installed()
-    node = LocalNode(tmp_path / "node", server="4.0")
-    assert node.version == "4.0.5" and node.epmd_port is not None
+    node = LocalNode(tmp_path / "node", server=name)
+    assert node.version == version and node.epmd_port is not None
     assert node.env()["ERL_EPMD_PORT"] == str(node.epmd_port)
     # A node that fails to start leaves its crash dump in its own folder, not the cwd.
     assert node.env()["ERL_CRASH_DUMP"] == str(tmp_path / "node" / "erl_crash.dump")

@@ -113,7 +113,8 @@ class TransferLeadership:
             env=self.env,
             hint="pass the rabbitmqctl command with its path (--rabbitmqctl)",
         ).strip()
-        if output.startswith("{migrated,") or output == "{not_migrated,already_leader}":
+        # {migrated, Node} up to 4.2; RabbitMQ 4.3 answers {ok, Node} (its new leader)
+        if output.startswith(("{migrated,", "{ok,")) or output == "{not_migrated,already_leader}":
             return
         raise BrokerError(f"moving the leader of {queue} to {target} was refused: {output}")
 
