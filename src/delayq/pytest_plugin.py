@@ -65,7 +65,7 @@ __all__ = [
     "redis_url",
 ]
 
-DOCKER_IMAGE = "rabbitmq:4.0-management"
+DOCKER_IMAGE = "rabbitmq:4.3-management"
 """The image the testcontainers fallback runs (``$DELAYQ_RABBITMQ_IMAGE`` overrides)."""
 
 NO_BROKER = (

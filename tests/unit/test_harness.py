@@ -65,7 +65,7 @@ def test_compose_runs_the_tested_management_image_with_a_health_check(compose):
     variable, default = broker["image"].strip("${}").split(":-", 1)
     assert variable == "DELAYQ_RABBITMQ_IMAGE" and default == DOCKER_IMAGE
     image, tag = default.split(":")
-    assert image == "rabbitmq" and tag == "4.0-management"
+    assert image == "rabbitmq" and tag == "4.3-management"
     assert "delayq.ready" in " ".join(broker["healthcheck"]["test"])
 
 
