@@ -18,10 +18,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from delayq import Message, Topology
+from delayq.cli import main as cli_main
 from delayq.local.cluster import LocalCluster
 from delayq.ops.management import ManagementAPI
 from delayq.ops.watchdog import HealOutcome, TransferLeadership, Watchdog
@@ -53,7 +57,7 @@ def _depths(cluster: LocalCluster, names: set[str]) -> dict[str, dict]:
 
 
 def test_the_watchdog_finds_a_stopped_dead_letter_worker_and_moving_the_leader_heals_it(
-    local_rabbitmq_cluster: LocalCluster,
+    local_rabbitmq_cluster: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = local_rabbitmq_cluster
     ns = f"h{uuid.uuid4().hex[:10]}"
@@ -100,3 +104,16 @@ def test_the_watchdog_finds_a_stopped_dead_letter_worker_and_moving_the_leader_h
     assert events[0].target in {n.name for n in cluster.nodes[1:]}
     assert cluster.queue_leaders()[tier] != leader.name
     assert _wait(lambda: _depths(cluster, {tier})[tier]["messages"] == 0, 30)
+
+    # 3. `delayq stats` and `topology verify` through a URL of the three nodes: each call
+    # reaches one at random, whose cluster_name (never set) is its own node's name, and the
+    # API answers as node 0. Before, 2 calls of 3 refused the API as another cluster's.
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    hosts = ",".join(urlsplit(node.url).netloc.rpartition("@")[2] for node in cluster.nodes)
+    url = f"amqp://guest:guest@{hosts}/"
+    common = ["--file", str(path), "--url", url, "--management-url", cluster.management_urls[0]]
+    for _ in range(20):
+        assert cli_main(["stats", *common]) == 0, capsys.readouterr().err
+        assert cli_main(["topology", "verify", *common]) == 0, capsys.readouterr().err
+    assert "answers for cluster" not in capsys.readouterr().err

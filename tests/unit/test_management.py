@@ -21,6 +21,16 @@ def test_derived_from_the_amqp_url(monkeypatch: pytest.MonkeyPatch) -> None:
     assert management_url_for("amqp://[::1]:5672/") == ("http://[::1]:15672/", False)
 
 
+def test_a_url_of_several_hosts_gets_its_first_hosts_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``http://u:p@rabbit1,rabbit2,rabbit3:15672/``, a host no request can reach."""
+    monkeypatch.delenv("DELAYQ_MANAGEMENT_URL", raising=False)
+    assert management_url_for("amqp://u:p@rabbit1,rabbit2,rabbit3:5672/vh") == (
+        "http://u:p@rabbit1:15672/",
+        False,
+    )
+    assert management_url_for("amqps://u:p@r1:5671,r2:5671/") == ("https://u:p@r1:15671/", False)
+
+
 def test_explicit_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DELAYQ_MANAGEMENT_URL", "http://env:pw@h:1/")
     assert management_url_for("amqp://a:b@h/") == ("http://env:pw@h:1/", True)

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from delayq.errors import AccessRefused, BrokerError, InvalidURL, ManagementUnavailable
-from delayq.urls import redact
+from delayq.urls import host_urls, redact
 
 __all__ = ["DEFAULT_MANAGEMENT_PORT", "ManagementAPI", "management_url_for"]
 
@@ -38,7 +38,9 @@ def management_url_for(amqp_url: str, explicit: str | None = None) -> tuple[str,
     chosen = explicit or os.environ.get("DELAYQ_MANAGEMENT_URL")
     if chosen:
         return chosen, True
-    parts = urlsplit(amqp_url)
+    # a URL of several hosts (rabbit1,rabbit2:5672): the first one's API, which answers
+    # for the whole cluster
+    parts = urlsplit(host_urls(amqp_url)[0])
     tls = parts.scheme == "amqps"
     host = parts.hostname or "localhost"
     if ":" in host:
@@ -139,6 +141,10 @@ class ManagementAPI:
 
     def overview(self) -> dict[str, Any]:
         return dict(self.get("/overview"))
+
+    def node_names(self) -> list[str]:
+        """The names of the cluster's nodes (``/api/nodes``)."""
+        return [str(node.get("name")) for node in self.get("/nodes?columns=name") or ()]
 
     def feature_flags(self) -> dict[str, str]:
         """Feature flag name to state (``enabled``, ``disabled``, ...)."""

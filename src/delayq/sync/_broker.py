@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pika
 
@@ -58,7 +59,7 @@ def reach_management(
         return Reach(None, f"{exc}{hint}", failed=choice.explicit)
     theirs = overview.get("cluster_name")
     ours = server_property(connection, "cluster_name")
-    if theirs and ours and theirs != ours:
+    if theirs and ours and theirs != ours and not _same_cluster(choice.api, overview, ours):
         # A derived URL (same host, port 15672) may reach another broker.
         return Reach(
             None,
@@ -68,3 +69,26 @@ def reach_management(
         )
     version = overview.get("rabbitmq_version") or "?"
     return Reach(choice.api, f"{choice.api.url} (RabbitMQ {version}, cluster {theirs!r})")
+
+
+def _same_cluster(api: ManagementAPI, overview: dict[str, Any], ours: str) -> bool:
+    """Whether the node an AMQP connection reached, reporting ``ours`` as its cluster name,
+    is one of the nodes ``api`` answers for.
+
+    A cluster whose ``cluster_name`` was never set has none: each node reports its own
+    default, ``<its name>@<the host's FQDN>`` (``rabbit@h2.example.com`` for the node
+    ``rabbit@h2``, ``delayq-1@vm`` for ``delayq-1@localhost``), so through a URL of several
+    hosts the two sides meet different nodes in most calls. Such a name is taken as a
+    member's when its name part is one of the cluster's nodes'; two brokers that keep the
+    default names could never be told apart by them anyway."""
+    try:
+        nodes = api.node_names()
+    except DelayqError:
+        return False
+    if ours in nodes:
+        return True
+    theirs = str(overview.get("cluster_name") or "")
+    api_node = str(overview.get("node") or "")
+    default_named = theirs.partition("@")[0] == api_node.partition("@")[0] != ""
+    ours_id, at, _ = ours.partition("@")
+    return default_named and bool(at) and ours_id in {n.partition("@")[0] for n in nodes}
