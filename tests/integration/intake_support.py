@@ -12,6 +12,7 @@ import pika
 from delayq import build_declarations
 from delayq.sync.bridge import Bridge
 from delayq.topology.declarations import QueueDecl
+from tests.amqp import depth
 from tests.waiting import wait_for
 
 
@@ -133,3 +134,21 @@ def lateness(arrivals: list[Any], percentile: float) -> tuple[float, float]:
     late = [since_taken(a) - int(a.headers["delayq-tier-ms"]) for a in tiered]
     noise = [since_taken(a) for a in arrivals if int(a.headers["delayq-tier-ms"]) == 0]
     return at(late), at(noise)
+
+
+def settled_except(collector: Any, url: str, topology: Any, kept: str) -> list[Any]:
+    """The arrivals once no delivery came for ``QUIET_S`` and every queue of ``topology``
+    but ``kept`` is empty (a late duplicate would be seen)."""
+    queues = [d.name for d in build_declarations(topology) if isinstance(d, QueueDecl)]
+    queues.remove(kept)
+    seen = {"count": -1, "since": 0.0}
+
+    def quiet() -> bool:
+        now, count = time.monotonic(), len(collector.arrivals)
+        if count != seen["count"] or any(depth(url, q) for q in queues):
+            seen["count"], seen["since"] = count, now
+            return False
+        return now - seen["since"] >= QUIET_S
+
+    wait_for(quiet, 60, lambda: f"quiet after {len(collector.arrivals)} arrivals")
+    return list(collector.arrivals)

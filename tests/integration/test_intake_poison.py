@@ -18,13 +18,11 @@ from typing import Any
 import pika
 import pytest
 
-from delayq import build_declarations
 from delayq.sync import apply_topology
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.bridge import Bridge
-from delayq.topology.declarations import QueueDecl
 from tests.amqp import depth
-from tests.integration.intake_support import QUIET_S, Running
+from tests.integration.intake_support import Running, settled_except
 from tests.waiting import wait_for
 
 
@@ -120,24 +118,6 @@ def _dlq_bodies(url: str, queue: str) -> list[bytes]:
             assert props is not None and (unreadable(props) or props.headers is not None)
     finally:
         connection.close()
-
-
-def settled_except(collector: Any, url: str, topology: Any, kept: str) -> list[Any]:
-    """The arrivals once no delivery came for ``QUIET_S`` and every queue of ``topology``
-    but ``kept`` is empty (a late duplicate would be seen)."""
-    queues = [d.name for d in build_declarations(topology) if isinstance(d, QueueDecl)]
-    queues.remove(kept)
-    seen = {"count": -1, "since": 0.0}
-
-    def quiet() -> bool:
-        now, count = time.monotonic(), len(collector.arrivals)
-        if count != seen["count"] or any(depth(url, q) for q in queues):
-            seen["count"], seen["since"] = count, now
-            return False
-        return now - seen["since"] >= QUIET_S
-
-    wait_for(quiet, 60, lambda: f"quiet after {len(collector.arrivals)} arrivals")
-    return list(collector.arrivals)
 
 
 @pytest.mark.slow
