@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         TopologyNotApplied,
         UnboundRoutingKey,
         Unroutable,
+        UnsendableMessage,
     )
     from delayq.message.cancel import CancelReceipt, RescheduleReceipt
     from delayq.message.envelope import Message, Receipt
@@ -195,6 +196,7 @@ __all__ = [
     "TopologyNotApplied",
     "UnboundRoutingKey",
     "Unroutable",
+    "UnsendableMessage",
     "Worker",
     "apply_topology",
     "apply_topology_async",
@@ -290,6 +292,7 @@ _LAZY = {
     "TopologyNotApplied": "delayq.errors",
     "UnboundRoutingKey": "delayq.errors",
     "Unroutable": "delayq.errors",
+    "UnsendableMessage": "delayq.errors",
     "Worker": "delayq.worker",
     "apply_topology": "delayq.sync.provision",
     "apply_topology_async": "delayq.aio.provision",

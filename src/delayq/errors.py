@@ -33,6 +33,7 @@ and aiormq are translated at one place per adapter, its error map
     │       ├── PublishUnconfirmed
     │       │   ├── PublishNotSent: never written; the broker could not be reached
     │       │   └── PublishBlocked: the broker blocks publishers (resource alarm)
+    │       ├── UnsendableMessage: delayq failed encoding or writing it (a bug); not sent
     │       ├── PublishBackpressure: the publisher's in-flight bound is full; not sent
     │       └── PublishBatchError: some messages of a batch failed
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
@@ -91,6 +92,7 @@ __all__ = [
     "TopologyNotApplied",
     "UnboundRoutingKey",
     "Unroutable",
+    "UnsendableMessage",
 ]
 
 
@@ -314,6 +316,13 @@ class PublishNotSent(PublishUnconfirmed):
 class PublishBlocked(PublishUnconfirmed):
     """The broker blocked publishing (a memory or disk alarm) for longer than the
     publisher's bound; delayq stopped waiting instead of hanging."""
+
+
+class UnsendableMessage(PublishError):
+    """delayq failed on the message itself while sending it in a pipelined stream (an
+    error of its own encoding the frames, or writing them that raised again on a fresh
+    connection): it was settled alone, with the error as its cause, and the rest of the
+    stream went on. Not the broker's doing; please report it."""
 
 
 class PublishBackpressure(PublishError):

@@ -18,6 +18,7 @@ import importlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from delayq.consume.handlers import check_handler
 from delayq.consume.retry import RetryPolicy, check_policy
 from delayq.consume.settings import check_prefetch
-from delayq.durations import to_ms
-from delayq.errors import DelayqError, InvalidInput
+from delayq.durations import Duration, to_ms
+from delayq.errors import BrokerError, DelayqError, InvalidInput
 from delayq.observe.deliveries import DeliveryObserver
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
@@ -34,6 +35,7 @@ from delayq.urls import resolved_memory_name
 
 if TYPE_CHECKING:
     from delayq.ops.watchdog import Watchdog
+    from delayq.sync.bridge import Bridge
 
 __all__ = ["Registration", "Worker", "load_worker"]
 
@@ -63,6 +65,7 @@ class Worker:
         self.registrations: list[Registration] = []
         self.bridges: list[tuple[str, int]] = []
         """The intakes bridged beside the handlers (:meth:`bridge`), with their prefetch."""
+        self._stop_graces: dict[str, Duration] = {}
         self._check_options(None, defaults)
 
     def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
@@ -105,16 +108,24 @@ class Worker:
 
         return register
 
-    def bridge(self, intake: str | None = None, *, prefetch: int = 1000) -> None:
+    def bridge(
+        self, intake: str | None = None, *, prefetch: int = 1000, stop_grace: Duration = "10s"
+    ) -> None:
         """Also run the bridge of ``intake`` (the topology's only one when ``None``): what
-        ``delayq bridge`` runs, in a thread of this worker (see :mod:`delayq.sync.bridge`)."""
+        ``delayq bridge`` runs, in a thread of this worker (see :mod:`delayq.sync.bridge`).
+        A stop waits up to ``stop_grace`` for the confirms of what it has in flight; what
+        is left unconfirmed then goes back to the intake queue and the run raises
+        :class:`~delayq.errors.PublishUnconfirmed` saying so."""
+        from delayq.sync._bridging import check_stop_grace
         from delayq.sync.bridge import pick_intake
 
         check_prefetch(prefetch)
+        check_stop_grace(stop_grace)  # refused here, not once the worker runs
         name = pick_intake(self.topology, intake).exchange
         if any(name == bridged for bridged, _ in self.bridges):
             raise InvalidInput(f"intake {name!r} is bridged already by this worker")
         self.bridges.append((name, prefetch))
+        self._stop_graces[name] = stop_grace
 
     def _check_free(self, queue: str, fn: Callable[..., Any] | None = None) -> None:
         """Refuse a second handler for ``queue``: two would share its messages at random."""
@@ -164,6 +175,13 @@ class Worker:
         handler's options (``delayq worker --metrics-port`` adds a metrics observer).
         ``watchdog`` (:class:`~delayq.ops.watchdog.Watchdog`, what ``delayq worker
         --heal`` passes) runs in a thread of its own while the consumers run.
+
+        A bridge's stop is bounded: its ``stop_grace``, then what is unconfirmed goes back
+        to its intake queue and the run raises
+        :class:`~delayq.errors.PublishUnconfirmed`; a bridge still not stopped
+        :data:`~delayq.sync._bridging.STOP_MARGIN_S` later is left behind (its thread is
+        a daemon) and the run raises :class:`~delayq.errors.BrokerError`. A second
+        SIGTERM or SIGINT has the bridges give up their grace at once.
         """
         from delayq.aio.consumer import AsyncConsumer
         from delayq.sync.bridge import Bridge
@@ -184,11 +202,20 @@ class Worker:
         for reg in self.registrations:  # before any consumer starts
             self._check_options(reg.queue, {**self.defaults, **reg.options})
         stop = stop or threading.Event()
+        bridges: list[Bridge] = []
+
+        def signalled(*_: Any) -> None:
+            """A stop; a second signal has the bridges give up their grace."""
+            if stop.is_set():
+                for bridge in bridges:
+                    bridge.request_stop(now=True)
+            stop.set()
+
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
         if in_main:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, lambda *_: stop.set())
+                previous[sig] = signal.signal(sig, signalled)
 
         extra_observers = tuple(observers)
 
@@ -219,7 +246,10 @@ class Worker:
             except BaseException as exc:  # a handler's SystemExit too: it ends the worker
                 failed(consumer.queue, exc)
 
-        bridges = [Bridge(url, self.topology, name, prefetch=count) for name, count in self.bridges]
+        bridges += [
+            Bridge(url, self.topology, name, prefetch=count, stop_grace=self._stop_graces[name])
+            for name, count in self.bridges
+        ]
 
         def run_bridge(bridge: Bridge) -> None:
             try:
@@ -236,10 +266,16 @@ class Worker:
             threading.Thread(target=run_sync, args=(c,), name=f"delayq {c.queue}")
             for c in sync_consumers
         ]
-        threads += [
-            threading.Thread(target=run_bridge, args=(b,), name=f"delayq bridge {b.queue}")
+        # Daemon threads: a bridge stuck past its stop's bound (a write that never
+        # returns) must not keep the process from exiting; its unacked deliveries go
+        # back to the intake queue with its connection.
+        bridge_threads = [
+            threading.Thread(
+                target=run_bridge, args=(b,), name=f"delayq bridge {b.queue}", daemon=True
+            )
             for b in bridges
         ]
+        threads += bridge_threads
         if watchdog is not None:  # it logs its own failures and keeps looking
             threads.append(
                 threading.Thread(target=watchdog.run, args=(stop,), name="delayq watchdog")
@@ -294,8 +330,10 @@ class Worker:
                 consumer.request_stop()
             for bridge in bridges:
                 bridge.request_stop()
+            _join_bridges(bridges, bridge_threads, failed)
             for thread in threads:
-                thread.join(60)
+                if thread not in bridge_threads:
+                    thread.join(60)
             for signum, old in previous.items():
                 signal.signal(signum, old)
         if failures:
@@ -304,6 +342,35 @@ class Worker:
                 raise exc  # SystemExit(3) from a handler exits with 3
             raise DelayqError(f"the consumer of {queue} failed: {exc!r}") from exc
         log.info("worker stopped")
+
+
+def _join_bridges(
+    bridges: list[Bridge],
+    threads: list[threading.Thread],
+    failed: Callable[[str, BaseException], None],
+) -> None:
+    """Wait for the stopping bridges, each up to its stop grace and
+    :data:`~delayq.sync._bridging.STOP_MARGIN_S` (from now); one still running then is
+    left behind (a daemon thread), a failure of the run."""
+    from delayq.sync._bridging import STOP_MARGIN_S
+
+    if not bridges:
+        return
+    until = time.monotonic() + max(b.stop_grace_s for b in bridges) + STOP_MARGIN_S
+    for bridge, thread in zip(bridges, threads, strict=True):
+        thread.join(max(0.0, until - time.monotonic()))
+        if thread.is_alive():
+            bound_s = bridge.stop_grace_s + STOP_MARGIN_S
+            log.error("bridge of %s did not stop within %g s; left behind", bridge.queue, bound_s)
+            failed(
+                bridge.queue,
+                BrokerError(
+                    f"the bridge of {bridge.queue} did not stop within {bound_s:g} s of the "
+                    "stop (its stream stuck: a broker not reading, a write that does not "
+                    "return); it was left behind, and its unacked deliveries go back to "
+                    f"{bridge.queue} when its connection closes (the process exits)"
+                ),
+            )
 
 
 def load_worker(spec: str) -> Worker:

@@ -99,3 +99,59 @@ def test_an_ended_feed_says_what_it_left_unsettled_and_takes_no_more() -> None:
     outcomes, ended = feed.take()
     assert outcomes == [(1, None)]
     assert ended is not None and (ended.error, ended.left) == (failure, [2])
+
+
+def test_an_aborted_feed_stops_its_round_at_once_and_settles_nothing() -> None:
+    """The bridge stopped waiting (a stop's grace ran out): the round is woken to drop
+    its connection, sends nothing more, not even what a lost round left to send again,
+    its pause between rounds ends, and no outcome reaches the bridge."""
+    woken: list[str] = []
+    feed = Feed(lambda: woken.append("consumer"))
+    p = _plan(0)
+    feed.attach(lambda: woken.append("round"))
+    for tag in (1, 2, 3):
+        feed.put(tag, p.message)
+    assert feed.next() == (1, p.message)
+    feed.push_front([(1, p.message)])  # a lost round's, to be sent again
+    woken.clear()
+    feed.abort()
+    assert woken == ["round"] and feed.aborted and feed.closed
+    assert feed.next() is None and feed.done
+    assert not feed.put(4, p.message)
+    feed.pause(3600)  # returns at once
+    feed.settle(1, p.message, None)
+    feed.finish(None)
+    outcomes, ended = feed.take()
+    assert outcomes == [] and ended is not None and ended.left == []
+
+
+def test_an_abort_survives_a_round_whose_loop_is_closing() -> None:
+    def closed() -> None:
+        raise RuntimeError("the I/O loop is closed")
+
+    feed = Feed(lambda: None)
+    feed.attach(closed)
+    feed.abort()
+    assert feed.aborted
+
+
+def test_a_replanned_delivery_keeps_its_place_and_waits_for_its_new_outcome() -> None:
+    """A forward delayq could not send is parked in its place: the deliveries after it
+    still wait for it, and its failed forward's outcome does not count."""
+    window = Window()
+    incoming = Incoming("email.welcome", b"{}", {"message_id": "m-1", "headers": {}})
+    window.add(1, RELAY.plan(incoming), incoming)
+    window.add(2, _plan(2))
+    assert window.incoming(1) is incoming and window.incoming(2) is None
+    window.settled(1, REFUSED)
+    park = RELAY.failed(incoming, RuntimeError("boom"))
+    window.replan(1, park)
+    window.settled(2, None)
+    assert window.ready() == []
+    window.settled(1, None)
+    first, second = window.ready()
+    assert (first.tag, first.plan, first.error) == (1, park, None)
+    assert (second.tag, second.error) == (2, None)
+    assert window.incoming(1) is None  # let go with its delivery
+    reason = park.message.headers["delayq-dead-letter-reason"]
+    assert reason == "bridge-error" and "RuntimeError: boom" in park.reason

@@ -1,9 +1,11 @@
 """``delayq bridge``: run the bridge of each intake of a topology (see
-:mod:`delayq.sync.bridge`) until SIGTERM or SIGINT."""
+:mod:`delayq.sync.bridge`) until SIGTERM or SIGINT. A stop waits ``--stop-grace`` for
+what is in flight; one that had to leave deliveries unconfirmed exits 1, saying so."""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import click
 
@@ -34,6 +36,14 @@ def bridge_commands() -> list[click.Command]:
                     help="deliveries in hand per intake (default 1000)",
                 ),
                 once(
+                    "--stop-grace",
+                    default="10s",
+                    metavar="DURATION",
+                    help="on SIGTERM/SIGINT, how long to wait for the confirms of what is in "
+                    "flight; what is unconfirmed then goes back to the intake queue and the "
+                    "command exits 1 (a second signal: at once; default 10s, at most 1h)",
+                ),
+                once(
                     "--log-level",
                     type=click.Choice(["debug", "info", "warning", "error"]),
                     default="info",
@@ -48,10 +58,12 @@ def bridge_commands() -> list[click.Command]:
 
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
+    from delayq.sync._bridging import check_stop_grace
     from delayq.sync.bridge import pick_intake
     from delayq.urls import redact
     from delayq.worker import Worker
 
+    grace_s = check_stop_grace(args.stop_grace, "--stop-grace")  # before connecting
     configure_logging(args.log_level, "text")
     if args.log_level != "debug":
         # delayq says what failed in one line of its own; pika's records (a traceback per
@@ -61,7 +73,7 @@ def cmd_bridge(args: Args) -> int:
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
     worker = Worker(topology)  # a worker of bridges alone: its threads, signals, failures
     for name in names or [pick_intake(topology, None).exchange]:
-        worker.bridge(name, prefetch=args.prefetch)
+        worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
     ns = topology.namespace
     print(
         "delayq bridge: "

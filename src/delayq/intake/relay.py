@@ -155,8 +155,14 @@ class Relay:
         try:
             return self._plan(incoming)
         except Exception as exc:  # a bug of delayq's: the message is kept, the bridge goes on
-            said = f"the bridge failed on this message: {type(exc).__name__}: {exc}"
-            return self._park(incoming, BRIDGE_ERROR, type(exc).__name__, said)
+            return self.failed(incoming, exc)
+
+    def failed(self, incoming: Incoming, exc: BaseException) -> Park:
+        """``incoming`` parked as :data:`BRIDGE_ERROR`: the bridge failed on it with
+        ``exc`` (planning it, or sending its forward:
+        :class:`~delayq.errors.UnsendableMessage`, which names the cause)."""
+        said = f"the bridge failed on this message: {type(exc).__name__}: {exc}"
+        return self._park(incoming, BRIDGE_ERROR, type(exc).__name__, said)
 
     def _plan(self, incoming: Incoming) -> Forward | Park:
         routing_key = self.routing_key(incoming.routing_key)

@@ -9,10 +9,19 @@ from delayq.errors import (
     PublishRejected,
     PublishUnconfirmed,
     Unroutable,
+    UnsendableMessage,
 )
 from delayq.message.envelope import OutgoingMessage
 
-__all__ = ["blocked", "header_frame_too_large", "not_sent", "rejected", "unconfirmed", "unroutable"]
+__all__ = [
+    "blocked",
+    "header_frame_too_large",
+    "not_sent",
+    "rejected",
+    "unconfirmed",
+    "unroutable",
+    "unsendable",
+]
 
 
 def unroutable(msg: OutgoingMessage) -> Unroutable:
@@ -55,6 +64,18 @@ def not_sent(msg: OutgoingMessage, spent: str, url: str, cause: object) -> Publi
         "again sends it once",
         msg.message_id,
     )
+
+
+def unsendable(msg: OutgoingMessage, cause: BaseException, doing: str) -> UnsendableMessage:
+    """delayq failed on ``msg`` itself (``doing``: "encoding" or "writing" it) with
+    ``cause``, which the error is chained to."""
+    error = UnsendableMessage(
+        f"message {msg.message_id!r} was not sent: delayq failed {doing} it "
+        f"({type(cause).__name__}: {cause}); the rest of the stream went on",
+        msg.message_id,
+    )
+    error.__cause__ = cause
+    return error
 
 
 def _cause(cause: object) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "CONNECTION_ERRORS",
     "LOST",
     "NOT_TAKEN",
+    "ConnectionAbandoned",
     "channel_error",
     "closed_by_broker",
     "connect_error",
@@ -58,6 +59,10 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
 )
 """Errors after which the connection is gone and a fresh one may succeed."""
+
+class ConnectionAbandoned(pex.AMQPConnectionError):  # type: ignore[misc]
+    """delayq tore a connection down on purpose (a stream whose owner stopped waiting)."""
+
 
 CHANNEL_CLOSED: type[Exception] = pex.ChannelClosedByBroker
 """The broker closed the channel (a missing entity, a conflict, a refusal): see

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from delayq.errors import PublishError
-from delayq.intake.relay import Forward, Park
+from delayq.intake.relay import Forward, Incoming, Park
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync._sending import Source
 
@@ -50,6 +50,7 @@ class Feed(Source):
         self._wake_consumer = wake_consumer
         self._inbox: list[tuple[int, PublishError | None]] = []
         self._ended: Ended | None = None
+        self._aborting = threading.Event()
         self.closed = False
         """Takes no more messages (ended by the bridge, or its stream is over)."""
 
@@ -85,9 +86,30 @@ class Feed(Source):
             if self._wake_round is not None:
                 self._wake_round()
 
+    def abort(self) -> None:
+        """Stop the stream now, whatever it has in flight (the bridge stopped waiting:
+        those deliveries go back to the intake queue with its channel): its round drops
+        its connection, nothing more is sent, nor settled."""
+        with self._lock:
+            self.closed = self.aborted = self.exhausted = True
+            self._queue.clear()
+            self._unsettled.clear()
+            wake = self._wake_round
+        self._aborting.set()
+        if wake is not None:
+            try:
+                wake()
+            except Exception:  # its I/O loop is closing: the round ends all the same
+                pass
+
     # the I/O thread -------------------------------------------------------------
 
+    def pause(self, seconds: float) -> None:
+        self._aborting.wait(seconds)
+
     def next(self) -> tuple[int, OutgoingMessage] | None:
+        if self.aborted:
+            return None
         if self.again:
             return self.again.popleft()
         with self._lock:
@@ -131,20 +153,34 @@ class Window:
     def __init__(self) -> None:
         self._pending: OrderedDict[int, Plan] = OrderedDict()
         self._outcomes: dict[int, BaseException | None] = {}
+        self._incoming: dict[int, Incoming] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, tag: int, plan: Plan) -> None:
+    def add(self, tag: int, plan: Plan, incoming: Incoming | None = None) -> None:
         self._pending[tag] = plan
+        if incoming is not None:
+            self._incoming[tag] = incoming
 
     def plan(self, tag: int) -> Plan:
         return self._pending[tag]
+
+    def incoming(self, tag: int) -> Incoming | None:
+        """The delivery ``tag`` as it came (to park it), when it was given."""
+        return self._incoming.get(tag)
+
+    def replan(self, tag: int, plan: Plan) -> None:
+        """Send ``plan`` for ``tag`` instead, in the same place (its outcome to come)."""
+        if tag in self._pending:
+            self._pending[tag] = plan
+            self._outcomes.pop(tag, None)
 
     def discard(self, tag: int) -> None:
         """Leave ``tag`` out (rejected: settled on the channel already)."""
         self._pending.pop(tag, None)
         self._outcomes.pop(tag, None)
+        self._incoming.pop(tag, None)
 
     def settled(self, tag: int, error: BaseException | None) -> None:
         """``tag``'s outcome (``None``: confirmed); only the first one counts."""
@@ -159,6 +195,7 @@ class Window:
             tag = next(iter(pending))
             if tag not in outcomes:
                 break
+            self._incoming.pop(tag, None)
             done.append(Settled(tag, pending.pop(tag), outcomes.pop(tag)))
         return done
 

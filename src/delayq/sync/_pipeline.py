@@ -75,7 +75,11 @@ def send_pipelined(
     them. :class:`~delayq.errors.TopologyMissing` and
     :class:`~delayq.errors.AccessRefused` raise at once; so does
     :class:`~delayq.errors.TopologyNotApplied` when a round's connection finds no
-    apply marker of ``gate`` (checked before its first publish).
+    apply marker of ``gate`` (checked before its first publish). A message delayq fails
+    on itself (encoding it, or writing it on two connections) is settled alone with
+    :class:`~delayq.errors.UnsendableMessage`. A source aborted
+    (:attr:`~delayq.sync._sending.Source.aborted`) ends the stream at once: its round's
+    connection dropped, nothing more sent or settled.
     """
     source = messages if isinstance(messages, Source) else Source(enumerate(messages))
     if reconnecting is None:
@@ -85,7 +89,7 @@ def send_pipelined(
     last: BaseException | None = None
     handed_over = False  # did any round write a message to a socket?
     rounds = 0
-    while True:
+    while not source.aborted:
         rnd = Round(
             hosts[rounds % len(hosts)],
             source,
@@ -98,6 +102,8 @@ def send_pipelined(
         )
         rounds += 1
         rnd.run()
+        if source.aborted:
+            return  # its owner stopped waiting: nothing more is sent, nor settled
         reconnecting.up = reconnecting.up or rnd.opened
         handed_over = handed_over or rnd.next_tag > 1
         if isinstance(rnd.fatal, (TopologyMissing, AccessRefused)):
@@ -122,7 +128,9 @@ def send_pipelined(
                 len(source.again),
             )
         if barren_rounds and barren_rounds % len(hosts) == 0:  # after a pass over the hosts
-            time.sleep(pause_s(barren_rounds // len(hosts), backoff_s))
+            source.pause(pause_s(barren_rounds // len(hosts), backoff_s))
+    if source.aborted:
+        return
     spent = reconnecting.spent(-(-barren_rounds // len(hosts)))
     if not handed_over:
         raise ConnectionFailed(

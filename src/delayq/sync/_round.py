@@ -1,8 +1,14 @@
 """One connection's round of a pipelined stream (:mod:`delayq.sync._pipeline`), on pika's
 SelectConnection: the apply marker checked, each exchange checked before its first
 publish, up to ``window`` messages (and ``max_bytes``) unconfirmed, each confirm, return
-or nack settled by delivery tag. What a lost connection left unconfirmed is the next
-round's to send again.
+or nack settled by delivery tag (:mod:`delayq.sync._settling`). What a lost connection
+left unconfirmed is the next round's to send again.
+
+A failure of delayq's own on one message settles that message alone: encoding it
+(:class:`~delayq.errors.UnsendableMessage`; nothing of it was written, the connection goes
+on), or writing it (the connection is dropped, its state unknown: the reconnect path; a
+message whose write raises on a second connection too is settled as unsendable). An
+aborted source has the connection torn down at once.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pika
-from pika.spec import Basic
 
 from delayq.errors import (
     AccessRefused,
@@ -30,9 +35,10 @@ from delayq.message.frames import publish_frames
 from delayq.message.inflight import size_of
 from delayq.message.limits import FRAME_MAX
 from delayq.sync._connection import coalesce_writes, frames_writer
-from delayq.sync._errors import closed_by_broker, connection_lost, is_missing
+from delayq.sync._errors import ConnectionAbandoned, closed_by_broker, connection_lost, is_missing
 from delayq.sync._pika_frames import carried_frames
 from delayq.sync._sending import Source, check_header_frame, pika_properties
+from delayq.sync._settling import Settling
 from delayq.topology.marker import Gate
 
 __all__ = ["CONFIRM_IDLE_TIMEOUT_S", "Round"]
@@ -42,8 +48,12 @@ log = logging.getLogger("delayq.publisher")
 CONFIRM_IDLE_TIMEOUT_S = 60.0
 """A round with messages unconfirmed and no confirm for this long is abandoned."""
 
+_Encoded = tuple[bytes | None, pika.BasicProperties | None, int]
+"""A message ready to go out: delayq's frames (or ``None``: pika's ``basic_publish``
+with the properties), and its size in the in-flight bound."""
 
-class Round:
+
+class Round(Settling):
     """One connection's worth of publishing; what it could not finish goes to the next."""
 
     def __init__(
@@ -83,6 +93,9 @@ class Round:
         self.frame_max_now = frame_max
         """The ``frame_max`` the connection negotiated."""
         self.connection: pika.SelectConnection | None = None
+        self.dropping = self.torn_down = False
+        """Its connection is being dropped (closed; torn down, for an aborted source):
+        nothing more is written on it."""
         self.last_progress = time.monotonic()
         # A publish to a missing exchange closes the channel and leaves the fate of
         # every in-flight message unknown, so each exchange is checked before its
@@ -128,6 +141,9 @@ class Round:
 
     def _on_open(self, connection: pika.SelectConnection) -> None:
         self.opened = True
+        if self.source.aborted:
+            self._drop(None)
+            return
         coalesce_writes(connection)
         connection.channel(on_open_callback=self._on_channel)
         self._watchdog()
@@ -203,6 +219,9 @@ class Round:
         assert self.connection is not None
         if self.connection.is_closed:
             return
+        if self.source.aborted:
+            self._drop(None)
+            return
         if self.outstanding and time.monotonic() - self.last_progress > CONFIRM_IDLE_TIMEOUT_S:
             self.lost = TimeoutError(f"no confirm for {CONFIRM_IDLE_TIMEOUT_S:.0f} s")
             self._finish()
@@ -216,9 +235,37 @@ class Round:
         elif not self.connection.is_closing:
             self.connection.ioloop.stop()
 
+    def _drop(self, error: BaseException | None) -> None:
+        """Give up this round's connection: closed after a write that raised (``error``,
+        what it left unconfirmed goes to the next round), torn down at once when the
+        source is aborted (nobody waits for its confirms; a blocked broker would not
+        even read a close)."""
+        connection = self.connection
+        assert connection is not None
+        if error is not None:
+            self.dropping = True
+            self.lost = self.lost or error
+            self._finish()
+            return
+        if self.torn_down:
+            return
+        self.dropping = self.torn_down = True
+        terminate = getattr(connection, "_terminate_stream", None)  # pika's own teardown
+        if connection.is_closed:
+            connection.ioloop.stop()
+        elif callable(terminate):
+            terminate(ConnectionAbandoned("the stream was abandoned"))
+        else:
+            self._finish()
+
     # publishing ---------------------------------------------------------------
 
     def _fill(self, _frame: Any = None) -> None:
+        if self.dropping:
+            return
+        if self.source.aborted:
+            self._drop(None)
+            return
         channel = self.channel
         while len(self.outstanding) < self.window and self._bytes_free():
             item = self.source.next()
@@ -228,33 +275,55 @@ class Round:
             if msg.exchange not in self.checked:
                 self._check_exchange(item)
                 return
-            frames: bytes | None = None
-            try:
-                if self.write is None:
-                    pass
-                elif not msg.properties:  # delayq's own encoder (message/frames.py)
-                    frames = publish_frames(msg, channel.channel_number, self.frame_max_now)
-                else:  # an intake's carried properties: as pika writes them, or pika
-                    frames = carried_frames(msg, channel.channel_number, self.frame_max_now)
-                if frames is None:
-                    properties = self.properties(msg)
-                    check_header_frame(msg, properties, self.connection, self.frame_max)
-            except HeaderFrameTooLarge as exc:  # not sent; the rest goes on
-                self.settled += 1
-                self._report(item[0], msg, exc)
-                continue
-            self.outstanding[self.next_tag] = item
-            self.outstanding_bytes += size_of(msg)
+            encoded = self._encode(item)
+            if encoded is None:
+                continue  # settled: not sent, the rest goes on
+            frames, properties, size = encoded
+            tag = self.next_tag
+            self.outstanding[tag] = item
+            self.outstanding_bytes += size
             self.next_tag += 1
-            if frames is not None:
-                assert self.write is not None
-                self.write(frames)
-            else:
-                channel.basic_publish(
-                    msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
-                )
+            try:
+                if frames is not None:
+                    assert self.write is not None
+                    self.write(frames)
+                else:
+                    channel.basic_publish(
+                        msg.exchange, msg.routing_key, msg.body, properties, mandatory=True
+                    )
+            except Exception as exc:
+                if not (channel.is_open and self.connection and self.connection.is_open):
+                    raise  # the channel or connection is going: the round is lost
+                self._write_failed(tag, exc)
+                return
         if self.source.done and not self.outstanding:
             self._finish()
+
+    def _encode(self, item: tuple[int, OutgoingMessage]) -> _Encoded | None:
+        """``item``'s frames, or ``None`` once it is settled: delayq failed on it (its own
+        fault, not the connection's: nothing of it was written)."""
+        index, msg = item
+        properties: pika.BasicProperties | None = None
+        frames: bytes | None = None
+        try:
+            if self.write is None:
+                pass
+            elif not msg.properties:  # delayq's own encoder (message/frames.py)
+                frames = publish_frames(msg, self.channel.channel_number, self.frame_max_now)
+            else:  # an intake's carried properties: as pika writes them, or pika
+                frames = carried_frames(msg, self.channel.channel_number, self.frame_max_now)
+            if frames is None:
+                properties = self.properties(msg)
+                check_header_frame(msg, properties, self.connection, self.frame_max)
+            return frames, properties, size_of(msg)
+        except HeaderFrameTooLarge as exc:  # not sent; the rest goes on
+            error: PublishError = exc
+        except Exception as exc:
+            log.exception("delayq failed encoding message %r; it is not sent", msg.message_id)
+            error = outcomes.unsendable(msg, exc, "encoding")
+        self.settled += 1
+        self._report(index, msg, error)
+        return None
 
     def _bytes_free(self) -> bool:
         """Whether another message may go out under the byte bound (one always may when
@@ -264,48 +333,3 @@ class Round:
             or not self.outstanding
             or self.outstanding_bytes < self.max_bytes
         )
-
-    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
-        # Returns come before the confirm of the same message, in publish order. The id
-        # alone is not enough: two messages of one id may be in flight, one routable.
-        for index, msg in self.outstanding.values():  # in delivery-tag order
-            if (
-                index not in self.returned
-                and msg.message_id == properties.message_id
-                and msg.exchange == method.exchange
-                and msg.routing_key == method.routing_key
-            ):
-                self.returned.add(index)
-                return
-
-    def _on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        tag = method.delivery_tag
-        acked = isinstance(method, Basic.Ack)
-        if method.multiple:
-            while self.outstanding and next(iter(self.outstanding)) <= tag:
-                self._settle(self.outstanding.popitem(last=False)[1], acked)
-        else:
-            item = self.outstanding.pop(tag, None)
-            if item is not None:
-                self._settle(item, acked)
-        self.last_progress = time.monotonic()
-        self._fill()
-
-    def _settle(self, item: tuple[int, OutgoingMessage], acked: bool) -> None:
-        index, msg = item
-        self.settled += 1
-        self.outstanding_bytes -= size_of(msg)
-        if index in self.returned:
-            self.returned.discard(index)
-            error: PublishError | None = outcomes.unroutable(msg)
-        else:
-            error = None if acked else outcomes.rejected(msg)
-        self._report(index, msg, error)
-
-    def _report(self, index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
-        try:
-            self.settle(index, msg, error)
-        except BaseException as exc:
-            self.settle_error = exc
-            raise

@@ -4,6 +4,7 @@ against the connection's negotiated ``frame_max``."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -119,6 +120,14 @@ class Source:
         self.again: deque[tuple[int, OutgoingMessage]] = deque()
         self._stream = stream
         self.exhausted = False
+        self.aborted = False
+        """The stream is abandoned: its round drops its connection and nothing more is
+        sent, nor settled (a live source's owner stopped waiting: :class:`delayq.sync.
+        _intake_stream.Feed`)."""
+        self.strikes: dict[int, int] = {}
+        """How many connections writing a message raised on, by index: a write that
+        raises drops its connection (its state is unknown); one that raises again on a
+        fresh one is the message's own failure (:mod:`delayq.sync._round`)."""
 
     def next(self) -> tuple[int, OutgoingMessage] | None:
         if self.again:
@@ -135,12 +144,16 @@ class Source:
         round is over). A stream never needs it; a live source
         (:class:`delayq.sync._shared.LiveSource`) says "nothing now" and wakes the round."""
 
+    def pause(self, seconds: float) -> None:
+        """Wait between rounds (a live source cuts it short when aborted)."""
+        time.sleep(seconds)
+
     def push_front(self, items: Iterable[tuple[int, OutgoingMessage]]) -> None:
         self.again.extendleft(reversed(list(items)))
 
     @property
     def done(self) -> bool:
-        return self.exhausted and not self.again
+        return self.aborted or (self.exhausted and not self.again)
 
     def drain(self) -> Iterator[tuple[int, OutgoingMessage]]:
         while (item := self.next()) is not None:

@@ -13,12 +13,19 @@ dies leaves the unacked messages in the intake queue, and the next one sends the
 under the same message ids (duplicates an idempotent consumer skips). A message the
 broker did not take (a full tier, say) goes back to the intake queue after a pause; one
 that comes back more than the intake's ``delivery_limit`` times is dead-lettered to its
-DLQ by the broker. A stop settles what is in flight first.
+DLQ by the broker. A stop settles what is in flight first, for up to ``stop_grace``; what is
+still unconfirmed then is left unacked (back in the intake queue, sent again by the next
+bridge under the same ids) and :meth:`Bridge.run` raises
+:class:`~delayq.errors.PublishUnconfirmed` saying how many: a stuck broker (a memory
+alarm, confirms that never come) cannot hold a stop. A second stop request gives up the
+grace at once.
 
 No message stops the bridge: what the relay cannot schedule it parks with the reason; a
 message whose headers pika cannot read, or cannot write again (a NaN, a timestamp past
 the year 9999), is rejected, and the broker dead-letters it, as it came, to the same DLQ
-(reason ``rejected``). Every other message goes on.
+(reason ``rejected``). A message delayq itself fails on (a bug: planning it, encoding or
+writing its forward) is parked as ``bridge-error``, with the error; if its park fails
+too, it is rejected the same way. Every other message goes on.
 
 A delay counts from when the bridge takes the message: while the bridge is down,
 messages wait in the intake queue and arrive late by that much, never early.
@@ -28,29 +35,47 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import pika
 
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, check_prefetch
-from delayq.errors import ConnectionFailed, DelayqError, InvalidInput, PublishError
+from delayq.durations import Duration
+from delayq.errors import (
+    ConnectionFailed,
+    DelayqError,
+    InvalidInput,
+    PublishError,
+    UnsendableMessage,
+)
 from delayq.intake.relay import Forward, Incoming, Park, Relay
+from delayq.message.envelope import OutgoingMessage
+from delayq.sync._bridging import (
+    IO_JOIN_S,
+    PROPERTIES,
+    STOP_GRACE,
+    BridgeStats,
+    acknowledge,
+    check_stop_grace,
+    no_wake,
+    pick_intake,
+    unconfirmed_at_stop,
+    wake_by,
+)
 from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, LOST, channel_error
-from delayq.sync._intake_stream import Ended, Feed, Settled, Window, coalesce
+from delayq.sync._errors import CHANNEL_CLOSED, LOST, channel_error
+from delayq.sync._intake_stream import Ended, Feed, Settled, Window
 from delayq.sync._sending import unwritable
 from delayq.sync._shared import LiveLink
 from delayq.sync._signals import stopping_on_signals
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
-from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
-__all__ = ["Bridge", "BridgeStats"]
+__all__ = ["Bridge", "BridgeStats", "pick_intake"]
 
 log = logging.getLogger("delayq.bridge")
 
@@ -61,55 +86,6 @@ _PASSED_ON: tuple[type[BaseException], ...] = (*RECONNECTABLE, DelayqError)
 _POLL_S = 0.05
 """How often the consuming thread looks at the stop flag (deliveries and confirms wake
 it at once)."""
-
-_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "headers",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-)
-
-
-@dataclass
-class BridgeStats:
-    """What a bridge did since it started."""
-
-    forwarded: int = 0
-    """Messages confirmed into their tier (or the cascade, or at once when due now)."""
-    parked: int = 0
-    """Messages confirmed into the intake's DLQ, with their reason."""
-    returned: int = 0
-    """Deliveries put back on the intake queue: the broker did not take their publish."""
-    rejected: int = 0
-    """Deliveries rejected to the intake's DLQ, as they came: headers pika cannot read or
-    write again."""
-    reconnects: int = 0
-
-
-def pick_intake(topology: Topology, name: str | None) -> Intake:
-    """The intake of ``topology`` named ``name`` (the only one when ``None``)."""
-    if not topology.intakes:
-        raise InvalidInput(
-            f"topology {topology.namespace!r} declares no intakes: add one under `intakes`"
-        )
-    if name is None:
-        if len(topology.intakes) > 1:
-            names = ", ".join(i.exchange for i in topology.intakes)
-            raise InvalidInput(f"the topology has several intakes ({names}): name one")
-        return topology.intakes[0]
-    for intake in topology.intakes:
-        if intake.exchange == name:
-            return intake
-    names = ", ".join(i.exchange for i in topology.intakes)
-    raise InvalidInput(f"the topology has no intake {name!r} (it has: {names})")
 
 
 class Bridge:
@@ -123,8 +99,11 @@ class Bridge:
         *,
         prefetch: int = 1000,
         publisher: Publisher | None = None,
+        stop_grace: Duration = STOP_GRACE,
     ) -> None:
         prefetch = check_prefetch(prefetch)  # AMQP's is 16 bits: refused before connecting
+        self.stop_grace_s = check_stop_grace(stop_grace)
+        """How long a stop waits for the confirms of what is in flight (see the module)."""
         self._url = resolve_url(url)
         self.topology = topology
         self.intake = pick_intake(topology, intake)
@@ -137,6 +116,9 @@ class Bridge:
             raise InvalidInput(f"the bridge streams through pika's link, not {link!r}")
         self._link: LiveLink = link
         self._stop = threading.Event()
+        self._hurry = threading.Event()
+        self._after = ""
+        """What ended the last stop with deliveries unconfirmed (see _abandon)."""
         self.started = threading.Event()
         self.stats = BridgeStats()
         # One consuming channel's state (see _serve).
@@ -144,18 +126,30 @@ class Bridge:
         self._window = Window()
         self._feeds: list[tuple[Feed, threading.Thread]] = []
         """Each stream not yet over, the newest last (the one taking deliveries)."""
-        self._wake: Callable[[], None] = _nothing
+        self._wake: Callable[[], None] = no_wake
 
-    def request_stop(self) -> None:
-        """Stop taking deliveries, settle those in flight, return (safe from any thread
-        or a signal handler)."""
+    def request_stop(self, *, now: bool = False) -> None:
+        """Stop taking deliveries, settle those in flight (for up to ``stop_grace``),
+        return; ``now``: without waiting for them (safe from any thread or a signal
+        handler). Deliveries not settled are left unacked: back in the intake queue."""
+        if now:
+            self._hurry.set()
         self._stop.set()
+
+    def _signalled(self) -> None:
+        """SIGTERM or SIGINT: a stop; a second one gives up the grace."""
+        self.request_stop(now=self._stop.is_set())
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Bridge until SIGTERM or SIGINT (or :meth:`request_stop`). A lost connection
         is reopened (back-off up to ``RECONNECT_MAX_S``); a missing intake queue, a
-        topology not applied or a refused permission raise at once."""
-        with stopping_on_signals(self.request_stop, install=install_signal_handlers):
+        topology not applied or a refused permission raise at once.
+
+        :raises PublishUnconfirmed: the stop left deliveries unconfirmed after its
+            grace (they are back in the intake queue; nothing confirmed is lost).
+        """
+        abandoned = self.stats.abandoned
+        with stopping_on_signals(self._signalled, install=install_signal_handlers):
             try:
                 self._run()
             finally:
@@ -170,6 +164,9 @@ class Bridge:
                     self.stats.returned,
                     self.stats.reconnects,
                 )
+        left = self.stats.abandoned - abandoned
+        if left:
+            raise unconfirmed_at_stop(self.queue, left, self._after)
 
     def _run(self) -> None:
         self._publisher.connect()  # the topology applied (its marker), or raise
@@ -187,10 +184,11 @@ class Bridge:
             self.stats.reconnects += 1
 
     def _serve(self) -> None:
+        after = "its connection lost while stopping"  # what ended a stop with some in flight
         connection = connect(self._url, name=f"delayq-bridge {self.queue}")
         tolerate_unreadable_headers(connection)
         self._window = Window()
-        self._wake = partial(_wake, connection)
+        self._wake = wake_by(connection)
         try:
             channel = self._channel = connection.channel()
             channel.basic_qos(prefetch_count=self._prefetch)
@@ -204,33 +202,96 @@ class Bridge:
                 connection.process_data_events(time_limit=_POLL_S)
                 self._settle()
             channel.basic_cancel(consumer)  # what the client holds goes back
-            while self._window:  # each one in flight settles (a lost broker: in time)
-                connection.process_data_events(time_limit=_POLL_S)
+            log.info(
+                "bridge of %s stopping: up to %g s for the confirms of %d in flight (a "
+                "second stop request: none)",
+                self.queue,
+                self.stop_grace_s,
+                len(self._window),
+            )
+            give_up_at = time.monotonic() + self.stop_grace_s
+            while self._window and not self._hurry.is_set() and time.monotonic() < give_up_at:
+                connection.process_data_events(time_limit=_POLL_S)  # each in flight settles
                 self._settle()
+            after = "a second stop request" if self._hurry.is_set() else "its stop grace"
         finally:
             # Unacked deliveries go back to the queue with the channel; the stream
             # sends no more of them (the ones in flight may still arrive: duplicates).
-            for feed, _thread in self._feeds:
-                feed.end(drop=True)
-            for _feed, thread in self._feeds:
-                thread.join()
-            self._feeds = []
+            if self._stop.is_set() and self._window:
+                self._abandon(after)
+            self._let_go()
             self._channel = None
             close_quietly(connection)
 
+    def _abandon(self, after: str) -> None:
+        """A stop leaves what is in the window unconfirmed: counted, said (run raises)."""
+        self.stats.abandoned += len(self._window)
+        self._after = after.replace("its stop grace", f"its {self.stop_grace_s:g} s stop grace")
+        log.error(
+            "bridge of %s stopping with %d deliveries unconfirmed after %s: left unacked, "
+            "back in the queue",
+            self.queue,
+            len(self._window),
+            self._after,
+        )
+
+    def _let_go(self) -> None:
+        """End each stream: an idle one closes its connection; one with deliveries in
+        flight (their channel is going: nobody will ack them) drops it at once. Waits
+        :data:`IO_JOIN_S` at most for their I/O threads (one stuck in a write is left)."""
+        for feed, _thread in self._feeds:
+            if self._window:
+                feed.abort()
+            else:
+                feed.end(drop=True)
+        until = time.monotonic() + IO_JOIN_S
+        for feed, thread in self._feeds:
+            thread.join(max(0.0, until - time.monotonic()))
+            if thread.is_alive():
+                feed.abort()
+                log.warning(
+                    "bridge of %s: its stream's I/O thread did not end in %g s; left to end "
+                    "on its own",
+                    self.queue,
+                    IO_JOIN_S,
+                )
+        self._feeds = []
+
     def _arrived(self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes) -> None:
         tag = method.delivery_tag
+        try:
+            planned = self._take(tag, method, props, body)
+        except Exception as exc:  # delayq's own failure on this delivery: not the bridge's end
+            log.exception("bridge of %s failed on delivery %d", self.queue, tag)
+            self._reject(tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
+            return
+        if planned is not None:
+            self._window.add(tag, *planned)
+            self._put(tag, planned[0].message)
+
+    def _take(
+        self, tag: int, method: Any, props: pika.BasicProperties, body: bytes
+    ) -> tuple[Forward | Park, Incoming] | None:
+        """The delivery's plan, or ``None``: rejected, pika cannot read or write it."""
         why = unreadable(props)
         if why is not None:
-            self._reject(tag, f"delivery {tag}", why)
-            return
-        properties = {name: getattr(props, name) for name in _PROPERTIES}
-        plan = self._planned(tag, Incoming(method.routing_key or "", body, properties))
-        if plan is None:
-            return
-        self._window.add(tag, plan)
+            self._reject(tag, f"delivery {tag}", f"its headers cannot be read ({why})")
+            return None
+        properties = {name: getattr(props, name) for name in PROPERTIES}
+        incoming = Incoming(method.routing_key or "", body, properties)
+        plan = self.relay.plan(incoming)  # never raises
+        why = unwritable(plan.message)
+        if why is not None and isinstance(plan, Forward):
+            plan = self.relay.park(incoming, why)
+            why = unwritable(plan.message)
+        if why is not None:
+            self._reject(tag, plan.message.message_id, f"its headers cannot be sent ({why})")
+            return None
+        return plan, incoming
+
+    def _put(self, tag: int, msg: OutgoingMessage) -> None:
         feed = self._feeds[-1][0] if self._feeds else None
-        while feed is None or not feed.put(tag, plan.message):
+        while feed is None or not feed.put(tag, msg):
             feed = self._start_feed()  # the last one gave up: _settle hears its end
 
     def _start_feed(self) -> Feed:
@@ -256,29 +317,12 @@ class Bridge:
         self._channel.basic_reject(tag, requeue=False)
         self.stats.rejected += 1
         log.warning(
-            "rejected %s of %s to %s, as it came: its headers cannot be read or sent again "
-            "(%s)",
+            "rejected %s of %s to %s, as it came: %s",
             name,
             self.queue,
             self.relay.dlq,
             why,
         )
-
-    def _planned(self, tag: int, incoming: Incoming) -> Forward | Park | None:
-        """The delivery's plan, or ``None``: rejected, pika cannot write it."""
-        try:
-            plan = self.relay.plan(incoming)
-        except Exception as exc:  # the relay's own fallback failed: the broker's
-            self._reject(tag, f"delivery {tag}", f"{type(exc).__name__}: {exc}")
-            return None
-        why = unwritable(plan.message)
-        if why is not None and isinstance(plan, Forward):
-            plan = self.relay.park(incoming, why)
-            why = unwritable(plan.message)
-        if why is not None:
-            self._reject(tag, plan.message.message_id, why)
-            return None
-        return plan
 
     def _settle(self) -> None:
         """Ack or nack what the streams settled; handle the end of each that is over."""
@@ -286,18 +330,44 @@ class Bridge:
         for feed, thread in list(self._feeds):
             outcomes, ended = feed.take()
             for tag, error in outcomes:
-                self._window.settled(tag, error)
+                if isinstance(error, UnsendableMessage):
+                    self._failed(tag, error)
+                else:
+                    self._window.settled(tag, error)
             if ended is not None:
                 thread.join()  # it has finished, or is about to
                 self._feeds.remove((feed, thread))
                 over.append(ended)
-        refused = self._apply(self._window.ready())  # acked first: a raise below loses none
+        refused = self._acked(self._window.ready())  # acked first: a raise below loses none
         for ended in over:
             self._ended(ended)
         if over:
-            refused = self._apply(self._window.ready()) or refused
+            refused = self._acked(self._window.ready()) or refused
         if refused:
             self._stop.wait(min(RECONNECT_MAX_S, RECONNECT_MIN_S * 2))  # the broker is not taking
+
+    def _acked(self, done: list[Settled]) -> bool:
+        """Ack and nack ``done``; whether the broker refused any."""
+        return acknowledge(self._channel, done, self.stats, self.queue, self.relay.dlq)
+
+    def _failed(self, tag: int, error: UnsendableMessage) -> None:
+        """delayq could not send ``tag``'s message: a forward is parked as
+        ``bridge-error`` in its place; a park (or a forward that cannot be parked) is
+        rejected to the broker's dead-lettering, as it came."""
+        try:
+            plan = self._window.plan(tag)
+        except KeyError:
+            return  # settled already
+        incoming = self._window.incoming(tag)
+        log.error("bridge of %s: %s", self.queue, error)
+        if isinstance(plan, Forward) and incoming is not None:
+            park = self.relay.failed(incoming, error)
+            if unwritable(park.message) is None:
+                self._window.replan(tag, park)
+                self._put(tag, park.message)
+                return
+        self._window.discard(tag)
+        self._reject(tag, plan.message.message_id, str(error))
 
     def _ended(self, ended: Ended) -> None:
         """A stream is over with ``ended.left`` unsettled: they go back, or it raises."""
@@ -331,45 +401,3 @@ class Bridge:
             self._reject(tag, msg.message_id, repr(exc))
         else:
             self._window.settled(tag, None)
-
-    def _apply(self, done: list[Settled]) -> bool:
-        """Ack and nack ``done``; whether the broker refused any."""
-        if not done:
-            return False
-        for step, tag in coalesce(done):
-            if step == "ack":
-                self._channel.basic_ack(tag, multiple=True)
-            else:
-                self._channel.basic_reject(tag, requeue=True)  # counted on 4.3 too
-        refused = False
-        for item in done:
-            plan = item.plan
-            if item.error is not None:
-                refused = True
-                log.warning(
-                    "%s of %s not taken by the broker (%s): back to the intake queue",
-                    plan.message.message_id,
-                    self.queue,
-                    item.error,
-                )
-                self.stats.returned += 1
-            elif isinstance(plan, Park):
-                self.stats.parked += 1
-                log.warning(
-                    "parked %s in %s: %s", plan.message.message_id, self.relay.dlq, plan.reason
-                )
-            else:
-                self.stats.forwarded += 1
-        return refused
-
-
-def _nothing() -> None:
-    """No consuming connection to wake."""
-
-
-def _wake(connection: pika.BlockingConnection) -> None:
-    """Wake the consuming thread from the I/O thread (a closed connection: nobody to)."""
-    try:
-        connection.add_callback_threadsafe(_nothing)
-    except CONNECTION_ERRORS:
-        pass  # closing: the consuming thread is leaving, or reconnecting

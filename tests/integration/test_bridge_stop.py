@@ -1,0 +1,288 @@
+"""A stop ends a bridge whose stream is stuck (issue 48): confirms that never come (the
+broker's memory alarm blocks the publishing connection), or a write that never returns.
+
+Before, a stop waited for every delivery in flight to be confirmed: with the broker
+blocking publishers, for as long as the stream kept reconnecting (minutes), and a worker
+then left ``delayq bridge`` unable to exit (its bridge thread was not a daemon). Now a
+stop waits ``--stop-grace`` for the confirms, then leaves what is unconfirmed unacked
+(back in the intake queue) and exits 1 saying so; a second signal skips the grace; a
+bridge stuck in a write is left behind once grace and margin are spent. Nothing
+confirmed is lost: a bridge run after the alarm clears delivers every message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import delayq.sync._round as round_module
+from delayq.errors import PublishUnconfirmed
+from delayq.local.node import LocalNode
+from delayq.sync import apply_topology
+from delayq.sync._bridging import IO_JOIN_S, STOP_MARGIN_S
+from delayq.sync.bridge import Bridge
+from tests.amqp import depth
+from tests.integration.intake_support import Running, publish_plugin_style
+from tests.integration.test_cli_parked import write
+from tests.waiting import wait_for
+
+COUNT = 200
+
+BOUND_S = 30.0
+"""A generous bound for "it did not hang": the grace and margins of the tests are a few
+seconds; a loaded machine gets the rest."""
+
+
+def _topology(make_topology: Any) -> Any:
+    ns = make_topology().namespace
+    return make_topology(
+        ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )
+
+
+def _publish(url: str, topology: Any) -> set[str]:
+    messages = [
+        {"id": f"s-{n}", "routing_key": "job.a", "body": b"{}", "headers": {"x-delay": 0}}
+        for n in range(COUNT)
+    ]
+    publish_plugin_style(url, topology.intakes[0].exchange, messages)
+    return {m["id"] for m in messages}
+
+
+def _unacked(node: LocalNode, queue: str) -> int:
+    rows = node.ctl("list_queues", "name", "messages_unacknowledged", "--no-table-headers", "-q")
+    for row in rows.splitlines():
+        name, _, count = row.partition("\t")
+        if name == queue:
+            return int(count)
+    return 0
+
+
+def _blocked(node: LocalNode) -> bool:
+    """Whether a publishing connection of the bridge is blocked by the alarm."""
+    rows = node.ctl("list_connections", "client_properties", "state", "--no-table-headers", "-q")
+    return any("delayq-publisher-shared" in row and "blocked" in row for row in rows.splitlines())
+
+
+def _alarm(node: LocalNode, on: bool) -> None:
+    node.ctl("set_vm_memory_high_watermark", "0.000001" if on else "0.4")
+    wait_for(
+        lambda: ("memory" in node.ctl("eval", "rabbit_alarm:get_alarms().")) == on,
+        30,
+        f"the memory alarm to {'rise' if on else 'clear'}",
+        interval_s=0.2,
+    )
+
+
+@pytest.fixture
+def alarmed(local_rabbitmq_node: LocalNode) -> Iterator[LocalNode]:
+    """The node with its memory alarm raised (cleared afterwards, whatever happens)."""
+    _alarm(local_rabbitmq_node, on=True)
+    try:
+        yield local_rabbitmq_node
+    finally:
+        _alarm(local_rabbitmq_node, on=False)
+
+
+def _all_arrive(url: str, topology: Any, collect: Any, ids: set[str]) -> None:
+    """A fresh bridge delivers every message: nothing was lost by the stop."""
+    arrived = collect(topology.destinations[0].queue, url=url)
+    running = Running(Bridge(url, topology, prefetch=100))
+    try:
+        wait_for(
+            lambda: ids <= {a.message_id for a in arrived.arrivals},
+            120,
+            lambda: f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived",
+        )
+    finally:
+        running.stop()
+    queue = topology.intakes[0].queue_name(topology.namespace)
+    assert depth(url, queue) == 0
+    assert depth(url, topology.intakes[0].dlq_name(topology.namespace)) == 0
+
+
+@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT", "SIGINT"]])
+def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
+    alarmed: LocalNode, make_topology: Any, collect: Any, tmp_path: Path, signals: list[str]
+) -> None:
+    node = alarmed
+    url = node.url
+    topology = _topology(make_topology)
+    apply_topology(topology, url)
+    queue = topology.intakes[0].queue_name(topology.namespace)
+    _alarm(node, on=False)  # the publisher of the test is not blocked
+    ids = _publish(url, topology)
+    _alarm(node, on=True)
+    # One signal waits the grace (2 s); two skip it, however long (1 h).
+    grace = "2s" if len(signals) == 1 else "1h"
+    line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", url]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "delayq", *line, "--stop-grace", grace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert command.stdout is not None
+        assert command.stdout.readline().startswith("delayq bridge: ")
+        wait_for(
+            lambda: _unacked(node, queue) > 0 and _blocked(node),
+            60,
+            lambda: f"{_unacked(node, queue)} unacked in {queue}, blocked: {_blocked(node)}",
+            interval_s=0.2,
+        )
+        signalled = time.monotonic()
+        command.send_signal(getattr(signal, signals[0]))
+        if len(signals) > 1:  # once the first is heard: two signals, not one
+            assert command.stderr is not None
+            for said in command.stderr:
+                if f"bridge of {queue} stopping: up to 3600 s" in said:
+                    break
+            command.send_signal(getattr(signal, signals[1]))
+        _out, err = command.communicate(timeout=BOUND_S)
+        took_s = time.monotonic() - signalled
+    finally:
+        command.kill()
+        command.wait(10)
+    assert command.returncode == 1, err
+    assert "Traceback" not in err
+    assert f"the bridge of {queue} stopped with" in err
+    assert "deliveries unconfirmed" in err and "nothing confirmed was lost" in err
+    assert took_s < BOUND_S
+    wait_for(lambda: _unacked(node, queue) == 0, 30, "the deliveries back in the queue")
+    assert depth(url, queue) > 0
+    _alarm(node, on=False)
+    _all_arrive(url, topology, collect, ids)
+
+
+def test_request_stop_ends_a_bridge_whose_write_never_returns(
+    rabbitmq_url: str, make_topology: Any, collect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topology = _topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    ids = _publish(rabbitmq_url, topology)
+    stuck, release = threading.Event(), threading.Event()
+    original = round_module.frames_writer
+
+    def writer(channel: Any) -> Any:
+        write = original(channel)
+
+        def never_returns(frames: bytes) -> None:
+            if not release.is_set():
+                stuck.set()
+                release.wait()
+            assert write is not None
+            write(frames)
+
+        return never_returns
+
+    monkeypatch.setattr(round_module, "frames_writer", writer)
+    bridge = Bridge(rabbitmq_url, topology, prefetch=50, stop_grace="1s")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bridge.run(install_signal_handlers=False)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(stuck.is_set, 60, "the stream stuck in a write")
+        stopped = time.monotonic()
+        bridge.request_stop()
+        thread.join(BOUND_S)
+        took_s = time.monotonic() - stopped
+        assert not thread.is_alive(), "the bridge did not stop"
+    finally:
+        release.set()
+    assert took_s < bridge.stop_grace_s + IO_JOIN_S + STOP_MARGIN_S
+    [error] = raised
+    assert isinstance(error, PublishUnconfirmed)
+    assert "deliveries unconfirmed after its 1 s stop grace" in str(error)
+    assert bridge.stats.abandoned > 0 and bridge.stats.forwarded == 0
+    monkeypatch.undo()
+    _all_arrive(rabbitmq_url, topology, collect, ids)
+
+
+HOOK = textwrap.dedent(
+    """
+    import os, sys, threading
+
+    import delayq.sync._round as round_module
+    import delayq.sync.bridge as bridge_module
+
+    def stuck(what):
+        print(f"hook: stuck in {what}", file=sys.stderr, flush=True)
+        threading.Event().wait()  # never returns
+
+    if os.environ["DELAYQ_TEST_STUCK"] == "write":  # the stream's I/O thread
+        round_module.frames_writer = lambda channel: lambda frames: stuck("a write")
+    else:  # the bridge's own thread, closing its consuming connection
+        bridge_module.close_quietly = lambda connection: stuck("a close")
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["write", "close"])
+def test_delayq_bridge_stuck_exits_within_grace_and_margin(
+    rabbitmq_url: str, make_topology: Any, collect: Any, tmp_path: Path, where: str
+) -> None:
+    """Stuck in a write, its I/O thread cannot be told anything: the bridge leaves it
+    behind. Stuck itself (closing its connection), the worker stops waiting for it after
+    its grace and :data:`STOP_MARGIN_S`. Either way the process exits 1, saying why."""
+    topology = _topology(make_topology)
+    apply_topology(topology, rabbitmq_url)
+    ids = _publish(rabbitmq_url, topology)
+    (tmp_path / "sitecustomize.py").write_text(HOOK)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+        "DELAYQ_TEST_STUCK": where,
+    }
+    line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", rabbitmq_url]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "delayq", *line, "--stop-grace", "1s"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert command.stdout is not None and command.stderr is not None
+        assert command.stdout.readline().startswith("delayq bridge: ")
+        awaited = {"worker running"} | ({"hook: stuck"} if where == "write" else set())
+        for said in command.stderr:  # running (its signal handlers in place), and stuck
+            awaited = {part for part in awaited if part not in said}
+            if not awaited:
+                break
+        signalled = time.monotonic()
+        command.send_signal(signal.SIGTERM)
+        _out, err = command.communicate(timeout=BOUND_S)
+        took_s = time.monotonic() - signalled
+    finally:
+        command.kill()
+        command.wait(10)
+    assert command.returncode == 1, err
+    assert "Traceback" not in err
+    queue = topology.intakes[0].queue_name(topology.namespace)
+    if where == "write":
+        assert f"the bridge of {queue} stopped with" in err
+        assert "deliveries unconfirmed after its 1 s stop grace" in err
+    else:
+        assert f"the bridge of {queue} did not stop within {1 + STOP_MARGIN_S:g} s" in err
+    assert took_s < 1 + STOP_MARGIN_S + 5
+    _all_arrive(rabbitmq_url, topology, collect, ids)
