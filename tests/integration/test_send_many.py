@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from delayq.errors import PublishError, TopologyMissing
+from delayq.errors import PublishError, TopologyMissing, UnsendableMessage
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync import Publisher, apply_topology
 
@@ -62,3 +62,36 @@ def test_a_stream_before_apply_raises_topology_missing(
         with pytest.raises(TopologyMissing):
             pub.send_many(messages, settle=lambda *args: settled.append(args))
     assert settled == []
+
+
+def test_a_message_delayq_fails_to_encode_is_settled_alone_and_the_stream_goes_on(
+    make_topology: Any, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the message was taken from the stream and never settled: the settle
+    callback never heard of it (publish_many would have given it a receipt)."""
+    import delayq.sync._round as round_module
+
+    original = round_module.publish_frames
+
+    def encode(msg: OutgoingMessage, *args: Any) -> bytes | None:
+        if msg.message_id == "e5":
+            raise RuntimeError("injected: cannot encode e5")
+        return original(msg, *args)
+
+    monkeypatch.setattr(round_module, "publish_frames", encode)
+    topo = make_topology(["1s"])
+    apply_topology(topo, rabbitmq_url)
+    settled: dict[int, PublishError | None] = {}
+    with Publisher(rabbitmq_url, topo) as pub:
+        messages = [pub.factory.build(b"x", "job.a", "0s", message_id=f"e{n}") for n in range(20)]
+
+        def settle(index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+            assert index not in settled
+            settled[index] = error
+
+        pub.send_many(messages, settle=settle, window=10)
+    assert sorted(settled) == list(range(20))
+    failed = {index: error for index, error in settled.items() if error is not None}
+    assert list(failed) == [5]
+    assert isinstance(failed[5], UnsendableMessage) and failed[5].message_id == "e5"
+    assert "injected: cannot encode e5" in str(failed[5])
