@@ -252,6 +252,29 @@ def test_every_prefetch_option_refuses_more_than_16_bits_before_connecting(
     assert code == 2 and "65535" in err, err
 
 
+# a bridge's stop grace ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grace", ["2h", "-1s", "10", "soon", 10])
+def test_a_stop_grace_past_an_hour_or_not_a_duration_is_refused_by_the_api(grace: object) -> None:
+    from delayq import Worker, load_topology
+    from delayq.sync.bridge import Bridge
+
+    topology = load_topology(ROOT / "topology" / "quickstart.yaml")
+    with pytest.raises(InvalidInput, match="stop_grace"):
+        Worker(topology).bridge(stop_grace=grace)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="stop_grace"):
+        Bridge(DEAD_URL, topology, stop_grace=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("grace", ["2h", "soon"])
+def test_the_stop_grace_option_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], grace: str
+) -> None:
+    code, err = _run(capsys, "bridge", "--url", DEAD_URL, "--stop-grace", grace)
+    assert code == 2 and "--stop-grace" in err, err
+
+
 # replay rate -------------------------------------------------------------------------
 
 
