@@ -4,6 +4,7 @@ and the topology checks of an intake."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -397,3 +398,45 @@ def test_a_forward_does_not_carry_the_intakes_delivery_counts() -> None:
     assert "x-delivery-count" not in forward.message.headers
     assert "x-acquired-count" not in forward.message.headers
     assert forward.message.headers["t"] == "a"
+
+
+NOW = 1_700_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("headers", "tier", "delay_ms"),
+    [
+        ({"x-opt-delivery-delay": 3000}, "5s", 3000),
+        ({"x-opt-delivery-delay": b"40000"}, "1m", 40000),
+        ({"x-opt-delivery-time": NOW + 800}, "1s", 800),
+        ({"x-opt-delivery-time": str(NOW + 4000)}, "5s", 4000),
+        # an AMQP timestamp: whole seconds
+        ({"x-opt-delivery-time": datetime.fromtimestamp(NOW / 1000 + 30, UTC)}, "1m", 30000),
+        # x-delay is read first, as the plugin's publishers send it
+        ({"x-delay": 500, "x-opt-delivery-delay": 50000}, "1s", 500),
+    ],
+)
+def test_rabbitmq_4_4_delivery_annotations_schedule_like_x_delay(
+    headers: dict[str, Any], tier: str, delay_ms: int
+) -> None:
+    """A publisher written for RabbitMQ 4.4's delayed messages publishes to an intake
+    unchanged; the forward carries no annotation a broker could delay it by again."""
+    relay = Relay(TOPO, TOPO.intakes[0], clock_ms=lambda: NOW)
+    plan = relay.plan(_incoming({**headers, "tenant": "acme"}))
+    assert isinstance(plan, Forward), plan
+    assert plan.message.exchange == f"shop.tier.{tier}"
+    assert plan.message.receipt.delay_ms == delay_ms
+    assert not {"x-opt-delivery-delay", "x-opt-delivery-time"} & set(plan.message.headers)
+    assert plan.message.headers["tenant"] == "acme"
+
+
+def test_a_delivery_time_past_is_now_and_an_unreadable_one_is_parked_by_its_name() -> None:
+    relay = Relay(TOPO, TOPO.intakes[0], clock_ms=lambda: NOW)
+    past = relay.plan(_incoming({"x-opt-delivery-time": NOW - 60_000}))
+    assert isinstance(past, Forward) and past.message.receipt.delay_ms == 0
+    bad = relay.plan(_incoming({"x-opt-delivery-time": "tomorrow"}))
+    assert isinstance(bad, Park) and bad.reason.startswith("bad-x-delay: x-opt-delivery-time")
+    far = relay.plan(_incoming({"x-opt-delivery-delay": 10**20}))
+    assert isinstance(far, Park) and "x-opt-delivery-delay 100000000000000000000 ms" in str(
+        far.message.headers
+    )

@@ -41,7 +41,7 @@ from delayq.consume.delivery import (
 )
 from delayq.durations import format_ms
 from delayq.errors import InvalidInput
-from delayq.intake.delay import X_DELAY, BadDelay, read_delay
+from delayq.intake.delay import DELAY_HEADERS, X_DELAY, BadDelay, read_delay
 from delayq.message.envelope import (
     H_ROUTING_KEY,
     HEADER_PREFIX,
@@ -166,7 +166,7 @@ class Relay:
 
     def _plan(self, incoming: Incoming) -> Forward | Park:
         routing_key = self.routing_key(incoming.routing_key)
-        delay_ms = read_delay(incoming.headers)
+        delay_ms = read_delay(incoming.headers, now_ms=self._clock_ms())
         if isinstance(delay_ms, BadDelay):
             return self._park(incoming, BAD_DELAY, "InvalidDelay", delay_ms.reason)
         if not routing_key and not self.topology.routes_by_headers:  # headers: no key needed
@@ -184,8 +184,7 @@ class Relay:
                 incoming,
                 UNSCHEDULABLE,
                 "InvalidDelay",
-                f"x-delay {_shown(incoming.headers.get(X_DELAY))} ms is longer than any delay "
-                "delayq schedules (the "
+                f"{_asked(incoming.headers)} is longer than any delay delayq schedules (the "
                 f"ladder's longest tier is {format_ms(self.topology.ladder.max_ms)})",
             )
         message_id = self._message_id(incoming)
@@ -202,6 +201,8 @@ class Relay:
         headers = _their_headers(incoming.headers)
         for count in _DELIVERY_COUNTS:  # the intake's, not the new message's
             headers.pop(count, None)
+        for annotation in DELAY_HEADERS[1:]:  # honoured here: a broker must not delay it again
+            headers.pop(annotation, None)
         if X_DELAY in headers:
             headers[X_DELAY] = -delay_ms  # as the plugin left it: delayed, not to be again
         headers.update(built.headers)
@@ -308,6 +309,15 @@ def intake_id(
 def _shown(value: Any) -> str:
     text = value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def _asked(headers: Mapping[str, Any]) -> str:
+    """The delay header a message came with, for a reason: ``x-delay 99999... ms``."""
+    for name in DELAY_HEADERS:
+        if name in headers:
+            unit = "" if name == DELAY_HEADERS[2] else " ms"
+            return f"{name} {_shown(headers[name])}{unit}"
+    return "its delay"
 
 
 def _added_by_broker(key: object) -> bool:
