@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from delayq.local.node import LocalNode, LocalNodeError, port_open
+from delayq.local.reaper import unwatch, watch
 
 __all__ = ["LocalCluster"]
 
@@ -74,6 +75,7 @@ class _Epmd:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        watch(self._process.pid)
         deadline = time.monotonic() + 30
         while not port_open(int(port)):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -86,6 +88,8 @@ class _Epmd:
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # unshare: its namespace ends with it
             process.wait(timeout=10)
+        if process is not None:
+            unwatch(process.pid)
 
 
 class LocalCluster:

@@ -37,6 +37,7 @@ from types import TracebackType
 from delayq.local.ports import free_port
 from delayq.local.probes import BOOT_LOG_WAIT_S, BOOT_LOGGED, amqp_answers, terminate
 from delayq.local.rabbitmq import RabbitServer, UnknownServer, kept_env, rabbit_server
+from delayq.local.reaper import unwatch, watch
 
 __all__ = [
     "RABBITMQ_BIN",
@@ -292,6 +293,7 @@ class LocalNode:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        watch(self._process.pid)  # ends with this process, however it ends
 
     def _server_out_tail(self, lines: int = 8) -> str:
         try:
@@ -399,6 +401,7 @@ class LocalNode:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+        unwatch(process.pid)
         self._process = None
 
     def restart(self) -> None:

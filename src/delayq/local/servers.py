@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from delayq.local.node import free_port
+from delayq.local.reaper import unwatch, watch
 
 __all__ = [
     "LocalPostgres",
@@ -80,6 +81,7 @@ def _stop_process(process: subprocess.Popen[bytes], first: int, timeout_s: float
     """Send ``first`` to the process we started; if it outlives the timeout, SIGKILL its
     process group (its own session: the server and the children it forked, nothing else)."""
     if process.poll() is not None:
+        unwatch(process.pid)
         return
     try:
         process.send_signal(first)
@@ -90,6 +92,7 @@ def _stop_process(process: subprocess.Popen[bytes], first: int, timeout_s: float
         except ProcessLookupError:
             pass
         process.wait(timeout=10)
+    unwatch(process.pid)
 
 
 class _LocalServer:
@@ -122,7 +125,7 @@ class _LocalServer:
 
     def _spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         with open(self.log_path, "ab") as log:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -130,6 +133,8 @@ class _LocalServer:
                 start_new_session=True,
                 **kwargs,
             )
+        watch(process.pid)  # ends with this process, however it ends
+        return process
 
     def _ready(self) -> bool:
         raise NotImplementedError

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 
 from delayq.local.node import free_port
+from delayq.local.reaper import unwatch, watch
 
 __all__ = ["QUICK_JVM", "LocalSparkCluster", "LocalSparkError", "spark_home"]
 
@@ -120,6 +121,7 @@ class LocalSparkCluster:
                     start_new_session=True,
                 )
             )
+        watch(self.processes[-1].pid)  # ends with this process, however it ends
 
     def status(self) -> dict[str, object]:
         """The master's own view (its web UI's ``/json/``): status, alive workers, apps."""
@@ -198,6 +200,7 @@ class LocalSparkCluster:
                 pass
             if process.poll() is None:
                 process.wait(timeout=10)
+            unwatch(process.pid)
         self.processes.clear()
 
     def cleanup(self) -> None:
