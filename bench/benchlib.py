@@ -55,7 +55,7 @@ def broker(
         return
     log(
         "no --url or RABBITMQ_URL: starting a local RabbitMQ node "
-        "($DELAYQ_RABBITMQ_SERVER picks the server: installed, or 4.0) ..."
+        "($DELAYQ_RABBITMQ_SERVER picks the server: installed, 4.0 or 4.3) ..."
     )
     if config:
         log("  with " + ", ".join(f"{k} = {v}" for k, v in config.items()))
