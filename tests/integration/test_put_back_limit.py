@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pika
-
 from delayq import Topology
 from delayq.stores.memory import InMemoryStore
 from delayq.sync import Publisher, apply_topology
+from tests.amqp import depth
+from tests.integration.test_poison import _drain
 
 LIMIT = 2
 
@@ -31,28 +31,6 @@ class DownStore(InMemoryStore):
     def claim(self, key: str, *, lease_ms: int, now_ms: int, generation: int = 0) -> Any:
         self.claims += 1
         raise ConnectionError("the store is down")
-
-
-def _get_all(url: str, queue: str) -> list[Any]:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        got = []
-        while True:
-            method, props, _ = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(props)
-    finally:
-        connection.close()
-
-
-def _depth(url: str, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
 
 
 def test_a_message_put_back_each_time_reaches_the_dlq_at_the_delivery_limit(
@@ -72,12 +50,12 @@ def test_a_message_put_back_each_time_reaches_the_dlq_at_the_delivery_limit(
     with Publisher(rabbitmq_url, topology) as pub:
         pub.publish({"id": "a"}, "job.a", "0s", message_id="m-a")
     deadline = time.monotonic() + 60  # LIMIT + 1 put-backs, a second apart
-    while _depth(rabbitmq_url, f"{queue}.dlq") == 0:
+    while depth(rabbitmq_url, f"{queue}.dlq") == 0:
         assert time.monotonic() < deadline, f"still cycling after {store.claims} put-backs"
         time.sleep(0.2)
     handle.stop(10)
-    [props] = _get_all(rabbitmq_url, f"{queue}.dlq")
+    [(props, _)] = _drain(rabbitmq_url, f"{queue}.dlq")
     assert props.message_id == "m-a" and not handled
     assert props.headers["x-death"][0]["reason"] == "delivery_limit", props.headers
     assert store.claims == LIMIT + 1, store.claims  # tried each time, never more
-    assert _get_all(rabbitmq_url, queue) == []
+    assert _drain(rabbitmq_url, queue) == []
