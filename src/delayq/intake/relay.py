@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -206,8 +206,19 @@ class Relay:
         if X_DELAY in headers:
             headers[X_DELAY] = -delay_ms  # as the plugin left it: delayed, not to be again
         headers.update(built.headers)
-        properties = _carried(incoming.properties)
-        return Forward(replace(built, headers=headers, properties=properties))
+        return Forward(
+            OutgoingMessage(  # ``built`` with their headers and properties
+                built.exchange,
+                built.routing_key,
+                built.body,
+                built.content_type,
+                built.message_id,
+                built.timestamp_s,
+                headers,
+                built.receipt,
+                _carried(incoming.properties),
+            )
+        )
 
     def routing_key(self, published: str) -> str:
         """The key a message published under ``published`` is scheduled (and parked)
@@ -337,11 +348,11 @@ def _their_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _carried(properties: Mapping[str, Any]) -> dict[str, Any]:
-    carried = {name: properties[name] for name in CARRIED if properties.get(name) is not None}
-    for name in ("content_type", "timestamp"):
-        if properties.get(name) is not None:
-            carried[name] = properties[name]
-    return carried
+    get = properties.get
+    return {name: value for name in _CARRIED_ALL if (value := get(name)) is not None}
+
+
+_CARRIED_ALL = (*CARRIED, "content_type", "timestamp")
 
 
 def _plain(value: Any) -> Any:

@@ -80,9 +80,13 @@ def _names_are_text(table: dict[Any, Any], depth: int = 0) -> bool:
     for key, value in table.items():
         if type(key) is not str:
             return False
-        if not _nested_text(value, depth + 1):
+        if type(value) not in _FLAT and not _nested_text(value, depth + 1):
             return False
     return True
+
+
+_FLAT = frozenset({str, int, bytes, bool, float, type(None)})
+"""Value types with no names inside (the common ones: checked without a call)."""
 
 
 def _nested_text(value: object, depth: int) -> bool:
