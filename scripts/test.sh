@@ -81,12 +81,27 @@ for server in "${servers[@]}"; do
         suites=("${broker_suites[@]}")
         marks="not cluster"
     fi
-    DELAYQ_RABBITMQ_SERVER=$server timeout --signal=INT --kill-after=120 55m \
+    # The fault scenarios' lengths (tests/faults/test_faults.py): whole on the first
+    # server, half on the others (the same faults, 15 connection closes instead of 30, 5
+    # SIGKILLs among 10,000 messages instead of 20,000).
+    scale=()
+    if [ "$server" != "${servers[0]}" ]; then
+        scale=(DELAYQ_FAULT_CLOSE_SECONDS=30 DELAYQ_FAULT_SIGKILL_MESSAGES=10000
+               DELAYQ_FAULT_RESTART_MESSAGES=10000)
+    fi
+    env "${scale[@]}" DELAYQ_RABBITMQ_SERVER="$server" \
+        timeout --signal=INT --kill-after=120 55m \
         .venv/bin/python -m pytest -p no:cacheprovider "${workers[@]}" -m "$marks" \
         --durations=15 "${suites[@]}" || status=$?
     echo "==> elapsed: $(( ($(date +%s) - started) / 60 )) min"
 done
+# The cluster scenario on 3.10.8 and 4.3.x, not on 4.0.5: a 4.0.5 cluster held 293,850
+# messages through two node kills (docs/project/reliability.md), and nothing of it
+# depends on a version between the two that run it (docs/project/tests.md).
 for server in "${servers[@]}"; do
+    if [ "$server" = 4.0 ] && [ "${#servers[@]}" -gt 1 ]; then
+        continue
+    fi
     echo "==> pytest -m cluster (alone, RabbitMQ: $server)"
     DELAYQ_RABBITMQ_SERVER=$server timeout --signal=INT --kill-after=120 20m \
         .venv/bin/python -m pytest -p no:cacheprovider -m cluster || status=$?

@@ -37,6 +37,7 @@ __all__ = [
     "compare_bindings",
     "compare_entity",
     "compare_redeclared",
+    "compare_unconfigurable",
     "passed",
     "render_checks",
 ]
@@ -250,6 +251,33 @@ def compare_redeclared(
         Status.OK,
         f"exists; re-declare with its {'type and ' if decl.kind == 'exchange' else ''}"
         "arguments accepted",
+    )
+
+
+def compare_unconfigurable(
+    decl: ExchangeDecl | QueueDecl, existed: bool | None, refusal: str
+) -> Check:
+    """Judge one entity that this user may not declare (no configure permission: the
+    re-declare was refused with ``refusal``): whether it exists, from a passive declare
+    (``None``: refused too, as RabbitMQ 4.2.6 and later refuse a user with no permission
+    on it); its arguments are left to a user who may declare it, or to the management API."""
+    subject = _subject(decl)
+    if existed is False:
+        return Check(subject, Status.FAIL, "missing: run `delayq topology apply`")
+    if existed is None:
+        return Check(
+            subject,
+            Status.SKIPPED,
+            f"not checked: this user has no permission on it ({refusal}; RabbitMQ 4.2.6 "
+            "and later refuse even a passive declare then). Verify as a user with "
+            "configure permission, or with --management-url",
+        )
+    return Check(
+        subject,
+        Status.SKIPPED,
+        f"exists; its {'type and ' if decl.kind == 'exchange' else ''}arguments not "
+        f"compared: this user may not declare it ({refusal}). Verify as a user with "
+        "configure permission, or with --management-url",
     )
 
 

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from delayq.errors import ConnectionFailed, DelayqError
+from delayq.errors import AccessRefused, ConnectionFailed, DelayqError
 from delayq.ops.management import ManagementAPI
 from delayq.ops.verify import (
     Check,
@@ -30,6 +30,7 @@ from delayq.ops.verify import (
     compare_bindings,
     compare_entity,
     compare_redeclared,
+    compare_unconfigurable,
 )
 from delayq.ops.verify_probe import plan_probe
 from delayq.sync._broker import (
@@ -39,9 +40,9 @@ from delayq.sync._broker import (
     server_property,
 )
 from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CONNECTION_ERRORS
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
 from delayq.sync.probe import run_probe
-from delayq.sync.provision import Channels, declare_checked
+from delayq.sync.provision import Channels, declare_checked, declare_entity
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.topology.headers import table_text
 from delayq.topology.model import Topology
@@ -83,7 +84,9 @@ def _entity_by_api(api: ManagementAPI, vhost: str, decl: ExchangeDecl | QueueDec
 def _entity_by_amqp(channels: Channels, decl: ExchangeDecl | QueueDecl) -> Check:
     try:
         result = declare_checked(channels, decl, create=False)
-    except DelayqError as exc:  # e.g. ACCESS_REFUSED: this user may not declare it
+    except AccessRefused as exc:  # no configure permission: a producer, a consumer
+        return _entity_by_passive(channels, decl, exc)
+    except DelayqError as exc:
         return Check(f"{decl.kind} {decl.name}", Status.FAIL, str(exc))
     return compare_redeclared(
         decl,
@@ -91,6 +94,25 @@ def _entity_by_amqp(channels: Channels, decl: ExchangeDecl | QueueDecl) -> Check
         conflict=None if result is None else result.conflict,
         legacy=result is not None and result.legacy,
     )
+
+
+def _entity_by_passive(
+    channels: Channels, decl: ExchangeDecl | QueueDecl, refusal: AccessRefused
+) -> Check:
+    """What a user who may not declare ``decl`` can still check: that it exists, by a
+    passive declare (which needs no permission before RabbitMQ 4.2.6; configure on 4.2.6
+    and 4.3.0; any one permission from 4.2.7 and 4.3.1). ``None`` for existed: it may
+    not even look."""
+    try:
+        declare_entity(channels.channel, decl, passive=True)
+    except CHANNEL_CLOSED as exc:
+        if is_missing(exc):
+            return compare_unconfigurable(decl, existed=False, refusal=str(refusal))
+        error = channel_error(exc)
+        if not isinstance(error, AccessRefused):
+            return Check(f"{decl.kind} {decl.name}", Status.FAIL, str(error))
+        return compare_unconfigurable(decl, existed=None, refusal=str(refusal))
+    return compare_unconfigurable(decl, existed=True, refusal=str(refusal))
 
 
 def _bindings(api: ManagementAPI | None, topology: Topology, vhost: str) -> Check:
