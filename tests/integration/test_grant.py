@@ -301,6 +301,11 @@ def test_the_admin_applies_its_namespace_and_no_other(
     report = apply_topology(g.topology, g.admin.url)
     assert report.ok
     assert apply_topology(g.topology, g.admin.url).ok  # twice: nothing changes
+    # and verifies it, probe included (its queue and inbox <ns>.verify.<hex>[.in])
+    verified = delayq("topology", "verify", "-f", str(g.path), "--url", g.admin.url, "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    probe = [c for c in json.loads(verified.stdout)["checks"] if "probe" in c["subject"]]
+    assert [c["status"] for c in probe] == ["OK"], probe
     other, _ = node_topology(g.node)
     with pytest.raises(AccessRefused):
         apply_topology(other, g.admin.url)

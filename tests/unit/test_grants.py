@@ -33,6 +33,7 @@ from delayq.ops.grant import (
     grants_for,
     producer_grant,
 )
+from delayq.ops.verify_probe import plan_probe
 from delayq.topology.declarations import BindingDecl, ExchangeDecl, QueueDecl, build_declarations
 from delayq.topology.marker import MARKER_ROLE
 
@@ -71,7 +72,20 @@ def admin_needs(topology: Topology) -> set[Need]:
                 needs |= {("read", decl.name), ("write", dlx)}
         else:
             needs |= {("write", decl.destination), ("read", decl.source)}
-    return needs
+    return needs | probe_needs(topology)
+
+
+def probe_needs(topology: Topology) -> set[Need]:
+    """What ``topology verify``'s probe asks, as delayq.sync.probe does it: declare the
+    inbox and bind it, declare the probe queue (dead-lettering), publish into it through
+    the default exchange, read the inbox, delete both."""
+    plan = plan_probe(topology, "0123abcd")
+    dlx = _x(str(plan.queue.arguments["x-dead-letter-exchange"]))
+    return {
+        ("configure", plan.inbox), ("write", plan.inbox), ("read", plan.exchange),
+        ("configure", plan.queue.name), ("read", plan.queue.name), ("write", dlx),
+        ("write", "amq.default"), ("read", plan.inbox),
+    }  # fmt: skip
 
 
 def consumer_needs(topology: Topology) -> set[Need]:

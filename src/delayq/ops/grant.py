@@ -143,6 +143,7 @@ def _names(topology: Topology) -> dict[str, str]:
         "cascade": f"{ns}\\.(?:level\\.[0-9]+|delivery)",
         "headers": f"{ns}\\.headers",
         "marker": f"{ns}\\.applied\\.[0-9a-f]+",  # see delayq.topology.marker: applies declare it
+        "probe": f"{ns}\\.verify\\.[0-9a-f]+(?:\\.in)?",  # topology verify's probe and inbox
     }
 
 
@@ -257,11 +258,11 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
     # The headers exchange: bound to from <ns>.ready (write), bound from (read).
     headers = [n["headers"]] if topology.routes_by_headers else []
     entities = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *headers, n["marker"]]
-    entities += [*queues, *dlqs, *intake_exchanges, *intake_queues, *intake_dlqs]
+    entities += [*queues, *dlqs, *intake_exchanges, *intake_queues, *intake_dlqs, n["probe"]]
     write = ["amq\\.default", n["ready"], n["unrouted"], *direct, n["rungs"], *cascade]
-    write += [*headers, *queues, *dlqs, *intake_queues, *intake_dlqs]
+    write += [*headers, *queues, *dlqs, *intake_queues, *intake_dlqs, n["probe"]]
     read = [n["ready"], n["unrouted"], *direct, n["rungs"], *cascade, *headers, *queues]
-    read += [*intake_exchanges, *intake_queues]
+    read += [*intake_exchanges, *intake_queues, n["probe"]]
     return Grant(
         role=Role.ADMIN,
         user=user,
@@ -271,7 +272,8 @@ def admin_grant(topology: Topology, user: str, vhost: str | None = None) -> Gran
         ),
         reasons=(
             "configure: declare every exchange and queue of the namespace (the apply "
-            "marker included) and the destination queues with their DLQs",
+            "marker included) and the destination queues with their DLQs; `topology "
+            "verify`'s probe queue and inbox (<ns>.verify.<hex>, deleted after)",
             "write: bind the tier, retry, unrouted, destination and DLQ queues; name the "
             f"ready, {topology.direct_exchange} and default (amq.default) exchanges as "
             "dead-letter exchanges of new queues and the unrouted exchange as the alternate "
