@@ -152,3 +152,44 @@ def test_stats_show_dead_letters_a_tier_cannot_forward(
         assert f"{ns}.tier.30s holds" not in table.stdout
     finally:
         apply_topology(topology, node.url)  # the ready exchange back: the letters move on
+
+
+def test_stats_show_each_intake_and_what_its_dlq_holds(local_rabbitmq_node: LocalNode, tmp_path):
+    """An intake's queue (messages waiting for a bridge) and its DLQ (what the bridge
+    parked, or the broker dead-lettered) are rows of their own."""
+    import uuid
+
+    import yaml
+
+    from delayq.sync import delete_topology
+
+    node = local_rabbitmq_node
+    ns = f"o{uuid.uuid4().hex[:10]}"
+    topology = Topology(
+        namespace=ns, ladder=["1s"],
+        destinations=[{"queue": f"{ns}.work", "bindings": ["job.#"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "topic"}],
+    )  # fmt: skip
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    apply_topology(topology, node.url)
+    intake = topology.intakes[0]
+    queue, dlq = intake.queue_name(ns), intake.dlq_name(ns)
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(node.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for n in range(3):  # no bridge runs: they wait in the intake queue
+            props = pika.BasicProperties(headers={"x-delay": 500}, message_id=f"i{n}")
+            channel.basic_publish(f"plugin-{ns}", "job.a", b"{}", props, mandatory=True)
+        channel.basic_publish("", dlq, b"parked", pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        _stats_until(
+            ["--file", str(path), "--url", node.url],
+            {queue: {"role": "intake", "depth": 3, "consumers": 0, "dlq_depth": 1}},
+        )
+        table = delayq("stats", "--file", str(path), "--url", node.url)
+        line = next(x for x in table.stdout.splitlines() if x.startswith(f"{queue} "))
+        assert line.split() == [queue, "intake", "3", "3", "?", "0", "1"]
+    finally:
+        delete_topology(topology, node.url)

@@ -119,3 +119,18 @@ def test_forwarding_is_counted_for_quorum_queues_only() -> None:
     assert _api_depth(quorum) == Depth(3, 2, 1, forwarding=5)
     assert _api_depth({**quorum, "type": "classic"}).forwarding is None
     assert _api_depth({"type": "quorum", "messages": None}).forwarding == 0
+
+
+def test_intakes_are_rows_with_their_dlqs_before_unrouted() -> None:
+    topo = Topology(
+        namespace="shop",
+        ladder=["1s"],
+        destinations=[{"queue": "emails", "bindings": ["e.*"]}],
+        intakes=[{"exchange": "orders.delayed", "type": "topic"}],
+    )
+    rows = stats_rows(topo)
+    intake = rows[-2]
+    assert (intake.queue, intake.role) == ("shop.intake.orders.delayed", "intake")
+    assert intake.dlq == "shop.intake.orders.delayed.dlq"
+    assert rows[-1].role == "unrouted"
+    assert "shop.intake.orders.delayed.dlq" in stats_queues(rows)

@@ -31,7 +31,7 @@ class StatsRow:
 
     queue: str
     role: str
-    """``tier``, ``retry``, ``level``, ``destination`` or ``unrouted``."""
+    """``tier``, ``retry``, ``level``, ``destination``, ``intake`` or ``unrouted``."""
     dlq: str | None = None
     shards: tuple[str, ...] = ()
     """Set on a sharded tier's total: its shards' queues, whose depths it adds up (one
@@ -62,7 +62,8 @@ class Depth:
 
 def stats_rows(topology: Topology) -> list[StatsRow]:
     """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
-    DLQs), then ``<ns>.unrouted``; a sharded tier as its total, then each shard."""
+    DLQs), intakes' queues (with theirs: what the bridge parked or the broker
+    dead-lettered), then ``<ns>.unrouted``; a sharded tier as its total, then each shard."""
     rows = [row for t in topology.ladder.tiers for row in _sharded(topology.tier_shards(t), "tier")]
     rows += [
         row for t in topology.ladder.tiers for row in _sharded(topology.retry_shards(t), "retry")
@@ -71,6 +72,8 @@ def stats_rows(topology: Topology) -> list[StatsRow]:
     if topology.exact_enabled:
         rows += [StatsRow(topology.level_name(k), "level") for k in range(topology.exact_levels)]
     rows += [StatsRow(d.queue, "destination", d.dlq) for d in topology.destinations]
+    ns = topology.namespace
+    rows += [StatsRow(i.queue_name(ns), "intake", i.dlq_name(ns)) for i in topology.intakes]
     rows.append(StatsRow(topology.unrouted, "unrouted"))
     return rows
 
