@@ -457,3 +457,59 @@ def test_an_intake_runs_under_the_grant_plugin_publishers_and_bridge_as_the_prod
         from delayq.sync import delete_topology
 
         delete_topology(topology, node.url)
+
+
+def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues(
+    local_rabbitmq_management_node: LocalNode, make_user: Any, tmp_path: Any, collect: Any
+) -> None:
+    """With --bridge-user the bridge's rights leave the producer: it publishes to the
+    intake and the tiers only (not <ns>.direct, which reaches every queue of the topology
+    by name, nor the intake queue); the bridge user schedules and parks, and may not
+    publish to the intake exchange."""
+    import yaml
+
+    from delayq.sync import delete_topology
+    from delayq.sync.bridge import Bridge
+
+    node = local_rabbitmq_management_node
+    ns = f"o{uuid.uuid4().hex[:10]}"
+    topology = Topology(
+        namespace=ns, ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )  # fmt: skip
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    producer, bridge_user, admin = (make_user(r) for r in ("producer", "bridge", "admin"))
+    run = _grant_by_api(node, path, "--producer-user", producer.name, "--bridge-user",
+                        bridge_user.name, "--admin-user", admin.name)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"# bridge {bridge_user.name!r}" in run.stdout
+    applied = delayq("topology", "apply", "--file", str(path), "--url", admin.url)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    arrived = collect(f"{ns}x.work", url=node.url)
+    bridge = Bridge(bridge_user.url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        wait_for(bridge.started.is_set, 30, lambda: "the bridge up as its own user")
+        raw = Raw(producer.url)
+        try:
+            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": 500})
+            raw.publish(f"plugin-{ns}", "job.a", {"x-delay": "soon"})  # parked by the bridge
+            assert refused(lambda: raw.publish(f"{ns}.direct", f"{ns}x.work"))  # no shortcut
+            assert refused(lambda: raw.channel().basic_get(topology.intakes[0].queue_name(ns)))
+        finally:
+            raw.close()
+        as_bridge = Raw(bridge_user.url)
+        try:
+            assert refused(lambda: as_bridge.publish(f"plugin-{ns}", "job.a"))
+        finally:
+            as_bridge.close()
+        [arrival] = arrived.wait(1, 30)
+        assert arrival.routing_key == "job.a"
+        wait_for(lambda: bridge.stats.parked == 1, 30, lambda: "the bad one parked")
+    finally:
+        bridge.request_stop()
+        thread.join(30)
+        delete_topology(topology, node.url)

@@ -9,6 +9,8 @@ publisher block's message is scheduled into the tier its ``x-delay`` asks for.
 from __future__ import annotations
 
 import re
+import secrets
+import shlex
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +20,12 @@ import pytest
 
 from delayq import Topology, load_topology
 from delayq.cli import main
+from delayq.local.node import LocalNode
 from delayq.ops.management import ManagementAPI
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
 from tests.guide_blocks import PLUGIN_GUIDE, block
+from tests.integration.ops import add_user, delete_user
 from tests.integration.test_readme_examples import VHost, vhost  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
 
@@ -153,3 +157,57 @@ def test_the_worker_block_bridges_the_intake_and_handles_its_destination(
         stop.set()
         thread.join(60)
     assert not thread.is_alive() and not errors
+
+
+def test_the_grant_block_gives_the_bridge_a_user_of_its_own(
+    vhost: VHost,  # noqa: F811
+    local_rabbitmq_management_node: LocalNode,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guide's grant command as written (plus where the test's broker is), on the
+    topology ``migrate plan`` writes: the bridge runs as ``relay`` and schedules what the
+    producer ``app`` publishes to the intake; ``app`` may not write to ``<ns>.direct``."""
+    node = local_rabbitmq_management_node
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "definitions.json").write_text(block(PLUGIN_GUIDE, "json", '{\n  "exchanges"'))
+    assert main(["migrate", "plan", "definitions.json"]) == 0
+    file = "topology/delayq.orders.delayed.yaml"
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.url))
+    connection.channel().queue_declare("orders.reminders", durable=True)
+    connection.close()
+    command = shlex.split(block(PLUGIN_GUIDE, "sh", "delayq topology grant").replace("\\\n", ""))
+    assert command[:3] == ["delayq", "topology", "grant"]
+    passwords = {name: secrets.token_hex(8) for name in ("app", "relay", "ops")}
+    for name, password in passwords.items():
+        add_user(node, name, password)
+    try:
+        assert main([*command[1:], "--url", vhost.url, "--via", "management",
+                     "--management-url", str(node.management_url)]) == 0  # fmt: skip
+        capsys.readouterr()
+        url = vhost.url.replace("guest:guest", "{}:{}")
+        ops = url.format("ops", passwords["ops"])
+        assert main(["topology", "apply", "-f", file, "--url", ops]) == 0
+        topology = load_topology(tmp_path / file)
+        bridge = Bridge(url.format("relay", passwords["relay"]), topology)
+        thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+        thread.start()
+        try:
+            wait_for(bridge.started.is_set, 30, lambda: "the bridge up as relay")
+            app = pika.BlockingConnection(pika.URLParameters(url.format("app", passwords["app"])))
+            channel = app.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("orders.delayed.intake", "order.reminder", b"{}",
+                                  pika.BasicProperties(headers={"x-delay": 1500}))  # fmt: skip
+            tier = "delayq.orders.delayed.tier.30s"
+            wait_for(lambda: depth(vhost.url, tier) == 1, 30, f"the message in {tier}")
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+                channel.basic_publish("delayq.orders.delayed.direct", "orders.reminders", b"x")
+            app.close()
+        finally:
+            bridge.request_stop()
+            thread.join(30)
+    finally:
+        for name in passwords:
+            delete_user(node, name)

@@ -57,7 +57,7 @@ def test_grant_takes_the_vhost_and_the_rabbitmqctl_command(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["topology", "grant"], "--producer-user, --consumer-user, --admin-user, or several"),
+        (["topology", "grant"], "--admin-user, --bridge-user, or several"),
         ([*VIA_MANAGEMENT, "--no-management"], "--no-management"),
         (
             [*VIA_MANAGEMENT, "--management-url", "ftp://u:s3cret@h/"],

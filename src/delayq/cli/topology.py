@@ -144,14 +144,17 @@ def cmd_grant(args: Args) -> int:
     # --vhost names the vhost to grant on; without it, the topology's as every command
     # that takes a URL reads it (the URL's when the file names none).
     topology = load_cli_topology(args) if args.vhost is not None else topology_and_url(args)[0]
-    if not (args.producer_user or args.consumer_user or args.admin_user):
-        raise InvalidInput("give --producer-user, --consumer-user, --admin-user, or several")
+    if not (args.producer_user or args.consumer_user or args.admin_user or args.bridge_user):
+        raise InvalidInput(
+            "give --producer-user, --consumer-user, --admin-user, --bridge-user, or several"
+        )
     grants = grants_for(
         topology,
         producer=args.producer_user,
         consumer=args.consumer_user,
         admin=args.admin_user,
         vhost=args.vhost,
+        bridge=args.bridge_user,
     )
     rabbitmqctl = shlex.split(args.rabbitmqctl)
     if args.json:

@@ -92,11 +92,17 @@ def topology_group() -> click.Group:
             leaf(
                 "grant",
                 "delayq.cli.topology:cmd_grant",
-                "least-privilege permissions for a producer, a consumer and an admin user",
+                "least-privilege permissions for producer, consumer, admin and bridge users",
                 [
                     once("--producer-user", metavar="USER", help="the user that publishes"),
                     once("--consumer-user", metavar="USER", help="the user that runs consumers"),
                     once("--admin-user", metavar="USER", help="the user that runs topology apply"),
+                    once(
+                        "--bridge-user",
+                        metavar="USER",
+                        help="the user that runs delayq bridge (with intakes; without it, "
+                        "the producer may)",
+                    ),
                     once(
                         "--vhost", help="default: the topology's vhost (the URL's if it names none)"
                     ),

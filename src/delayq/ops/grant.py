@@ -62,6 +62,7 @@ __all__ = [
     "Permissions",
     "Role",
     "admin_grant",
+    "bridge_grant",
     "consumer_checks",
     "consumer_grant",
     "grants_for",
@@ -82,6 +83,9 @@ class Role(str, enum.Enum):
     """Consumes destination queues, retries and dead-letters; declares nothing."""
     ADMIN = "admin"
     """Applies the topology (``delayq topology apply``)."""
+    BRIDGE = "bridge"
+    """Runs ``delayq bridge``: consumes the intake queues, schedules into the tiers, parks
+    in the intakes' DLQs. Without one, the producer may run the bridge too."""
 
 
 @dataclass(frozen=True)
@@ -162,12 +166,16 @@ def _cascade(topology: Topology, names: dict[str, str]) -> list[str]:
     return [names["cascade"]] if topology.exact_enabled else []
 
 
-def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+def producer_grant(
+    topology: Topology, user: str, vhost: str | None = None, *, bridges: bool = True
+) -> Grant:
     """Publish to the tier exchanges and the ready exchange; with intakes, also publish to
-    the intakes' exchanges (plugin-style publishers) and run their bridge (consume the
-    intake queues, park in their DLQs through ``<ns>.direct``); nothing else."""
+    the intakes' exchanges (plugin-style publishers) and, unless ``bridges`` is false (a
+    :func:`bridge_grant` user runs it), run their bridge (consume the intake queues, park
+    in their DLQs through ``<ns>.direct``); nothing else."""
     n = _names(topology)
-    exchanges, queues, _dlqs = _intakes(topology)
+    exchanges, intake_queues, _dlqs = _intakes(topology)
+    queues = intake_queues if bridges else []
     bridge = [n["direct"]] if queues else []
     intakes = ", ".join(i.exchange for i in topology.intakes)
     return Grant(
@@ -193,8 +201,11 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
             )
             + (
                 f"; to the intakes ({intakes}), and to {topology.direct_exchange}, where "
-                "the bridge parks what it cannot schedule"
+                "the bridge parks what it cannot schedule (a --bridge-user keeps this "
+                "user to the tiers and intakes)"
                 if queues
+                else f"; to the intakes ({intakes})"
+                if exchanges
                 else ""
             )
             + f"; and {topology.namespace}.applied.<digest>, the apply marker it checks "
@@ -205,6 +216,44 @@ def producer_grant(topology: Topology, user: str, vhost: str | None = None) -> G
                 if queues
                 else "read: nothing (a producer never consumes or gets)"
             ),
+        ),
+    )
+
+
+def bridge_grant(topology: Topology, user: str, vhost: str | None = None) -> Grant:
+    """Run ``delayq bridge``: consume the intake queues, publish what they hold into the
+    tiers (or ready, or the cascade), park what cannot be scheduled in the intakes' DLQs
+    through ``<ns>.direct``; no intake exchange, nothing else."""
+    n = _names(topology)
+    _exchanges, queues, _dlqs = _intakes(topology)
+    if not queues:
+        raise InvalidInput(
+            f"namespace {topology.namespace!r} declares no intakes: there is no bridge to "
+            "grant (leave out --bridge-user)"
+        )
+    return Grant(
+        role=Role.BRIDGE,
+        user=user,
+        vhost=vhost or topology.vhost,
+        permissions=Permissions(
+            configure=NOTHING,
+            write=_pattern(
+                [n["ready"], n["tier"], *_cascade(topology, n), n["direct"], n["marker"]]
+            ),
+            read=_pattern(queues),
+        ),
+        reasons=(
+            "configure: nothing (the bridge checks the apply marker with a passive declare)",
+            f"write: schedule into the tier exchanges {topology.namespace}.tier.<label> "
+            f"(delay 0: {topology.ready_exchange}"
+            + (
+                f"; the cascade levels {topology.namespace}.level.<k>"
+                if topology.exact_enabled
+                else ""
+            )
+            + f"), park in the intakes' DLQs through {topology.direct_exchange}, and the "
+            f"apply marker {topology.namespace}.applied.<digest> it checks",
+            "read: consume the intake queues",
         ),
     )
 
@@ -291,15 +340,22 @@ def grants_for(
     consumer: str | None,
     admin: str | None = None,
     vhost: str | None = None,
+    bridge: str | None = None,
 ) -> list[Grant]:
-    """The grants for whichever users are given: producer, consumer, then admin.
+    """The grants for whichever users are given: producer, consumer, admin, then bridge
+    (the producer then runs no bridge).
 
     One user per role: RabbitMQ keeps one set of permissions per user and vhost, so
     a second role's would silently replace the first's.
     """
     given = [
         (role, user)
-        for role, user in (("producer", producer), ("consumer", consumer), ("admin", admin))
+        for role, user in (
+            ("producer", producer),
+            ("consumer", consumer),
+            ("admin", admin),
+            ("bridge", bridge),
+        )
         if user is not None
     ]
     for index, (role, user) in enumerate(given):
@@ -312,11 +368,13 @@ def grants_for(
                 )
     grants = []
     if producer is not None:
-        grants.append(producer_grant(topology, producer, vhost))
+        grants.append(producer_grant(topology, producer, vhost, bridges=bridge is None))
     if consumer is not None:
         grants.append(consumer_grant(topology, consumer, vhost))
     if admin is not None:
         grants.append(admin_grant(topology, admin, vhost))
+    if bridge is not None:
+        grants.append(bridge_grant(topology, bridge, vhost))
     return grants
 
 
