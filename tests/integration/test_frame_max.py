@@ -97,3 +97,49 @@ def test_an_oversized_header_is_refused_and_the_connection_kept(
 
         asyncio.run(run())
     assert depth(url, tier) == 2 + 9  # first, after and the batch's 9: nothing twice
+
+
+@pytest.mark.parametrize("size", [7_980, 8_100])
+def test_the_bridge_settles_a_message_its_forward_cannot_fit_at_once(
+    size: int, small_frames: LocalNode, make_topology: Callable[..., Topology]
+) -> None:
+    """A plugin-style message whose headers fit the negotiated frame as it came, but not
+    with delayq's envelope added (about 220 bytes), nor with a park's reason (about 570):
+    the bridge rejects it to the intake's DLQ as it came, at once, where it was sent
+    back to the intake queue until the broker's delivery limit. The messages around it
+    are forwarded."""
+    import threading
+
+    import pika
+
+    from delayq.sync.bridge import Bridge
+    from tests.waiting import wait_for
+
+    url = small_frames.url
+    plain = make_topology(["1s"])
+    topology = Topology.model_validate(
+        {**plain.model_dump(), "intakes": [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]}
+    )
+    apply_topology(topology, url)
+    intake = topology.intakes[0]
+    queue, dlq = intake.queue_name(topology.namespace), intake.dlq_name(topology.namespace)
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n in range(5):
+        headers = {"x-delay": 100, "pad": "x" * size} if n == 2 else {"x-delay": 100}
+        props = pika.BasicProperties(message_id=f"f{n}", headers=headers)
+        channel.basic_publish(intake.exchange, "job.frame", b"{}", props, mandatory=True)
+    connection.close()
+    bridge = Bridge(url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        wait_for(lambda: depth(url, dlq) == 1, 30, lambda: f"{dlq}: {depth(url, dlq)}")
+        wait_for(lambda: bridge.stats.forwarded == 4, 30, lambda: f"{bridge.stats}")
+        assert bridge.stats.returned == 0, bridge.stats  # never back to the intake queue
+        assert (bridge.stats.parked, bridge.stats.rejected) == (0, 1), bridge.stats
+        assert depth(url, queue) == 0
+    finally:
+        bridge.request_stop()
+        thread.join(30)

@@ -46,6 +46,7 @@ from delayq.durations import Duration
 from delayq.errors import (
     ConnectionFailed,
     DelayqError,
+    HeaderFrameTooLarge,
     InvalidInput,
     PublishError,
     UnsendableMessage,
@@ -84,6 +85,10 @@ _PASSED_ON: tuple[type[BaseException], ...] = (*RECONNECTABLE, DelayqError)
 """What a stream may raise that is the broker's or the topology's doing."""
 
 _POLL_S = 0.05
+
+_NEVER_SENDABLE = (UnsendableMessage, HeaderFrameTooLarge)
+"""What no retry of the same forward mends: parked instead (or rejected to the DLQ when
+the park cannot be sent either), never put back to cycle to the delivery limit."""
 """How often the consuming thread looks at the stop flag (deliveries and confirms wake
 it at once)."""
 
@@ -330,7 +335,7 @@ class Bridge:
         for feed, thread in list(self._feeds):
             outcomes, ended = feed.take()
             for tag, error in outcomes:
-                if isinstance(error, UnsendableMessage):
+                if isinstance(error, _NEVER_SENDABLE):
                     self._failed(tag, error)
                 else:
                     self._window.settled(tag, error)
@@ -350,8 +355,9 @@ class Bridge:
         """Ack and nack ``done``; whether the broker refused any."""
         return acknowledge(self._channel, done, self.stats, self.queue, self.relay.dlq)
 
-    def _failed(self, tag: int, error: UnsendableMessage) -> None:
-        """delayq could not send ``tag``'s message: a forward is parked as
+    def _failed(self, tag: int, error: UnsendableMessage | HeaderFrameTooLarge) -> None:
+        """delayq could not send ``tag``'s message (nor will it ever: its own failure, or
+        headers past the negotiated frame with delayq's envelope): a forward is parked as
         ``bridge-error`` in its place; a park (or a forward that cannot be parked) is
         rejected to the broker's dead-lettering, as it came."""
         try:
