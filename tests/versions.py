@@ -33,3 +33,10 @@ def nack_counts(version: str | tuple[int, ...]) -> bool:
     ``x-delivery-count`` (and delivery limit): up to 4.2; 4.3 counts a ``basic.reject``
     (and a lost connection), a nack only toward ``x-acquired-count``."""
     return parts(version) < (4, 3)
+
+
+def consumer_timeout_cancels(version: str | tuple[int, ...]) -> bool:
+    """Whether a quorum queue's consumer timeout returns the late delivery and cancels
+    the consumer (4.3), where earlier versions close the channel at their periodic check
+    (once a minute on 3.10.8, so a hold of seconds past the timeout may go unseen)."""
+    return parts(version) >= (4, 3)
