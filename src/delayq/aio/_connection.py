@@ -13,7 +13,7 @@ from delayq.aio._errors import connect_error
 from delayq.errors import ConnectionFailed
 from delayq.urls import connection_plan, parse_url, redact, tried_hosts
 
-__all__ = ["close_quietly", "connect", "is_blocked"]
+__all__ = ["close_quietly", "close_shielded", "connect", "is_blocked"]
 
 
 async def connect(
@@ -64,6 +64,24 @@ async def close_quietly(thing: Any) -> None:
             await thing.close()
     except Exception:
         pass
+
+
+CLOSE_TIMEOUT_S = 10.0
+"""The longest a cancelled :func:`close_shielded` waits for the close it shields."""
+
+
+async def close_shielded(thing: Any) -> None:
+    """:func:`close_quietly`, which a cancel does not cut: the cancel waits for the close
+    (up to :data:`CLOSE_TIMEOUT_S`), then is raised. aio-pika's close cut in the middle
+    (in aiormq's, before the connection is marked closed) can wait in its ``finally``
+    for a close callback that never comes: its task never ends, and ``asyncio.run``
+    waits for it for good."""
+    closing = asyncio.ensure_future(close_quietly(thing))
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await asyncio.wait((closing,), timeout=CLOSE_TIMEOUT_S)
+        raise
 
 
 def is_blocked(connection: AbstractConnection | None) -> bool:

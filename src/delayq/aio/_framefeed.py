@@ -30,7 +30,7 @@ from typing import Any
 
 from pamqp import commands
 
-from delayq.aio._connection import close_quietly, connect
+from delayq.aio._connection import close_shielded, connect
 from delayq.aio._deliveries import (
     ack_frame,
     content_header,
@@ -205,8 +205,8 @@ class FrameFeed(Subscription):
             admin = await connect(wire.url or self._url, name=name)
             try:
                 await ensure_topology(topology, admin)  # or check it, if refused
-            finally:
-                await close_quietly(admin)
+            finally:  # not cut by a cancel (stop() cancels a reconnect opening the feed)
+                await close_shielded(admin)
             await wire.open_channel(CONSUME_CHANNEL)
             wire.readers[CONSUME_CHANNEL] = reader
             self._wire, self._reader = wire, reader

@@ -37,6 +37,10 @@ __all__ = ["AsyncConsumer"]
 
 log = logging.getLogger("delayq.consumer")
 
+RECONNECT_STOP_S = 15.0
+"""The longest :meth:`AsyncConsumer.stop` waits for a reconnect it cancelled to close
+what it had opened (its shielded close: :func:`~delayq.aio._connection.close_shielded`)."""
+
 Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 """``handler(body)``, a coroutine function or a plain one; ``handler(body, tx)`` when
 transactional."""
@@ -205,9 +209,13 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         deliveries go back to the queue unacked, to be delivered again.
         """
         self._stopping = True
-        if self._reconnecting is not None:
-            self._reconnecting.cancel()
-            self._reconnecting = None
+        reconnecting, self._reconnecting = self._reconnecting, None
+        if reconnecting is not None and not reconnecting.done():
+            # Cancelled, then waited for: a reconnect cut in the middle of opening the
+            # feed closes what it opened (its topology connection too) here, not in the
+            # event loop's teardown, where a second cancel could cut aio-pika's close.
+            reconnecting.cancel()
+            await asyncio.wait((reconnecting,), timeout=RECONNECT_STOP_S)
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None

@@ -1,0 +1,117 @@
+"""A consumer stopped while it reconnects, and a connection's close cut by a cancel.
+
+The frame feed's test of connections closed under a consumer
+(``tests/integration/test_frame_feed.py``) hung on RabbitMQ 4.3: ``stop()`` cancelled
+the reconnect a broker-side close had started, without waiting for it, while it
+opened the feed again; ``asyncio.run`` then cancelled it a second time, in the middle
+of aio-pika's close of the feed's topology connection, which then waited for good
+for a close callback that never came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from delayq import Topology
+from delayq.aio import AsyncConsumer
+from delayq.aio._connection import close_shielded
+from delayq.sync import apply_topology
+from delayq.testing import MemoryBroker
+
+TOPOLOGY = Topology(
+    namespace="stopping", ladder=["1s"], destinations=[{"queue": "work", "bindings": ["job.#"]}]
+)
+
+
+class _SlowClose:
+    """An aio-pika connection whose close takes a few loop turns (a handshake)."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.steps = 0
+
+    async def close(self) -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+            self.steps += 1
+        self.is_closed = True
+
+
+def test_a_cancel_does_not_cut_a_shielded_close_it_waits_for_it_then_is_raised() -> None:
+    async def scenario() -> None:
+        connection = _SlowClose()
+        closing = asyncio.ensure_future(close_shielded(connection))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert connection.is_closed and connection.steps == 5
+
+    asyncio.run(scenario())
+
+
+class _ReopenFeed:
+    """A feed whose first opening works and whose second (the reconnect's) waits for the
+    broker, closing what it opened once cancelled (a close of a few loop turns)."""
+
+    inline = False
+    clock_ms = None
+    consuming = False
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self.on_lost: Callable[[BaseException], None] | None = None
+        self.reopening = asyncio.Event()
+        self.closed_what_it_opened = False
+
+    async def open(self, topology: Any, queue: str, prefetch: int, on_delivery: Any,
+                   on_lost: Callable[[BaseException], None]) -> None:  # fmt: skip
+        self.opened += 1
+        self.on_lost = on_lost
+        if self.opened == 1:
+            return
+        connection = _SlowClose()
+        try:
+            self.reopening.set()
+            await asyncio.Event().wait()  # the broker never answers
+        finally:
+            await close_shielded(connection)
+            self.closed_what_it_opened = connection.is_closed
+
+    async def resubscribe(self, prefetch: int) -> None:
+        pass
+
+    async def unsubscribe(self) -> None:
+        pass
+
+    async def ready(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        pass
+
+
+def test_stop_waits_for_the_reconnect_it_cancels(memory_broker: MemoryBroker) -> None:
+    async def handler(body: Any) -> None:
+        pass
+
+    apply_topology(TOPOLOGY, memory_broker.url)
+
+    async def scenario() -> None:
+        feed = _ReopenFeed()
+        consumer = AsyncConsumer(memory_broker.url, TOPOLOGY, "work", handler, feed=feed)
+        await consumer.start()
+        assert feed.on_lost is not None
+        feed.on_lost(ConnectionError("closed by the broker"))  # a reconnect starts
+        reconnecting = consumer._reconnecting
+        assert reconnecting is not None
+        await asyncio.wait_for(feed.reopening.wait(), 5)
+        await consumer.stop()
+        assert reconnecting.done() and feed.closed_what_it_opened
+
+    asyncio.run(scenario())
