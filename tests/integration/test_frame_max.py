@@ -117,9 +117,8 @@ def test_the_bridge_settles_a_message_its_forward_cannot_fit_at_once(
 
     url = small_frames.url
     plain = make_topology(["1s"])
-    topology = Topology.model_validate(
-        {**plain.model_dump(), "intakes": [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]}
-    )
+    intakes = [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]
+    topology = Topology.model_validate({**plain.model_dump(), "intakes": intakes})
     apply_topology(topology, url)
     intake = topology.intakes[0]
     queue, dlq = intake.queue_name(topology.namespace), intake.dlq_name(topology.namespace)

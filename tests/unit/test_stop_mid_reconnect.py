@@ -115,3 +115,71 @@ def test_stop_waits_for_the_reconnect_it_cancels(memory_broker: MemoryBroker) ->
         assert reconnecting.done() and feed.closed_what_it_opened
 
     asyncio.run(scenario())
+
+
+class _LostAgainFeed(_ReopenFeed):
+    """A feed whose reconnect opens it, but loses it again before the reconnect is over
+    (the broker closes the new connection while the consumer connects its publisher)."""
+
+    async def open(self, topology: Any, queue: str, prefetch: int, on_delivery: Any,
+                   on_lost: Callable[[BaseException], None]) -> None:  # fmt: skip
+        self.opened += 1
+        self.on_lost = on_lost
+        if self.opened == 2:
+            on_lost(ConnectionError("closed again by the broker"))  # mid-reconnect
+
+
+def test_a_feed_lost_again_while_reconnecting_is_opened_once_more(
+    memory_broker: MemoryBroker,
+) -> None:
+    """Not a consumer left on a dead feed: the second loss makes the reconnect go round
+    once more (it was ignored, a reconnect being under way, and the reconnect then counted
+    the dead feed as reconnected)."""
+
+    async def handler(body: Any) -> None:
+        pass
+
+    apply_topology(TOPOLOGY, memory_broker.url)
+
+    async def scenario() -> None:
+        feed = _LostAgainFeed()
+        consumer = AsyncConsumer(memory_broker.url, TOPOLOGY, "work", handler, feed=feed)
+        await consumer.start()
+        try:
+            assert feed.on_lost is not None
+            feed.on_lost(ConnectionError("closed by the broker"))
+            for _ in range(200):
+                if feed.opened >= 3 and consumer._reconnecting and consumer._reconnecting.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert feed.opened == 3, feed.opened
+        finally:
+            await consumer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_stall_check_that_finds_the_feed_gone_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stall guard's backstop: a feed lost with no reconnect under way (nothing
+    heard its loss) is reported lost, where the guard used to look again for good."""
+    from delayq.aio import _stalls
+    from delayq.links import FeedLost
+
+    monkeypatch.setattr(_stalls, "STALL_CHECK_S", 0.01)
+    reported: list[BaseException] = []
+
+    async def gone() -> int:
+        raise FeedLost("the channel is closed")
+
+    async def scenario() -> None:
+        guard = asyncio.ensure_future(
+            _stalls.watch_stalls("work", lambda: 0, lambda: False, gone, reported.append)
+        )
+        for _ in range(100):
+            if reported:
+                break
+            await asyncio.sleep(0.01)
+        guard.cancel()
+
+    asyncio.run(scenario())
+    assert reported and isinstance(reported[0], FeedLost)

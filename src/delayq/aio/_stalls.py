@@ -43,6 +43,8 @@ async def watch_stalls(
             waiting = await ready()
         except FeedLost as exc:
             log.debug("stall check on %s failed: %s", queue, exc)
+            if not busy():  # its feed is gone and nothing is reconnecting it
+                lost(exc)
             continue
         if waiting and not busy() and arrivals() == seen:
             idle_s = loop.time() - moved_at

@@ -115,6 +115,8 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         self._acks = AckCoalescer(ack_batch(self._prefetch))
         self._stopping = False
         self._reconnecting: asyncio.Task[None] | None = None
+        self._lost_again = False
+        """The feed a reconnect is opening was lost before the reconnect was over."""
         self._stopped = asyncio.Event()
         self._stop_wanted = False  # request_stop() before run() waits: kept until it does
         self._stop_requested: asyncio.Event | None = None
@@ -168,6 +170,8 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         if self._reconnecting is None or self._reconnecting.done():
             log.warning("lost the broker while consuming %s (%r); reconnecting", self.queue, exc)
             self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+        else:  # the feed the reconnect opens: it goes round once more
+            self._lost_again = True
 
     async def _reconnect(self) -> None:
         delay = RECONNECT_MIN_S
@@ -175,8 +179,14 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         self._acks.abandon()  # the broker requeues what this channel did not ack
         await self._feed.close()
         while not self._stopping:
+            self._lost_again = False
             try:
                 await self._open()
+                if self._lost_again:  # a dead feed is not a reconnect
+                    self._open_now = False
+                    self._acks.abandon()
+                    await self._feed.close()
+                    raise ConnectionError("the broker closed the new connection at once")
             except Exception as exc:
                 log.warning(
                     "reconnecting the consumer of %s failed (%s); next try in %.1f s",
