@@ -72,3 +72,52 @@ def test_a_raw_message_whose_x_death_names_the_destination_is_dropped_before_3_1
             assert [a.message_id for a in collector.arrivals] == ["control"]
     finally:
         collector.stop()
+
+
+def test_the_bridge_forwards_no_broker_history_so_a_plugin_publishers_x_death_arrives(
+    make_topology: Any, rabbitmq_url: str
+) -> None:
+    """A plugin-style publisher republishing dead letters with their headers (x-death
+    naming the destination, reasons expired and delivery_limit) through an intake: the
+    bridge leaves the broker's history out of each forward, so all arrive on every
+    version, and the tier does not stall behind them (on 3.10.8 forty of them once stopped
+    a tier for good: dropped by cycle detection, held as dead letters)."""
+    import threading
+
+    from delayq import Topology
+    from delayq.sync.bridge import Bridge
+
+    plain = make_topology(["1s"])
+    intakes = [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]
+    topology = Topology.model_validate({**plain.model_dump(), "intakes": intakes})
+    apply_topology(topology, rabbitmq_url)
+    work = f"{topology.namespace}.work"
+    collector = Collector(rabbitmq_url, [work]).start()
+    bridge = Bridge(rabbitmq_url, topology)
+    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for n in range(60):
+            reason = ("expired", "delivery_limit", "rejected")[n % 3]
+            death = {"queue": work, "reason": reason, "count": 1,
+                     "exchange": topology.ready_exchange, "routing-keys": ["job.a"]}  # fmt: skip
+            headers = {"x-delay": 200, "x-death": [death], "x-first-death-queue": work,
+                       "x-first-death-reason": reason, "x-last-death-queue": work,
+                       "x-delivery-count": 3, "x-received-from": [], "x-app": "kept"}  # fmt: skip
+            props = pika.BasicProperties(message_id=f"d{n}", headers=headers)
+            channel.basic_publish(intakes[0]["exchange"], "job.a", b"{}", props, mandatory=True)
+        connection.close()
+        wait_for(lambda: len(collector.arrivals) >= 60, 60, lambda: f"{len(collector.arrivals)}")
+        arrived = sorted(a.message_id for a in collector.arrivals)
+        assert arrived == sorted(f"d{n}" for n in range(60))
+        headers = collector.arrivals[0].headers  # the tier's own death only, not the copied
+        assert all(d.get("queue") != work for d in headers.get("x-death", [])), headers
+        assert headers.get("x-first-death-queue") != work, headers
+        assert "x-received-from" not in headers and headers.get("x-app") == "kept"
+    finally:
+        bridge.request_stop()
+        thread.join(30)
+        collector.stop()

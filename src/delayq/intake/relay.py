@@ -84,10 +84,6 @@ BROKER_HEADERS = frozenset({"x-delivery-count", "x-acquired-count", "x-death", "
 ``x-last-death-*``; ``x-acquired-count`` since RabbitMQ 4.3): not part of what the
 publisher sent, so not of its derived id."""
 
-_DELIVERY_COUNTS = ("x-delivery-count", "x-acquired-count")
-"""How often the intake queue delivered a message: a forward is a new message, which a
-consumer must not read as delivered that often (its crash count, its delivery limit)."""
-
 _MAX_DELAY_MS = timedelta.max // timedelta(milliseconds=1)
 """The longest delay a ``timedelta`` holds (about 2.7 million years): beyond it, no
 ladder reaches either (Java's ``Long.MAX_VALUE`` ms is 8.64e16 past it)."""
@@ -198,9 +194,11 @@ class Relay:
             )
         except InvalidInput as exc:
             return self._park(incoming, UNSCHEDULABLE, type(exc).__name__, str(exc))
-        headers = _their_headers(incoming.headers)
-        for count in _DELIVERY_COUNTS:  # the intake's, not the new message's
-            headers.pop(count, None)
+        # Not the broker's own history of the message (delivery counts, dead-letter
+        # deaths: a publisher's x-death naming a queue on its way makes RabbitMQ 3.x drop
+        # it there as a dead-letter cycle, and stall the tier behind it).
+        headers = {k: v for k, v in _their_headers(incoming.headers).items()
+                   if not _added_by_broker(k)}  # fmt: skip
         for annotation in DELAY_HEADERS[1:]:  # honoured here: a broker must not delay it again
             headers.pop(annotation, None)
         if X_DELAY in headers:
