@@ -53,4 +53,11 @@ def test_a_table_nested_past_any_pika_writes_is_refused() -> None:
     for _ in range(120):
         inner["n"] = {}
         inner = inner["n"]
-    assert unwritable(message(table)) == "a header name is not UTF-8 text"
+    assert "more than 100 levels deep" in (unwritable(message(table)) or "")
+
+
+def test_arrays_nested_past_the_limit_are_named_as_such() -> None:
+    value: list[Any] = []
+    for _ in range(120):
+        value = [value]
+    assert "more than 100 levels deep" in (unwritable(message({"a": value})) or "")

@@ -55,10 +55,11 @@ _INT64_MIN, _INT64_END = -(2**63), 2**63
 def unwritable(msg: OutgoingMessage) -> str | None:
     """Why pika cannot write ``msg``'s properties, or ``None``: pika reads some values it
     cannot write again (a float of 1e300 read as a 997-digit integer, a header name that
-    is not UTF-8). Checked by encoding only when the headers hold more than strings,
-    bytes, booleans and 64-bit integers."""
-    if not _names_are_text(msg.headers):
-        return "a header name is not UTF-8 text"
+    is not UTF-8, tables nested past what it writes). Checked by encoding only when the
+    headers hold more than strings, bytes, booleans and 64-bit integers."""
+    why = _names_problem(msg.headers)
+    if why is not None:
+        return why
     for value in msg.headers.values():
         if isinstance(value, (str, bytes, bool)) or value is None:
             continue
@@ -72,29 +73,44 @@ def unwritable(msg: OutgoingMessage) -> str | None:
     return None
 
 
-def _names_are_text(table: dict[Any, Any], depth: int = 0) -> bool:
-    """Every key of ``table`` and of the tables inside it is a str (pika reads a name
-    that is not UTF-8 as bytes, which delayq's stream cannot write)."""
-    if depth > 100:  # deeper than any table pika writes again
-        return False
+NAME_NOT_TEXT = "a header name is not UTF-8 text"
+MAX_DEPTH = 100
+"""Tables and arrays nested deeper than this are not written again (pika's encoder
+recurses once a level; Python's stack is the limit)."""
+TOO_DEEP = f"the headers nest tables or arrays more than {MAX_DEPTH} levels deep"
+
+
+def _names_problem(table: dict[Any, Any], depth: int = 0) -> str | None:
+    """Why ``table`` (or a table inside it) cannot be written: a key that is not a str
+    (pika reads a name that is not UTF-8 as bytes, which delayq's stream cannot write),
+    or nesting past :data:`MAX_DEPTH`; ``None`` when neither."""
+    if depth > MAX_DEPTH:
+        return TOO_DEEP
     for key, value in table.items():
         if type(key) is not str:
-            return False
-        if type(value) not in _FLAT and not _nested_text(value, depth + 1):
-            return False
-    return True
+            return NAME_NOT_TEXT
+        if type(value) not in _FLAT:
+            why = _nested_problem(value, depth + 1)
+            if why is not None:
+                return why
+    return None
 
 
 _FLAT = frozenset({str, int, bytes, bool, float, type(None)})
 """Value types with no names inside (the common ones: checked without a call)."""
 
 
-def _nested_text(value: object, depth: int) -> bool:
+def _nested_problem(value: object, depth: int) -> str | None:
     if isinstance(value, dict):
-        return _names_are_text(value, depth)
+        return _names_problem(value, depth)
     if isinstance(value, (list, tuple)):
-        return all(_nested_text(item, depth + 1) for item in value)
-    return True
+        if depth > MAX_DEPTH:
+            return TOO_DEEP
+        for item in value:
+            why = _nested_problem(item, depth + 1)
+            if why is not None:
+                return why
+    return None
 
 
 def check_header_frame(
