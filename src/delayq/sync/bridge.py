@@ -175,6 +175,9 @@ class Bridge:
 
     def _run(self) -> None:
         self._publisher.connect()  # the topology applied (its marker), or raise
+        # Closed until a failed stream needs it (_send_alone reconnects): left open and
+        # idle, nobody would answer its heartbeats and the broker would drop it.
+        self._publisher.close()
         delay = RECONNECT_MIN_S
         while not self._stop.is_set():
             try:
@@ -392,6 +395,7 @@ class Bridge:
         )
         for tag in ended.left:  # not the broker's doing: find the message, go on
             self._send_alone(tag)
+        self._publisher.close()
 
     def _send_alone(self, tag: int) -> None:
         msg = self._window.plan(tag).message
