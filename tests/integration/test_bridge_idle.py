@@ -35,4 +35,4 @@ def test_an_idle_bridge_misses_no_heartbeat(
         bridge.request_stop()
         thread.join(30)
     log = node.log_file.read_text(errors="replace")
-    assert "missed heartbeats" not in log, [l for l in log.splitlines() if "heartbeat" in l]
+    assert "missed heartbeats" not in log, [x for x in log.splitlines() if "heartbeat" in x]
