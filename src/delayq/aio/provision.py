@@ -9,7 +9,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from delayq.aio._connection import close_quietly, connect
 from delayq.aio._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
-from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.errors import ConnectionFailed, TopologyConflict, TopologyMissing
 from delayq.links import LinkOptions, gate_for, open_async_link, serves_amqp
 from delayq.topology.declarations import (
     BindingDecl,
@@ -18,7 +18,13 @@ from delayq.topology.declarations import (
     build_declarations,
 )
 from delayq.topology.model import Topology
-from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
+from delayq.topology.report import (
+    ApplyReport,
+    ApplyResult,
+    ApplyStatus,
+    existing_queue_missing,
+    spoils_marker,
+)
 from delayq.urls import check_vhost, redact, resolve_url
 
 __all__ = ["apply_topology_async"]
@@ -111,7 +117,10 @@ async def _apply(channels: _Channels, topology: Topology) -> ApplyReport:
             if stopped:
                 result = ApplyResult(decl, ApplyStatus.SKIPPED)
             elif isinstance(decl, BindingDecl):
-                result = await _bind(channels, decl)
+                try:
+                    result = await _bind(channels, decl)
+                except TopologyMissing as exc:
+                    raise existing_queue_missing(topology, decl) or exc from exc
             else:
                 result = await _create(channels, decl, ApplyStatus.CREATED)
                 stopped = result.conflict is not None  # a racing apply: stop here

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.errors import ConnectionFailed, TopologyConflict
+from delayq.errors import ConnectionFailed, TopologyConflict, TopologyMissing
 from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
@@ -17,7 +17,13 @@ from delayq.topology.declarations import (
     build_declarations,
 )
 from delayq.topology.model import Topology
-from delayq.topology.report import ApplyReport, ApplyResult, ApplyStatus, spoils_marker
+from delayq.topology.report import (
+    ApplyReport,
+    ApplyResult,
+    ApplyStatus,
+    existing_queue_missing,
+    spoils_marker,
+)
 from delayq.urls import check_vhost, redact, resolve_url
 
 __all__ = ["apply_topology", "delete_topology"]
@@ -126,7 +132,10 @@ def _apply(channels: Channels, topology: Topology) -> ApplyReport:
             if stopped:
                 result = ApplyResult(decl, ApplyStatus.SKIPPED)
             else:
-                result = _apply_one(channels, decl)
+                try:
+                    result = _apply_one(channels, decl)
+                except TopologyMissing as exc:
+                    raise existing_queue_missing(topology, decl) or exc from exc
                 stopped = result.conflict is not None  # a racing apply: stop here
         report.results.append(result)
     marker = decls[-1]

@@ -20,8 +20,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from delayq.errors import TopologyConflict
-from delayq.topology.declarations import Declaration, is_destination_entity
+from delayq.errors import TopologyConflict, TopologyMissing
+from delayq.topology.declarations import BindingDecl, Declaration, is_destination_entity
 from delayq.topology.model import Topology
 
 __all__ = ["ApplyReport", "ApplyResult", "ApplyStatus", "spoils_marker"]
@@ -84,4 +84,20 @@ def spoils_marker(topology: Topology, results: Sequence[ApplyResult]) -> bool:
     return any(
         r.conflict is not None and not is_destination_entity(topology, r.declaration)
         for r in results
+    )
+
+
+def existing_queue_missing(topology: Topology, decl: Declaration) -> TopologyMissing | None:
+    """The error of a binding refused as missing when its queue is a destination the
+    topology declares ``existing: true`` (an application's own queue, which delayq binds
+    and never creates): create it, not "apply" again (``None`` for any other)."""
+    if not isinstance(decl, BindingDecl):
+        return None
+    if decl.destination not in {d.queue for d in topology.destinations if d.existing}:
+        return None
+    return TopologyMissing(
+        f"queue {decl.destination!r} does not exist: the topology declares it `existing: "
+        "true` (an application's own queue, which delayq binds but never creates). Create "
+        "it as the application has it (durable, its own arguments), then apply again; "
+        "what apply declared so far stays, applying twice changes nothing"
     )
