@@ -1,16 +1,28 @@
 """``delayq bridge``: run the bridge of each intake of a topology (see
 :mod:`delayq.sync.bridge`) until SIGTERM or SIGINT. A stop waits ``--stop-grace`` for
-what is in flight; one that had to leave deliveries unconfirmed exits 1, saying so."""
+what is in flight; one that had to leave deliveries unconfirmed exits 1, saying so.
+SIGHUP stops the bridges the same way and starts them again with the topology file read
+anew (a binding added and applied: a running bridge would park its key as unbound)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import click
 
 from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import Prefetch, leaf, once
+from delayq.errors import DelayqError
+
+if TYPE_CHECKING:
+    from delayq.topology.model import Topology
 
 __all__ = ["bridge_commands"]
 
@@ -70,18 +82,63 @@ def cmd_bridge(args: Args) -> int:
         # failed connection) only repeat it, as `delayq worker` does.
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     topology, url = topology_and_url(args)
-    names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
-    worker = Worker(topology)  # a worker of bridges alone: its threads, signals, failures
-    for name in names or [pick_intake(topology, None).exchange]:
-        worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
-    ns = topology.namespace
-    print(
-        "delayq bridge: "
-        + ", ".join(
-            f"{name} -> {pick_intake(topology, name).queue_name(ns)}" for name, _ in worker.bridges
-        )
-        + f" on {redact(url)}",
-        flush=True,
-    )
-    worker.run(url)  # each bridge logs what it did when it stops
-    return EXIT_OK
+    reload, running = threading.Event(), [threading.Event()]
+
+    def hangup() -> None:
+        reload.set()
+        running[0].set()
+
+    with on_sighup(hangup):  # the whole time: SIGHUP never ends the process
+        while True:
+            names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
+            worker = Worker(topology)  # a worker of bridges alone: threads, signals, failures
+            for name in names or [pick_intake(topology, None).exchange]:
+                worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
+            ns = topology.namespace
+            print(
+                "delayq bridge: "
+                + ", ".join(
+                    f"{name} -> {pick_intake(topology, name).queue_name(ns)}"
+                    for name, _ in worker.bridges
+                )
+                + f" on {redact(url)} (SIGHUP: read {args.file} again)",
+                flush=True,
+            )
+            reload.clear()
+            running[0] = stop = threading.Event()  # SIGTERM/SIGINT set it too (the worker's)
+            worker.run(url, stop=stop)  # each bridge logs what it did when it stops
+            if not reload.is_set():
+                return EXIT_OK
+            topology = _reread(args, topology)
+
+
+@contextlib.contextmanager
+def on_sighup(call: Callable[[], object]) -> Iterator[None]:
+    """Within the block, SIGHUP calls ``call`` (the bridges stop as on SIGTERM, to start
+    again with the file read anew) instead of ending the process; its former handler
+    comes back after."""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, lambda _signum, _frame: call())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _reread(args: Args, current: Topology) -> Topology:
+    """The topology file read again; the one running when it is refused (said why)."""
+    try:
+        topology, _url = topology_and_url(args)
+    except DelayqError as exc:
+        print(f"delayq bridge: SIGHUP: {args.file} refused, the bridges go on as they were: "
+              f"{exc}", file=sys.stderr, flush=True)  # fmt: skip
+        return current
+    if topology.namespace != current.namespace:
+        print(f"delayq bridge: SIGHUP: {args.file} now names namespace {topology.namespace!r}, "
+              f"not {current.namespace!r}: the bridges go on as they were", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return current
+    print(f"delayq bridge: SIGHUP: {args.file} read again", flush=True)
+    return topology

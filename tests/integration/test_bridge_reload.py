@@ -1,0 +1,77 @@
+"""SIGHUP makes ``delayq bridge`` read its topology file again: a key parked as unbound
+by a running bridge is delivered by a replay once the binding is added, applied and the
+bridge told so (an outside tester's replay did nothing while the bridge kept the
+topology it had started with). A file refused on reload leaves the bridges as they were."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from delayq import Topology
+from delayq.sync import apply_topology, delete_topology
+from tests.amqp import depth
+from tests.integration.intake_support import publish_plugin_style
+from tests.integration.ops import delayq
+from tests.waiting import wait_for
+
+
+def _said(path: Path, text: str, times: int = 1) -> bool:
+    return path.read_text(errors="replace").count(text) >= times
+
+
+def test_sighup_rereads_the_file_and_a_replay_then_delivers(
+    rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    ns = make_topology().namespace
+    first = make_topology(
+        ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(first.model_dump(mode="json")))
+    apply_topology(first, rabbitmq_url)
+    intake = first.intakes[0]
+    queue, dlq = intake.queue_name(first.namespace), intake.dlq_name(first.namespace)
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "delayq", "bridge", "-f", str(path), "--url", rabbitmq_url],
+            stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: _said(err, "worker running"), 60, lambda: err.read_text())
+        message = {"id": "later-b", "routing_key": "job.b", "body": b"{}",
+                   "headers": {"x-delay": 0}}  # fmt: skip
+        publish_plugin_style(rabbitmq_url, intake.exchange, [message])
+        wait_for(lambda: depth(rabbitmq_url, dlq) == 1, 30, f"job.b parked in {dlq}")
+        # the operator binds job.b, applies, tells the bridge; a bad file first: kept as is
+        path.write_text("namespace: [")
+        command.send_signal(signal.SIGHUP)
+        wait_for(lambda: _said(err, "refused, the bridges go on"), 60, lambda: err.read_text())
+        wait_for(lambda: _said(err, "worker running", 2), 60, lambda: err.read_text())
+        second = Topology.model_validate(
+            {**first.model_dump(),
+             "destinations": [{"queue": f"{ns}x.work", "bindings": ["job.a", "job.b"]}]}
+        )  # fmt: skip
+        path.write_text(yaml.safe_dump(second.model_dump(mode="json")))
+        apply_topology(second, rabbitmq_url)
+        command.send_signal(signal.SIGHUP)
+        wait_for(lambda: _said(out, "read again"), 60, lambda: out.read_text() + err.read_text())
+        wait_for(lambda: _said(err, "worker running", 3), 60, lambda: err.read_text())
+        replay = delayq("dlq", "replay", queue, "--all", "-f", str(path), "--url", rabbitmq_url)
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        wait_for(lambda: depth(rabbitmq_url, f"{ns}x.work") == 1, 30, "job.b delivered")
+        assert depth(rabbitmq_url, dlq) == 0
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(60) == 0, err.read_text()
+    finally:
+        command.kill()
+        command.wait(30)
+        delete_topology(first, rabbitmq_url)
