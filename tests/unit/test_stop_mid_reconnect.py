@@ -183,3 +183,24 @@ def test_a_stall_check_that_finds_the_feed_gone_reports_it(monkeypatch: pytest.M
 
     asyncio.run(scenario())
     assert reported and isinstance(reported[0], FeedLost)
+
+
+def test_a_wire_closed_while_its_close_is_cancelled_is_dropped_and_the_cancel_goes_on() -> None:
+    """A cancel of a task closing a frame connection (the broker never answers its
+    Connection.Close) is not swallowed: the connection is dropped, the cancel raised."""
+    from delayq.aio._wire import Wire
+    from tests.unit.wire_fakes import Transport
+
+    async def scenario() -> None:
+        wire, transport = Wire(), Transport()
+        wire.transport = transport  # type: ignore[assignment]
+        closing = asyncio.ensure_future(wire.close(timeout_s=30))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert b"bye" in transport.written  # Connection.Close sent, no answer
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert transport.closed
+
+    asyncio.run(scenario())

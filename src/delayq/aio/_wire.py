@@ -236,7 +236,10 @@ class Wire(Framing):
                 ),
                 timeout_s,
             )
-        except (Exception, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            self.abort()  # dropped all the same, then the cancel goes on: not swallowed
+            raise
+        except Exception:
             pass
         self.abort()
 
