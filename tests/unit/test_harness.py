@@ -21,6 +21,13 @@ def test_needs_a_broker(rabbitmq_url):
 """
 
 
+@pytest.fixture(autouse=True)
+def _the_installed_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests fake the installed server's programs: whatever server the run's
+    nodes use (``DELAYQ_RABBITMQ_SERVER=4.3``) is not theirs."""
+    monkeypatch.delenv("DELAYQ_RABBITMQ_SERVER", raising=False)
+
+
 def _run_pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_needs_broker.py").write_text(NEEDS_BROKER)
     env = {k: v for k, v in os.environ.items() if k not in ("RABBITMQ_URL", "CI")}
