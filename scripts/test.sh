@@ -89,10 +89,11 @@ for server in "${servers[@]}"; do
         scale=(DELAYQ_FAULT_CLOSE_SECONDS=30 DELAYQ_FAULT_SIGKILL_MESSAGES=10000
                DELAYQ_FAULT_RESTART_MESSAGES=10000)
     fi
+    # --durations: every test over 8 s is listed, to see where a stage's time goes.
     env "${scale[@]}" DELAYQ_RABBITMQ_SERVER="$server" \
         timeout --signal=INT --kill-after=120 55m \
         .venv/bin/python -m pytest -p no:cacheprovider "${workers[@]}" -m "$marks" \
-        --durations=15 "${suites[@]}" || status=$?
+        --durations=0 --durations-min=8 "${suites[@]}" || status=$?
     echo "==> elapsed: $(( ($(date +%s) - started) / 60 )) min"
 done
 # The cluster scenario on 3.10.8 and 4.3.x, not on 4.0.5: a 4.0.5 cluster held 293,850
