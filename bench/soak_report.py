@@ -190,9 +190,16 @@ def account(sent: int, confirmed: Sequence[int], seen: Sequence[int]) -> Account
     )
 
 
-def counts_line(counts: Mapping[str, int]) -> str:
-    """``{"handled": 1200, "retried": 0}`` as ``handled 1,200, retried 0``."""
-    return ", ".join(f"{key.replace('_', ' ')} {value:,}" for key, value in counts.items())
+def counts_line(counts: Mapping[str, object]) -> str:
+    """``{"handled": 1200, "retried": 0}`` as ``handled 1,200, retried 0``; a field that
+    is not a count (``None``: not known yet) as it is, ``-`` for ``None``."""
+    return ", ".join(f"{key.replace('_', ' ')} {_count(value)}" for key, value in counts.items())
+
+
+def _count(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "-" if value is None else str(value)
 
 
 def accounting_table(a: Accounting) -> str:

@@ -164,6 +164,12 @@ def test_account_wants_one_entry_per_message():
         report.account(3, [1, 1], [1, 1, 1])
 
 
+def test_counts_line_shows_a_field_that_is_not_a_count_as_it_is():
+    # ConsumerStats holds None until it knows (a park run crashed on it formatting None)
+    line = report.counts_line({"handled": 1200, "last_lost": None, "stalled": True})
+    assert line == "handled 1,200, last lost -, stalled True"
+
+
 def test_counts_line():
     assert report.counts_line({"handled": 12000, "dead_lettered": 0}) == (
         "handled 12,000, dead lettered 0"
