@@ -69,9 +69,69 @@ def test_sighup_rereads_the_file_and_a_replay_then_delivers(
         assert replay.returncode == 0, replay.stdout + replay.stderr
         wait_for(lambda: depth(rabbitmq_url, f"{ns}x.work") == 1, 30, "job.b delivered")
         assert depth(rabbitmq_url, dlq) == 0
+        # a file that loads but cannot be bridged (an intake not applied yet): the bridges
+        # go back to the file as it was, and go on (they died with exit 1: outside tester)
+        third = Topology.model_validate(
+            {**second.model_dump(),
+             "intakes": [*second.model_dump()["intakes"], {"exchange": f"later-{ns}"}]}
+        )  # fmt: skip
+        path.write_text(yaml.safe_dump(third.model_dump(mode="json")))
+        command.send_signal(signal.SIGHUP)
+        wait_for(lambda: _said(err, "cannot be bridged"), 60, lambda: err.read_text())
+        wait_for(lambda: _said(err, "worker running", 4), 60, lambda: err.read_text())
+        assert command.poll() is None, err.read_text()
+        again = {"id": "after-bad", "routing_key": "job.a", "body": b"{}",
+                 "headers": {"x-delay": 0}}  # fmt: skip
+        publish_plugin_style(rabbitmq_url, intake.exchange, [again])
+        wait_for(lambda: depth(rabbitmq_url, f"{ns}x.work") == 2, 30, "delivered after it")
         command.send_signal(signal.SIGTERM)
         assert command.wait(60) == 0, err.read_text()
     finally:
         command.kill()
         command.wait(30)
-        delete_topology(first, rabbitmq_url)
+        delete_topology(first, rabbitmq_url)  # the same namespace as the later files
+
+
+def test_a_sighup_while_the_broker_is_down_waits_for_it(tmp_path: Path) -> None:
+    """A SIGHUP with the broker away (a restart): the bridges' new start waits for it and
+    goes on, where it gave up after three tries and the process exited 1 (outside tester:
+    3 of 3, thousands left in the intake until a new bridge ran)."""
+    from delayq.local.node import LocalNode
+
+    node = LocalNode(tmp_path / "node")
+    node.start()
+    try:
+        ns = f"h{tmp_path.name[-6:].replace('-', '')}"
+        topology = Topology(
+            namespace=ns, ladder=["1s"],
+            destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+            intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+        )  # fmt: skip
+        path = tmp_path / "t.yaml"
+        path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+        apply_topology(topology, node.url)
+        out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            command = subprocess.Popen(
+                [sys.executable, "-m", "delayq", "bridge", "-f", str(path), "--url", node.url],
+                stdout=stdout, stderr=stderr,
+            )  # fmt: skip
+        try:
+            wait_for(lambda: _said(err, "worker running"), 60, lambda: err.read_text())
+            node.stop()
+            command.send_signal(signal.SIGHUP)
+            wait_for(lambda: _said(err, "trying again"), 120, lambda: err.read_text())
+            node.start()
+            wait_for(lambda: _said(err, "worker running", 2), 120, lambda: err.read_text())
+            assert command.poll() is None, err.read_text()
+            message = {"id": "after", "routing_key": "job.a", "body": b"{}",
+                       "headers": {"x-delay": 0}}  # fmt: skip
+            publish_plugin_style(node.url, topology.intakes[0].exchange, [message])
+            wait_for(lambda: depth(node.url, f"{ns}x.work") == 1, 30, "delivered")
+            command.send_signal(signal.SIGTERM)
+            assert command.wait(60) == 0, err.read_text()
+        finally:
+            command.kill()
+            command.wait(30)
+    finally:
+        node.cleanup()

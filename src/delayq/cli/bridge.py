@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ import click
 
 from delayq.cli._common import EXIT_OK, Args, topology_and_url
 from delayq.cli.options import Prefetch, leaf, once
-from delayq.errors import DelayqError
+from delayq.errors import ConnectionFailed, DelayqError
 
 if TYPE_CHECKING:
     from delayq.topology.model import Topology
@@ -71,9 +72,6 @@ def bridge_commands() -> list[click.Command]:
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
     from delayq.sync._bridging import check_stop_grace
-    from delayq.sync.bridge import pick_intake
-    from delayq.urls import redact
-    from delayq.worker import Worker
 
     grace_s = check_stop_grace(args.stop_grace, "--stop-grace")  # before connecting
     configure_logging(args.log_level, "text")
@@ -88,28 +86,59 @@ def cmd_bridge(args: Args) -> int:
         reload.set()
         running[0].set()
 
+    ran: Topology | None = None  # the topology the bridges last ran with, before a reload
+    pause_s = RELOAD_RETRY_MIN_S
     with on_sighup(hangup):  # the whole time: SIGHUP never ends the process
         while True:
-            names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
-            worker = Worker(topology)  # a worker of bridges alone: threads, signals, failures
-            for name in names or [pick_intake(topology, None).exchange]:
-                worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
-            ns = topology.namespace
-            print(
-                "delayq bridge: "
-                + ", ".join(
-                    f"{name} -> {pick_intake(topology, name).queue_name(ns)}"
-                    for name, _ in worker.bridges
-                )
-                + f" on {redact(url)} (SIGHUP: read {args.file} again)",
-                flush=True,
-            )
             reload.clear()
             running[0] = stop = threading.Event()  # SIGTERM/SIGINT set it too (the worker's)
-            worker.run(url, stop=stop)  # each bridge logs what it did when it stops
+            try:
+                _run(args, topology, url, grace_s, stop)
+            except DelayqError as exc:
+                if ran is None or reload.is_set():
+                    raise  # no reload to undo: as before SIGHUP existed
+                if isinstance(exc, ConnectionFailed):  # the broker away: wait for it
+                    print(f"delayq bridge: after SIGHUP: {exc}; trying again in {pause_s:g} s",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    time.sleep(pause_s)
+                    pause_s = min(pause_s * 2, RELOAD_RETRY_MAX_S)
+                    continue
+                if topology is ran:
+                    raise
+                print(f"delayq bridge: after SIGHUP: {args.file} cannot be bridged ({exc}); "
+                      "the bridges go on as they were", file=sys.stderr, flush=True)  # fmt: skip
+                topology = ran
+                continue
+            pause_s = RELOAD_RETRY_MIN_S
             if not reload.is_set():
                 return EXIT_OK
-            topology = _reread(args, topology)
+            ran, topology = topology, _reread(args, topology)
+
+
+RELOAD_RETRY_MIN_S, RELOAD_RETRY_MAX_S = 1.0, 30.0
+"""How long a reload that found no broker waits before trying again (doubling)."""
+
+
+def _run(args: Args, topology: Topology, url: str, grace_s: float, stop: threading.Event) -> None:
+    """The bridges of ``topology``'s intakes (or ``--intake``'s) until ``stop``."""
+    from delayq.sync.bridge import pick_intake
+    from delayq.urls import redact
+    from delayq.worker import Worker
+
+    names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
+    worker = Worker(topology)  # a worker of bridges alone: threads, signals, failures
+    for name in names or [pick_intake(topology, None).exchange]:
+        worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
+    ns = topology.namespace
+    print(
+        "delayq bridge: "
+        + ", ".join(
+            f"{name} -> {pick_intake(topology, name).queue_name(ns)}" for name, _ in worker.bridges
+        )
+        + f" on {redact(url)} (SIGHUP: read {args.file} again)",
+        flush=True,
+    )
+    worker.run(url, stop=stop)  # each bridge logs what it did when it stops
 
 
 @contextlib.contextmanager
