@@ -58,6 +58,8 @@ def test_grant_takes_the_vhost_and_the_rabbitmqctl_command(capsys):
     ("argv", "message"),
     [
         (["topology", "grant"], "--admin-user, --bridge-user, or several"),
+        (["topology", "grant", "--bridge-user", ""], "--bridge-user is empty"),
+        (["topology", "grant", "--producer-user", " "], "--producer-user is empty"),
         ([*VIA_MANAGEMENT, "--no-management"], "--no-management"),
         (
             [*VIA_MANAGEMENT, "--management-url", "ftp://u:s3cret@h/"],

@@ -144,6 +144,11 @@ def cmd_grant(args: Args) -> int:
     # --vhost names the vhost to grant on; without it, the topology's as every command
     # that takes a URL reads it (the URL's when the file names none).
     topology = load_cli_topology(args) if args.vhost is not None else topology_and_url(args)[0]
+    for option, user in (("--producer-user", args.producer_user),
+                         ("--consumer-user", args.consumer_user),
+                         ("--admin-user", args.admin_user), ("--bridge-user", args.bridge_user)):
+        if user is not None and not user.strip():
+            raise InvalidInput(f"{option} is empty: give the user's name")  # fmt: skip
     if not (args.producer_user or args.consumer_user or args.admin_user or args.bridge_user):
         raise InvalidInput(
             "give --producer-user, --consumer-user, --admin-user, --bridge-user, or several"
