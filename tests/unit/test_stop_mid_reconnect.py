@@ -15,12 +15,23 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import uvloop
 
 from delayq import Topology
 from delayq.aio import AsyncConsumer
 from delayq.aio._connection import close_shielded
 from delayq.sync import apply_topology
 from delayq.testing import MemoryBroker
+
+LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+"""Each scenario on asyncio's loop and on uvloop (uvicorn's default)."""
+
+
+def run_on(loop: str, coro: Any) -> None:
+    factory = uvloop.new_event_loop if loop == "uvloop" else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(coro)
+
 
 TOPOLOGY = Topology(
     namespace="stopping", ladder=["1s"], destinations=[{"queue": "work", "bindings": ["job.#"]}]
@@ -41,7 +52,8 @@ class _SlowClose:
         self.is_closed = True
 
 
-def test_a_cancel_does_not_cut_a_shielded_close_it_waits_for_it_then_is_raised() -> None:
+@LOOPS
+def test_a_cancel_does_not_cut_a_shielded_close_it_waits_for_it_then_is_raised(loop: str) -> None:
     async def scenario() -> None:
         connection = _SlowClose()
         closing = asyncio.ensure_future(close_shielded(connection))
@@ -52,7 +64,7 @@ def test_a_cancel_does_not_cut_a_shielded_close_it_waits_for_it_then_is_raised()
             await closing
         assert connection.is_closed and connection.steps == 5
 
-    asyncio.run(scenario())
+    run_on(loop, scenario())
 
 
 class _ReopenFeed:
@@ -96,7 +108,8 @@ class _ReopenFeed:
         pass
 
 
-def test_stop_waits_for_the_reconnect_it_cancels(memory_broker: MemoryBroker) -> None:
+@LOOPS
+def test_stop_waits_for_the_reconnect_it_cancels(memory_broker: MemoryBroker, loop: str) -> None:
     async def handler(body: Any) -> None:
         pass
 
@@ -114,7 +127,7 @@ def test_stop_waits_for_the_reconnect_it_cancels(memory_broker: MemoryBroker) ->
         await consumer.stop()
         assert reconnecting.done() and feed.closed_what_it_opened
 
-    asyncio.run(scenario())
+    run_on(loop, scenario())
 
 
 class _LostAgainFeed(_ReopenFeed):
@@ -129,8 +142,9 @@ class _LostAgainFeed(_ReopenFeed):
             on_lost(ConnectionError("closed again by the broker"))  # mid-reconnect
 
 
+@LOOPS
 def test_a_feed_lost_again_while_reconnecting_is_opened_once_more(
-    memory_broker: MemoryBroker,
+    memory_broker: MemoryBroker, loop: str
 ) -> None:
     """Not a consumer left on a dead feed: the second loss makes the reconnect go round
     once more (it was ignored, a reconnect being under way, and the reconnect then counted
@@ -156,10 +170,13 @@ def test_a_feed_lost_again_while_reconnecting_is_opened_once_more(
         finally:
             await consumer.stop()
 
-    asyncio.run(scenario())
+    run_on(loop, scenario())
 
 
-def test_a_stall_check_that_finds_the_feed_gone_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
+@LOOPS
+def test_a_stall_check_that_finds_the_feed_gone_reports_it(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
     """The stall guard's backstop: a feed lost with no reconnect under way (nothing
     heard its loss) is reported lost, where the guard used to look again for good."""
     from delayq.aio import _stalls
@@ -181,11 +198,14 @@ def test_a_stall_check_that_finds_the_feed_gone_reports_it(monkeypatch: pytest.M
             await asyncio.sleep(0.01)
         guard.cancel()
 
-    asyncio.run(scenario())
+    run_on(loop, scenario())
     assert reported and isinstance(reported[0], FeedLost)
 
 
-def test_a_wire_closed_while_its_close_is_cancelled_is_dropped_and_the_cancel_goes_on() -> None:
+@LOOPS
+def test_a_wire_closed_while_its_close_is_cancelled_is_dropped_and_the_cancel_goes_on(
+    loop: str,
+) -> None:
     """A cancel of a task closing a frame connection (the broker never answers its
     Connection.Close) is not swallowed: the connection is dropped, the cancel raised."""
     from delayq.aio._wire import Wire
@@ -203,4 +223,4 @@ def test_a_wire_closed_while_its_close_is_cancelled_is_dropped_and_the_cancel_go
             await closing
         assert transport.closed
 
-    asyncio.run(scenario())
+    run_on(loop, scenario())
