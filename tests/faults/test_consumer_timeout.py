@@ -14,7 +14,7 @@ import pytest
 from delayq import FixedBackoff, Message
 from delayq.sync import Publisher
 from tests.faults.test_faults import _verdict
-from tests.faults.workload import ConsumerThread, Effects, leftovers, make_topology
+from tests.faults.workload import ConsumerThread, Effects, SlowOnce, leftovers, make_topology
 from tests.versions import consumer_timeout_cancels
 
 TIMEOUT_MS = 5_000
@@ -28,13 +28,7 @@ def test_a_delivery_held_past_the_brokers_consumer_timeout_loses_and_stops_nothi
     node = fault_node(consumer_timeout=str(TIMEOUT_MS))
     topo = make_topology(["1s"])
     effects = Effects(tmp_path / "app.db")
-    attempts: dict[int, int] = {}
-
-    def slow_once(body: dict[str, int], tx: Any) -> None:
-        attempts[body["n"]] = attempts.get(body["n"], 0) + 1
-        if body["n"] == 0 and attempts[0] == 1:
-            time.sleep(TIMEOUT_MS / 1000 + 6)  # past the broker's timeout, not delayq's
-        tx.execute("INSERT INTO effects (n) VALUES (?)", (body["n"],))
+    slow_once = SlowOnce(TIMEOUT_MS / 1000 + 6)  # past the broker's timeout, not delayq's
 
     consumer = ConsumerThread(
         node.url, topo, effects, kind, handler=slow_once, handler_timeout="60s",
@@ -62,7 +56,7 @@ def test_a_delivery_held_past_the_brokers_consumer_timeout_loses_and_stops_nothi
         messages=10, faults=1, lost=lost, doubles=doubles, recover_s="",
         duration_s=round(time.monotonic() - started),
         notes=f"RabbitMQ {node.version}: reconnects {stats.reconnects}, attempts of the slow "
-        f"message {attempts.get(0)}",
+        f"message {slow_once.attempts.get(0)}",
     )  # fmt: skip
     assert lost == 0 and doubles == 0 and not left, (lost, doubles, left)
     if consumer_timeout_cancels(node.version):

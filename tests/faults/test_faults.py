@@ -30,6 +30,7 @@ from delayq.sync import Publisher, apply_topology
 from tests.faults.workload import (
     ConsumerThread,
     Effects,
+    SlowOnce,
     leftovers,
     make_topology,
     parked,
@@ -352,13 +353,7 @@ def test_handler_slower_than_the_broker_consumer_timeout(fault_node, reliability
     node = fault_node(consumer_timeout=str(consumer_timeout_ms))
     topo = make_topology(["1s"])
     effects = Effects(tmp_path / "app.db")
-    attempts: dict[int, int] = {}
-
-    def slow_once(body: dict[str, int], tx: Any) -> None:
-        attempts[body["n"]] = attempts.get(body["n"], 0) + 1
-        if body["n"] == 0 and attempts[0] == 1:
-            time.sleep(consumer_timeout_ms / 1000 + 4)  # past the broker's timeout
-        tx.execute("INSERT INTO effects (n) VALUES (?)", (body["n"],))
+    slow_once = SlowOnce(consumer_timeout_ms / 1000 + 4)  # past the broker's timeout
 
     consumer = ConsumerThread(
         node.url, topo, effects, handler=slow_once, handler_timeout="2s",

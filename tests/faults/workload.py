@@ -74,6 +74,21 @@ def handler(body: dict[str, int], tx: sqlite3.Connection) -> None:
     tx.execute("INSERT INTO effects (n) VALUES (?)", (body["n"],))
 
 
+class SlowOnce:
+    """:func:`handler`, whose first attempt at message 0 first sleeps ``hold_s`` (past a
+    timeout); ``attempts`` counts each message's attempts."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.attempts: dict[int, int] = {}
+
+    def __call__(self, body: dict[str, int], tx: sqlite3.Connection) -> None:
+        self.attempts[body["n"]] = self.attempts.get(body["n"], 0) + 1
+        if body["n"] == 0 and self.attempts[0] == 1:
+            time.sleep(self.hold_s)
+        handler(body, tx)
+
+
 class ConsumerThread:
     """A transactional consumer (either adapter) running in a thread of this process."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pika
 
-from delayq import build_declarations
+from delayq import Topology, build_declarations
 from delayq.sync.bridge import Bridge
 from delayq.topology.declarations import QueueDecl
 from tests.amqp import depth
@@ -39,6 +39,12 @@ class Running:
         self.thread.join(30)
         if self.error:
             raise self.error[0]
+
+
+def with_intake(plain: Topology, kind: str = "topic") -> Topology:
+    """``plain`` with one intake, ``plugin-<namespace>`` of ``kind``."""
+    intakes = [{"exchange": f"plugin-{plain.namespace}", "type": kind}]
+    return Topology.model_validate({**plain.model_dump(), "intakes": intakes})
 
 
 def publish_plugin_style(url: str, exchange: str, messages: list[dict[str, Any]]) -> None:

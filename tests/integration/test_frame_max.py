@@ -108,17 +108,15 @@ def test_the_bridge_settles_a_message_its_forward_cannot_fit_at_once(
     the bridge rejects it to the intake's DLQ as it came, at once, where it was sent
     back to the intake queue until the broker's delivery limit. The messages around it
     are forwarded."""
-    import threading
-
     import pika
 
     from delayq.sync.bridge import Bridge
+    from tests.integration.intake_support import Running, with_intake
     from tests.waiting import wait_for
 
     url = small_frames.url
     plain = make_topology(["1s"])
-    intakes = [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]
-    topology = Topology.model_validate({**plain.model_dump(), "intakes": intakes})
+    topology = with_intake(plain)
     apply_topology(topology, url)
     intake = topology.intakes[0]
     queue, dlq = intake.queue_name(topology.namespace), intake.dlq_name(topology.namespace)
@@ -130,9 +128,8 @@ def test_the_bridge_settles_a_message_its_forward_cannot_fit_at_once(
         props = pika.BasicProperties(message_id=f"f{n}", headers=headers)
         channel.basic_publish(intake.exchange, "job.frame", b"{}", props, mandatory=True)
     connection.close()
-    bridge = Bridge(url, topology)
-    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
-    thread.start()
+    running = Running(Bridge(url, topology))
+    bridge = running.bridge
     try:
         wait_for(lambda: depth(url, dlq) == 1, 30, lambda: f"{dlq}: {depth(url, dlq)}")
         wait_for(lambda: bridge.stats.forwarded == 4, 30, lambda: f"{bridge.stats}")
@@ -140,5 +137,4 @@ def test_the_bridge_settles_a_message_its_forward_cannot_fit_at_once(
         assert (bridge.stats.parked, bridge.stats.rejected) == (0, 1), bridge.stats
         assert depth(url, queue) == 0
     finally:
-        bridge.request_stop()
-        thread.join(30)
+        running.stop()

@@ -470,6 +470,7 @@ def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues
 
     from delayq.sync import delete_topology
     from delayq.sync.bridge import Bridge
+    from tests.integration.intake_support import Running
 
     node = local_rabbitmq_management_node
     ns = f"o{uuid.uuid4().hex[:10]}"
@@ -488,11 +489,8 @@ def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues
     applied = delayq("topology", "apply", "--file", str(path), "--url", admin.url)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     arrived = collect(f"{ns}x.work", url=node.url)
-    bridge = Bridge(bridge_user.url, topology)
-    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
-    thread.start()
+    running = Running(Bridge(bridge_user.url, topology))  # up as its own user
     try:
-        wait_for(bridge.started.is_set, 30, lambda: "the bridge up as its own user")
         raw = Raw(producer.url)
         try:
             raw.publish(f"plugin-{ns}", "job.a", {"x-delay": 500})
@@ -508,8 +506,7 @@ def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues
             as_bridge.close()
         [arrival] = arrived.wait(1, 30)
         assert arrival.routing_key == "job.a"
-        wait_for(lambda: bridge.stats.parked == 1, 30, lambda: "the bad one parked")
+        wait_for(lambda: running.bridge.stats.parked == 1, 30, lambda: "the bad one parked")
     finally:
-        bridge.request_stop()
-        thread.join(30)
+        running.stop()
         delete_topology(topology, node.url)

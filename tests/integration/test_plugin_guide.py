@@ -25,6 +25,7 @@ from delayq.ops.management import ManagementAPI
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
 from tests.guide_blocks import PLUGIN_GUIDE, block
+from tests.integration.intake_support import Running
 from tests.integration.ops import add_user, delete_user
 from tests.integration.test_readme_examples import VHost, vhost  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
@@ -190,11 +191,8 @@ def test_the_grant_block_gives_the_bridge_a_user_of_its_own(
         ops = url.format("ops", passwords["ops"])
         assert main(["topology", "apply", "-f", file, "--url", ops]) == 0
         topology = load_topology(tmp_path / file)
-        bridge = Bridge(url.format("relay", passwords["relay"]), topology)
-        thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
-        thread.start()
+        running = Running(Bridge(url.format("relay", passwords["relay"]), topology))
         try:
-            wait_for(bridge.started.is_set, 30, lambda: "the bridge up as relay")
             app = pika.BlockingConnection(pika.URLParameters(url.format("app", passwords["app"])))
             channel = app.channel()
             channel.confirm_delivery()
@@ -206,8 +204,7 @@ def test_the_grant_block_gives_the_bridge_a_user_of_its_own(
                 channel.basic_publish("delayq.orders.delayed.direct", "orders.reminders", b"x")
             app.close()
         finally:
-            bridge.request_stop()
-            thread.join(30)
+            running.stop()
     finally:
         for name in passwords:
             delete_user(node, name)

@@ -82,20 +82,14 @@ def test_the_bridge_forwards_no_broker_history_so_a_plugin_publishers_x_death_ar
     bridge leaves the broker's history out of each forward, so all arrive on every
     version, and the tier does not stall behind them (on 3.10.8 forty of them once stopped
     a tier for good: dropped by cycle detection, held as dead letters)."""
-    import threading
-
-    from delayq import Topology
     from delayq.sync.bridge import Bridge
+    from tests.integration.intake_support import Running, with_intake
 
-    plain = make_topology(["1s"])
-    intakes = [{"exchange": f"plugin-{plain.namespace}", "type": "topic"}]
-    topology = Topology.model_validate({**plain.model_dump(), "intakes": intakes})
+    topology = with_intake(make_topology(["1s"]))
     apply_topology(topology, rabbitmq_url)
     work = f"{topology.namespace}.work"
     collector = Collector(rabbitmq_url, [work]).start()
-    bridge = Bridge(rabbitmq_url, topology)
-    thread = threading.Thread(target=lambda: bridge.run(install_signal_handlers=False))
-    thread.start()
+    running = Running(Bridge(rabbitmq_url, topology))
     try:
         connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
         channel = connection.channel()
@@ -108,7 +102,8 @@ def test_the_bridge_forwards_no_broker_history_so_a_plugin_publishers_x_death_ar
                        "x-first-death-reason": reason, "x-last-death-queue": work,
                        "x-delivery-count": 3, "x-received-from": [], "x-app": "kept"}  # fmt: skip
             props = pika.BasicProperties(message_id=f"d{n}", headers=headers)
-            channel.basic_publish(intakes[0]["exchange"], "job.a", b"{}", props, mandatory=True)
+            channel.basic_publish(topology.intakes[0].exchange, "job.a", b"{}", props,
+                                  mandatory=True)  # fmt: skip
         connection.close()
         wait_for(lambda: len(collector.arrivals) >= 60, 60, lambda: f"{len(collector.arrivals)}")
         arrived = sorted(a.message_id for a in collector.arrivals)
@@ -118,6 +113,5 @@ def test_the_bridge_forwards_no_broker_history_so_a_plugin_publishers_x_death_ar
         assert headers.get("x-first-death-queue") != work, headers
         assert "x-received-from" not in headers and headers.get("x-app") == "kept"
     finally:
-        bridge.request_stop()
-        thread.join(30)
+        running.stop()
         collector.stop()
