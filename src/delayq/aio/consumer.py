@@ -173,19 +173,21 @@ class AsyncConsumer(NoContext, AsyncDeliveryFlow):
         else:  # the feed the reconnect opens: it goes round once more
             self._lost_again = True
 
+    async def _let_go(self) -> None:
+        """Give up the feed it has: the broker requeues what its channel did not ack."""
+        self._open_now = False
+        self._acks.abandon()
+        await self._feed.close()
+
     async def _reconnect(self) -> None:
         delay = RECONNECT_MIN_S
-        self._open_now = False
-        self._acks.abandon()  # the broker requeues what this channel did not ack
-        await self._feed.close()
+        await self._let_go()
         while not self._stopping:
             self._lost_again = False
             try:
                 await self._open()
                 if self._lost_again:  # a dead feed is not a reconnect
-                    self._open_now = False
-                    self._acks.abandon()
-                    await self._feed.close()
+                    await self._let_go()
                     raise ConnectionError("the broker closed the new connection at once")
             except Exception as exc:
                 log.warning(

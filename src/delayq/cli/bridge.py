@@ -6,13 +6,11 @@ anew (a binding added and applied: a running bridge would park its key as unboun
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -72,6 +70,7 @@ def bridge_commands() -> list[click.Command]:
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
     from delayq.sync._bridging import check_stop_grace
+    from delayq.sync._signals import stopping_on_signals
 
     grace_s = check_stop_grace(args.stop_grace, "--stop-grace")  # before connecting
     configure_logging(args.log_level, "text")
@@ -88,7 +87,8 @@ def cmd_bridge(args: Args) -> int:
 
     ran: Topology | None = None  # the topology the bridges last ran with, before a reload
     pause_s = RELOAD_RETRY_MIN_S
-    with on_sighup(hangup):  # the whole time: SIGHUP never ends the process
+    hangups = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+    with stopping_on_signals(hangup, signals=hangups):  # the whole time: it never ends it
         while True:
             reload.clear()
             running[0] = stop = threading.Event()  # SIGTERM/SIGINT set it too (the worker's)
@@ -139,21 +139,6 @@ def _run(args: Args, topology: Topology, url: str, grace_s: float, stop: threadi
         flush=True,
     )
     worker.run(url, stop=stop)  # each bridge logs what it did when it stops
-
-
-@contextlib.contextmanager
-def on_sighup(call: Callable[[], object]) -> Iterator[None]:
-    """Within the block, SIGHUP calls ``call`` (the bridges stop as on SIGTERM, to start
-    again with the file read anew) instead of ending the process; its former handler
-    comes back after."""
-    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGHUP, lambda _signum, _frame: call())
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, previous)
 
 
 def _reread(args: Args, current: Topology) -> Topology:

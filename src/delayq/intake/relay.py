@@ -197,8 +197,7 @@ class Relay:
         # Not the broker's own history of the message (delivery counts, dead-letter
         # deaths: a publisher's x-death naming a queue on its way makes RabbitMQ 3.x drop
         # it there as a dead-letter cycle, and stall the tier behind it).
-        headers = {k: v for k, v in _their_headers(incoming.headers).items()
-                   if not _added_by_broker(k)}  # fmt: skip
+        headers = _as_published(incoming.headers)
         for annotation in DELAY_HEADERS[1:]:  # honoured here: a broker must not delay it again
             headers.pop(annotation, None)
         if X_DELAY in headers:
@@ -302,7 +301,7 @@ def intake_id(
     the same id whenever it is read (a redelivery after a crash, a replay from the DLQ),
     and two requests that differ only in a correlation id are two messages. Headers the
     broker added (:data:`BROKER_HEADERS`) and delayq's own are left out."""
-    theirs = {k: v for k, v in _their_headers(headers).items() if not _added_by_broker(k)}
+    theirs = _as_published(headers)
     digest = hashlib.sha256()
     for part in (
         exchange,
@@ -334,6 +333,12 @@ def _added_by_broker(key: object) -> bool:
         return False
     key = key.lower()
     return key in BROKER_HEADERS or key.startswith(("x-first-death-", "x-last-death-"))
+
+
+def _as_published(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers its publisher sent: :func:`_their_headers` without those a broker
+    added as the message moved (:data:`BROKER_HEADERS`)."""
+    return {k: v for k, v in _their_headers(headers).items() if not _added_by_broker(k)}
 
 
 def _their_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
