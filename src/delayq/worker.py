@@ -66,7 +66,17 @@ class Worker:
         self.bridges: list[tuple[str, int]] = []
         """The intakes bridged beside the handlers (:meth:`bridge`), with their prefetch."""
         self._stop_graces: dict[str, Duration] = {}
+        self._running: tuple[threading.Event, list[Bridge]] | None = None
         self._check_options(None, defaults)
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """Stop :meth:`run` (from any thread or a signal handler) as a SIGTERM does;
+        ``now=True`` as a second one does: the bridges give up their stop grace."""
+        if self._running is not None:
+            stop, bridges = self._running
+            for bridge in bridges if now else ():
+                bridge.request_stop(now=True)
+            stop.set()
 
     def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
         """Refuse at declaration, not when the worker starts, options no consumer would
@@ -168,8 +178,11 @@ class Worker:
         stop: threading.Event | None = None,
         observers: Iterable[DeliveryObserver] = (),
         watchdog: Watchdog | None = None,
+        install_signal_handlers: bool = True,
     ) -> None:
-        """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set).
+        """Consume every registered queue until SIGTERM/SIGINT (or ``stop`` is set, or
+        :meth:`request_stop` is called; ``install_signal_handlers=False`` leaves signals to
+        the caller, which must be the case outside the main thread).
 
         ``observers`` watch every consumer, besides any given in the worker's or the
         handler's options (``delayq worker --metrics-port`` adds a metrics observer).
@@ -184,6 +197,7 @@ class Worker:
         SIGTERM or SIGINT has the bridges give up their grace at once.
         """
         from delayq.aio.consumer import AsyncConsumer
+        from delayq.sync._signals import wait_for_stop
         from delayq.sync.bridge import Bridge
         from delayq.sync.consumer import Consumer
 
@@ -203,20 +217,6 @@ class Worker:
             self._check_options(reg.queue, {**self.defaults, **reg.options})
         stop = stop or threading.Event()
         bridges: list[Bridge] = []
-
-        def signalled(*_: Any) -> None:
-            """A stop; a second signal has the bridges give up their grace."""
-            if stop.is_set():
-                for bridge in bridges:
-                    bridge.request_stop(now=True)
-            stop.set()
-
-        in_main = threading.current_thread() is threading.main_thread()
-        previous: dict[int, Any] = {}
-        if in_main:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, signalled)
-
         extra_observers = tuple(observers)
 
         def options(reg: Registration) -> dict[str, Any]:
@@ -280,6 +280,19 @@ class Worker:
             threads.append(
                 threading.Thread(target=watchdog.run, args=(stop,), name="delayq watchdog")
             )
+        self._running = (stop, bridges)
+        signals: list[int] = []
+
+        def signalled(signum: int, _frame: Any) -> None:
+            """A stop; a second signal (not a stop set otherwise: a failure, the caller's
+            ``stop``) has the bridges give up their grace."""
+            self.request_stop(now=bool(signals))
+            signals.append(signum)
+
+        previous: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, signalled)
         try:
             for thread in threads:
                 thread.start()
@@ -323,7 +336,7 @@ class Worker:
                         len(self.registrations),
                         len(bridges),
                     )
-                stop.wait()
+                wait_for_stop(stop)  # a signal's handler runs meanwhile
         finally:
             stop.set()
             for consumer in sync_consumers:
@@ -336,6 +349,7 @@ class Worker:
                     thread.join(60)
             for signum, old in previous.items():
                 signal.signal(signum, old)
+            self._running = None
         if failures:
             queue, exc = failures[0]
             if isinstance(exc, DelayqError) or not isinstance(exc, Exception):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from delayq import Topology
@@ -135,3 +136,47 @@ def test_a_sighup_while_the_broker_is_down_waits_for_it(tmp_path: Path) -> None:
             command.wait(30)
     finally:
         node.cleanup()
+
+
+@pytest.mark.parametrize("first", ["SIGHUP", "SIGTERM"])
+def test_a_stop_and_a_reload_together_stop_for_good_once(
+    rabbitmq_url: str, make_topology: Any, tmp_path: Path, first: str
+) -> None:
+    """SIGHUP and SIGTERM within moments of each other, either order, with deliveries in
+    flight: one graceful stop, exit 0, no reload after it, nothing lost (the SIGTERM had
+    counted as a second stop and the bridges gave up their grace: exit 1; and the reload
+    went on after it)."""
+    ns = make_topology().namespace
+    topology = make_topology(
+        ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    apply_topology(topology, rabbitmq_url)
+    intake = topology.intakes[0]
+    queue = intake.queue_name(topology.namespace)
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "delayq", "bridge", "-f", str(path), "--url", rabbitmq_url],
+            stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: _said(err, "worker running"), 60, lambda: err.read_text())
+        messages = [{"id": f"m{i}", "routing_key": "job.a", "body": b"{}",
+                     "headers": {"x-delay": 0}} for i in range(2000)]  # fmt: skip
+        publish_plugin_style(rabbitmq_url, intake.exchange, messages)
+        order = [signal.SIGHUP, signal.SIGTERM]
+        for sig in order if first == "SIGHUP" else order[::-1]:
+            command.send_signal(sig)
+        assert command.wait(60) == 0, err.read_text()
+        assert not _said(out, "read again"), out.read_text()
+        assert not _said(err, "worker running", 2), err.read_text()
+        wait_for(lambda: depth(rabbitmq_url, f"{ns}x.work") + depth(rabbitmq_url, queue) == 2000,
+                 30, lambda: f"2000 in {ns}x.work and {queue}")  # fmt: skip
+    finally:
+        command.kill()
+        command.wait(30)
+        delete_topology(topology, rabbitmq_url)

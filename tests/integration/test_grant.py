@@ -507,6 +507,40 @@ def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues
         [arrival] = arrived.wait(1, 30)
         assert arrival.routing_key == "job.a"
         wait_for(lambda: running.bridge.stats.parked == 1, 30, lambda: "the bad one parked")
+        _checks_as_users_without_rights_on_the_queues(node, path, topology, producer, bridge_user)
     finally:
         running.stop()
         delete_topology(topology, node.url)
+
+
+def _checks_as_users_without_rights_on_the_queues(
+    node: LocalNode, path: Any, topology: Topology, producer: Any, bridge_user: Any
+) -> None:
+    """``migrate check`` and ``stats`` over AMQP by users with no right on some queues:
+    where the server lets them look (before 4.2.6) they count; where it refuses them even
+    a passive declare, the answer says so (exit 1), never missing, 0 or a traceback."""
+    hidden = passive_declares_checked(node.version)
+    intake = topology.intakes[0].queue_name(topology.namespace)
+    check = delayq("migrate", "check", "-f", str(path), "--url", producer.url, "--json")
+    assert "Traceback" not in check.stderr
+    problems = json.loads(check.stdout)["problems"]
+    if hidden:
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert problems == [
+            f"cannot tell whether a bridge consumes {intake}: this user may not look at it "
+            f"({problems[0].split('(', 1)[1].rsplit(')', 1)[0]}); check as the bridge's user "
+            "or the admin"
+        ], problems
+    else:
+        assert (check.returncode, problems) == (0, []), check.stdout + check.stderr
+    as_bridge = delayq("migrate", "check", "-f", str(path), "--url", bridge_user.url, "--json")
+    assert (as_bridge.returncode, json.loads(as_bridge.stdout)["problems"]) == (0, [])
+    stats = delayq("stats", "-f", str(path), "--url", producer.url, "--no-management", "--json")
+    assert "Traceback" not in stats.stderr
+    rows = {q["queue"]: q for q in json.loads(stats.stdout)["queues"]}
+    assert rows[intake]["exists"] is (None if hidden else True), rows[intake]
+    assert rows[intake].get("hidden", False) is hidden
+    assert stats.returncode == (1 if hidden else 0), stats.stdout + stats.stderr
+    if hidden:
+        assert "not counted: this user may not look at" in stats.stderr, stats.stderr
+        assert "does not exist" not in stats.stderr

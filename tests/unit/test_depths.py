@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 
 from delayq import Topology
-from delayq.ops.depths import Depth, render_stats, stats_json, stats_queues, stats_rows
+from delayq.ops.depths import (
+    Counted,
+    Depth,
+    Unseen,
+    render_stats,
+    stats_json,
+    stats_queues,
+    stats_rows,
+)
 
 TOPO = Topology(
     namespace="shop", ladder=["1s", "5s"], destinations=[{"queue": "emails", "bindings": ["e.*"]}]
@@ -29,8 +37,8 @@ def test_rows_tiers_then_retries_then_destinations_then_unrouted() -> None:
     assert len(stats_queues(rows)) == 9
 
 
-def _depths(unacked: int | None) -> dict[str, Depth | None]:
-    depths: dict[str, Depth | None] = {
+def _depths(unacked: int | None) -> dict[str, Counted]:
+    depths: dict[str, Counted] = {
         name: Depth(0, unacked if unacked is None else 0, 0)
         for name in stats_queues(stats_rows(TOPO))
     }
@@ -66,6 +74,41 @@ def test_missing_queues_are_shown_as_missing() -> None:
     text = render_stats(stats_rows(TOPO), depths, "x")
     assert _line(text, "shop.tier.1s") == ["shop.tier.1s", "tier", "missing", "-"]
     assert _line(text, "emails")[-1] == "missing"
+
+
+def test_queues_this_user_may_not_look_at_are_hidden_never_counted_or_missing() -> None:
+    """RabbitMQ 4.2.6+ refuses a passive declare to a user with no permission on the queue:
+    the row says so, never 0 nor missing, and the JSON's ``exists`` is unknown."""
+    depths = _depths(unacked=None)
+    depths["shop.tier.1s"] = Unseen("ACCESS_REFUSED")
+    depths["emails.dlq"] = Unseen("ACCESS_REFUSED")
+    text = render_stats(stats_rows(TOPO), depths, "AMQP passive declares")
+    assert _line(text, "shop.tier.1s") == ["shop.tier.1s", "tier", "hidden", "-"]
+    assert _line(text, "emails") == ["emails", "destination", "7", "7", "?", "2", "hidden"]
+    assert "this user has no permission on the queue" in text
+    queues = {
+        q["queue"]: q for q in json.loads(stats_json(stats_rows(TOPO), depths, "x"))["queues"]
+    }
+    assert queues["shop.tier.1s"] == {
+        "queue": "shop.tier.1s", "role": "tier", "exists": None, "hidden": True
+    }  # fmt: skip
+    assert queues["emails"]["dlq_depth"] is None and queues["emails"]["dlq_hidden"] is True
+    assert "hidden" not in render_stats(stats_rows(TOPO), _depths(unacked=None), "x")
+
+
+def test_a_sharded_total_with_a_hidden_shard_is_hidden_and_with_a_missing_one_missing() -> None:
+    topology = Topology(
+        namespace="shop", ladder=["1s"], shards=2,
+        destinations=[{"queue": "emails", "bindings": ["e.*"]}],
+    )  # fmt: skip
+    rows = stats_rows(topology)
+    total, first, second = rows[0], rows[1], rows[2]
+    assert total.shards == (first.queue, second.queue)
+    depths: dict[str, Counted] = {name: Depth(1, None, 0) for name in stats_queues(rows)}
+    depths[second.queue] = Unseen("refused")
+    assert _line(render_stats(rows, depths, "x"), total.label)[-2] == "hidden"
+    depths[first.queue] = None
+    assert _line(render_stats(rows, depths, "x"), total.label)[-2] == "missing"
 
 
 def test_json() -> None:

@@ -10,7 +10,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from delayq.errors import ConnectionFailed, DelayqError
 
 if TYPE_CHECKING:
     from delayq.topology.model import Topology
+    from delayq.worker import Worker
 
 __all__ = ["bridge_commands"]
 
@@ -79,28 +79,46 @@ def cmd_bridge(args: Args) -> int:
         # failed connection) only repeat it, as `delayq worker` does.
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     topology, url = topology_and_url(args)
-    reload, running = threading.Event(), [threading.Event()]
+    # The signals are this command's for its whole run, reloads included: SIGHUP stops the
+    # bridges to start them again; SIGTERM/SIGINT stop them for good (a reload asked for
+    # or under way is dropped), a second one at once, whenever each comes.
+    reload, quit_ = threading.Event(), threading.Event()
+    running: list[tuple[threading.Event, Worker | None]] = [(threading.Event(), None)]
 
     def hangup() -> None:
-        reload.set()
-        running[0].set()
+        if not quit_.is_set():
+            reload.set()
+            running[0][0].set()
+
+    def terminate() -> None:
+        again = quit_.is_set()
+        quit_.set()
+        reload.clear()
+        stop, worker = running[0]
+        stop.set()
+        if worker is not None:
+            worker.request_stop(now=again)
 
     ran: Topology | None = None  # the topology the bridges last ran with, before a reload
     pause_s = RELOAD_RETRY_MIN_S
     hangups = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
-    with stopping_on_signals(hangup, signals=hangups):  # the whole time: it never ends it
-        while True:
+    with stopping_on_signals(hangup, signals=hangups), stopping_on_signals(terminate):
+        while not quit_.is_set():
             reload.clear()
-            running[0] = stop = threading.Event()  # SIGTERM/SIGINT set it too (the worker's)
+            stop = threading.Event()
+            running[0] = (stop, None)  # a signal from here on stops this run
+            if quit_.is_set():
+                break
             try:
-                _run(args, topology, url, grace_s, stop)
+                _run(args, topology, url, grace_s, stop, running)
             except DelayqError as exc:
-                if ran is None or reload.is_set():
+                if ran is None or reload.is_set() or quit_.is_set():
                     raise  # no reload to undo: as before SIGHUP existed
                 if isinstance(exc, ConnectionFailed):  # the broker away: wait for it
                     print(f"delayq bridge: after SIGHUP: {exc}; trying again in {pause_s:g} s",
                           file=sys.stderr, flush=True)  # fmt: skip
-                    time.sleep(pause_s)
+                    if quit_.wait(pause_s):
+                        raise
                     pause_s = min(pause_s * 2, RELOAD_RETRY_MAX_S)
                     continue
                 if topology is ran:
@@ -110,25 +128,35 @@ def cmd_bridge(args: Args) -> int:
                 topology = ran
                 continue
             pause_s = RELOAD_RETRY_MIN_S
-            if not reload.is_set():
+            if not reload.is_set() or quit_.is_set():
                 return EXIT_OK
             ran, topology = topology, _reread(args, topology)
+    return EXIT_OK  # stopped between two runs: nothing was in flight
 
 
 RELOAD_RETRY_MIN_S, RELOAD_RETRY_MAX_S = 1.0, 30.0
 """How long a reload that found no broker waits before trying again (doubling)."""
 
 
-def _run(args: Args, topology: Topology, url: str, grace_s: float, stop: threading.Event) -> None:
-    """The bridges of ``topology``'s intakes (or ``--intake``'s) until ``stop``."""
+def _run(
+    args: Args,
+    topology: Topology,
+    url: str,
+    grace_s: float,
+    stop: threading.Event,
+    running: list[tuple[threading.Event, Worker | None]],
+) -> None:
+    """The bridges of ``topology``'s intakes (or ``--intake``'s) until ``stop``; the worker
+    that runs them is ``running[0]`` meanwhile, for the signal handlers."""
     from delayq.sync.bridge import pick_intake
     from delayq.urls import redact
     from delayq.worker import Worker
 
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
-    worker = Worker(topology)  # a worker of bridges alone: threads, signals, failures
+    worker = Worker(topology)  # a worker of bridges alone: threads, failures
     for name in names or [pick_intake(topology, None).exchange]:
         worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
+    running[0] = (stop, worker)
     ns = topology.namespace
     print(
         "delayq bridge: "
@@ -138,7 +166,10 @@ def _run(args: Args, topology: Topology, url: str, grace_s: float, stop: threadi
         + f" on {redact(url)} (SIGHUP: read {args.file} again)",
         flush=True,
     )
-    worker.run(url, stop=stop)  # each bridge logs what it did when it stops
+    try:
+        worker.run(url, stop=stop, install_signal_handlers=False)  # each bridge logs its stop
+    finally:
+        running[0] = (stop, None)
 
 
 def _reread(args: Args, current: Topology) -> Topology:

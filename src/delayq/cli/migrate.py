@@ -192,6 +192,7 @@ def _write(out: Path, files: dict[str, tuple[str, str]]) -> dict[str, Path]:
 
 
 def cmd_migrate_check(args: Args) -> int:
+    from delayq.ops.depths import Unseen
     from delayq.ops.verify import passed
     from delayq.sync.depths import queue_depths
     from delayq.sync.verify import verify_topology
@@ -208,6 +209,11 @@ def cmd_migrate_check(args: Args) -> int:
         got = depths.get(queue)
         if got is None:
             problems.append(f"intake queue {queue} is missing: delayq topology apply")
+        elif isinstance(got, Unseen):
+            problems.append(
+                f"cannot tell whether a bridge consumes {queue}: this user may not look at "
+                f"it ({got.refusal}); check as the bridge's user or the admin"
+            )
         elif got.consumers == 0:
             problems.append(
                 f"no bridge consumes {queue} (intake {intake.exchange!r}): run delayq bridge "

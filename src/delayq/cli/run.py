@@ -42,7 +42,7 @@ from delayq.durations import format_ms
 from delayq.errors import BodyTooLarge, DelayqError, InvalidBody, InvalidInput
 from delayq.message.envelope import new_message_id, parse_json_body
 from delayq.message.validate import validate_message_id
-from delayq.ops.depths import stats_json, stats_queues, stats_rows, stats_table
+from delayq.ops.depths import Unseen, stats_json, stats_queues, stats_rows, stats_table
 from delayq.tables import Column, Table
 from delayq.topology.model import Strategy, Topology
 from delayq.urls import redact, resolve_url
@@ -60,15 +60,26 @@ def cmd_stats(args: Args) -> int:
     else:
         show_table(stats_table(rows, depths, source))
     missing = sorted(name for name, depth in depths.items() if depth is None)
+    hidden = sorted(name for name, depth in depths.items() if isinstance(depth, Unseen))
     if missing:
         print(
             f"delayq: {counted(len(missing), 'queue')} "
-            f"{'does' if len(missing) == 1 else 'do'} not exist ({', '.join(missing[:5])}"
-            f"{', ...' if len(missing) > 5 else ''}): run `delayq topology apply`",
+            f"{'does' if len(missing) == 1 else 'do'} not exist ({_some(missing)}): run "
+            "`delayq topology apply`",
             file=sys.stderr,
         )
-        return EXIT_BROKER
-    return EXIT_OK
+    if hidden:
+        print(
+            f"delayq: {counted(len(hidden), 'queue')} not counted: this user may not look at "
+            f"{'it' if len(hidden) == 1 else 'them'} ({_some(hidden)}); run stats as a user "
+            "with a permission on them (the admin) or through the management API",
+            file=sys.stderr,
+        )
+    return EXIT_BROKER if missing or hidden else EXIT_OK
+
+
+def _some(names: list[str]) -> str:
+    return f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
 
 
 def _read_body_file(path: Path, limit: int) -> bytes:

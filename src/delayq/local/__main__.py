@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if node.management_url is not None:
             print(f"management: {node.management_url}", flush=True)
         print("serving until Ctrl-C", file=sys.stderr, flush=True)
-        stop.wait()
+        while not stop.wait(0.25):  # woken now and then: a Ctrl-C's handler runs meanwhile
+            pass
     finally:
         print("stopping the node ...", file=sys.stderr, flush=True)
         node.stop()

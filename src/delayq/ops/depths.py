@@ -15,8 +15,10 @@ from delayq.tables import Column, Table
 from delayq.topology.model import Topology
 
 __all__ = [
+    "Counted",
     "Depth",
     "StatsRow",
+    "Unseen",
     "render_stats",
     "stats_json",
     "stats_queues",
@@ -60,6 +62,18 @@ class Depth:
         return self.ready + (self.unacked or 0)
 
 
+@dataclass(frozen=True)
+class Unseen:
+    """A queue this user may not even look at: RabbitMQ 4.2.6 and later refuse a passive
+    declare to a user with no permission on the name. Neither a count nor ``missing``."""
+
+    refusal: str
+
+
+Counted = Depth | Unseen | None
+"""A queue's count: its :class:`Depth`, :class:`Unseen`, or ``None`` when it does not exist."""
+
+
 def stats_rows(topology: Topology) -> list[StatsRow]:
     """Tiers, retry tiers, cascade levels (exact strategy), destinations (with their
     DLQs), intakes' queues (with theirs: what the bridge parked or the broker
@@ -87,14 +101,17 @@ def _sharded(names: tuple[str, ...], role: str) -> list[StatsRow]:
     ]
 
 
-def _depth(row: StatsRow, depths: Mapping[str, Depth | None]) -> Depth | None:
-    """A queue's depth, or a total's: the sum of its shards' (``None`` if one is missing)."""
+def _depth(row: StatsRow, depths: Mapping[str, Counted]) -> Counted:
+    """A queue's depth, or a total's: the sum of its shards' (``None`` if one is missing,
+    else :class:`Unseen` if one is)."""
     if not row.shards:
         return depths.get(row.queue)
     parts = [depths.get(name) for name in row.shards]
     if any(part is None for part in parts):
         return None
-    found = [part for part in parts if part is not None]
+    found = [part for part in parts if isinstance(part, Depth)]
+    if len(found) < len(parts):
+        return next(part for part in parts if isinstance(part, Unseen))
     unacked = [part.unacked for part in found]
     forwarding = [part.forwarding for part in found]
     return Depth(
@@ -116,8 +133,15 @@ def _cell(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
 
-def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> Table:
-    """The table: one line per row; ``missing`` where a queue does not exist."""
+def _total(depth: Counted) -> str:
+    if depth is None:
+        return "missing"
+    return "hidden" if isinstance(depth, Unseen) else _cell(depth.total)
+
+
+def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Counted], source: str) -> Table:
+    """The table: one line per row; ``missing`` where a queue does not exist, ``hidden``
+    where this user may not look at it."""
     table = Table(
         [Column("queue"), Column("role")]
         + [Column(h, right=True) for h in ("depth", "ready", "unacked", "consumers", "dlq depth")],
@@ -125,13 +149,9 @@ def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], so
     )
     for row in rows:
         depth = _depth(row, depths)
-        if row.dlq is None:
-            dlq = "-"
-        else:
-            dlq_depth = depths.get(row.dlq)
-            dlq = "missing" if dlq_depth is None else _cell(dlq_depth.total)
-        if depth is None:
-            cells = ["missing", "", "", ""]
+        dlq = "-" if row.dlq is None else _total(depths.get(row.dlq))
+        if not isinstance(depth, Depth):
+            cells = [_total(depth), "", "", ""]
         else:
             cells = [
                 _cell(depth.total),
@@ -142,38 +162,49 @@ def stats_table(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], so
         table.add(row.label, row.role, *cells, dlq)
     for row in rows:
         depth = None if row.shards else depths.get(row.queue)
-        if depth is not None and depth.forwarding:
+        if isinstance(depth, Depth) and depth.forwarding:
             table.after.append(
                 f"{row.queue} holds {depth.forwarding:,} dead letters not yet forwarded; "
                 "if this lasts more than a few seconds, dead-lettering is stuck "
                 "(docs/operations/deployment.md: 'dead letters that stop moving')"
             )
-    if any(d is not None and d.unacked is None for d in depths.values()):
+    if any(isinstance(d, Depth) and d.unacked is None for d in depths.values()):
         table.after.append(
             "AMQP counts ready messages only (unacked: ?); quorum queues' counts can lag a little"
+        )
+    if any(isinstance(d, Unseen) for d in depths.values()):
+        table.after.append(
+            "hidden: this user has no permission on the queue, and RabbitMQ 4.2.6 and later "
+            "refuse it even a passive declare; count as a user with one (the admin), or "
+            "through the management API"
         )
     return table
 
 
-def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
+def render_stats(rows: Sequence[StatsRow], depths: Mapping[str, Counted], source: str) -> str:
     """:func:`stats_table` as plain text."""
     return stats_table(rows, depths, source).plain()
 
 
-def stats_json(rows: Sequence[StatsRow], depths: Mapping[str, Depth | None], source: str) -> str:
-    """The same as JSON, for scripts and monitoring."""
+def stats_json(rows: Sequence[StatsRow], depths: Mapping[str, Counted], source: str) -> str:
+    """The same as JSON, for scripts and monitoring: ``exists`` is ``null`` and ``hidden``
+    true where this user may not look at a queue."""
     queues = []
     for row in rows:
         depth = _depth(row, depths)
         entry: dict[str, object] = {"queue": row.queue, "role": row.role}
         if row.shards:
             entry["shards"] = list(row.shards)
-        entry["exists"] = depth is not None
-        if depth is not None:
+        entry["exists"] = None if isinstance(depth, Unseen) else depth is not None
+        if isinstance(depth, Unseen):
+            entry["hidden"] = True
+        elif depth is not None:
             entry.update(asdict(depth), depth=depth.total)
         if row.dlq is not None:
             dlq_depth = depths.get(row.dlq)
             entry["dlq"] = row.dlq
-            entry["dlq_depth"] = None if dlq_depth is None else dlq_depth.total
+            entry["dlq_depth"] = dlq_depth.total if isinstance(dlq_depth, Depth) else None
+            if isinstance(dlq_depth, Unseen):
+                entry["dlq_hidden"] = True
         queues.append(entry)
     return json.dumps({"source": source, "queues": queues}, indent=2) + "\n"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["stopping_on_signals"]
+__all__ = ["stopping_on_signals", "wait_for_stop"]
 
 
 @contextmanager
@@ -32,3 +32,17 @@ def stopping_on_signals(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+SIGNAL_CHECK_S = 0.25
+"""How often a main thread waiting for a stop wakes, to let Python run a signal's handler."""
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Wait for ``stop`` in the main thread so that SIGTERM or SIGINT still set it: CPython
+    runs signal handlers in the main thread only, and a signal the kernel hands to another
+    thread (it does, to one not already holding a signal: SIGHUP then SIGTERM within
+    moments) does not wake a main thread blocked on a lock; without a timeout that wait
+    never ends."""
+    while not stop.wait(SIGNAL_CHECK_S):
+        pass

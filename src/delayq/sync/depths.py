@@ -3,13 +3,14 @@
 The management API reports ready and unacknowledged messages and consumers
 (its figures are sampled every few seconds). Over AMQP a passive declare
 returns the ready count and the consumer count only; a quorum queue's count
-can lag a little behind.
+can lag a little behind. RabbitMQ 4.2.6 and later refuse a passive declare to a
+user with no permission on the queue: that queue is :class:`~delayq.ops.depths.Unseen`.
 """
 
 from __future__ import annotations
 
-from delayq.errors import ConnectionFailed, DelayqError, ManagementUnavailable
-from delayq.ops.depths import Depth
+from delayq.errors import AccessRefused, ConnectionFailed, DelayqError, ManagementUnavailable
+from delayq.ops.depths import Counted, Depth, Unseen
 from delayq.ops.management import ManagementAPI
 from delayq.sync._broker import ManagementChoice, Reach, reach_management
 from delayq.sync._connection import close_quietly, connect
@@ -22,8 +23,8 @@ __all__ = ["queue_depths"]
 
 def _by_api(
     api: ManagementAPI, vhost: str, queues: list[str], channels: Channels
-) -> dict[str, Depth | None]:
-    depths: dict[str, Depth | None] = {}
+) -> dict[str, Counted]:
+    depths: dict[str, Counted] = {}
     unsampled: list[str] = []
     for name in queues:
         found = api.queue(vhost, name)
@@ -56,15 +57,19 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Depth | None]:
-    depths: dict[str, Depth | None] = {}
+def _by_amqp(channels: Channels, queues: list[str]) -> dict[str, Counted]:
+    depths: dict[str, Counted] = {}
     for name in queues:
         try:
             ok = channels.channel.queue_declare(name, passive=True).method
         except CHANNEL_CLOSED as exc:
-            if not is_missing(exc):
-                raise channel_error(exc) from exc
-            depths[name] = None
+            if is_missing(exc):
+                depths[name] = None
+                continue
+            error = channel_error(exc)
+            if not isinstance(error, AccessRefused):
+                raise error from exc
+            depths[name] = Unseen(str(error))
             continue
         depths[name] = Depth(
             ready=int(ok.message_count), unacked=None, consumers=int(ok.consumer_count)
@@ -77,8 +82,9 @@ def queue_depths(
     url: str | None = None,
     *,
     management: ManagementChoice | ManagementAPI | None = None,
-) -> tuple[dict[str, Depth | None], str]:
-    """Each queue's depth (``None``: it does not exist) and the source used, to print."""
+) -> tuple[dict[str, Counted], str]:
+    """Each queue's depth (``None``: it does not exist; :class:`~delayq.ops.depths.Unseen`:
+    this user may not look at it) and the source used, to print."""
     resolved = resolve_url(url)
     vhost = url_vhost(resolved)
     connection = connect(resolved, name="delayq-stats")
