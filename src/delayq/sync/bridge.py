@@ -13,8 +13,9 @@ dies leaves the unacked messages in the intake queue, and the next one sends the
 under the same message ids (duplicates an idempotent consumer skips). A message the
 broker did not take (a full tier, say) goes back to the intake queue after a pause; one
 that comes back more than the intake's ``delivery_limit`` times is dead-lettered to its
-DLQ by the broker. A stop settles what is in flight first, for up to ``stop_grace``; what is
-still unconfirmed then is left unacked (back in the intake queue, sent again by the next
+DLQ by the broker. A stop settles what is in flight first, for up to ``stop_grace``, and
+only then cancels its consumer (what comes meanwhile is not sent: back in the queue); what
+is still unconfirmed then is left unacked (back in the intake queue, sent again by the next
 bridge under the same ids) and :meth:`Bridge.run` raises
 :class:`~delayq.errors.PublishUnconfirmed` saying how many: a stuck broker (a memory
 alarm, confirms that never come) cannot hold a stop. A second stop request gives up the
@@ -209,7 +210,9 @@ class Bridge:
             while not self._stop.is_set():
                 connection.process_data_events(time_limit=_POLL_S)
                 self._settle()
-            channel.basic_cancel(consumer)  # what the client holds goes back
+            # Cancelled once those in flight are acked: a quorum queue's channel holds
+            # acks back while 32 of its commands are unapplied; its cancel sends them
+            # first, but one after it can be dropped with the channel (a duplicate).
             log.info(
                 "bridge of %s stopping: up to %g s for the confirms of %d in flight (a "
                 "second stop request: none)",
@@ -222,6 +225,7 @@ class Bridge:
                 connection.process_data_events(time_limit=_POLL_S)  # each in flight settles
                 self._settle()
             after = "a second stop request" if self._hurry.is_set() else "its stop grace"
+            channel.basic_cancel(consumer)  # what pika holds back goes back
         finally:
             # Unacked deliveries go back to the queue with the channel; the stream
             # sends no more of them (the ones in flight may still arrive: duplicates).
@@ -267,6 +271,8 @@ class Bridge:
 
     def _arrived(self, channel: Any, method: Any, props: pika.BasicProperties, body: bytes) -> None:
         tag = method.delivery_tag
+        if self._stop.is_set():
+            return  # not sent: back with the channel (past every tag a stop acks)
         try:
             planned = self._take(tag, method, props, body)
         except Exception as exc:  # delayq's own failure on this delivery: not the bridge's end
