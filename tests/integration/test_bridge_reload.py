@@ -26,20 +26,20 @@ def _said(path: Path, text: str, times: int = 1) -> bool:
     return path.read_text(errors="replace").count(text) >= times
 
 
-def test_sighup_rereads_the_file_and_a_replay_then_delivers(
+def _bridged(
     rabbitmq_url: str, make_topology: Any, tmp_path: Path
-) -> None:
+) -> tuple[Topology, Path, Path, Path, subprocess.Popen[bytes]]:
+    """A topology with one intake binding ``job.a``, applied, its file, and ``delayq
+    bridge`` running on it (its stdout and stderr files), once it says so."""
     ns = make_topology().namespace
-    first = make_topology(
+    topology = make_topology(
         ladder=["1s"],
         destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
         intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
     )
     path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump(first.model_dump(mode="json")))
-    apply_topology(first, rabbitmq_url)
-    intake = first.intakes[0]
-    queue, dlq = intake.queue_name(first.namespace), intake.dlq_name(first.namespace)
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    apply_topology(topology, rabbitmq_url)
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with out.open("w") as stdout, err.open("w") as stderr:
         command = subprocess.Popen(
@@ -48,6 +48,21 @@ def test_sighup_rereads_the_file_and_a_replay_then_delivers(
         )  # fmt: skip
     try:
         wait_for(lambda: _said(err, "worker running"), 60, lambda: err.read_text())
+    except BaseException:
+        command.kill()
+        command.wait(30)
+        raise
+    return topology, path, out, err, command
+
+
+def test_sighup_rereads_the_file_and_a_replay_then_delivers(
+    rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    first, path, out, err, command = _bridged(rabbitmq_url, make_topology, tmp_path)
+    ns = first.destinations[0].queue.removesuffix("x.work")
+    intake = first.intakes[0]
+    queue, dlq = intake.queue_name(first.namespace), intake.dlq_name(first.namespace)
+    try:
         message = {"id": "later-b", "routing_key": "job.b", "body": b"{}",
                    "headers": {"x-delay": 0}}  # fmt: skip
         publish_plugin_style(rabbitmq_url, intake.exchange, [message])
@@ -146,25 +161,11 @@ def test_a_stop_and_a_reload_together_stop_for_good_once(
     flight: one graceful stop, exit 0, no reload after it, nothing lost (the SIGTERM had
     counted as a second stop and the bridges gave up their grace: exit 1; and the reload
     went on after it)."""
-    ns = make_topology().namespace
-    topology = make_topology(
-        ladder=["1s"],
-        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
-        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
-    )
-    path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
-    apply_topology(topology, rabbitmq_url)
+    topology, _path, out, err, command = _bridged(rabbitmq_url, make_topology, tmp_path)
+    ns = topology.destinations[0].queue.removesuffix("x.work")
     intake = topology.intakes[0]
     queue = intake.queue_name(topology.namespace)
-    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
-    with out.open("w") as stdout, err.open("w") as stderr:
-        command = subprocess.Popen(
-            [sys.executable, "-m", "delayq", "bridge", "-f", str(path), "--url", rabbitmq_url],
-            stdout=stdout, stderr=stderr,
-        )  # fmt: skip
     try:
-        wait_for(lambda: _said(err, "worker running"), 60, lambda: err.read_text())
         messages = [{"id": f"m{i}", "routing_key": "job.a", "body": b"{}",
                      "headers": {"x-delay": 0}} for i in range(2000)]  # fmt: skip
         publish_plugin_style(rabbitmq_url, intake.exchange, messages)
