@@ -18,7 +18,6 @@ import importlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from delayq.consume.handlers import check_handler
 from delayq.consume.retry import RetryPolicy, check_policy
 from delayq.consume.settings import check_prefetch
 from delayq.durations import Duration, to_ms
-from delayq.errors import BrokerError, DelayqError, InvalidInput
+from delayq.errors import DelayqError, InvalidInput
 from delayq.observe.deliveries import DeliveryObserver
 from delayq.stores.key_scope import KeyScope
 from delayq.topology.model import Topology
@@ -66,16 +65,18 @@ class Worker:
         self.bridges: list[tuple[str, int]] = []
         """The intakes bridged beside the handlers (:meth:`bridge`), with their prefetch."""
         self._stop_graces: dict[str, Duration] = {}
-        self._running: tuple[threading.Event, list[Bridge]] | None = None
+        self._running: tuple[threading.Event, list[Bridge], threading.Event] | None = None
         self._check_options(None, defaults)
 
     def request_stop(self, *, now: bool = False) -> None:
         """Stop :meth:`run` (from any thread or a signal handler) as a SIGTERM does;
         ``now=True`` as a second one does: the bridges give up their stop grace."""
         if self._running is not None:
-            stop, bridges = self._running
-            for bridge in bridges if now else ():
-                bridge.request_stop(now=True)
+            stop, bridges, hurry = self._running
+            if now:
+                hurry.set()
+                for bridge in bridges:
+                    bridge.request_stop(now=True)
             stop.set()
 
     def _check_options(self, queue: str | None, options: dict[str, Any]) -> None:
@@ -197,6 +198,7 @@ class Worker:
         SIGTERM or SIGINT has the bridges give up their grace at once.
         """
         from delayq.aio.consumer import AsyncConsumer
+        from delayq.sync._bridging import join_bridges
         from delayq.sync._signals import wait_for_stop
         from delayq.sync.bridge import Bridge
         from delayq.sync.consumer import Consumer
@@ -280,7 +282,8 @@ class Worker:
             threads.append(
                 threading.Thread(target=watchdog.run, args=(stop,), name="delayq watchdog")
             )
-        self._running = (stop, bridges)
+        hurry = threading.Event()
+        self._running = (stop, bridges, hurry)
         signals: list[int] = []
 
         def signalled(signum: int, _frame: Any) -> None:
@@ -343,7 +346,7 @@ class Worker:
                 consumer.request_stop()
             for bridge in bridges:
                 bridge.request_stop()
-            _join_bridges(bridges, bridge_threads, failed)
+            join_bridges(bridges, bridge_threads, failed, hurry)
             for thread in threads:
                 if thread not in bridge_threads:
                     thread.join(60)
@@ -356,35 +359,6 @@ class Worker:
                 raise exc  # SystemExit(3) from a handler exits with 3
             raise DelayqError(f"the consumer of {queue} failed: {exc!r}") from exc
         log.info("worker stopped")
-
-
-def _join_bridges(
-    bridges: list[Bridge],
-    threads: list[threading.Thread],
-    failed: Callable[[str, BaseException], None],
-) -> None:
-    """Wait for the stopping bridges, each up to its stop grace and
-    :data:`~delayq.sync._bridging.STOP_MARGIN_S` (from now); one still running then is
-    left behind (a daemon thread), a failure of the run."""
-    from delayq.sync._bridging import STOP_MARGIN_S
-
-    if not bridges:
-        return
-    until = time.monotonic() + max(b.stop_grace_s for b in bridges) + STOP_MARGIN_S
-    for bridge, thread in zip(bridges, threads, strict=True):
-        thread.join(max(0.0, until - time.monotonic()))
-        if thread.is_alive():
-            bound_s = bridge.stop_grace_s + STOP_MARGIN_S
-            log.error("bridge of %s did not stop within %g s; left behind", bridge.queue, bound_s)
-            failed(
-                bridge.queue,
-                BrokerError(
-                    f"the bridge of {bridge.queue} did not stop within {bound_s:g} s of the "
-                    "stop (its stream stuck: a broker not reading, a write that does not "
-                    "return); it was left behind, and its unacked deliveries go back to "
-                    f"{bridge.queue} when its connection closes (the process exits)"
-                ),
-            )
 
 
 def load_worker(spec: str) -> Worker:

@@ -181,3 +181,23 @@ def test_a_stop_and_a_reload_together_stop_for_good_once(
         command.kill()
         command.wait(30)
         delete_topology(topology, rabbitmq_url)
+
+
+def test_a_signal_just_after_the_stop_changes_nothing(
+    rabbitmq_url: str, make_topology: Any, tmp_path: Path
+) -> None:
+    """A SIGHUP a moment after a SIGTERM's stop, as the process ends: exit 0, not killed
+    by that signal (its handlers were the defaults again then: an outside tester's
+    second signal 10 to 50 ms late ended it by the signal every time)."""
+    topology, _path, _out, err, command = _bridged(rabbitmq_url, make_topology, tmp_path)
+    try:
+        command.send_signal(signal.SIGTERM)
+        wait_for(lambda: _said(err, "worker stopped"), 60, lambda: err.read_text())
+        for late in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            if command.poll() is None:
+                command.send_signal(late)
+        assert command.wait(60) == 0, err.read_text()
+    finally:
+        command.kill()
+        command.wait(30)
+        delete_topology(topology, rabbitmq_url)

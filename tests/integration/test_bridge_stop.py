@@ -29,7 +29,7 @@ import delayq.sync._round as round_module
 from delayq.errors import PublishUnconfirmed
 from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
-from delayq.sync._bridging import IO_JOIN_S, STOP_MARGIN_S
+from delayq.sync._bridging import HURRY_MARGIN_S, IO_JOIN_S, STOP_MARGIN_S
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
 from tests.integration.intake_support import Running, publish_plugin_style
@@ -167,6 +167,60 @@ def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
     _all_arrive(url, topology, collect, ids)
 
 
+def test_a_sighup_whose_stop_leaves_deliveries_unconfirmed_starts_the_bridges_again(
+    alarmed: LocalNode, make_topology: Any, collect: Any, tmp_path: Path
+) -> None:
+    """A reload's stop that had to leave deliveries unconfirmed (a broker blocking
+    publishers) puts them back in the intake queue, and the bridges start again: the
+    process had exited 1, and with no supervisor nothing was bridged after it (outside
+    tester, a frozen broker)."""
+    node = alarmed
+    url = node.url
+    topology = _topology(make_topology)
+    apply_topology(topology, url)
+    queue = topology.intakes[0].queue_name(topology.namespace)
+    _alarm(node, on=False)  # the publisher of the test is not blocked
+    ids = _publish(url, topology)
+    _alarm(node, on=True)
+    line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", url]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "delayq", *line, "--stop-grace", "1s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert command.stdout is not None and command.stderr is not None
+        assert command.stdout.readline().startswith("delayq bridge: ")
+        wait_for(
+            lambda: _unacked(node, queue) > 0 and _blocked(node),
+            60,
+            lambda: f"{_unacked(node, queue)} unacked in {queue}, blocked: {_blocked(node)}",
+            interval_s=0.2,
+        )
+        command.send_signal(signal.SIGHUP)
+        said = []
+        for said_line in command.stderr:  # ends at the process's end, if it ends
+            said.append(said_line)
+            if "worker running" in said_line and any("starting them again" in x for x in said):
+                break
+        assert command.poll() is None, "".join(said)
+        arrived = collect(topology.destinations[0].queue, url=url)
+        _alarm(node, on=False)
+        wait_for(
+            lambda: ids <= {a.message_id for a in arrived.arrivals},
+            120,
+            lambda: f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived",
+        )
+        command.send_signal(signal.SIGTERM)
+        _out, err = command.communicate(timeout=BOUND_S)
+    finally:
+        command.kill()
+        command.wait(10)
+    assert command.returncode == 0, "".join(said) + err
+    assert depth(url, queue) == 0
+
+
 def test_request_stop_ends_a_bridge_whose_write_never_returns(
     rabbitmq_url: str, make_topology: Any, collect: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -237,13 +291,16 @@ HOOK = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("where", ["write", "close"])
+@pytest.mark.parametrize("where", ["write", "close", "close, hurried"])
 def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     rabbitmq_url: str, make_topology: Any, collect: Any, tmp_path: Path, where: str
 ) -> None:
     """Stuck in a write, its I/O thread cannot be told anything: the bridge leaves it
     behind. Stuck itself (closing its connection), the worker stops waiting for it after
-    its grace and :data:`STOP_MARGIN_S`. Either way the process exits 1, saying why."""
+    its grace and :data:`STOP_MARGIN_S`, or :data:`HURRY_MARGIN_S` after a second signal
+    (a grace of an hour: it waited all of it, an outside tester's broker frozen). Either
+    way the process exits 1, saying why."""
+    hurried = where == "close, hurried"
     topology = _topology(make_topology)
     apply_topology(topology, rabbitmq_url)
     ids = _publish(rabbitmq_url, topology)
@@ -251,11 +308,11 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
-        "DELAYQ_TEST_STUCK": where,
+        "DELAYQ_TEST_STUCK": where.split(",")[0],
     }
     line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", rabbitmq_url]
     command = subprocess.Popen(
-        [sys.executable, "-m", "delayq", *line, "--stop-grace", "1s"],
+        [sys.executable, "-m", "delayq", *line, "--stop-grace", "1h" if hurried else "1s"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -269,8 +326,13 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
             awaited = {part for part in awaited if part not in said}
             if not awaited:
                 break
-        signalled = time.monotonic()
         command.send_signal(signal.SIGTERM)
+        if hurried:  # stuck closing (the hook says so), then a second signal
+            for said in command.stderr:
+                if "hook: stuck" in said:
+                    break
+            command.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         _out, err = command.communicate(timeout=BOUND_S)
         took_s = time.monotonic() - signalled
     finally:
@@ -282,7 +344,9 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     if where == "write":
         assert f"the bridge of {queue} stopped with" in err
         assert "deliveries unconfirmed after its 1 s stop grace" in err
+    elif hurried:
+        assert f"did not stop within {HURRY_MARGIN_S:g} s of the second stop" in err, err
     else:
         assert f"the bridge of {queue} did not stop within {1 + STOP_MARGIN_S:g} s" in err
-    assert took_s < 1 + STOP_MARGIN_S + 5
+    assert took_s < (HURRY_MARGIN_S if hurried else 1 + STOP_MARGIN_S) + 5
     _all_arrive(rabbitmq_url, topology, collect, ids)

@@ -430,3 +430,47 @@ def test_plan_reads_the_definitions_from_the_management_api(
                  str(tmp_path / "d.json")]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "definitions" in err and "--management-url" in err, err
+
+
+def test_a_binding_in_the_file_never_applied_fails_the_check_where_bindings_are_seen(
+    local_rabbitmq_management_node: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """A binding added to the file but never applied (the replay flow's forgotten step):
+    the check passed and the key's messages went to ``<ns>.unrouted`` (outside tester).
+    With the management API the check names it and fails; over AMQP alone it says that
+    bindings were not compared."""
+    import yaml
+
+    from delayq.local.node import LocalNode
+    from delayq.sync import apply_topology
+
+    node: LocalNode = local_rabbitmq_management_node
+    ns = f"m{uuid.uuid4().hex[:10]}"
+    applied = Topology(
+        namespace=ns, ladder=["1s"],
+        destinations=[{"queue": f"{ns}.work", "bindings": ["order.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )  # fmt: skip
+    apply_topology(applied, node.url)
+    edited = Topology.model_validate(
+        {**applied.model_dump(),
+         "destinations": [{"queue": f"{ns}.work", "bindings": ["order.a", "order.new"]}]}
+    )  # fmt: skip
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(edited.model_dump(mode="json")))
+    running = [_bridged(node.url, applied)]
+    try:
+        assert node.management_url is not None
+        check = ["migrate", "check", "-f", str(path), "--url", node.url]
+        code = main([*check, "--management-url", node.management_url, "--json"])
+        said = json.loads(capsys.readouterr().out)
+        assert code == 1 and not said["passed"], said
+        assert any("order.new" in problem for problem in said["problems"]), said
+        assert main([*check, "--no-management"]) == 0
+        out = capsys.readouterr().out
+        assert "its bindings not compared: AMQP cannot list them" in out, out
+        assert main([*check, "--no-management", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["not_checked"] == ["bindings"]
+    finally:
+        _unbridged(running)
+        delete_topology(edited, node.url)

@@ -332,7 +332,7 @@ def test_stats_with_a_management_url_that_does_not_answer_is_refused(applied, ra
     _, path, _ = applied
     dead_api = f"http://guest:{SECRET}@127.0.0.1:1/"
     run = delayq("stats", "--file", str(path), "--management-url", dead_api, env_url=rabbitmq_url)
-    one_error_line(run, 1, "management API asked for did not answer", "--no-management")
+    one_error_line(run, 1, "management API asked for cannot be used", "--no-management")
     assert run.stdout == ""
     # Without the option the same command counts over AMQP (or the API it finds).
     counted = delayq("stats", "--file", str(path), "--no-management", env_url=rabbitmq_url)

@@ -46,7 +46,9 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     """Run ``delayq ARGV`` (default: ``sys.argv[1:]``); returns the exit code."""
     try:
         from delayq.cli._main import run
+        from delayq.cli._process import set_ends_process
 
+        set_ends_process(argv is None)
         return run(argv)
     except KeyboardInterrupt:  # while loading, or anywhere a command did not catch it
         print("delayq: interrupted", file=sys.stderr)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from delayq.cli._common import EXIT_OK, Args, topology_and_url
+from delayq.cli._process import ends_process
 from delayq.cli.options import Prefetch, leaf, once
 from delayq.errors import ConnectionFailed, DelayqError
 
@@ -102,7 +103,11 @@ def cmd_bridge(args: Args) -> int:
     ran: Topology | None = None  # the topology the bridges last ran with, before a reload
     pause_s = RELOAD_RETRY_MIN_S
     hangups = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
-    with stopping_on_signals(hangup, signals=hangups), stopping_on_signals(terminate):
+    last = ends_process()  # the program's own run: a late signal is ignored
+    with (
+        stopping_on_signals(hangup, signals=hangups, last=last),
+        stopping_on_signals(terminate, last=last),
+    ):
         while not quit_.is_set():
             reload.clear()
             stop = threading.Event()
@@ -112,21 +117,30 @@ def cmd_bridge(args: Args) -> int:
             try:
                 _run(args, topology, url, grace_s, stop, running)
             except DelayqError as exc:
-                if ran is None or reload.is_set() or quit_.is_set():
+                if quit_.is_set():
+                    raise
+                if reload.is_set():  # the stop a SIGHUP asked for ended badly (a broker
+                    # that did not confirm in time: those deliveries are back in the intake
+                    # queue); the reload goes on all the same
+                    print(f"delayq bridge: SIGHUP: the bridges stopped with an error ({exc}); "
+                          "starting them again", file=sys.stderr, flush=True)  # fmt: skip
+                elif ran is None:
                     raise  # no reload to undo: as before SIGHUP existed
-                if isinstance(exc, ConnectionFailed):  # the broker away: wait for it
+                elif isinstance(exc, ConnectionFailed):  # the broker away: wait for it
                     print(f"delayq bridge: after SIGHUP: {exc}; trying again in {pause_s:g} s",
                           file=sys.stderr, flush=True)  # fmt: skip
                     if quit_.wait(pause_s):
                         raise
                     pause_s = min(pause_s * 2, RELOAD_RETRY_MAX_S)
                     continue
-                if topology is ran:
+                elif topology is ran:
                     raise
-                print(f"delayq bridge: after SIGHUP: {args.file} cannot be bridged ({exc}); "
-                      "the bridges go on as they were", file=sys.stderr, flush=True)  # fmt: skip
-                topology = ran
-                continue
+                else:
+                    print(f"delayq bridge: after SIGHUP: {args.file} cannot be bridged "
+                          f"({exc}); the bridges go on as they were", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    topology = ran
+                    continue
             pause_s = RELOAD_RETRY_MIN_S
             if not reload.is_set() or quit_.is_set():
                 return EXIT_OK

@@ -310,9 +310,11 @@ def _retry_plan_json(
 
 def cmd_worker(args: Args) -> int:
 
+    from delayq.cli._process import ends_process
     from delayq.cli.heal import build_watchdog, check_worker_heal
     from delayq.observe.deliveries import DeliveryObserver
     from delayq.observe.logs import configure_logging
+    from delayq.sync._signals import ignore_late_signals
     from delayq.worker import load_worker
 
     configure_logging(args.log_level, args.log_format)
@@ -373,6 +375,8 @@ def cmd_worker(args: Args) -> int:
         failed = True
         raise
     finally:
+        if ends_process():  # stopped: a signal now would only end it by that signal
+            ignore_late_signals()
         if server is not None:
             server.close()
         if recorder is not None:

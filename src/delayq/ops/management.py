@@ -150,6 +150,11 @@ class ManagementAPI:
         """Feature flag name to state (``enabled``, ``disabled``, ...)."""
         return {flag["name"]: str(flag.get("state", "")) for flag in self.get("/feature-flags")}
 
+    def vhost(self, name: str) -> dict[str, Any] | None:
+        """The vhost, or ``None``: it does not exist, or (RabbitMQ 4.3) this user has no
+        permission on it, which it cannot tell from missing."""
+        return self.get_or_none(f"/vhosts/{_part(name)}")  # type: ignore[no-any-return]
+
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         return self.get_or_none(f"/queues/{_part(vhost)}/{_part(name)}")  # type: ignore[no-any-return]
 

@@ -42,9 +42,13 @@ def server_property(connection: pika.BlockingConnection, name: str) -> str | Non
 
 
 def reach_management(
-    choice: ManagementChoice | ManagementAPI | None, connection: pika.BlockingConnection
+    choice: ManagementChoice | ManagementAPI | None,
+    connection: pika.BlockingConnection,
+    vhost: str | None = None,
 ) -> Reach:
-    """The management API if it answers for the broker ``connection`` reaches.
+    """The management API if it answers for the broker ``connection`` reaches (and its
+    user may see ``vhost``: RabbitMQ 4.3 answers 404 for every queue of a vhost it may not
+    see, which would read as all of them missing).
 
     A bare :class:`ManagementAPI` counts as asked for: if it does not answer, say so.
     """
@@ -67,6 +71,19 @@ def reach_management(
             f"{ours!r}: not used",
             failed=choice.explicit,
         )
+    if vhost is not None:
+        try:
+            seen = choice.api.vhost(vhost) is not None
+            why = "its user may not see it (or it does not exist)"
+        except DelayqError as exc:
+            seen, why = False, str(exc)
+        if not seen:
+            return Reach(
+                None,
+                f"{choice.api.url} cannot show vhost {vhost!r}: {why}; give --management-url "
+                "a user with a permission on it",
+                failed=choice.explicit,
+            )
     version = overview.get("rabbitmq_version") or "?"
     return Reach(choice.api, f"{choice.api.url} (RabbitMQ {version}, cluster {theirs!r})")
 

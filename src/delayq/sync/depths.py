@@ -90,12 +90,12 @@ def queue_depths(
     connection = connect(resolved, name="delayq-stats")
     channels = Channels(connection)
     try:
-        reach = reach_management(management, connection)
+        reach = reach_management(management, connection, vhost)
         if reach.failed:
             # Asked for by name: counting some other way would pass off other figures
             # (ready only, no unacked) as the ones asked for.
             raise ManagementUnavailable(
-                f"the management API asked for did not answer: {reach.detail}; drop "
+                f"the management API asked for cannot be used: {reach.detail}; drop "
                 "--management-url (or give --no-management) to count over AMQP"
             )
         if reach.api is not None:

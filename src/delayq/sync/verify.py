@@ -199,7 +199,7 @@ def verify_topology(
     vhost = url_vhost(resolved)
     try:
         version = server_property(connection, "version")
-        reach = reach_management(management, connection)
+        reach = reach_management(management, connection, vhost)
         api = reach.api
         flags, flags_why = _flags(api)
         checks = [
