@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.bench  # CI runs them on its first server (docs/project/tests.md)
+
 
 def _bench(script: str, *args: str, url: str) -> str:
     result = subprocess.run(
