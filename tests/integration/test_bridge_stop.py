@@ -113,11 +113,12 @@ def _all_arrive(url: str, topology: Any, collect: Any, ids: set[str]) -> None:
     assert depth(url, topology.intakes[0].dlq_name(topology.namespace)) == 0
 
 
-@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT", "SIGINT"]])
-def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
-    alarmed: LocalNode, make_topology: Any, collect: Any, tmp_path: Path, signals: list[str]
-) -> None:
-    node = alarmed
+def _blocked_bridge(
+    node: LocalNode, make_topology: Any, tmp_path: Path, grace: str
+) -> tuple[Any, set[str], subprocess.Popen[str]]:
+    """``delayq bridge`` (``--stop-grace grace``) over an intake of published messages,
+    its forwards blocked by the node's memory alarm: the topology, the ids, the process
+    (text pipes; its first line read), once it holds deliveries it cannot get confirmed."""
     url = node.url
     topology = _topology(make_topology)
     apply_topology(topology, url)
@@ -125,8 +126,6 @@ def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
     _alarm(node, on=False)  # the publisher of the test is not blocked
     ids = _publish(url, topology)
     _alarm(node, on=True)
-    # One signal waits the grace (2 s); two skip it, however long (1 h).
-    grace = "2s" if len(signals) == 1 else "1h"
     line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", url]
     command = subprocess.Popen(
         [sys.executable, "-m", "delayq", *line, "--stop-grace", grace],
@@ -135,7 +134,7 @@ def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
         text=True,
     )
     try:
-        assert command.stdout is not None
+        assert command.stdout is not None and command.stderr is not None
         assert command.stdout.readline().startswith("delayq bridge: ")
         wait_for(
             lambda: _unacked(node, queue) > 0 and _blocked(node),
@@ -143,6 +142,24 @@ def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
             lambda: f"{_unacked(node, queue)} unacked in {queue}, blocked: {_blocked(node)}",
             interval_s=0.2,
         )
+    except BaseException:
+        command.kill()
+        command.wait(10)
+        raise
+    return topology, ids, command
+
+
+@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT", "SIGINT"]])
+def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
+    alarmed: LocalNode, make_topology: Any, collect: Any, tmp_path: Path, signals: list[str]
+) -> None:
+    node = alarmed
+    url = node.url
+    # One signal waits the grace (2 s); two skip it, however long (1 h).
+    grace = "2s" if len(signals) == 1 else "1h"
+    topology, ids, command = _blocked_bridge(node, make_topology, tmp_path, grace)
+    queue = topology.intakes[0].queue_name(topology.namespace)
+    try:
         signalled = time.monotonic()
         command.send_signal(getattr(signal, signals[0]))
         if len(signals) > 1:  # once the first is heard: two signals, not one
@@ -176,28 +193,10 @@ def test_a_sighup_whose_stop_leaves_deliveries_unconfirmed_starts_the_bridges_ag
     tester, a frozen broker)."""
     node = alarmed
     url = node.url
-    topology = _topology(make_topology)
-    apply_topology(topology, url)
+    topology, ids, command = _blocked_bridge(node, make_topology, tmp_path, "1s")
     queue = topology.intakes[0].queue_name(topology.namespace)
-    _alarm(node, on=False)  # the publisher of the test is not blocked
-    ids = _publish(url, topology)
-    _alarm(node, on=True)
-    line = ["bridge", "--file", str(write(topology, tmp_path)), "--url", url]
-    command = subprocess.Popen(
-        [sys.executable, "-m", "delayq", *line, "--stop-grace", "1s"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
-        assert command.stdout is not None and command.stderr is not None
-        assert command.stdout.readline().startswith("delayq bridge: ")
-        wait_for(
-            lambda: _unacked(node, queue) > 0 and _blocked(node),
-            60,
-            lambda: f"{_unacked(node, queue)} unacked in {queue}, blocked: {_blocked(node)}",
-            interval_s=0.2,
-        )
+        assert command.stderr is not None
         command.send_signal(signal.SIGHUP)
         said = []
         for said_line in command.stderr:  # ends at the process's end, if it ends
