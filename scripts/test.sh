@@ -28,6 +28,9 @@ if [ -n "$tmp_parent" ]; then
     TMPDIR=$(mktemp -d "$tmp_parent/delayq-tests.XXXXXX")
     chmod 1777 "$TMPDIR"  # the PostgreSQL server a test starts runs as postgres
     export TMPDIR
+    # Spark's scratch folders (blockmgr-*, spark-*) go there too: a JVM a test kills
+    # leaves them behind, and Spark reads SPARK_LOCAL_DIRS, not TMPDIR.
+    export SPARK_LOCAL_DIRS=$TMPDIR
     trap 'rm -rf "$TMPDIR"' EXIT
     echo "==> temporary files in $TMPDIR"
 fi
