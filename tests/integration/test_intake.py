@@ -19,7 +19,7 @@ from delayq.errors import InvalidInput, TopologyNotApplied
 from delayq.sync import apply_topology
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
-from tests.integration.intake_support import Running, lateness, publish_plugin_style, settled
+from tests.integration.intake_support import Running, publish_plugin_style, settled
 from tests.waiting import wait_for
 
 
@@ -33,13 +33,6 @@ def _intake_topology(make_topology: Any, kind: str = "direct") -> Any:
 
 
 COUNT = 10_000
-
-TOLERANCE_MS = 1_000
-"""How long after its tier's TTL a message may arrive (test_delivery.py's bound), for 99 %
-of them, counted from when the bridge took it, beyond the same percentile of the
-immediate path's time in the same run (the messages of no delay: 10,000 taken at once
-are seconds of relay on a slow machine, whatever delayq does); 10,000 expiring together
-are dead-lettered in a burst."""
 
 ALLOWANCE_MS = 10_000
 """How late past its tier's TTL any message may arrive, counted from when the publisher
@@ -95,10 +88,11 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
         got = settled(arrived, rabbitmq_url, topology, COUNT, 120)
         counts = Counter(a.message_id for a in got)
         assert len(counts) == COUNT and set(counts.values()) == {1}, counts.most_common(3)
-        # Lateness as the tier promises: past the tier's TTL from when the bridge took it,
-        # beyond the same run's immediate path (intake_support.lateness).
-        p99, noise_p99 = lateness(got, 0.99)
-        assert p99 <= TOLERANCE_MS + noise_p99, f"p99 {p99:.0f} ms, noise p99 {noise_p99:.0f} ms"
+        # Lateness as the tier promises, checked by what it rests on, not by a timed
+        # bound (a p95 within 1 s of the run's noise failed at 2.2 s in test_wire_node.py
+        # on a loaded CI machine; how late is bench/lateness.py's to measure): below,
+        # each took the smallest tier at or above its delay and passed it once
+        # (x-death), and none is later than ALLOWANCE_MS, a stall's guard.
         tiers = topology.ladder.tiers
         sent = {m["id"]: m for m in messages}
         worst = (0.0, "", 0.0, 0.0)  # ms past the TTL; id; before the bridge; after due
@@ -113,6 +107,8 @@ def test_plugin_style_messages_are_scheduled_once_never_early_and_bad_ones_parke
             h = arrival.headers
             chosen = (h["delayq-delay-ms"], h["delayq-tier"], h["delayq-tier-ms"])
             assert chosen == (wanted, label, tier_ms), arrival.message_id
+            passed = [(str(d["queue"]), int(d["count"])) for d in h.get("x-death") or ()]
+            assert passed == ([(topology.tier_name(tier), 1)] if tier else []), h.get("x-death")
             assert h["delayq-due-at"] == h["delayq-published-at"] + tier_ms
             # Late by at most the tier's promise and the allowance, from the publisher's send.
             taken, due = h["delayq-published-at"], h["delayq-due-at"]
