@@ -47,6 +47,16 @@ def with_intake(plain: Topology, kind: str = "topic") -> Topology:
     return Topology.model_validate({**plain.model_dump(), "intakes": intakes})
 
 
+def one_intake(ns: str) -> Topology:
+    """The intake tests' usual topology: a 1 s tier, ``<ns>x.work`` bound to ``job.a``,
+    and a direct intake ``plugin-<ns>``."""
+    return Topology(
+        namespace=ns, ladder=["1s"],
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
+    )  # fmt: skip
+
+
 def publish_plugin_style(url: str, exchange: str, messages: list[dict[str, Any]]) -> None:
     """What a plugin publisher does: basic.publish to the exchange, x-delay in headers."""
     connection = pika.BlockingConnection(pika.URLParameters(url))

@@ -17,7 +17,7 @@ import yaml
 from delayq import Topology
 from delayq.sync import apply_topology, delete_topology
 from tests.amqp import depth
-from tests.integration.intake_support import publish_plugin_style
+from tests.integration.intake_support import one_intake, publish_plugin_style
 from tests.integration.ops import delayq
 from tests.waiting import wait_for
 
@@ -118,11 +118,7 @@ def test_a_sighup_while_the_broker_is_down_waits_for_it(tmp_path: Path) -> None:
     node.start()
     try:
         ns = f"h{tmp_path.name[-6:].replace('-', '')}"
-        topology = Topology(
-            namespace=ns, ladder=["1s"],
-            destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
-            intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
-        )  # fmt: skip
+        topology = one_intake(ns)
         path = tmp_path / "t.yaml"
         path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
         apply_topology(topology, node.url)

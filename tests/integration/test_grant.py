@@ -470,15 +470,11 @@ def test_a_bridge_user_runs_the_bridge_and_the_producer_may_not_reach_the_queues
 
     from delayq.sync import delete_topology
     from delayq.sync.bridge import Bridge
-    from tests.integration.intake_support import Running
+    from tests.integration.intake_support import Running, one_intake
 
     node = local_rabbitmq_management_node
     ns = f"o{uuid.uuid4().hex[:10]}"
-    topology = Topology(
-        namespace=ns, ladder=["1s"],
-        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
-        intakes=[{"exchange": f"plugin-{ns}", "type": "direct"}],
-    )  # fmt: skip
+    topology = one_intake(ns)
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
     producer, bridge_user, admin = (make_user(r) for r in ("producer", "bridge", "admin"))
