@@ -12,7 +12,8 @@ confirmed before its delivery is acked, prefetch ``--prefetch`` (the relays:
    raw pika relay doing the same job;
 3. ``bridge``: delayq's :class:`~delayq.sync.bridge.Bridge`: reading ``x-delay`` as the
    plugin did, choosing the tier, the message id, the properties carried, the DLQ for
-   what cannot be scheduled, pipelined confirms.
+   what cannot be scheduled, pipelined confirms, on delayq's own frame wire (asyncio,
+   two connections: :mod:`delayq.aio._bridgewire`).
 
 The clock runs from the relay's consume to its last ack (its own count, read every
 ``POLL_S``). Then each mode is checked: every message reaches the destination queue

@@ -1,12 +1,13 @@
 """A stop ends a bridge whose stream is stuck (issue 48): confirms that never come (the
-broker's memory alarm blocks the publishing connection), or a write that never returns.
+broker's memory alarm blocks the publishing connection, or a broker that does not
+confirm), or a bridge whose own thread is stuck (closing its connection).
 
 Before, a stop waited for every delivery in flight to be confirmed: with the broker
 blocking publishers, for as long as the stream kept reconnecting (minutes), and a worker
 then left ``delayq bridge`` unable to exit (its bridge thread was not a daemon). Now a
 stop waits ``--stop-grace`` for the confirms, then leaves what is unconfirmed unacked
 (back in the intake queue) and exits 1 saying so; a second signal skips the grace; a
-bridge stuck in a write is left behind once grace and margin are spent. Nothing
+bridge stuck in its own thread is left behind once grace and margin are spent. Nothing
 confirmed is lost: a bridge run after the alarm clears delivers every message.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-import delayq.sync._round as round_module
+import delayq.aio._bridgewire as engine_module
 from delayq.errors import PublishUnconfirmed
 from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
@@ -71,9 +72,9 @@ def _unacked(node: LocalNode, queue: str) -> int:
 
 
 def _blocked(node: LocalNode) -> bool:
-    """Whether a publishing connection of the bridge is blocked by the alarm."""
+    """Whether the bridge's connection (it publishes) is blocked by the alarm."""
     rows = node.ctl("list_connections", "client_properties", "state", "--no-table-headers", "-q")
-    return any("delayq-publisher-shared" in row and "blocked" in row for row in rows.splitlines())
+    return any("delayq-bridge " in row and "blocked" in row for row in rows.splitlines())
 
 
 def _alarm(node: LocalNode, on: bool) -> None:
@@ -99,16 +100,17 @@ def alarmed(local_rabbitmq_node: LocalNode) -> Iterator[LocalNode]:
 def _all_arrive(url: str, topology: Any, collect: Any, ids: set[str]) -> None:
     """A fresh bridge delivers every message: nothing was lost by the stop."""
     arrived = collect(topology.destinations[0].queue, url=url)
+    queue = topology.intakes[0].queue_name(topology.namespace)
     running = Running(Bridge(url, topology, prefetch=100))
-    try:
+    try:  # what was published but not confirmed arrives twice: the intake queue drained
         wait_for(
-            lambda: ids <= {a.message_id for a in arrived.arrivals},
+            lambda: ids <= {a.message_id for a in arrived.arrivals} and depth(url, queue) == 0,
             120,
-            lambda: f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived",
+            lambda: f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived, "
+            f"{depth(url, queue)} in {queue}",
         )
     finally:
         running.stop()
-    queue = topology.intakes[0].queue_name(topology.namespace)
     assert depth(url, queue) == 0
     assert depth(url, topology.intakes[0].dlq_name(topology.namespace)) == 0
 
@@ -220,28 +222,18 @@ def test_a_sighup_whose_stop_leaves_deliveries_unconfirmed_starts_the_bridges_ag
     assert depth(url, queue) == 0
 
 
-def test_request_stop_ends_a_bridge_whose_write_never_returns(
+def test_request_stop_ends_a_bridge_whose_confirms_never_come(
     rabbitmq_url: str, make_topology: Any, collect: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topology = _topology(make_topology)
     apply_topology(topology, rabbitmq_url)
     ids = _publish(rabbitmq_url, topology)
-    stuck, release = threading.Event(), threading.Event()
-    original = round_module.frames_writer
+    stuck = threading.Event()
 
-    def writer(channel: Any) -> Any:
-        write = original(channel)
+    def never(self: Any, token: int, acked: bool, returned: bool) -> None:
+        stuck.set()  # the confirm is lost: its delivery waits for it for good
 
-        def never_returns(frames: bytes) -> None:
-            if not release.is_set():
-                stuck.set()
-                release.wait()
-            assert write is not None
-            write(frames)
-
-        return never_returns
-
-    monkeypatch.setattr(round_module, "frames_writer", writer)
+    monkeypatch.setattr(engine_module.WireBridge, "settled", never)
     bridge = Bridge(rabbitmq_url, topology, prefetch=50, stop_grace="1s")
     raised: list[BaseException] = []
 
@@ -254,15 +246,15 @@ def test_request_stop_ends_a_bridge_whose_write_never_returns(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        wait_for(stuck.is_set, 60, "the stream stuck in a write")
+        wait_for(stuck.is_set, 60, "a confirm lost")
         stopped = time.monotonic()
         bridge.request_stop()
         thread.join(BOUND_S)
         took_s = time.monotonic() - stopped
         assert not thread.is_alive(), "the bridge did not stop"
     finally:
-        release.set()
-    assert took_s < bridge.stop_grace_s + IO_JOIN_S + STOP_MARGIN_S
+        thread.join(BOUND_S)
+    assert took_s < bridge.stop_grace_s + 2 * IO_JOIN_S + STOP_MARGIN_S
     [error] = raised
     assert isinstance(error, PublishUnconfirmed)
     assert "deliveries unconfirmed after its 1 s stop grace" in str(error)
@@ -275,27 +267,32 @@ HOOK = textwrap.dedent(
     """
     import os, sys, threading
 
-    import delayq.sync._round as round_module
-    import delayq.sync.bridge as bridge_module
+    import delayq.aio._bridgewire as engine_module
 
     def stuck(what):
         print(f"hook: stuck in {what}", file=sys.stderr, flush=True)
         threading.Event().wait()  # never returns
 
-    if os.environ["DELAYQ_TEST_STUCK"] == "write":  # the stream's I/O thread
-        round_module.frames_writer = lambda channel: lambda frames: stuck("a write")
-    else:  # the bridge's own thread, closing its consuming connection
-        bridge_module.close_quietly = lambda connection: stuck("a close")
+    def lost(self, token, acked, returned):  # confirms that never come
+        print("hook: stuck without confirms", file=sys.stderr, flush=True)
+
+    async def closing(self, *wires):  # the bridge's own thread, stuck closing
+        stuck("a close")
+
+    if os.environ["DELAYQ_TEST_STUCK"] == "confirms":
+        engine_module.WireBridge.settled = lost
+    else:
+        engine_module.WireBridge._close = closing
     """
 )
 
 
-@pytest.mark.parametrize("where", ["write", "close", "close, hurried"])
+@pytest.mark.parametrize("where", ["confirms", "close", "close, hurried"])
 def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     rabbitmq_url: str, make_topology: Any, collect: Any, tmp_path: Path, where: str
 ) -> None:
-    """Stuck in a write, its I/O thread cannot be told anything: the bridge leaves it
-    behind. Stuck itself (closing its connection), the worker stops waiting for it after
+    """Without confirms, the bridge gives up on what is in flight after its grace. Stuck
+    itself (closing its connection), the worker stops waiting for it after
     its grace and :data:`STOP_MARGIN_S`, or :data:`HURRY_MARGIN_S` after a second signal
     (a grace of an hour: it waited all of it, an outside tester's broker frozen). Either
     way the process exits 1, saying why."""
@@ -320,7 +317,7 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     try:
         assert command.stdout is not None and command.stderr is not None
         assert command.stdout.readline().startswith("delayq bridge: ")
-        awaited = {"worker running"} | ({"hook: stuck"} if where == "write" else set())
+        awaited = {"worker running"} | ({"hook: stuck"} if where == "confirms" else set())
         for said in command.stderr:  # running (its signal handlers in place), and stuck
             awaited = {part for part in awaited if part not in said}
             if not awaited:
@@ -340,7 +337,7 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
     assert command.returncode == 1, err
     assert "Traceback" not in err
     queue = topology.intakes[0].queue_name(topology.namespace)
-    if where == "write":
+    if where == "confirms":
         assert f"the bridge of {queue} stopped with" in err
         assert "deliveries unconfirmed after its 1 s stop grace" in err
     elif hurried:

@@ -12,22 +12,22 @@ confirms came; a burst kept the queue busy, the channel held the acks, the close
 before the queue caught up, and every message of the stop came back.
 
 Whether a held ack is dropped is a race inside the broker; the test makes a stop with a
-few hundred acks and rejects (every other confirm refused), checks that every ack went
-before the cancel, and that no acked message came back."""
+few hundred acks and rejects (the confirms held back until the stop, then every other
+one refused), checks that every ack went before the cancel, and that no acked message
+came back."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pamqp import commands
 
-import delayq.sync.bridge as bridge_module
-from delayq.errors import PublishError, PublishRejected
+import delayq.aio._bridgewire as engine_module
+from delayq.aio._wire import Wire
 from delayq.sync import apply_topology
-from delayq.sync._intake_stream import Ended, Feed
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
 from tests.integration.intake_support import Running, publish_plugin_style
@@ -35,78 +35,67 @@ from tests.waiting import wait_for
 
 COUNT = 300
 
-Outcome = tuple[int, PublishError | None]
+Engine = engine_module.WireBridge
 
 
-class _Refusing(Feed):
-    """Holds the outcomes of the stream until ``release`` (and a take more: they come a
-    moment after the stop), then gives them all at once, every other one refused: the
-    bridge acks one, puts the next back, and so on."""
+class Held:
+    """The confirms the bridge heard, held back until it is told to stop; then given to
+    it all at once, every other one refused: it acks one, puts the next back, and so on."""
 
-    release = threading.Event()
-    held = 0
-
-    def __init__(self, wake_consumer: Callable[[], None]) -> None:
-        super().__init__(wake_consumer)
-        self._held: list[Outcome] = []
-        self._takes_released = 0
-
-    def take(self) -> tuple[list[Outcome], Ended | None]:
-        outcomes, ended = super().take()
-        self._held.extend(outcomes)
-        type(self).held = len(self._held)
-        if self.release.is_set():
-            self._takes_released += 1
-        if self._takes_released < 2:
-            return [], None
-        given = [
-            (tag, PublishRejected("refused by the test") if n % 2 else error)
-            for n, (tag, error) in enumerate(sorted(self._held))
-        ]
-        self._held = []
-        return given, ended
+    def __init__(self) -> None:
+        self.confirms: list[tuple[int, bool, bool]] = []
 
 
 @pytest.fixture
-def refusing(monkeypatch: pytest.MonkeyPatch) -> type[_Refusing]:
-    _Refusing.release = threading.Event()
-    _Refusing.held = 0
-    monkeypatch.setattr(bridge_module, "Feed", _Refusing)
-    return _Refusing
+def held(monkeypatch: pytest.MonkeyPatch) -> Held:
+    holding = Held()
+    settled, stop = Engine.settled, Engine.stop
+
+    def hold(self: Any, token: int, acked: bool, returned: bool) -> None:
+        holding.confirms.append((token, acked, returned))
+
+    def release(self: Any) -> None:
+        for n, (token, acked, returned) in enumerate(sorted(holding.confirms)):
+            settled(self, token, acked and n % 2 == 0, returned)
+        holding.confirms = []
+
+    def stopping(self: Any, *, now: bool = False) -> None:
+        stop(self, now=now)
+        asyncio.get_running_loop().call_soon(release, self)
+
+    monkeypatch.setattr(Engine, "settled", hold)
+    monkeypatch.setattr(Engine, "stop", stopping)
+    return holding
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The acks, rejects and cancels of the bridge's consuming channel, in order."""
     made: list[str] = []
-    connect = bridge_module.connect
+    acks = engine_module._Acks
+    ack, reject, call = acks.basic_ack, acks.basic_reject, Wire.call
 
-    def recording(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            made.append(name)
-            return method(*args, **kwargs)
+    def acking(self: Any, tag: int, multiple: bool) -> None:
+        made.append("basic_ack")
+        ack(self, tag, multiple)
 
-        return call
+    def rejecting(self: Any, tag: int, requeue: bool) -> None:
+        made.append("basic_reject")
+        reject(self, tag, requeue)
 
-    def connecting(url: str, **kwargs: Any) -> Any:
-        connection = connect(url, **kwargs)
-        opened = connection.channel
+    async def calling(self: Wire, channel: int, method: Any, *replies: type) -> Any:
+        if isinstance(method, commands.Basic.Cancel):
+            made.append("basic_cancel")
+        return await call(self, channel, method, *replies)
 
-        def channel() -> Any:
-            opened_channel = opened()
-            for name in ("basic_ack", "basic_reject", "basic_cancel"):
-                setattr(opened_channel, name, recording(name, getattr(opened_channel, name)))
-            return opened_channel
-
-        connection.channel = channel
-        return connection
-
-    monkeypatch.setattr(bridge_module, "connect", connecting)
+    monkeypatch.setattr(acks, "basic_ack", acking)
+    monkeypatch.setattr(acks, "basic_reject", rejecting)
+    monkeypatch.setattr(Wire, "call", calling)
     return made
 
 
 def test_a_stop_acks_before_it_cancels_and_nothing_acked_comes_back(
-    rabbitmq_url: str, make_topology: Any, refusing: type[_Refusing], calls: list[str]
+    rabbitmq_url: str, make_topology: Any, held: Held, calls: list[str]
 ) -> None:
     ns = make_topology().namespace
     topology = make_topology(
@@ -123,9 +112,8 @@ def test_a_stop_acks_before_it_cancels_and_nothing_acked_comes_back(
     ]
     publish_plugin_style(rabbitmq_url, intake.exchange, messages)
     running = Running(Bridge(rabbitmq_url, topology, prefetch=COUNT, stop_grace="60s"))
-    wait_for(lambda: refusing.held == COUNT, 60, lambda: f"{refusing.held} confirmed")
+    wait_for(lambda: len(held.confirms) == COUNT, 60, lambda: f"{len(held.confirms)} confirmed")
     running.bridge.request_stop()  # every one sent and confirmed: none acked yet
-    refusing.release.set()
     running.thread.join(60)
     assert not running.thread.is_alive() and not running.error, running.error
     half = COUNT // 2

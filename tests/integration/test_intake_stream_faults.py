@@ -1,17 +1,14 @@
-"""A failure of delayq's own on one message inside the bridge's stream (issue 48): the
-frame encoder raising for it, or the write of its frames raising (an ``OSError``, once or
-every time). Before, the message was taken from the stream and never settled: every
-delivery after it waited behind it, unacked, the prefetch filled, and the bridge stopped
-moving for good (a stop waited for it forever too).
+"""A failure of delayq's own on one message inside the bridge (issue 48): the frame
+encoder raising for it, or its publish raising. Before, the message was taken from the
+stream and never settled: every delivery after it waited behind it, unacked, the
+prefetch filled, and the bridge stopped moving for good (a stop waited for it forever
+too).
 
 Now the message is settled on its own: a forward delayq cannot encode is parked as
-``bridge-error`` (the reason says what failed), and one whose park fails as well is
-rejected to the intake's DLQ as it came. A write that raises leaves the connection's
-state unknown: the stream drops it and sends what was in flight again on a fresh one
-(the reconnect path), and a message whose write raises again there is settled as the
-encoder's would be. Every other message arrives: exactly once when only the encoder
-failed (no connection was dropped), at least once when writes raised (what was in flight
-on a dropped connection is sent again). The bridge never reconnects its consuming side.
+``bridge-error`` (the reason says what failed), and one whose park fails as well, or
+whose publish raises, is rejected to the intake's DLQ as it came. Every other message
+arrives exactly once, and the bridge never reconnects. (A socket that fails is the
+connection's loss: ``test_intake_loss.py``.)
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ from typing import Any
 import pika
 import pytest
 
-import delayq.sync._round as round_module
+import delayq.aio._bridgewire as engine_module
+from delayq.aio._wire import Wire
 from delayq.sync import apply_topology
-from delayq.sync._settling import WRITE_STRIKES
 from delayq.sync._unreadable import tolerate_unreadable_headers
 from delayq.sync.bridge import Bridge
 from tests.amqp import depth
@@ -97,26 +94,21 @@ def _exactly_once(got: list[Any], ids: list[str], poison: set[str]) -> None:
     assert set(counts.values()) == {1}, {i: n for i, n in counts.items() if n != 1}
 
 
-def _at_least_once(got: list[Any], ids: list[str], poison: set[str]) -> None:
-    assert {a.message_id for a in got} == set(ids) - poison
-
-
 @pytest.fixture
 def failing_on(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Make the stream's frame encoders raise for the messages ``fails`` says (it is
+    """Make the bridge's frame encoder raise for the messages ``fails`` says (it is
     given each message about to be encoded)."""
 
     def install(fails: Callable[[Any], BaseException | None]) -> None:
-        for name in ("carried_frames", "publish_frames"):
-            original = getattr(round_module, name)
+        original = engine_module.bridged_frames
 
-            def encode(msg: Any, *args: Any, _original: Any = original) -> Any:
-                error = fails(msg)
-                if error is not None:
-                    raise error
-                return _original(msg, *args)
+        def encode(msg: Any, *args: Any) -> Any:
+            error = fails(msg)
+            if error is not None:
+                raise error
+            return original(msg, *args)
 
-            monkeypatch.setattr(round_module, name, encode)
+        monkeypatch.setattr(engine_module, "bridged_frames", encode)
 
     return install
 
@@ -157,58 +149,27 @@ def test_a_message_the_encoder_fails_on_is_parked_and_the_others_arrive_once(
     assert depth(rabbitmq_url, topology.intakes[0].queue_name(topology.namespace)) == 0
 
 
-@pytest.fixture
-def writes_failing(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Make the stream's frame writer raise for the frames ``fails`` says (before any
-    byte of them is queued)."""
-
-    def install(fails: Callable[[bytes], BaseException | None]) -> None:
-        original = round_module.frames_writer
-
-        def writer(channel: Any) -> Any:
-            write = original(channel)
-            if write is None:
-                return None
-
-            def failing(frames: bytes) -> None:
-                error = fails(frames)
-                if error is not None:
-                    raise error
-                write(frames)
-
-            return failing
-
-        monkeypatch.setattr(round_module, "frames_writer", writer)
-
-    return install
-
-
-def test_a_write_that_raises_is_the_reconnect_path_and_one_that_always_does_is_settled(
-    rabbitmq_url: str, make_topology: Any, collect: Any, writes_failing: Callable[..., None]
+def test_a_message_whose_publish_raises_is_rejected_as_it_came_and_the_others_arrive_once(
+    rabbitmq_url: str, make_topology: Any, collect: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topology = _topology(make_topology)
     apply_topology(topology, rabbitmq_url)
     ids = _publish(rabbitmq_url, topology)
+    original = Wire.publish
     raised: Counter[str] = Counter()
 
-    def fails(frames: bytes) -> BaseException | None:
-        for name in ("m-150", "m-170"):
-            if f"\x05{name}".encode() in frames:  # its message id, as a short string
-                if name == "m-170" or not raised[name]:  # m-150: once only
-                    raised[name] += 1
-                    return OSError(f"injected: cannot write {name}")
-        return None
+    def publish(wire: Wire, frames: bytes, sink: Any, token: int, route: Any) -> None:
+        if route[2] == "m-170":
+            raised[route[2]] += 1
+            raise RuntimeError("injected: cannot publish m-170")
+        original(wire, frames, sink, token, route)
 
-    writes_failing(fails)
+    monkeypatch.setattr(Wire, "publish", publish)
     got, bridge = _bridged(rabbitmq_url, topology, collect, parked=1)
-    # A dropped connection's unconfirmed messages are sent again (maybe more than once:
-    # each drop sends again what was in flight on it), m-150 among them; none is lost.
-    _at_least_once(got, ids, {"m-170"})
+    _exactly_once(got, ids, {"m-170"})
     dlq = _dlq(rabbitmq_url, topology.intakes[0].dlq_name(topology.namespace))
-    assert set(dlq) == {"m-170"}  # its forward and its park never written: rejected
+    assert set(dlq) == {"m-170"}
     assert dlq["m-170"].headers["x-death"][0]["reason"] == "rejected"
-    # m-150 once (a fresh connection wrote it); m-170's forward, then its park, on two
-    # connections each before each was settled.
-    assert raised == {"m-150": 1, "m-170": 2 * WRITE_STRIKES}
+    assert raised == {"m-170": 1}
     assert bridge.stats.rejected == 1 and bridge.stats.reconnects == 0
     assert depth(rabbitmq_url, topology.intakes[0].queue_name(topology.namespace)) == 0

@@ -14,8 +14,7 @@ from pika import frame, spec
 from delayq import Topology
 from delayq.errors import HeaderFrameTooLarge
 from delayq.intake import Forward, Incoming, Relay
-from delayq.sync._pika_frames import carried_frames
-from delayq.sync._sending import pika_properties
+from delayq.message.carried import carried_frames, pika_properties
 
 TOPO = Topology(
     namespace="shop",

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from delayq.message.carried import unwritable
 from delayq.message.envelope import OutgoingMessage, Receipt
-from delayq.sync._sending import unwritable
 
 
 def message(headers: dict[Any, Any]) -> OutgoingMessage:

@@ -21,6 +21,7 @@ from delayq.message.decoding import field_table, read_table
 
 __all__ = [
     "DELIVER_METHOD",
+    "DeliveryFrames",
     "ack_frame",
     "content_header",
     "deliver_fields",
@@ -96,6 +97,56 @@ def content_header(payload: bytes) -> tuple[int, str | None, dict[str, Any], str
         return size, content_type, headers, message_id
     except (IndexError, struct.error) as exc:
         raise ValueError(f"a truncated content header ({len(payload)} bytes)") from exc
+
+
+class DeliveryFrames:
+    """Puts a consuming channel's deliveries together from their frames (the
+    :meth:`content` of a :class:`~delayq.aio._framing.ChannelReader`) and hands each to
+    :meth:`whole`: ``Basic.Deliver``'s fields, its content header's payload (unread: the
+    reader decides what to read of it, and what to do when it cannot) and its body."""
+
+    def __init__(self) -> None:
+        self._deliver: tuple[int, bool, str] | None = None  # the delivery being read
+        self._header = b""
+        self._left = 0
+        self._chunks: list[bytes] = []
+
+    def content(self, kind: int, payload: bytes) -> None:
+        """A ``Basic.Deliver`` method frame (``kind`` 1), a content header (2) or body (3).
+        Raises :class:`ValueError` if they do not make a delivery."""
+        if kind == 1:
+            self._deliver = deliver_fields(payload)
+            return
+        if self._deliver is None:
+            raise ValueError(f"a content frame (type {kind}) outside a delivery")
+        if kind == 2:
+            if len(payload) < 12:
+                raise ValueError("a content header cut short")
+            (self._left,) = _U64(payload, 4)  # after class and weight
+            self._header, self._chunks = payload, []
+            if not self._left:
+                self._whole(b"")
+            return
+        if kind != 3:
+            raise ValueError(f"a frame of type {kind} inside a delivery")
+        self._left -= len(payload)
+        if self._left > 0:
+            self._chunks.append(payload)
+            return
+        if self._left < 0:
+            raise ValueError("a delivery's body is longer than its header said")
+        chunks = self._chunks
+        self._whole(b"".join((*chunks, payload)) if chunks else payload)
+
+    def _whole(self, body: bytes) -> None:
+        deliver, self._deliver = self._deliver, None
+        assert deliver is not None
+        self.whole(deliver, self._header, body)
+
+    def whole(self, deliver: tuple[int, bool, str], header: bytes, body: bytes) -> None:
+        """One delivery: ``(delivery_tag, redelivered, routing_key)``, its content header's
+        payload, its body."""
+        raise NotImplementedError
 
 
 def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:

@@ -32,9 +32,9 @@ from pamqp import commands
 
 from delayq.aio._connection import close_shielded, connect
 from delayq.aio._deliveries import (
+    DeliveryFrames,
     ack_frame,
     content_header,
-    deliver_fields,
     nack_frame,
     reject_frame,
 )
@@ -52,10 +52,6 @@ from delayq.urls import redact
 __all__ = ["FrameDelivery", "FrameFeed"]
 
 log = logging.getLogger("delayq.consumer")
-
-_DELIVER, _HEADER, _BODY = 1, 2, 3
-"""Frame types: a method (here always ``Basic.Deliver``), a content header, a body."""
-
 
 class FrameDelivery:
     """A :class:`~delayq.links.Settleable`: one delivery's tag on its consuming channel."""
@@ -79,11 +75,12 @@ class FrameDelivery:
             self._channel.settle(reject_frame(CONSUME_CHANNEL, tag, requeue))
 
 
-class _Consuming:
+class _Consuming(DeliveryFrames):
     """The consuming channel's reader (:class:`~delayq.aio._wire.ChannelReader`): puts
     each delivery together from its frames and hands it over."""
 
     def __init__(self, feed: FrameFeed, wire: Wire, on_delivery: AsyncOnDelivery) -> None:
+        super().__init__()
         self.feed = feed
         self.wire = wire
         self.queue = feed.queue
@@ -91,12 +88,6 @@ class _Consuming:
         self.gone: Exception | None = None
         """Why the channel is closed (``None`` while open)."""
         self._loop = wire.loop
-        self._deliver: tuple[int, bool, str] | None = None  # the delivery being read
-        self._header: tuple[str | None, dict[str, object], str | None] = (None, {}, None)
-        self._left = 0
-        self._chunks: list[bytes] = []
-        self._unreadable: str | None = None
-        """Why the delivery being read has a content header that cannot be read."""
 
     def settle(self, frame: bytes) -> None:
         """Queue an ack or a nack; raises if this channel is gone (the broker requeued
@@ -105,45 +96,13 @@ class _Consuming:
             raise self.gone
         self.wire.send_frames(frame)
 
-    def content(self, kind: int, payload: bytes) -> None:
-        if kind == _DELIVER:
-            self._deliver = deliver_fields(payload)
-            return
-        if self._deliver is None:
-            raise ValueError(f"a content frame (type {kind}) outside a delivery")
-        if kind == _HEADER:
-            try:
-                size, content_type, headers, message_id = content_header(payload)
-            except Exception as exc:  # one such message must not stop the consumer
-                if len(payload) < 12:
-                    raise ValueError("a content header cut short") from exc
-                size = int.from_bytes(payload[4:12], "big")  # after class and weight
-                self._unreadable = f"{type(exc).__name__}: {exc}"[:500]
-                content_type, headers, message_id = None, {}, None
-            self._header = (content_type, headers, message_id)
-            self._left, self._chunks = size, []
-            if size == 0:
-                self._hand_over(b"")
-            return
-        if kind != _BODY:
-            raise ValueError(f"a frame of type {kind} inside a delivery")
-        self._left -= len(payload)
-        if self._left > 0:
-            self._chunks.append(payload)
-            return
-        if self._left < 0:
-            raise ValueError("a delivery's body is longer than its header said")
-        chunks = self._chunks
-        self._hand_over(b"".join((*chunks, payload)) if chunks else payload)
-
-    def _hand_over(self, body: bytes) -> None:
-        deliver = self._deliver
-        assert deliver is not None
-        self._deliver = None
+    def whole(self, deliver: tuple[int, bool, str], header: bytes, body: bytes) -> None:
         tag, redelivered, routing_key = deliver
-        if self._unreadable is not None:  # to the queue's DLQ, intact, by the broker
-            why, self._unreadable = self._unreadable, None
-            self.settle(nack_frame(CONSUME_CHANNEL, tag, False, False))
+        try:
+            _size, content_type, headers, message_id = content_header(header)
+        except Exception as exc:  # one such message must not stop the consumer
+            why = f"{type(exc).__name__}: {exc}"[:500]
+            self.settle(nack_frame(CONSUME_CHANNEL, tag, False, False))  # to its DLQ, intact
             log.warning(
                 "rejected delivery %d of %s to its dead-letter queue, as it came: its "
                 "headers cannot be read (%s)",
@@ -152,7 +111,6 @@ class _Consuming:
                 why,
             )
             return
-        content_type, headers, message_id = self._header
         delivery = Delivery(
             self.queue, body, routing_key, message_id, content_type, headers, redelivered
         )

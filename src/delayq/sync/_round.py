@@ -30,13 +30,13 @@ from delayq.errors import (
 )
 from delayq.links import Settle
 from delayq.message import outcomes
+from delayq.message.carried import carried_frames
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.frames import publish_frames
 from delayq.message.inflight import size_of
 from delayq.message.limits import FRAME_MAX
 from delayq.sync._connection import coalesce_writes, frames_writer
 from delayq.sync._errors import ConnectionAbandoned, closed_by_broker, connection_lost, is_missing
-from delayq.sync._pika_frames import carried_frames
 from delayq.sync._sending import Source, check_header_frame, pika_properties
 from delayq.sync._settling import Settling
 from delayq.topology.marker import Gate

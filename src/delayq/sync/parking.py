@@ -22,6 +22,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, Delivery
 from delayq.errors import ConnectionFailed, StoreError, TopologyMissing
+from delayq.message.carried import unwritable
 from delayq.message.envelope import epoch_ms
 from delayq.observe.replays import replaying
 from delayq.observe.tracing import TracingOption, tracing_for
@@ -31,7 +32,6 @@ from delayq.ops.replay_marks import ReplayMarks
 from delayq.sync._broker import server_property
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, reply_code
-from delayq.sync._sending import unwritable
 from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
 from delayq.sync.publisher import Publisher
 from delayq.topology.conflicts import conflict_from_reply, parked_at_risk

@@ -1,6 +1,6 @@
 """The bridge's stream bookkeeping (no broker): each delivery acked only once its own
 confirm and every one before it are in, confirmed runs coalesced into one ``multiple``
-ack, a refused one nacked alone; the feed hands outcomes across threads, once each."""
+ack, a refused one nacked alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from delayq import Topology
 from delayq.errors import PublishRejected
 from delayq.intake import Incoming, Relay
-from delayq.sync._intake_stream import Feed, Settled, Window, coalesce
+from delayq.intake.window import Settled, Window, coalesce
 
 TOPO = Topology(
     namespace="shop",
@@ -61,78 +61,6 @@ def test_a_discarded_delivery_no_longer_holds_back_those_after_it() -> None:
     window.settled(2, None)
     window.discard(1)
     assert [s.tag for s in window.ready()] == [2]
-
-
-def test_the_feed_wakes_each_side_only_when_it_may_be_idle() -> None:
-    woken: list[str] = []
-    feed = Feed(lambda: woken.append("consumer"))
-    p1, p2 = _plan(1), _plan(2)
-    assert feed.put(1, p1.message)  # no round yet: nobody to wake
-    feed.attach(lambda: woken.append("round"))
-    assert feed.put(2, p2.message)  # 1 in flight: its confirm pulls 2
-    assert woken == []
-    assert feed.next() == (1, p1.message)
-    assert feed.next() == (2, p2.message)
-    assert feed.next() is None and not feed.done  # nothing now, not over
-    feed.settle(1, p1.message, None)
-    feed.settle(2, p2.message, REFUSED)
-    feed.settle(2, p2.message, None)  # settled already: ignored
-    assert woken == ["consumer"]  # the second outcome found the inbox full: no wake
-    assert feed.take() == ([(1, None), (2, REFUSED)], None)
-    assert feed.put(3, p1.message)  # nothing in flight: the round must be woken
-    assert woken == ["consumer", "round"]
-
-
-def test_an_ended_feed_says_what_it_left_unsettled_and_takes_no_more() -> None:
-    feed = Feed(lambda: None)
-    p = _plan(0)
-    for tag in (1, 2, 3):
-        feed.put(tag, p.message)
-    feed.next()
-    feed.next()
-    feed.settle(1, p.message, None)
-    feed.end(drop=True)  # 3 was never sent: dropped, back to the queue with the channel
-    assert not feed.put(4, p.message)
-    assert feed.next() is None and feed.done
-    failure = ConnectionError("lost")
-    feed.finish(failure)
-    outcomes, ended = feed.take()
-    assert outcomes == [(1, None)]
-    assert ended is not None and (ended.error, ended.left) == (failure, [2])
-
-
-def test_an_aborted_feed_stops_its_round_at_once_and_settles_nothing() -> None:
-    """The bridge stopped waiting (a stop's grace ran out): the round is woken to drop
-    its connection, sends nothing more, not even what a lost round left to send again,
-    its pause between rounds ends, and no outcome reaches the bridge."""
-    woken: list[str] = []
-    feed = Feed(lambda: woken.append("consumer"))
-    p = _plan(0)
-    feed.attach(lambda: woken.append("round"))
-    for tag in (1, 2, 3):
-        feed.put(tag, p.message)
-    assert feed.next() == (1, p.message)
-    feed.push_front([(1, p.message)])  # a lost round's, to be sent again
-    woken.clear()
-    feed.abort()
-    assert woken == ["round"] and feed.aborted and feed.closed
-    assert feed.next() is None and feed.done
-    assert not feed.put(4, p.message)
-    feed.pause(3600)  # returns at once
-    feed.settle(1, p.message, None)
-    feed.finish(None)
-    outcomes, ended = feed.take()
-    assert outcomes == [] and ended is not None and ended.left == []
-
-
-def test_an_abort_survives_a_round_whose_loop_is_closing() -> None:
-    def closed() -> None:
-        raise RuntimeError("the I/O loop is closed")
-
-    feed = Feed(lambda: None)
-    feed.attach(closed)
-    feed.abort()
-    assert feed.aborted
 
 
 def test_a_replanned_delivery_keeps_its_place_and_waits_for_its_new_outcome() -> None:

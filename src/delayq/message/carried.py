@@ -1,6 +1,6 @@
 """The frames of a publish whose message carries further AMQP properties (an intake's,
 forwarded by ``delayq bridge``), encoded by hand: byte for byte what pika's
-``basic_publish`` writes for :func:`~delayq.sync._sending.pika_properties`, at a
+``basic_publish`` writes for :func:`pika_properties`, at a
 fraction of its cost (pika builds a properties object and encodes the header table
 value by value; a bridged message has a dozen headers, most of the relay's time).
 
@@ -8,18 +8,24 @@ pika's encoding is kept, not :func:`delayq.message.frames.publish_frames`' (pamq
 an integer header as a signed 32-bit ``I`` (64-bit ``l`` past it), the header table in
 its own order, no ``priority`` unless carried, so a consumer reads the carried headers
 with the types the bridge always sent. A message with a header value other than text or a 64-bit
-integer, or a property of another type, is left to pika (``None``).
+integer, or a property of another type, is encoded by pika's own codec
+(:func:`bridged_frames`; no connection: ``pika.spec`` only), which :func:`unwritable`
+checks can write it.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.frames import content_frames
 
-__all__ = ["carried_frames"]
+if TYPE_CHECKING:
+    import pika
+
+__all__ = ["bridged_frames", "carried_frames", "pika_properties", "unwritable"]
 
 _pack_header = struct.Struct(">HHQH").pack  # class 60, weight 0, body size, property flags
 _pack_u32 = struct.Struct(">I").pack
@@ -30,7 +36,6 @@ _PUBLISH_METHOD = b"\x00\x3c\x00\x28\x00\x00"  # class 60 Basic, method 40 Publi
 _MANDATORY = b"\x01"
 _PERSISTENT = b"\x02"
 _INT32_MIN, _INT32_END = -(2**31), 2**31
-_INT64_MIN, _INT64_END = -(2**63), 2**63
 
 
 
@@ -180,3 +185,113 @@ def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes 
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY
     header = _pack_header(60, 0, len(msg.body), flags) + b"".join(encoded)
     return content_frames(msg, channel, frame_max, method, header)
+
+
+_pack_content = struct.Struct(">HHQ").pack  # class 60, weight 0, body size
+
+
+def bridged_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
+    """The frames publishing ``msg`` (an intake's, with the properties it carries) on
+    ``channel``: :func:`carried_frames`, or pika's encoding of its properties when that
+    leaves it to pika. Check :func:`unwritable` first: what pika cannot write raises here.
+
+    :raises HeaderFrameTooLarge: its content header does not fit in one frame.
+    """
+    frames = carried_frames(msg, channel, frame_max)
+    if frames is not None:
+        return frames
+    exchange, key = _short(msg.exchange), _short(msg.routing_key)
+    if exchange is None or key is None:
+        raise ValueError(f"exchange {msg.exchange!r} or key {msg.routing_key!r} past 255 bytes")
+    method = _PUBLISH_METHOD + exchange + key + _MANDATORY
+    header = _pack_content(60, 0, len(msg.body)) + b"".join(pika_properties(msg).encode())
+    return content_frames(msg, channel, frame_max, method, header)
+
+
+def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
+    """``msg``'s AMQP properties for pika (those an intake's message carries too). pika
+    is imported here, not with the module: only its codec is used, and the core imports
+    no broker client."""
+    import pika
+    if msg.properties:
+        return pika.BasicProperties(
+            **{
+                "content_type": msg.content_type,
+                "delivery_mode": 2,
+                "message_id": msg.message_id,
+                "timestamp": msg.timestamp_s,
+                **msg.properties,
+                "headers": msg.headers,
+            }
+        )
+    return pika.BasicProperties(
+        content_type=msg.content_type,
+        delivery_mode=2,
+        message_id=msg.message_id,
+        timestamp=msg.timestamp_s,
+        headers=msg.headers,
+    )
+
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+def unwritable(msg: OutgoingMessage) -> str | None:
+    """Why pika cannot write ``msg``'s properties, or ``None``: pika reads some values it
+    cannot write again (a float of 1e300 read as a 997-digit integer, a header name that
+    is not UTF-8, tables nested past what it writes). Checked by encoding only when the
+    headers hold more than strings, bytes, booleans and 64-bit integers."""
+    why = _names_problem(msg.headers)
+    if why is not None:
+        return why
+    for value in msg.headers.values():
+        if isinstance(value, (str, bytes, bool)) or value is None:
+            continue
+        if isinstance(value, int) and _INT64_MIN <= value < _INT64_END:
+            continue
+        try:
+            pika_properties(msg).encode()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+    return None
+
+
+NAME_NOT_TEXT = "a header name is not UTF-8 text"
+MAX_DEPTH = 100
+"""Tables and arrays nested deeper than this are not written again (pika's encoder
+recurses once a level; Python's stack is the limit)."""
+TOO_DEEP = f"the headers nest tables or arrays more than {MAX_DEPTH} levels deep"
+
+
+def _names_problem(table: dict[Any, Any], depth: int = 0) -> str | None:
+    """Why ``table`` (or a table inside it) cannot be written: a key that is not a str
+    (pika reads a name that is not UTF-8 as bytes, which delayq's stream cannot write),
+    or nesting past :data:`MAX_DEPTH`; ``None`` when neither."""
+    if depth > MAX_DEPTH:
+        return TOO_DEEP
+    for key, value in table.items():
+        if type(key) is not str:
+            return NAME_NOT_TEXT
+        if type(value) not in _FLAT:
+            why = _nested_problem(value, depth + 1)
+            if why is not None:
+                return why
+    return None
+
+
+_FLAT = frozenset({str, int, bytes, bool, float, type(None)})
+"""Value types with no names inside (the common ones: checked without a call)."""
+
+
+def _nested_problem(value: object, depth: int) -> str | None:
+    if isinstance(value, dict):
+        return _names_problem(value, depth)
+    if isinstance(value, (list, tuple)):
+        if depth > MAX_DEPTH:
+            return TOO_DEEP
+        for item in value:
+            why = _nested_problem(item, depth + 1)
+            if why is not None:
+                return why
+    return None
