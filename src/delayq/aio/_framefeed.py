@@ -53,6 +53,7 @@ __all__ = ["FrameDelivery", "FrameFeed"]
 
 log = logging.getLogger("delayq.consumer")
 
+
 class FrameDelivery:
     """A :class:`~delayq.links.Settleable`: one delivery's tag on its consuming channel."""
 

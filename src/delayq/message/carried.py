@@ -38,7 +38,6 @@ _PERSISTENT = b"\x02"
 _INT32_MIN, _INT32_END = -(2**31), 2**31
 
 
-
 def _short(value: object) -> bytes | None:
     raw = value.encode() if isinstance(value, str) else value
     if type(raw) is not bytes or len(raw) > 255:
@@ -213,6 +212,7 @@ def pika_properties(msg: OutgoingMessage) -> pika.BasicProperties:
     is imported here, not with the module: only its codec is used, and the core imports
     no broker client."""
     import pika
+
     if msg.properties:
         return pika.BasicProperties(
             **{
