@@ -50,7 +50,7 @@ from delayq.intake.relay import Forward, Incoming, Relay
 from delayq.intake.window import Plan, Window
 from delayq.links import gate_for
 from delayq.message import outcomes
-from delayq.message.carried import bridged_frames, unwritable
+from delayq.message.carried import Unwritable, bridged_frames
 from delayq.message.decoding import basic_properties
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
@@ -330,14 +330,14 @@ class WireBridge:
         wire = self._wire
         assert wire is not None
         while True:
-            error: BaseException | None = None
-            why = unwritable(plan.message)
-            if why is None:
-                try:
-                    return plan, bridged_frames(plan.message, PUBLISH_CHANNEL, wire.frame_max)
-                except Exception as exc:  # past the frame, or delayq's own failure
-                    error = exc
-                    log.error("bridge of %s: %s", self.queue, exc)
+            try:
+                return plan, bridged_frames(plan.message, PUBLISH_CHANNEL, wire.frame_max)
+            except Unwritable as exc:
+                why: str | None = str(exc)
+                error: BaseException = exc
+            except Exception as exc:  # past the frame, or delayq's own failure
+                why, error = None, exc
+                log.error("bridge of %s: %s", self.queue, exc)
             if not isinstance(plan, Forward):
                 said = f"its headers cannot be sent ({why})" if why else _said(error)
                 self._reject(tag, plan.message.message_id, said)
@@ -345,7 +345,6 @@ class WireBridge:
             if why is not None:
                 plan = self.relay.park(incoming, why)
             else:
-                assert error is not None
                 plan = self.relay.failed(incoming, error)
 
     def _publish(self, tag: int, plan: Plan, frames: bytes) -> None:

@@ -25,7 +25,7 @@ from delayq.message.frames import content_frames
 if TYPE_CHECKING:
     import pika
 
-__all__ = ["bridged_frames", "carried_frames", "pika_properties", "unwritable"]
+__all__ = ["Unwritable", "bridged_frames", "carried_frames", "pika_properties", "unwritable"]
 
 _pack_header = struct.Struct(">HHQH").pack  # class 60, weight 0, body size, property flags
 _pack_u32 = struct.Struct(">I").pack
@@ -189,16 +189,25 @@ def carried_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes 
 _pack_content = struct.Struct(">HHQ").pack  # class 60, weight 0, body size
 
 
+class Unwritable(ValueError):
+    """A message's headers cannot be written again (:func:`unwritable` says why)."""
+
+
 def bridged_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     """The frames publishing ``msg`` (an intake's, with the properties it carries) on
     ``channel``: :func:`carried_frames`, or pika's encoding of its properties when that
-    leaves it to pika. Check :func:`unwritable` first: what pika cannot write raises here.
+    leaves it to pika (checked by :func:`unwritable` first: only then, the common
+    message, text and integer headers, always writable, is not checked twice).
 
+    :raises Unwritable: pika cannot write its headers again.
     :raises HeaderFrameTooLarge: its content header does not fit in one frame.
     """
     frames = carried_frames(msg, channel, frame_max)
     if frames is not None:
         return frames
+    why = unwritable(msg)
+    if why is not None:
+        raise Unwritable(why)
     exchange, key = _short(msg.exchange), _short(msg.routing_key)
     if exchange is None or key is None:
         raise ValueError(f"exchange {msg.exchange!r} or key {msg.routing_key!r} past 255 bytes")
