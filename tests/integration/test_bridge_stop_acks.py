@@ -26,6 +26,7 @@ import pytest
 from pamqp import commands
 
 import delayq.aio._bridgewire as engine_module
+import delayq.aio._relaying as relaying_module
 from delayq.aio._wire import Wire
 from delayq.sync import apply_topology
 from delayq.sync.bridge import Bridge
@@ -72,7 +73,7 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Held:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The acks, rejects and cancels of the bridge's consuming channel, in order."""
     made: list[str] = []
-    acks = engine_module._Acks
+    acks = relaying_module._Acks
     ack, reject, call = acks.basic_ack, acks.basic_reject, Wire.call
 
     def acking(self: Any, tag: int, multiple: bool) -> None:

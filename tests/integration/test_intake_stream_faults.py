@@ -20,7 +20,7 @@ from typing import Any
 import pika
 import pytest
 
-import delayq.aio._bridgewire as engine_module
+import delayq.aio._relaying as engine_module
 from delayq.aio._wire import Wire
 from delayq.sync import apply_topology
 from delayq.sync._unreadable import tolerate_unreadable_headers

@@ -1,22 +1,12 @@
 """The bridge's engine: an intake queue relayed into delayq's tiers on delayq's frame wire.
 
-Two connections (:class:`~delayq.aio._wire.Wire`), one event loop, one thread. The intake
-queue is consumed on one, whose deliveries come as frames
-(:class:`~delayq.aio._deliveries.DeliveryFrames`); each is read (every property:
-:func:`~delayq.message.decoding.basic_properties`), planned by
-:class:`~delayq.intake.relay.Relay` (pure), encoded
-(:func:`~delayq.message.carried.bridged_frames`) and published on the other's confirming
-channel as it arrives, up to ``prefetch`` unconfirmed. Confirms settle the
-deliveries through a :class:`~delayq.intake.window.Window`: the confirmed ones at the
-front, in delivery order, acked with one ``multiple`` ack per loop turn; one the broker
-did not take (a nack, a return) put back on the intake queue, and the bridge pauses
-(:data:`REFUSED_PAUSE_S`) before it takes more. Nothing is acked before its confirm.
-
-Each exchange is checked (passively) once per connection before its first publish, and
-the topology's apply marker when the connection opens: a publish to a missing exchange
-would close the publish channel. A delivery whose headers cannot be read, or whose
-forward and park cannot be written, is rejected (the broker dead-letters it, as it came,
-to the intake's DLQ); a forward that cannot be sent is parked as ``bridge-error``.
+Two connections (:class:`~delayq.aio._wire.Wire`), one event loop, one thread: the intake
+queue is consumed on one (its deliveries' frames put together by
+:class:`~delayq.aio._deliveries.DeliveryFrames`), each delivery published on the other's
+confirming channel as it arrives, up to ``prefetch`` unconfirmed, and acked once its
+confirm came (:class:`~delayq.aio._relaying.Relaying`, the per-delivery half). This
+module owns the connections: opened (the topology's apply marker checked), subscribed,
+and closed.
 
 What ends a connection: the broker or the network (reconnected by the caller); a
 missing queue or exchange, a refused permission (raised); a stop, which stops taking
@@ -35,53 +25,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from typing import Any
 
 from pamqp import commands
 
-from delayq.aio._deliveries import DeliveryFrames, ack_frame, reject_frame
+from delayq.aio._deliveries import DeliveryFrames
 from delayq.aio._framebatch import channel_error
 from delayq.aio._framelink import open_wire
-from delayq.aio._wire import CONSUME_CHANNEL, PUBLISH_CHANNEL, ChannelClosed, Wire, WireClosed
-from delayq.errors import AccessRefused, PublishError, TopologyMissing
-from delayq.intake.bridging import IO_JOIN_S, BridgeStats, acknowledge
-from delayq.intake.relay import Forward, Incoming, Relay
-from delayq.intake.window import Plan, Window
+from delayq.aio._relaying import FATAL, REFUSED_PAUSE_S, Lost, Relaying
+from delayq.aio._wire import CONSUME_CHANNEL, ChannelClosed, Wire, WireClosed
+from delayq.intake.bridging import IO_JOIN_S, BridgeStats
+from delayq.intake.relay import Relay
+from delayq.intake.window import Window
 from delayq.links import gate_for
-from delayq.message import outcomes
-from delayq.message.carried import Unwritable, bridged_frames
-from delayq.message.decoding import basic_properties
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
 
 __all__ = ["REFUSED_PAUSE_S", "Lost", "WireBridge"]
 
 log = logging.getLogger("delayq.bridge")
-
-REFUSED_PAUSE_S = 2.0
-"""How long the bridge takes no delivery after the broker refused a publish (a full
-tier): the refused one is back in the intake queue, and would come straight back."""
-
-_FATAL = (TopologyMissing, AccessRefused)
-"""What no reconnect mends: raised to the caller."""
-
-
-class Lost(Exception):
-    """The connection ended for a reason a new one may mend (the caller reconnects)."""
-
-
-class _Acks:
-    """The consuming channel's acks as frames (:class:`~delayq.intake.bridging.Acking`)."""
-
-    def __init__(self, wire: Wire) -> None:
-        self.wire = wire
-
-    def basic_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self.wire.send_frames(ack_frame(CONSUME_CHANNEL, delivery_tag, multiple))
-
-    def basic_reject(self, delivery_tag: int, requeue: bool) -> None:
-        self.wire.send_frames(reject_frame(CONSUME_CHANNEL, delivery_tag, requeue))
 
 
 class _Reader(DeliveryFrames):
@@ -101,9 +63,9 @@ class _Reader(DeliveryFrames):
         self.bridge.end(exc)
 
 
-class WireBridge:
-    """One intake's bridge on one connection at a time (see the module). Its owner calls
-    :meth:`serve` once per connection, and :meth:`stop` from the loop's thread."""
+class WireBridge(Relaying):
+    """One intake's bridge on one connection pair at a time (see the module). Its owner
+    calls :meth:`serve` once per connection, and :meth:`stop` from the loop's thread."""
 
     def __init__(
         self,
@@ -116,30 +78,15 @@ class WireBridge:
         stats: BridgeStats,
         started: threading.Event,
     ) -> None:
+        super().__init__(Relay(topology, intake), stats)
         self.url = url
-        self.relay = Relay(topology, intake)
-        self.queue = self.relay.queue
         self.prefetch = prefetch
         self.stop_grace_s = stop_grace_s
-        self.stats = stats
         self.started = started
         self.gate = gate_for(topology, url)
-        self.stopping = False
         self.hurry = False
         self.abandoned_after = ""
         """What ended the last stop with deliveries unconfirmed."""
-        self._changed: asyncio.Event | None = None
-        # One connection's state (reset by serve).
-        self._wire: Wire | None = None
-        """The publishing connection (the consuming one is :attr:`_acks`' wire)."""
-        self._acks: _Acks | None = None
-        self._window = Window()
-        self._ended: BaseException | None = None
-        self._checked: set[str] = set()
-        self._unchecked: dict[str, list[tuple[int, Plan, bytes]]] = {}
-        self._backlog: deque[tuple[int, str, bytes, bytes]] = deque()
-        self._paused = False
-        self._drain_scheduled = False
         self._subscribed = False
         self._tag = ""
 
@@ -151,16 +98,6 @@ class WireBridge:
         self.stopping = True
         self.hurry = self.hurry or now
         self._wake()
-
-    def end(self, exc: BaseException) -> None:
-        """This connection is over (the first reason counts)."""
-        if self._ended is None:
-            self._ended = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
 
     async def _until(self, done: Any, timeout_s: float | None = None) -> None:
         """Wait until ``done()`` is true, or ``timeout_s`` passed."""
@@ -192,12 +129,17 @@ class WireBridge:
         may mend, a delayq error for what it cannot."""
         self._changed = asyncio.Event()
         name = f"delayq-bridge {self.queue}"
-        consuming = await open_wire(self.url, attempts=3, name=name, publish=False)
+        consuming = await self._open(self.url, name, publish=False)
+        if consuming is None:
+            return  # stopped while connecting
         try:  # the same node, where a multi-host URL has several
-            wire = await open_wire(consuming.url or self.url, attempts=3, name=f"{name} publishing")
+            wire = await self._open(consuming.url or self.url, f"{name} publishing")
         except BaseException:
             consuming.abort()
             raise
+        if wire is None:
+            consuming.abort()
+            return
         self._reset(consuming, wire)
         consuming.on_close.append(self.end)
         wire.on_close.append(self.end)
@@ -232,7 +174,7 @@ class WireBridge:
                     pass
         except ChannelClosed as exc:  # on subscribing, or the consuming channel closed
             error = channel_error(exc)
-            if isinstance(error, _FATAL) or not self._subscribed:
+            if isinstance(error, FATAL) or not self._subscribed:
                 raise error from exc
             raise Lost(str(error)) from exc
         finally:
@@ -243,13 +185,25 @@ class WireBridge:
             self._backlog.clear()
             await self._close(consuming, wire)
 
+    async def _open(self, url: str, name: str, *, publish: bool = True) -> Wire | None:
+        """A connection to ``url`` (its connect attempts), or ``None``: a stop came first
+        (a broker that does not answer must not hold a stop for its connect timeouts)."""
+        opening = asyncio.ensure_future(open_wire(url, attempts=3, name=name, publish=publish))
+        opening.add_done_callback(lambda _: self._wake())
+        await self._until(lambda: opening.done() or self.stopping)
+        if opening.done():
+            return opening.result()
+        opening.cancel()
+        try:
+            wire = await opening
+        except BaseException:  # cancelled, or failed meanwhile: nothing to close
+            return None
+        wire.abort()  # opened meanwhile
+        return None
+
     def _reset(self, consuming: Wire, wire: Wire) -> None:
-        self._wire, self._acks = wire, _Acks(consuming)
-        self._window = Window()
-        self._ended = None
-        self._checked, self._unchecked = set(), {}
-        self._backlog.clear()
-        self._paused = self._drain_scheduled = self._subscribed = False
+        self.reset(consuming, wire)
+        self._subscribed = False
 
     async def _subscribe(self, consuming: Wire, wire: Wire) -> None:
         try:
@@ -294,149 +248,3 @@ class WireBridge:
             len(self._window),
             self.abandoned_after,
         )
-
-    # Deliveries ---------------------------------------------------------------------------
-
-    def arrived(self, tag: int, routing_key: str, header: bytes, body: bytes) -> None:
-        if self.stopping or self._ended is not None:
-            return  # not sent: back with the channel (past every tag a stop acks)
-        if self._paused or self._backlog:
-            self._backlog.append((tag, routing_key, header, body))
-            return
-        self._take(tag, routing_key, header, body)
-
-    def _take(self, tag: int, routing_key: str, header: bytes, body: bytes) -> None:
-        try:
-            properties = basic_properties(header, 12, len(header))
-        except Exception as exc:
-            self._reject(tag, f"delivery {tag}", f"its headers cannot be read ({_said(exc)})")
-            return
-        try:
-            incoming = Incoming(routing_key, body, properties)
-            encoded = self._encode(tag, self.relay.plan(incoming), incoming)
-            if encoded is not None:
-                self._window.add(tag, encoded[0])
-                self._publish(tag, *encoded)
-        except (WireClosed, ChannelClosed) as exc:  # the publish channel is gone
-            self.end(exc)
-        except Exception as exc:  # delayq's own failure on this delivery: not the bridge's end
-            log.exception("bridge of %s failed on delivery %d", self.queue, tag)
-            self._window.discard(tag)
-            self._reject(tag, f"delivery {tag}", _said(exc))
-
-    def _encode(self, tag: int, plan: Plan, incoming: Incoming) -> tuple[Plan, bytes] | None:
-        """``plan`` and its frames; a forward that cannot be written, parked; a park that
-        cannot, rejected (``None``)."""
-        wire = self._wire
-        assert wire is not None
-        while True:
-            try:
-                return plan, bridged_frames(plan.message, PUBLISH_CHANNEL, wire.frame_max)
-            except Unwritable as exc:
-                why: str | None = str(exc)
-                error: BaseException = exc
-            except Exception as exc:  # past the frame, or delayq's own failure
-                why, error = None, exc
-                log.error("bridge of %s: %s", self.queue, exc)
-            if not isinstance(plan, Forward):
-                said = f"its headers cannot be sent ({why})" if why else _said(error)
-                self._reject(tag, plan.message.message_id, said)
-                return None
-            if why is not None:
-                plan = self.relay.park(incoming, why)
-            else:
-                plan = self.relay.failed(incoming, error)
-
-    def _publish(self, tag: int, plan: Plan, frames: bytes) -> None:
-        msg = plan.message
-        wire = self._wire
-        assert wire is not None
-        if msg.exchange not in self._checked:
-            waiting = self._unchecked.get(msg.exchange)
-            if waiting is None:
-                waiting = self._unchecked[msg.exchange] = []
-                wire.loop.create_task(self._check(wire, msg.exchange))
-            waiting.append((tag, plan, frames))
-            return
-        wire.publish(frames, self, tag, (msg.exchange, msg.routing_key, msg.message_id))
-
-    async def _check(self, wire: Wire, exchange: str) -> None:
-        """Check ``exchange`` exists, then publish what waited for it."""
-        try:
-            await wire.exchange_exists(exchange)
-        except ChannelClosed as exc:
-            self.end(channel_error(exc))
-            return
-        except WireClosed as exc:
-            self.end(exc)
-            return
-        if wire is not self._wire:
-            return
-        self._checked.add(exchange)
-        for tag, plan, frames in self._unchecked.pop(exchange, []):
-            try:
-                self._publish(tag, plan, frames)
-            except (WireClosed, ChannelClosed) as exc:
-                self.end(exc)
-                return
-
-    def _reject(self, tag: int, name: str, why: str) -> None:
-        """Leave the delivery to the broker's dead-lettering: into the intake's DLQ, intact."""
-        assert self._acks is not None
-        self._acks.basic_reject(tag, False)
-        self.stats.rejected += 1
-        log.warning(
-            "rejected %s of %s to %s, as it came: %s", name, self.queue, self.relay.dlq, why
-        )
-
-    # The wire's sink: confirms --------------------------------------------------------------
-
-    def settled(self, token: int, acked: bool, returned: bool) -> None:
-        error: PublishError | None = None
-        if returned or not acked:
-            try:
-                msg = self._window.plan(token).message
-            except KeyError:
-                return  # of a window given up
-
-            error = outcomes.unroutable(msg) if returned else outcomes.rejected(msg)
-        self._window.settled(token, error)
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            assert self._wire is not None
-            self._wire.loop.call_soon(self._drain)
-
-    def failed(self, token: int, exc: Exception) -> None:
-        """Its channel or connection closed first: the connection is over (what is
-        unacked goes back to the intake queue with it)."""
-        error = channel_error(exc) if isinstance(exc, ChannelClosed) else exc
-        self.end(error if isinstance(error, _FATAL) else Lost(str(exc)))
-
-    def _drain(self) -> None:
-        """Ack and nack the settled deliveries at the front of the window."""
-        self._drain_scheduled = False
-        done = self._window.ready()
-        if not done or self._acks is None:
-            return
-        wire = self._acks.wire
-        if wire.closed is not None or CONSUME_CHANNEL not in wire.readers:
-            return  # their channel is gone: back in the queue already
-        refused = acknowledge(self._acks, done, self.stats, self.queue, self.relay.dlq)
-        if refused and not self._paused:
-            self._paused = True
-            wire.loop.call_later(REFUSED_PAUSE_S, self._resume, wire)
-        if not self._window:
-            self._wake()
-
-    def _resume(self, wire: Wire) -> None:
-        """The pause after a refusal is over: take what arrived meanwhile."""
-        if self._acks is None or wire is not self._acks.wire:
-            return
-        self._paused = False
-        backlog = self._backlog
-        while backlog and not self._paused and not self.stopping and self._ended is None:
-            self._take(*backlog.popleft())
-
-
-def _said(exc: BaseException | None) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
