@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from delayq.aio._bridgewire import WireBridge
+from delayq.consume.settings import RECONNECT_MIN_S
 from delayq.local.node import LocalNode
 from delayq.sync import apply_topology
 from delayq.sync.bridge import Bridge
@@ -68,3 +70,37 @@ def test_a_lost_connection_loses_no_message(
     assert depth(url, queue) == 0 and depth(url, intake.dlq_name(topology.namespace)) == 0
     assert stats.parked == 0 and stats.rejected == 0
     assert stats.reconnects >= 1
+
+
+def test_each_new_outage_reconnects_after_the_shortest_pause(
+    local_rabbitmq_node: LocalNode, make_topology: Any, monkeypatch: Any
+) -> None:
+    """The back-off between reconnects starts again once a connection got to consume: an
+    outside tester's bridge, after five closes, waited 10 s after every later one, for
+    the rest of its life (0.5, 1, 2, 4, 8, then 10 s each time)."""
+    pauses: list[float] = []
+    pause = WireBridge.pause
+
+    async def recorded(self: WireBridge, seconds: float) -> None:
+        pauses.append(seconds)
+        await pause(self, seconds)
+
+    monkeypatch.setattr(WireBridge, "pause", recorded)
+    url = local_rabbitmq_node.url
+    ns = make_topology().namespace
+    topology = make_topology(
+        destinations=[{"queue": f"{ns}x.work", "bindings": ["job.a"]}],
+        intakes=[{"exchange": f"plugin-{ns}"}],
+    )
+    apply_topology(topology, url)
+    running = Running(Bridge(url, topology))
+    engine = running.bridge._engine
+    try:
+        for outage in range(1, 5):
+            wait_for(lambda: engine.subscribed, 30, "the bridge consuming")
+            assert _close(local_rabbitmq_node) >= 1
+            wait_for(lambda n=outage: running.bridge.stats.reconnects >= n, 30,
+                     lambda: f"{running.bridge.stats}")  # fmt: skip
+    finally:
+        running.stop()
+    assert pauses == [RECONNECT_MIN_S] * 4

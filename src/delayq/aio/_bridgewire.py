@@ -90,6 +90,12 @@ class WireBridge(Relaying):
         self._subscribed = False
         self._tag = ""
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether the last connection got as far as consuming (a reconnect after it is a
+        fresh one: its back-off starts again)."""
+        return self._subscribed
+
     # Control (the loop's thread) ----------------------------------------------------
 
     def stop(self, *, now: bool = False) -> None:

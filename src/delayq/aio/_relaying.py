@@ -32,13 +32,18 @@ from delayq.message import outcomes
 from delayq.message.carried import Unwritable, bridged_frames
 from delayq.message.decoding import basic_properties
 
-__all__ = ["FATAL", "REFUSED_PAUSE_S", "Lost", "Relaying"]
+__all__ = ["FATAL", "REFUSED_PAUSE_MAX_S", "REFUSED_PAUSE_S", "Lost", "Relaying"]
 
 log = logging.getLogger("delayq.bridge")
 
 REFUSED_PAUSE_S = 2.0
 """How long the bridge takes no delivery after the broker refused a publish (a full
-tier): the refused one is back in the intake queue, and would come straight back."""
+tier): the refused one is back in the intake queue, and would come straight back. Twice
+as long after each pause whose next deliveries were refused again, up to
+:data:`REFUSED_PAUSE_MAX_S`; back to this once the broker takes one again: a tier full
+for minutes does not spend a message's ``delivery_limit`` in 40 s."""
+
+REFUSED_PAUSE_MAX_S = 30.0
 
 FATAL = (TopologyMissing, AccessRefused)
 """What no reconnect mends: raised to the caller."""
@@ -81,6 +86,8 @@ class Relaying:
         self._unchecked: dict[str, list[tuple[int, Plan, bytes]]] = {}
         self._backlog: deque[tuple[int, str, bytes, bytes]] = deque()
         self._paused = False
+        self._pause_s = REFUSED_PAUSE_S
+        """The next pause after a refusal (doubling while refusals go on)."""
         self._drain_scheduled = False
 
     def reset(self, consuming: Wire, wire: Wire) -> None:
@@ -228,10 +235,18 @@ class Relaying:
         wire = self._acks.wire
         if wire.closed is not None or CONSUME_CHANNEL not in wire.readers:
             return  # their channel is gone: back in the queue already
-        refused = acknowledge(self._acks, done, self.stats, self.queue, self.relay.dlq)
+        taken, refused = acknowledge(self._acks, done, self.stats, self.queue, self.relay.dlq)
         if refused and not self._paused:
             self._paused = True
-            wire.loop.call_later(REFUSED_PAUSE_S, self._resume, wire)
+            log.warning(
+                "bridge of %s takes no delivery for %g s: the broker refuses its publishes",
+                self.queue,
+                self._pause_s,
+            )
+            wire.loop.call_later(self._pause_s, self._resume, wire)
+            self._pause_s = min(self._pause_s * 2, REFUSED_PAUSE_MAX_S)
+        elif taken and not refused and not self._paused:
+            self._pause_s = REFUSED_PAUSE_S  # the broker takes them again
         if not self._window:
             self._wake()
 

@@ -120,31 +120,36 @@ class Acking(Protocol):
 
 def acknowledge(
     channel: Acking, done: list[Settled], stats: BridgeStats, queue: str, dlq: str
-) -> bool:
+) -> tuple[int, int]:
     """Ack and nack ``done`` on the consuming ``channel`` (each run of confirmed ones with
-    one ``multiple`` ack), counted in ``stats``; whether the broker refused any."""
+    one ``multiple`` ack), counted in ``stats``: how many were confirmed, and how many the
+    broker refused (one log line for those, not one each: a full tier refuses thousands)."""
     if not done:
-        return False
+        return 0, 0
     for step, tag in coalesce(done):
         if step == "ack":
             channel.basic_ack(tag, True)
         else:
             channel.basic_reject(tag, True)  # counted on 4.3 too
-    refused = False
+    refused: list[Settled] = []
     for item in done:
         plan = item.plan
         if item.error is not None:
-            refused = True
-            log.warning(
-                "%s of %s not taken by the broker (%s): back to the intake queue",
-                plan.message.message_id,
-                queue,
-                item.error,
-            )
-            stats.returned += 1
+            refused.append(item)
         elif isinstance(plan, Park):
             stats.parked += 1
             log.warning("parked %s in %s: %s", plan.message.message_id, dlq, plan.reason)
         else:
             stats.forwarded += 1
-    return refused
+    if refused:
+        stats.returned += len(refused)
+        first = refused[0]
+        log.warning(
+            "%d of %s not taken by the broker (%s: %s%s): back to the intake queue",
+            len(refused),
+            queue,
+            first.plan.message.message_id,
+            first.error,
+            f"; and {len(refused) - 1} more" if len(refused) > 1 else "",
+        )
+    return len(done) - len(refused), len(refused)

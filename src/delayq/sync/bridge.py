@@ -122,7 +122,8 @@ class Bridge:
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Bridge until SIGTERM or SIGINT (or :meth:`request_stop`). A lost connection
-        is reopened (back-off up to ``RECONNECT_MAX_S``); a missing intake queue, a
+        is reopened (back-off from ``RECONNECT_MIN_S`` up to ``RECONNECT_MAX_S``, from the
+        start again after a connection that got to consume); a missing intake queue, a
         topology not applied or a refused permission raise at once.
 
         :raises PublishUnconfirmed: the stop left deliveries unconfirmed after its
@@ -169,7 +170,14 @@ class Bridge:
                         f"lost the broker at {redact(self._url)} while subscribing to "
                         f"{self.queue!r}: {exc}"
                     ) from exc
-                log.warning("bridge of %s lost the broker (%s); reconnecting", self.queue, exc)
+                if engine.subscribed:  # it was bridging: a new outage, not the last one's
+                    delay = RECONNECT_MIN_S
+                log.warning(
+                    "bridge of %s lost the broker (%s); reconnecting in %g s",
+                    self.queue,
+                    exc,
+                    delay,
+                )
             await engine.pause(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)
             self.stats.reconnects += 1
