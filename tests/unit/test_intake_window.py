@@ -61,25 +61,3 @@ def test_a_discarded_delivery_no_longer_holds_back_those_after_it() -> None:
     window.settled(2, None)
     window.discard(1)
     assert [s.tag for s in window.ready()] == [2]
-
-
-def test_a_replanned_delivery_keeps_its_place_and_waits_for_its_new_outcome() -> None:
-    """A forward delayq could not send is parked in its place: the deliveries after it
-    still wait for it, and its failed forward's outcome does not count."""
-    window = Window()
-    incoming = Incoming("email.welcome", b"{}", {"message_id": "m-1", "headers": {}})
-    window.add(1, RELAY.plan(incoming), incoming)
-    window.add(2, _plan(2))
-    assert window.incoming(1) is incoming and window.incoming(2) is None
-    window.settled(1, REFUSED)
-    park = RELAY.failed(incoming, RuntimeError("boom"))
-    window.replan(1, park)
-    window.settled(2, None)
-    assert window.ready() == []
-    window.settled(1, None)
-    first, second = window.ready()
-    assert (first.tag, first.plan, first.error) == (1, park, None)
-    assert (second.tag, second.error) == (2, None)
-    assert window.incoming(1) is None  # let go with its delivery
-    reason = park.message.headers["delayq-dead-letter-reason"]
-    assert reason == "bridge-error" and "RuntimeError: boom" in park.reason

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from delayq.intake.relay import Forward, Incoming, Park
+from delayq.intake.relay import Forward, Park
 
 __all__ = ["Plan", "Settled", "Window", "coalesce"]
 
@@ -27,34 +27,20 @@ class Window:
     def __init__(self) -> None:
         self._pending: OrderedDict[int, Plan] = OrderedDict()
         self._outcomes: dict[int, BaseException | None] = {}
-        self._incoming: dict[int, Incoming] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, tag: int, plan: Plan, incoming: Incoming | None = None) -> None:
+    def add(self, tag: int, plan: Plan) -> None:
         self._pending[tag] = plan
-        if incoming is not None:
-            self._incoming[tag] = incoming
 
     def plan(self, tag: int) -> Plan:
         return self._pending[tag]
-
-    def incoming(self, tag: int) -> Incoming | None:
-        """The delivery ``tag`` as it came (to park it), when it was given."""
-        return self._incoming.get(tag)
-
-    def replan(self, tag: int, plan: Plan) -> None:
-        """Send ``plan`` for ``tag`` instead, in the same place (its outcome to come)."""
-        if tag in self._pending:
-            self._pending[tag] = plan
-            self._outcomes.pop(tag, None)
 
     def discard(self, tag: int) -> None:
         """Leave ``tag`` out (rejected: settled on the channel already)."""
         self._pending.pop(tag, None)
         self._outcomes.pop(tag, None)
-        self._incoming.pop(tag, None)
 
     def settled(self, tag: int, error: BaseException | None) -> None:
         """``tag``'s outcome (``None``: confirmed); only the first one counts."""
@@ -69,7 +55,6 @@ class Window:
             tag = next(iter(pending))
             if tag not in outcomes:
                 break
-            self._incoming.pop(tag, None)
             done.append(Settled(tag, pending.pop(tag), outcomes.pop(tag)))
         return done
 
