@@ -57,6 +57,13 @@ if [ $with_test_servers = yes ]; then
   bash scripts/setup-rabbitmq-4.sh 4.3
 fi
 
+if [ $with_test_servers = yes ] && ! command -v wrk >/dev/null 2>&1; then
+  # The load generator of bench/webapp.py (a documented command the tests run).
+  echo "==> installing wrk (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+
 if [ $with_test_servers = yes ]; then
   # Producers and a consumer in JavaScript speak the wire contract (tests/node).
   if ! command -v npm >/dev/null 2>&1; then

@@ -92,7 +92,16 @@ for server in "${servers[@]}"; do
         echo "==> pytest, the broker-facing suites but -m cluster or bench (RabbitMQ: $server)"
         suites=("${broker_suites[@]}")
         marks="not cluster and not bench"
+        if [ "$server" = "${servers[1]:-}" ]; then
+            # With them, on uvloop as they are, the unit tests that run an event loop.
+            suites+=($(grep -l -E "asyncio|async def|delayq\.aio|Bridge|Worker" tests/unit/*.py))
+        fi
     fi
+    # The event loop of every async test (tests/loops.py): asyncio's on the first server,
+    # uvloop (uvicorn's default) on the others, so that each async path runs on both.
+    loop=uvloop
+    [ "$server" = "${servers[0]}" ] && loop=asyncio
+    echo "==> async tests on the $loop event loop"
     # The fault scenarios' lengths (tests/faults/test_faults.py): whole on the first
     # server, half on the others (the same faults, 15 connection closes instead of 30, 5
     # SIGKILLs among 10,000 messages instead of 20,000).
@@ -102,7 +111,7 @@ for server in "${servers[@]}"; do
                DELAYQ_FAULT_RESTART_MESSAGES=10000)
     fi
     # --durations: every test over 8 s is listed, to see where a stage's time goes.
-    env "${scale[@]}" DELAYQ_RABBITMQ_SERVER="$server" \
+    env "${scale[@]}" DELAYQ_RABBITMQ_SERVER="$server" DELAYQ_TEST_LOOP="$loop" \
         timeout --signal=INT --kill-after=120 55m \
         .venv/bin/python -m pytest -p no:cacheprovider "${workers[@]}" -m "$marks" \
         --durations=0 --durations-min=8 "${suites[@]}" || status=$?
@@ -115,8 +124,10 @@ for server in "${servers[@]}"; do
     if [ "$server" = 4.0 ] && [ "${#servers[@]}" -gt 1 ]; then
         continue
     fi
-    echo "==> pytest -m cluster (alone, RabbitMQ: $server)"
-    DELAYQ_RABBITMQ_SERVER=$server timeout --signal=INT --kill-after=120 20m \
+    loop=uvloop
+    [ "$server" = "${servers[0]}" ] && loop=asyncio
+    echo "==> pytest -m cluster (alone, RabbitMQ: $server, $loop event loop)"
+    DELAYQ_RABBITMQ_SERVER=$server DELAYQ_TEST_LOOP=$loop timeout --signal=INT --kill-after=120 20m \
         .venv/bin/python -m pytest -p no:cacheprovider -m cluster || status=$?
     echo "==> elapsed: $(( ($(date +%s) - started) / 60 )) min"
 done

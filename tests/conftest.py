@@ -10,6 +10,7 @@ a closed stream and prints a "Logging error" traceback.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import settings
 
 from delayq.local.probes import epmd_answers, stop_epmd
+from tests.loops import loop_under_test
 
 # Hypothesis' per-example deadline (200 ms) times the machine, not the code: on a
 # 2-core machine running brokers and a JVM beside the tests one example of a pure
@@ -28,6 +30,17 @@ settings.load_profile("delayq")
 
 
 _EPMD_BEFORE = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if loop_under_test() == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"delayq: async tests on the {loop_under_test()} event loop (DELAYQ_TEST_LOOP)"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

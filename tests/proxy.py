@@ -16,6 +16,7 @@ wait for ``holding``, then stop the node.
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import struct
 import threading
@@ -56,7 +57,12 @@ class _Frames:
 
 
 class HoldingProxy:
-    def __init__(self, broker_url: str, hold_after: int) -> None:
+    def __init__(
+        self, broker_url: str, hold_after: int, *, read_while_holding: bool = False
+    ) -> None:
+        """``read_while_holding``: go on reading (and counting in :attr:`published`) what
+        clients send while holding, keeping it until the release instead of leaving it in
+        TCP's buffers: a test can then wait until a number of publishes is held."""
         parts = urlsplit(broker_url)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 5672)
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -66,6 +72,7 @@ class HoldingProxy:
         self.hold_after = hold_after
         self.published = 0
         """``basic.publish`` frames forwarded to the broker so far."""
+        self.read_while_holding = read_while_holding
         self.holding = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
@@ -111,12 +118,20 @@ class HoldingProxy:
 
     def _pump(self, source: socket.socket, sink: socket.socket, outgoing: bool) -> None:
         frames = _Frames()
+        forward: queue.Queue[bytes | None] | None = None
+        if outgoing and self.read_while_holding:
+            forward = queue.Queue()
+            threading.Thread(target=self._forward, args=(forward, sink), daemon=True).start()
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
                 methods = frames.methods(data)
+                if forward is not None:
+                    self._count(methods)
+                    forward.put(data)
+                    continue
                 if outgoing:
                     self._count_and_hold(methods)
                 elif self.holding.is_set() and (0, *CONNECTION_CLOSE) in methods:
@@ -125,9 +140,29 @@ class HoldingProxy:
         except OSError:
             pass
         finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            if forward is not None:
+                forward.put(None)  # the forwarder shuts both down once it sent the rest
+            else:
+                _shut(source, sink)
+
+    def _count(self, methods: list[tuple[int, int, int]]) -> None:
+        publishes = sum(1 for _ch, cls, m in methods if (cls, m) == BASIC_PUBLISH)
+        with self._lock:
+            self.published += publishes
+            if self.published >= self.hold_after:
+                self.holding.set()
+
+    def _forward(self, forward: queue.Queue[bytes | None], sink: socket.socket) -> None:
+        """Send on what the pump read, in order, holding it while the proxy holds."""
+        try:
+            while (data := forward.get()) is not None:
+                if self.holding.is_set():
+                    self._released.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _shut(sink)
 
     def _count_and_hold(self, methods: list[tuple[int, int, int]]) -> None:
         publishes = sum(1 for _ch, cls, m in methods if (cls, m) == BASIC_PUBLISH)
@@ -138,3 +173,9 @@ class HoldingProxy:
                 self.holding.set()
         if hold or (self.holding.is_set() and not self._released.is_set() and publishes):
             self._released.wait()
+
+
+def _shut(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

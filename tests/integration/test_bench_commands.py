@@ -6,6 +6,7 @@ spends its CPU, a counter it prints is read)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,25 @@ def test_the_bridge_bench_runs_the_bridge_beside_both_raw_relays(rabbitmq_url: s
     for mode in ("raw pika, confirm each", "raw pika, pipelined confirms", "delayq bridge"):
         assert mode in out, out
     assert "bridge / mode" in out and "PROBLEM" not in out, out
+
+
+def test_the_webapp_bench_serves_each_app_with_and_without_its_publish(rabbitmq_url: str) -> None:
+    """Each server's figures with and without the publish, its ratio, and publish_many's;
+    the bench itself fails if the tier holds fewer messages than requests were answered."""
+    out = _bench(
+        "webapp.py", "--rounds", "1", "--seconds", "1", "--warmup", "1",
+        "--many-count", "1000", url=rabbitmq_url,
+    )  # fmt: skip
+    for server in ("asgi", "asgi-asyncio", "wsgi"):
+        for gc_setting in ("default", "freeze"):
+            found = rf"(?m)^{server} +{gc_setting} +publish at [\d.]+ of none \(p99 x"
+            assert re.search(found, out), out
+    assert "publish_many" in out, out
+
+
+def test_the_webapp_bench_refuses_an_unknown_server_before_starting_anything() -> None:
+    result = subprocess.run(
+        [sys.executable, "bench/webapp.py", "--servers", "asgi,tornado"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "tornado" in result.stderr, result.stderr

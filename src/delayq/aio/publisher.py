@@ -18,6 +18,7 @@ from delayq.aio._admission import Admission
 from delayq.contexts import NoSyncContext
 from delayq.durations import Duration
 from delayq.errors import DelayqError, PublishBatchError, PublishError
+from delayq.forking import abandon, forget_in_children
 from delayq.links import AsyncLink, LinkOptions, gate_for, open_async_link
 from delayq.message import outcomes
 from delayq.message.cancel import (
@@ -109,8 +110,9 @@ class AsyncPublisher(NoSyncContext):
         self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
         self._gate = gate_for(self.topology, self._url)
+        self._options: LinkOptions | None = None
         if link is None:
-            options = LinkOptions(
+            options = self._options = LinkOptions(
                 publish_attempts=publish_attempts,
                 connect_attempts=connect_attempts,
                 reconnect_within_s=within_seconds(reconnect_within),
@@ -120,6 +122,8 @@ class AsyncPublisher(NoSyncContext):
             )
             link = open_async_link(self._url, self._gate, options)
         self._link = link
+        if self._options is not None:
+            forget_in_children(self)
         if clock_ms is epoch_ms and link.clock_ms is not None:
             clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
         self._clock_ms = clock_ms
@@ -132,6 +136,14 @@ class AsyncPublisher(NoSyncContext):
         return f"AsyncPublisher(url={redact(self._url)!r}, namespace={self.topology.namespace!r})"
 
     # Connection ---------------------------------------------------------------
+
+    def _forget_inherited(self) -> None:
+        """In a forked child (:mod:`delayq.forking`): a connection of its own next time,
+        on the child's event loop, with no room held by the parent's publishes."""
+        assert self._options is not None
+        abandon(self._link)
+        self._link = open_async_link(self._url, self._gate, self._options)
+        self._admission = Admission(self._admission.limit)
 
     async def connect(self) -> None:
         """Open the connection now instead of at the first publish."""

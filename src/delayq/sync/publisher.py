@@ -14,6 +14,7 @@ from typing import Any
 from delayq.contexts import NoAsyncContext
 from delayq.durations import Duration
 from delayq.errors import PublishBatchError, PublishError
+from delayq.forking import abandon, forget_in_children
 from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
 from delayq.message.cancel import (
     CancelReceipt,
@@ -105,8 +106,9 @@ class Publisher(NoAsyncContext):
         self._observers = PublishObservers(observers)
         self.topology = topology if topology is not None else Topology()
         self._gate = gate_for(self.topology, self._url)
+        self._options: LinkOptions | None = None
         if link is None:
-            options = LinkOptions(
+            options = self._options = LinkOptions(
                 publish_attempts=publish_attempts,
                 connect_attempts=connect_attempts,
                 reconnect_within_s=within_seconds(reconnect_within),
@@ -118,6 +120,8 @@ class Publisher(NoAsyncContext):
             link = open_link(self._url, self._gate, options)
         self._link = link
         self._sends = ThreadSafeSends(link, self._in_flight.messages)
+        if self._options is not None:
+            forget_in_children(self)
         if clock_ms is epoch_ms and link.clock_ms is not None:
             clock_ms = link.clock_ms  # the broker's own clock: a memory broker's virtual time
         self._clock_ms = clock_ms
@@ -130,6 +134,13 @@ class Publisher(NoAsyncContext):
         return f"Publisher(url={redact(self._url)!r}, namespace={self.topology.namespace!r})"
 
     # Connection ---------------------------------------------------------------
+
+    def _forget_inherited(self) -> None:
+        """In a forked child (:mod:`delayq.forking`): a connection of its own next time."""
+        assert self._options is not None
+        abandon((self._link, self._sends))
+        self._link = open_link(self._url, self._gate, self._options)
+        self._sends = ThreadSafeSends(self._link, self._in_flight.messages)
 
     def connect(self) -> None:
         """Open the connection now instead of at the first publish."""

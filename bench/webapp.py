@@ -1,0 +1,323 @@
+"""A web app that publishes one delayed message per request, beside the same app that
+answers at once and the same app that waits as long without publishing, and beside
+``publish_many``, in one run against one broker.
+
+The apps are ``bench/webapp_apps.py``: a FastAPI app served by uvicorn (on uvloop, its
+default with ``uvicorn[standard]``, and on asyncio's loop) with one ``AsyncPublisher``
+opened in its lifespan, and a Flask app served by gunicorn's threaded worker (100
+threads) sharing one ``Publisher``. Each publishing route answers only once the broker
+confirmed its message. Each app runs in three modes: ``none`` (answers at once),
+``wait`` (sleeps ``--wait-ms`` first, the yardstick: what holding a request that long
+costs the app, whatever it waits for) and ``publish``; and under each ``--gc`` setting:
+CPython's default, and ``freeze`` (``gc.freeze()`` once the app has started, as
+docs/guides/web-apps.md suggests). A load generator (``wrk``, 100 connections, one
+thread) drives each for ``--seconds`` after a warm-up; rounds alternate the order.
+Printed per server and setting: the rate (requests/s), p50 and p99 latency and the
+server's CPU a request of each mode, and publish's ratio to none and to wait; then
+``AsyncPublisher.publish_many`` of the same messages. Every publishing run checks that
+the tier holds at least as many messages as requests were answered (each answered
+request is a confirmed message), and no more than those plus the requests in flight
+when the load stopped.
+
+    .venv/bin/python bench/webapp.py --rounds 3 --seconds 4
+
+Goals (issue 50): the ASGI app at 0.8 or more of its rate with no publish and its p99 at
+most twice; the WSGI app at 0.7 or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchlib import (
+    broker,
+    broker_version,
+    command_line,
+    load_average,
+    log,
+    positive_int,
+    queue_depth,
+)
+
+from delayq import Message, Topology
+from delayq.aio import AsyncPublisher
+from delayq.sync import apply_topology, delete_topology
+
+HERE = Path(__file__).resolve().parent
+CONNECTIONS = 100
+SERVERS = ("asgi", "asgi-asyncio", "wsgi")
+MODES = ("none", "wait", "publish")
+GCS = ("default", "freeze")
+PATH = "/orders/42/reminder"
+POST_SCRIPT = (
+    'wrk.method = "POST"\nwrk.body = "{}"\nwrk.headers["Content-Type"] = "application/json"\n'
+)
+
+
+@dataclass
+class Run:
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    answered: int
+    failed: int
+    cpu_us: float
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="the broker (else $RABBITMQ_URL, else a local node)")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--seconds", type=positive_int, default=10, help="load a run")
+    parser.add_argument("--warmup", type=positive_int, default=2, help="seconds before each")
+    parser.add_argument(
+        "--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}"
+    )
+    parser.add_argument("--many-count", type=positive_int, default=20_000)
+    parser.add_argument("--wait-ms", type=positive_int, default=5, help="the wait mode's sleep")
+    parser.add_argument("--gc", default=",".join(GCS), help=f"comma-separated, of {', '.join(GCS)}")
+    args = parser.parse_args(argv)
+    args.servers = [s for s in args.servers.split(",") if s]
+    unknown = set(args.servers) - set(SERVERS)
+    if unknown or not args.servers:
+        parser.error(f"--servers: unknown {sorted(unknown)}; use some of {', '.join(SERVERS)}")
+    args.gc = [g for g in args.gc.split(",") if g]
+    unknown = set(args.gc) - set(GCS)
+    if unknown or not args.gc:
+        parser.error(f"--gc: unknown {sorted(unknown)}; use some of {', '.join(GCS)}")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(server: str, port: int) -> list[str]:
+    if server.startswith("asgi"):
+        loop = "asyncio" if server == "asgi-asyncio" else "uvloop"
+        return [
+            sys.executable, "-m", "uvicorn", "webapp_apps:asgi_app", "--app-dir", str(HERE),
+            "--host", "127.0.0.1", "--port", str(port), "--loop", loop,
+            "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "gunicorn", "--chdir", str(HERE), "-w", "1", "-k", "gthread",
+        "--threads", str(CONNECTIONS), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+        "webapp_apps:wsgi_app",
+    ]  # fmt: skip
+
+
+def answered_once(port: int) -> bool:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{PATH}",
+        data=b"{}",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError as exc:
+        raise SystemExit(f"the app answered {exc.code}: see its output above") from None
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def serving(server: str, env: dict[str, str]) -> Iterator[tuple[int, int]]:
+    port = free_port()
+    process = subprocess.Popen(server_command(server, port), env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not answered_once(port):
+            if process.poll() is not None:
+                raise SystemExit(f"{server}: the server exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{server}: no answer on port {port} in 60 s")
+            time.sleep(0.05)
+        yield port, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU of the server process and its children (gunicorn's worker)."""
+    total = 0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            text = Path(f"/proc/{pid}/task/{task}/children").read_text()
+            pids += [int(p) for p in text.split()]
+    for each in pids:
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/{each}/stat").read_text()
+            fields = text[text.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def millis(text: str) -> float:
+    found = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if found is None:
+        raise ValueError(f"a latency wrk wrote as {text!r}")
+    number, unit = found.groups()
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def wrk(port: int, seconds: int, script: Path) -> tuple[float, float, float, int, int]:
+    argv = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", str(script),
+            f"http://127.0.0.1:{port}{PATH}"]  # fmt: skip
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+    def field(pattern: str) -> str:
+        found = re.search(pattern, out)
+        if found is None:
+            raise SystemExit(f"wrk's output has no {pattern!r}:\n{out}")
+        return found.group(1)
+
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non_2xx = int(bad.group(1)) if bad else 0
+    failed = non_2xx + (sum(map(int, errors.groups())) if errors else 0)
+    total = int(field(r"(\d+) requests in"))
+    rate = float(field(r"Requests/sec:\s+([\d.]+)"))
+    return (
+        rate,
+        millis(field(r"(?m)^\s+50%\s+(\S+)\s*$")),
+        millis(field(r"(?m)^\s+99%\s+(\S+)\s*$")),
+        total - non_2xx,
+        failed,
+    )
+
+
+def measure(
+    key: tuple[str, str, str], args: argparse.Namespace, url: str, topology: Topology, script: Path
+) -> Run:
+    server, gc_setting, mode = key
+    env = dict(
+        os.environ,
+        DELAYQ_BENCH_URL=url,
+        DELAYQ_BENCH_NAMESPACE=topology.namespace,
+        DELAYQ_BENCH_MODE=mode,
+        DELAYQ_BENCH_GC=gc_setting,
+        DELAYQ_BENCH_WAIT_MS=str(args.wait_ms),
+    )
+    tier = topology.tier_name(topology.ladder.tiers[0])
+    publish = mode == "publish"
+    with serving(server, env) as (port, pid):
+        wrk(port, args.warmup, script)
+        before_depth = queue_depth(url, tier) if publish else 0
+        before_cpu = cpu_seconds(pid)
+        rate, p50, p99, answered, failed = wrk(port, args.seconds, script)
+        cpu = cpu_seconds(pid) - before_cpu
+        if publish:
+            # A request still in the app when wrk stopped (the warm-up's, or this
+            # run's) may yet be confirmed: the tier then holds it too, at most one a
+            # connection each time.
+            grown = queue_depth(url, tier) - before_depth
+            if not answered <= grown <= answered + 2 * CONNECTIONS:
+                raise SystemExit(
+                    f"{server}: {answered} requests answered but the tier grew by {grown}"
+                )
+    return Run(rate, p50, p99, answered, failed, cpu / max(answered, 1) * 1e6)
+
+
+async def publish_many_rate(url: str, topology: Topology, count: int) -> float:
+    async with AsyncPublisher(url, topology) as publisher:
+        await publisher.publish_many(
+            [Message({"order": n}, "orders.reminder", "1h") for n in range(100)]
+        )
+        messages = [Message({"order": n}, "orders.reminder", "1h") for n in range(count)]
+        started = time.perf_counter()
+        await publisher.publish_many(messages)
+        return count / (time.perf_counter() - started)
+
+
+def report(
+    args: argparse.Namespace, runs: dict[tuple[str, str, str], list[Run]], many: float
+) -> None:
+    print(
+        f"# load after: {load_average()}; medians of {args.rounds} rounds, "
+        f"{args.seconds} s each, {CONNECTIONS} connections, wait {args.wait_ms} ms"
+    )
+    line = "{:<13} {:<8} {:<8} {:>8} {:>7} {:>7} {:>7} {:>6}"
+    print(line.format("server", "gc", "mode", "req/s", "p50 ms", "p99 ms", "µs CPU", "failed"))
+    for server in args.servers:
+        for gc_setting in args.gc:
+            med: dict[str, Run] = {}
+            for mode in MODES:
+                each = runs[(server, gc_setting, mode)]
+                fields = [
+                    statistics.median(getattr(r, f) for r in each) for f in Run.__annotations__
+                ]
+                one = med[mode] = Run(*fields)  # type: ignore[arg-type]
+                row = (server, gc_setting, mode, f"{one.rate:,.0f}", f"{one.p50_ms:.1f}")
+                row += (f"{one.p99_ms:.1f}", f"{one.cpu_us:.0f}", str(sum(r.failed for r in each)))
+                print(line.format(*row))
+            pub, none, wait = med["publish"], med["none"], med["wait"]
+            print(
+                f"{server:<13} {gc_setting:<8} publish at {pub.rate / none.rate:.2f} of none "
+                f"(p99 x{pub.p99_ms / none.p99_ms:.1f}), {pub.rate / wait.rate:.2f} of wait, "
+                f"{pub.rate / many:.2f} of publish_many"
+            )
+    print(f"publish_many {many:,.0f} msg/s (AsyncPublisher, {args.many_count:,} messages)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk (scripts/setup.sh --test does)")
+    print(f"# {command_line(sys.argv[1:] if argv is None else argv)}")
+    with broker(args.url) as (url, _node), tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp, "post.lua")
+        script.write_text(POST_SCRIPT)
+        topology = Topology(
+            namespace=f"bench{uuid.uuid4().hex[:8]}", ladder=["1h"], external_bindings=("orders.#",)
+        )
+        apply_topology(topology, url)
+        print(f"# broker: {broker_version(url)}; load before: {load_average()}")
+        runs: dict[tuple[str, str, str], list[Run]] = {}
+        many: list[float] = []
+        keys = [(s, g, m) for s in args.servers for g in args.gc for m in MODES]
+        try:
+            for round_no in range(args.rounds):
+                for key in keys if round_no % 2 == 0 else reversed(keys):
+                    log(f"round {round_no + 1}: {' '.join(key)} ...")
+                    run = measure(key, args, url, topology, script)
+                    runs.setdefault(key, []).append(run)
+                    log(f"  {run.rate:,.0f} requests/s, p99 {run.p99_ms:.1f} ms, "
+                        f"{run.cpu_us:.0f} µs CPU a request")  # fmt: skip
+                many.append(asyncio.run(publish_many_rate(url, topology, args.many_count)))
+                log(f"  publish_many: {many[-1]:,.0f} msg/s")
+        finally:
+            delete_topology(topology, url)
+        report(args, runs, statistics.median(many))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The web apps ``bench/webapp.py`` serves: one route that publishes one delayed message
+per request, as a user's app would; the same route answering at once; and the same route
+waiting as long as a publish does without publishing (the yardstick).
+
+Served by uvicorn (``webapp_apps:asgi_app``, a FastAPI app with its ``AsyncPublisher``
+opened in the lifespan) and by gunicorn's threaded worker (``webapp_apps:wsgi_app``, a
+Flask app whose threads share one ``Publisher``, opened on the first request, after the
+fork). The environment says what to do: ``DELAYQ_BENCH_URL``, ``DELAYQ_BENCH_NAMESPACE``
+(its topology, applied by the bench), ``DELAYQ_BENCH_MODE`` (``publish``, ``none`` or
+``wait``: sleep ``DELAYQ_BENCH_WAIT_MS``) and ``DELAYQ_BENCH_GC`` (``freeze``:
+``gc.freeze()`` once the app has started, as docs/guides/web-apps.md suggests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from flask import Flask, jsonify
+from flask import request as flask_request
+
+from delayq import Publisher, Topology
+from delayq.aio import AsyncPublisher
+
+URL = os.environ.get("DELAYQ_BENCH_URL", "amqp://guest:guest@127.0.0.1:5672/")
+TOPOLOGY = Topology(
+    namespace=os.environ.get("DELAYQ_BENCH_NAMESPACE", "benchweb"),
+    ladder=["1h"],
+    external_bindings=("orders.#",),
+)
+MODE = os.environ.get("DELAYQ_BENCH_MODE", "publish")
+WAIT_S = float(os.environ.get("DELAYQ_BENCH_WAIT_MS", "5")) / 1000
+FREEZE = os.environ.get("DELAYQ_BENCH_GC", "default") == "freeze"
+DELAY = "1h"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async with AsyncPublisher(URL, TOPOLOGY) as publisher:
+        if MODE == "publish":
+            await publisher.connect()
+        app.state.publisher = publisher
+        if FREEZE:
+            gc.freeze()
+        yield
+
+
+asgi_app = FastAPI(lifespan=lifespan)
+
+
+@asgi_app.post("/orders/{order}/reminder")
+async def remind(order: int, request: Request) -> dict[str, Any]:
+    if MODE == "none":
+        return {"order": order, "id": None}
+    if MODE == "wait":
+        await asyncio.sleep(WAIT_S)
+        return {"order": order, "id": None}
+    publisher: AsyncPublisher = request.app.state.publisher
+    receipt = await publisher.publish({"order": order}, "orders.reminder", DELAY)
+    return {"order": order, "id": receipt.message_id}
+
+
+wsgi_app = Flask(__name__)
+_publisher: Publisher | None = None
+_opening = threading.Lock()
+
+
+def publisher() -> Publisher:
+    """One ``Publisher`` per process, opened after gunicorn forked it."""
+    global _publisher
+    with _opening:
+        if _publisher is None:
+            _publisher = Publisher(URL, TOPOLOGY)
+        return _publisher
+
+
+_started = threading.Event()
+
+
+@wsgi_app.before_request
+def started() -> None:
+    """Once per process, at its first request (gunicorn forked it and imported the app)."""
+    if FREEZE and not _started.is_set():
+        with _opening:
+            if not _started.is_set():
+                gc.freeze()
+                _started.set()
+
+
+@wsgi_app.post("/orders/<int:order>/reminder")
+def remind_sync(order: int) -> Any:
+    flask_request.get_data()
+    if MODE == "none":
+        return jsonify(order=order, id=None)
+    if MODE == "wait":
+        time.sleep(WAIT_S)
+        return jsonify(order=order, id=None)
+    receipt = publisher().publish({"order": order}, "orders.reminder", DELAY)
+    return jsonify(order=order, id=receipt.message_id)
