@@ -82,7 +82,7 @@ class Run:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--url", help="the broker (else $RABBITMQ_URL, else a local node)")
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--seconds", type=positive_int, default=10, help="load a run")

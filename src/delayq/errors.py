@@ -200,6 +200,13 @@ class ConnectionFailed(BrokerError):
     """No connection to the broker could be made (after the allowed retries)."""
 
 
+class ConnectionRejected(ConnectionFailed):
+    """The broker, or the TLS handshake, turned the connection down for good: credentials
+    it refuses, a vhost the user may not use, a certificate or TLS setting that does not
+    match. Nothing was sent, and trying again does not help until the configuration is
+    fixed (a broker that cannot be reached raises :class:`ConnectionFailed` itself)."""
+
+
 class ManagementUnavailable(ConnectionFailed):
     """The management HTTP API cannot be reached, or refused the login."""
 

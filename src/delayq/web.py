@@ -6,8 +6,8 @@ error handler is three lines (``docs/guides/web-apps.md``). A broker that cannot
 reached, blocks publishing or refuses a message for room is a ``503`` with a
 ``Retry-After``: the client may send the request again, and a consumer with an
 idempotency store takes the message once however often it came. A message delayq
-refuses to build is a ``422``; a deployment fault (no applied topology, no permission)
-is a ``500`` that retrying does not cure.
+refuses to build is a ``422``; a deployment fault (no applied topology, no permission,
+credentials or TLS the broker turns down) is a ``500`` that retrying does not cure.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from delayq.errors import (
     ConnectionFailed,
+    ConnectionRejected,
     DelayqError,
     InvalidInput,
     PublishBackpressure,
@@ -55,6 +56,8 @@ def http_answer(exc: DelayqError) -> HTTPAnswer:
     message_id = getattr(exc, "message_id", None)
     if isinstance(exc, InvalidInput):  # before PublishError: UnboundRoutingKey is both
         return HTTPAnswer(422, None, str(exc), message_id)
+    if isinstance(exc, ConnectionRejected):  # credentials, vhost, TLS: not cured by waiting
+        return HTTPAnswer(500, None, "the message could not be published", message_id)
     if isinstance(exc, PublishBatchError):  # 503 only if every failure is one
         answers = [http_answer(failure) for failure in exc.failures.values()]
         if all(a.status == 503 for a in answers):

@@ -20,6 +20,7 @@ import pytest
 
 from delayq import (
     ConnectionFailed,
+    ConnectionRejected,
     Message,
     PublishBatchError,
     PublishBlocked,
@@ -301,10 +302,10 @@ def test_wrong_credentials_and_vhost_fail_at_once_with_connection_failed(
     rabbitmq_url: str, applied: Topology
 ) -> None:
     bad_password = rabbitmq_url.replace("guest:guest@", "guest:s3cret-pw@")
-    with pytest.raises(ConnectionFailed, match="refused the credentials") as caught:
+    with pytest.raises(ConnectionRejected, match="refused the credentials") as caught:
         _publish_one(bad_password, applied, connect_attempts=3, retry_backoff_s=0)
     assert "s3cret-pw" not in str(caught.value)
-    with pytest.raises(ConnectionFailed, match="vhost"):
+    with pytest.raises(ConnectionRejected, match="vhost"):
         _publish_one(rabbitmq_url.rstrip("/") + "/no-such-vhost", applied)
 
 

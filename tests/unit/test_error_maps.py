@@ -135,10 +135,10 @@ def test_why_a_connect_failed_for_good_and_no_secret_shown() -> None:
         sync_errors.connect_error(pex.ProbableAuthenticationError("x"), URL, broker),
         aio_errors.connect_error(aex.ProbableAuthenticationError("x"), URL, broker),
     ):
-        assert isinstance(error, errors.ConnectionFailed)
+        assert isinstance(error, errors.ConnectionRejected)  # a ConnectionFailed too
         assert "refused the credentials" in str(error) and "s3cret" not in str(error)
     vhost = sync_errors.connect_error(pex.ProbableAccessDeniedError("x"), URL, broker)
-    assert "vhost" in str(vhost)
+    assert "vhost" in str(vhost) and isinstance(vhost, errors.ConnectionRejected)
     assert "vhost" in str(
         aio_errors.connect_error(_aio_closed(aex.ChannelAccessRefused, ""), URL, broker)
     )

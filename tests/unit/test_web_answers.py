@@ -14,6 +14,7 @@ from delayq.web import HTTPAnswer, http_answer
         (errors.PublishNotSent("gone", "m1"), 503, 1),
         (errors.PublishUnconfirmed("lost", "m1"), 503, 1),
         (errors.ConnectionFailed("no broker"), 503, 1),
+        (errors.ConnectionRejected("wrong password"), 500, None),
         (errors.PublishBlocked("alarm", "m1"), 503, 30),
         (errors.PublishRejected("full", "m1"), 503, 30),
         (errors.PublishBackpressure("held", "m1"), 503, 30),

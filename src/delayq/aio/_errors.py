@@ -22,7 +22,14 @@ import asyncio
 
 import aiormq.exceptions as aex
 
-from delayq.errors import AccessRefused, BrokerError, ConnectionFailed, DelayqError, TopologyMissing
+from delayq.errors import (
+    AccessRefused,
+    BrokerError,
+    ConnectionFailed,
+    ConnectionRejected,
+    DelayqError,
+    TopologyMissing,
+)
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 from delayq.topology.conflicts import conflict_from_reply, missing_from_reply, refused_from_reply
@@ -84,14 +91,14 @@ def connect_error(exc: BaseException, url: str, broker: BrokerURL) -> DelayqErro
     """Why connecting to ``url`` failed for good (credentials, vhost, TLS, a URL the
     client cannot use), or ``None`` when another attempt may succeed."""
     if isinstance(exc, (aex.ProbableAuthenticationError, aex.AuthenticationError)):
-        return ConnectionFailed(
+        return ConnectionRejected(
             f"broker at {redact(url)} refused the credentials (wrong user or password?)"
         )
     if isinstance(exc, aex.ChannelAccessRefused):
-        return ConnectionFailed(f"broker at {redact(url)} refused access to the vhost")
+        return ConnectionRejected(f"broker at {redact(url)} refused access to the vhost")
     if isinstance(exc, CONNECTION_ERRORS):
         failure = broker.tls_failure(exc)
-        return ConnectionFailed(failure) if failure is not None else None
+        return ConnectionRejected(failure) if failure is not None else None
     if isinstance(exc, ValueError):
         return ConnectionFailed(f"cannot use broker URL {redact(url)}: {type(exc).__name__}")
     return None  # aiormq fails a handshake cut short with a bare Exception

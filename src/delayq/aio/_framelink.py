@@ -19,6 +19,7 @@ aio-pika (:func:`delayq.aio.apply_topology_async`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections import deque
@@ -31,6 +32,7 @@ from delayq.aio.provision import apply_topology_async
 from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
+    ConnectionRejected,
     InvalidURL,
     TopologyMissing,
 )
@@ -81,7 +83,7 @@ async def open_wire(
 ) -> Wire:
     """A connection to the first host of ``url`` that takes one, ``attempts`` rounds over
     them (given ``within_s``, rounds for that many seconds: :class:`delayq.retrying.Tries`);
-    refused credentials, vhost or TLS fail at once (:class:`ConnectionFailed`).
+    refused credentials, vhost or TLS fail at once (:class:`ConnectionRejected`).
     Without ``publish``, it has no publish channel (a consumer's). ``wire.url`` is the
     single-host URL it connected to."""
     broker = parse_url(url)
@@ -97,25 +99,25 @@ async def open_wire(
             return wire
         except WireClosed as exc:
             if exc.reply_code == 403:
-                raise ConnectionFailed(
+                raise ConnectionRejected(
                     f"broker at {redact(url)} refused the credentials (wrong user or password?)"
                 ) from exc
             if exc.reply_code == 530:
-                raise ConnectionFailed(
+                raise ConnectionRejected(
                     f"broker at {redact(url)} refused access to the vhost"
                 ) from exc
             # Lost during the handshake: what the socket or TLS layer said, if anything.
             inner = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
             failure = broker.tls_failure(inner)
             if failure is not None:
-                raise ConnectionFailed(failure) from inner
+                raise ConnectionRejected(failure) from inner
             last = inner
         except InvalidURL:
             raise
         except (OSError, asyncio.TimeoutError, ssl.SSLError, ChannelClosed) as exc:
             failure = broker.tls_failure(exc)
             if failure is not None:
-                raise ConnectionFailed(failure) from exc
+                raise ConnectionRejected(failure) from exc
             last = exc
         except ValueError as exc:  # a URL the socket layer cannot use: not chained (it may show it)
             raise ConnectionFailed(
@@ -162,7 +164,7 @@ class FrameLink:
         self._deadlines = _Deadlines(options.confirm_timeout_s)
         self._wire: Wire | None = None
         self._checked: set[str] = set()
-        self._lock = asyncio.Lock()
+        self._opening: asyncio.Task[Wire] | None = None
         self._warned: Wire | None = None
 
     def __repr__(self) -> str:
@@ -175,10 +177,17 @@ class FrameLink:
         return await apply_topology_async(topology, self.url, raise_on_conflict=raise_on_conflict)
 
     async def close(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done():
+            opening.cancel()  # a connection it would open after this close: none
+            with contextlib.suppress(BaseException):
+                await opening
         wire, self._wire = self._wire, None
         if wire is None:
             return
-        if wire.blocked:  # a blocked broker reads no Connection.Close: do not wait for it
+        if wire.loop is not asyncio.get_running_loop():
+            _forget(wire)
+        elif wire.blocked:  # a blocked broker reads no Connection.Close: do not wait for it
             wire.abort()
         else:
             await wire.close()
@@ -186,37 +195,58 @@ class FrameLink:
     # The connection ------------------------------------------------------------
 
     async def wire(self) -> Wire:
-        """The open connection, opened (and its apply marker checked) if need be."""
+        """The open connection, opened (and its apply marker checked) if need be.
+
+        One attempt for every publish that needs it: those that come while it runs wait
+        for it and share its outcome, so a broker that is down fails each of them once
+        ``reconnect_within`` has passed since the attempt began, not one such wait
+        after another. A connection of another event loop (the publisher used under a
+        new loop: a second ``asyncio.run``, a test client's) is left and a new one
+        opened on this loop."""
         wire = self._wire
-        if wire is not None and wire.usable:
+        loop = asyncio.get_running_loop()
+        if wire is not None and wire.usable and wire.loop is loop:
             return wire
-        async with self._lock:  # one reconnect for many concurrent publishes
-            wire = self._wire
-            if wire is not None and wire.usable:
-                return wire
-            if wire is not None:
+        opening = self._opening
+        if opening is None or opening.get_loop() is not loop:
+            opening = self._opening = loop.create_task(self._open())
+            opening.add_done_callback(self._opened)
+        return await asyncio.shield(opening)
+
+    def _opened(self, task: asyncio.Task[Wire]) -> None:
+        if self._opening is task:
+            self._opening = None
+        if not task.cancelled():
+            task.exception()  # retrieved here: its waiters may all have gone
+
+    async def _open(self) -> Wire:
+        wire = self._wire
+        if wire is not None:
+            if wire.loop is asyncio.get_running_loop():
                 wire.abort()
-            self._wire = None
-            reconnecting = self.reconnecting
-            wire = await open_wire(
-                self.url,
-                attempts=reconnecting.attempts,
-                within_s=reconnecting.within_s if reconnecting.up else None,
-                name="delayq-publisher",
-            )
-            reconnecting.up = True
-            try:
-                await wire.exchange_exists(self._gate.marker)
-            except ChannelClosed as exc:
-                wire.abort()
-                if exc.reply_code == 404:
-                    raise self._gate.refusal() from exc
-                raise channel_error(exc) from exc
-            except BaseException:
-                wire.abort()
-                raise
-            self._wire, self._checked = wire, set()
-            return wire
+            else:
+                _forget(wire)
+        self._wire = None
+        reconnecting = self.reconnecting
+        wire = await open_wire(
+            self.url,
+            attempts=reconnecting.attempts,
+            within_s=reconnecting.within_s if reconnecting.up else None,
+            name="delayq-publisher",
+        )
+        reconnecting.up = True
+        try:
+            await wire.exchange_exists(self._gate.marker)
+        except ChannelClosed as exc:
+            wire.abort()
+            if exc.reply_code == 404:
+                raise self._gate.refusal() from exc
+            raise channel_error(exc) from exc
+        except BaseException:
+            wire.abort()
+            raise
+        self._wire, self._checked = wire, set()
+        return wire
 
     async def check_exchanges(self, wire: Wire, names: set[str]) -> None:
         """Check each of ``names`` exists, once per connection: a publish to a missing one
@@ -339,6 +369,14 @@ class _Deadlines:
         if queue:
             wait_s = min(queue[0][0] - now, self.SWEEP_S)
             self._timer = loop.call_later(max(0.0, wait_s), self._sweep)
+
+
+def _forget(wire: Wire) -> None:
+    """Leave a connection of an event loop that no longer runs (its socket closes with
+    it; the broker requeues nothing, since a publisher consumes nothing)."""
+    with contextlib.suppress(Exception):
+        if wire.transport is not None:
+            wire.transport.abort()
 
 
 def _name(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ import pika.exceptions as pex
 from delayq.errors import (
     AccessRefused,
     BrokerError,
-    ConnectionFailed,
+    ConnectionRejected,
     DelayqError,
     TopologyMissing,
 )
@@ -117,16 +117,16 @@ def connect_error(exc: BaseException, url: str, broker: BrokerURL) -> DelayqErro
     """Why connecting to ``url`` failed for good (credentials, vhost, TLS), or ``None``
     when another attempt may succeed."""
     if isinstance(exc, pex.ProbableAuthenticationError):
-        return ConnectionFailed(
+        return ConnectionRejected(
             f"broker at {redact(url)} refused the credentials (wrong user or password?)"
         )
     if isinstance(exc, pex.ProbableAccessDeniedError):
-        return ConnectionFailed(
+        return ConnectionRejected(
             f"broker at {redact(url)} refused access to the vhost (does it exist, and may "
             "this user use it?)"
         )
     failure = broker.tls_failure(exc)
-    return ConnectionFailed(failure) if failure is not None else None
+    return ConnectionRejected(failure) if failure is not None else None
 
 
 def publish_refusal(
