@@ -57,6 +57,7 @@ __all__ = [
     "BrokerError",
     "ClaimLost",
     "ConnectionFailed",
+    "ConnectionRejected",
     "DelayTooLong",
     "DelayqError",
     "ExecutorEnvironment",
