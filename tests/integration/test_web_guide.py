@@ -211,19 +211,23 @@ def test_sigterm_answers_the_requests_in_flight_before_the_app_exits(tmp_path, r
     """16 requests publish; the proxy holds all 16 publishes (counted there, so they are
     certainly in flight); the server is told to stop; the publishes then go through:
     each request is answered 200, its message is held, and uvicorn exits after the
-    lifespan closed the publisher."""
+    lifespan closed the publisher. One request first, before the hold, so that the
+    publisher has checked the tier exchange: a check held with the publishes would keep
+    the request that sent it from publishing at all."""
     write_app(tmp_path, "app.py", shop)
     port = free_port()
-    with HoldingProxy(rabbitmq_url, hold_after=1, read_while_holding=True) as proxy:
+    with HoldingProxy(rabbitmq_url, hold_after=2, read_while_holding=True) as proxy:
         with serving(command("uvicorn app:app", port), tmp_path, proxy.url, port) as server:
+            first = Clients(port, threads=1, each=1)
+            first.join()
             clients = Clients(port, threads=16, each=1)
-            wait_for(lambda: proxy.published >= 16, 60, lambda: f"{proxy.published} of 16 held")
+            wait_for(lambda: proxy.published >= 17, 60, lambda: f"{proxy.published} of 17 held")
             assert not clients.answers
             os.killpg(server.pid, signal.SIGTERM)
             proxy.release()
             clients.join()
             # uvicorn raises the signal again once it has shut down gracefully
             assert server.wait(60) in (0, -signal.SIGTERM)
-    ids = confirmed(clients)
-    assert len(ids) == 16
+    ids = confirmed(first) + confirmed(clients)
+    assert len(ids) == 17
     assert held_ids(rabbitmq_url, shop) == Counter(ids)
