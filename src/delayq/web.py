@@ -56,8 +56,6 @@ def http_answer(exc: DelayqError) -> HTTPAnswer:
     message_id = getattr(exc, "message_id", None)
     if isinstance(exc, InvalidInput):  # before PublishError: UnboundRoutingKey is both
         return HTTPAnswer(422, None, str(exc), message_id)
-    if isinstance(exc, ConnectionRejected):  # credentials, vhost, TLS: not cured by waiting
-        return HTTPAnswer(500, None, "the message could not be published", message_id)
     if isinstance(exc, PublishBatchError):  # 503 only if every failure is one
         answers = [http_answer(failure) for failure in exc.failures.values()]
         if all(a.status == 503 for a in answers):
@@ -67,7 +65,10 @@ def http_answer(exc: DelayqError) -> HTTPAnswer:
     if isinstance(exc, (PublishRejected, PublishBackpressure, PublishBlocked)):
         detail = "the broker has no room for the message now; send the request again later"
         return HTTPAnswer(503, FULL_RETRY_AFTER_S, detail, message_id)
-    if isinstance(exc, (PublishUnconfirmed, ConnectionFailed)):
+    if isinstance(exc, (PublishUnconfirmed, ConnectionFailed)) and not isinstance(
+        exc,
+        ConnectionRejected,  # credentials, vhost, TLS: not cured by waiting
+    ):
         detail = "the message broker cannot be reached; send the request again shortly"
         return HTTPAnswer(503, RETRY_AFTER_S, detail, message_id)
     return HTTPAnswer(500, None, "the message could not be published", message_id)

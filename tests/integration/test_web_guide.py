@@ -26,7 +26,7 @@ from delayq import Topology
 from delayq.local.node import LocalNode
 from delayq.local.ports import free_port
 from delayq.sync import apply_topology, delete_topology
-from tests.guide_blocks import ROOT, block
+from tests.guide_blocks import ROOT, block, blocks
 from tests.proxy import HoldingProxy
 from tests.waiting import wait_for
 
@@ -59,8 +59,6 @@ def command(starting: str, port: int) -> list[str]:
 
 
 def _sh_blocks() -> list[str]:
-    from tests.guide_blocks import blocks
-
     return [text for language, text in blocks(GUIDE) if language == "sh"]
 
 

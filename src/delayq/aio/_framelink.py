@@ -185,10 +185,8 @@ class FrameLink:
         wire, self._wire = self._wire, None
         if wire is None:
             return
-        if wire.loop is not asyncio.get_running_loop():
-            _forget(wire)
-        elif wire.blocked:  # a blocked broker reads no Connection.Close: do not wait for it
-            wire.abort()
+        if wire.blocked or wire.loop is not asyncio.get_running_loop():
+            _abandon(wire)  # a blocked broker reads no Connection.Close: do not wait for it
         else:
             await wire.close()
 
@@ -220,13 +218,9 @@ class FrameLink:
             task.exception()  # retrieved here: its waiters may all have gone
 
     async def _open(self) -> Wire:
-        wire = self._wire
+        wire, self._wire = self._wire, None
         if wire is not None:
-            if wire.loop is asyncio.get_running_loop():
-                wire.abort()
-            else:
-                _forget(wire)
-        self._wire = None
+            _abandon(wire)
         reconnecting = self.reconnecting
         wire = await open_wire(
             self.url,
@@ -371,9 +365,13 @@ class _Deadlines:
             self._timer = loop.call_later(max(0.0, wait_s), self._sweep)
 
 
-def _forget(wire: Wire) -> None:
-    """Leave a connection of an event loop that no longer runs (its socket closes with
-    it; the broker requeues nothing, since a publisher consumes nothing)."""
+def _abandon(wire: Wire) -> None:
+    """Drop ``wire`` with no close handshake. One of an event loop that no longer runs
+    here is left to close with its socket (a publisher consumes nothing: the broker
+    requeues nothing)."""
+    if wire.loop is asyncio.get_running_loop():
+        wire.abort()
+        return
     with contextlib.suppress(Exception):
         if wire.transport is not None:
             wire.transport.abort()
