@@ -40,3 +40,10 @@ def consumer_timeout_cancels(version: str | tuple[int, ...]) -> bool:
     the consumer (4.3), where earlier versions close the channel at their periodic check
     (once a minute on 3.10.8, so a hold of seconds past the timeout may go unseen)."""
     return parts(version) >= (4, 3)
+
+
+def classic_consumer_timeout(version: str | tuple[int, ...]) -> bool:
+    """Whether the broker's consumer timeout applies to a classic queue's consumers: up to
+    4.2 it does (the channel is closed); 4.3 evaluates it on quorum queues only, so a
+    delivery held on a classic queue stays unacked for as long as the consumer likes."""
+    return parts(version) < (4, 3)

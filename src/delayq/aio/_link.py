@@ -38,7 +38,6 @@ from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
     DelayqError,
-    InvalidInput,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -47,7 +46,7 @@ from delayq.errors import (
 from delayq.links import LinkOptions
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
-from delayq.message.frames import pamqp_value
+from delayq.message.frames import pamqp_value, priority_only
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport
@@ -62,11 +61,7 @@ _pamqp_value = pamqp_value
 
 
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
-    if msg.properties:
-        raise InvalidInput(
-            "a message with further AMQP properties (an intake's, carried by delayq "
-            "bridge) is sent by the sync publisher only"
-        )
+    priority = priority_only(msg.properties) if msg.properties else None
     headers = msg.headers
     if any(isinstance(v, (bytes, list, dict)) for v in headers.values()):
         headers = {k: _pamqp_value(v) for k, v in headers.items()}
@@ -77,6 +72,7 @@ def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=msg.message_id,
         timestamp=datetime.fromtimestamp(msg.timestamp_s, tz=timezone.utc),
+        priority=priority,
     )
 
 

@@ -154,6 +154,11 @@ class AsyncPublisher(NoSyncContext):
         """What this publisher sends through (see :mod:`delayq.links`)."""
         return self._link
 
+    @property
+    def factory(self) -> MessageFactory:
+        """The pure builder this publisher validates and builds messages with."""
+        return self._factory
+
     async def aclose(self) -> None:
         """Close the connection; later publishes reconnect."""
         await self._link.close()

@@ -26,7 +26,14 @@ from delayq.errors import InvalidInput
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
-__all__ = ["FRAME_OVERHEAD", "content_frames", "pamqp_value", "publish_frames", "table"]
+__all__ = [
+    "FRAME_OVERHEAD",
+    "content_frames",
+    "pamqp_value",
+    "priority_only",
+    "publish_frames",
+    "table",
+]
 
 FRAME_OVERHEAD = 8
 """Bytes a frame adds to its payload: type, channel, size, frame end."""
@@ -40,7 +47,8 @@ _FLAGS = (1 << 15) | (1 << 13) | (1 << 12) | (1 << 11) | (1 << 7) | (1 << 6)
 """content_type, headers, delivery_mode, priority (0, as aio-pika sends), message_id, timestamp."""
 _PUBLISH_METHOD = b"\x00\x3c\x00\x28\x00\x00"  # class 60 Basic, method 40 Publish, ticket 0
 _MANDATORY = b"\x01"
-_PERSISTENT_PRIORITY_0 = b"\x02\x00"
+_PERSISTENT = b"\x02"
+_PERSISTENT_PRIORITY_0 = _PERSISTENT + b"\x00"
 
 _pack_frame = _FRAME.pack
 _pack_header = _HEADER.pack
@@ -145,11 +153,9 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     :raises HeaderFrameTooLarge: its content header does not fit in one frame of
         ``frame_max`` (the connection's, negotiated with the broker).
     """
+    persistent_priority = _PERSISTENT_PRIORITY_0
     if msg.properties:
-        raise InvalidInput(
-            "a message with further AMQP properties (an intake's, carried by delayq "
-            "bridge) is sent by the sync publisher only"
-        )
+        persistent_priority = _PERSISTENT + bytes((priority_only(msg.properties),))
     exchange = _name(msg.exchange)
     key = _name(msg.routing_key)
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY
@@ -158,12 +164,27 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     properties = (
         _name(msg.content_type)
         + table(msg.headers)
-        + _PERSISTENT_PRIORITY_0
+        + persistent_priority
         + _short(msg.message_id)
         + _pack_u64(msg.timestamp_s)
     )
     header = _pack_header(60, 0, size, _FLAGS) + properties
     return content_frames(msg, channel, frame_max, method, header)
+
+
+def priority_only(properties: Mapping[str, Any]) -> int:
+    """The priority of a message whose only further property is ``priority`` (what the
+    task-framework integrations carry, :mod:`delayq.integrations`): the async
+    publisher's frames carry it; any other property is sent by the sync publisher only.
+    """
+    priority = properties.get("priority")
+    if properties.keys() != {"priority"} or type(priority) is not int or not 0 <= priority <= 255:
+        raise InvalidInput(
+            "a message with further AMQP properties (an intake's, carried by delayq "
+            "bridge) is sent by the sync publisher only; the async one carries a "
+            f"priority (an int 0-255) alone, not {dict(properties)!r}"
+        )
+    return priority
 
 
 def content_frames(

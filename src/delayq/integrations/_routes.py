@@ -1,0 +1,58 @@
+"""What every integration shares: the topology that binds a framework's queues, and a
+delay read from a framework's message."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+
+from delayq.errors import InvalidDelay, InvalidInput
+from delayq.topology.destination import Destination
+from delayq.topology.model import Topology
+
+__all__ = ["framework_topology", "seconds_delay"]
+
+
+def framework_topology(topology: Topology, routes: Mapping[str, str], framework: str) -> Topology:
+    """``topology`` with each of a framework's queues (``routes``: queue -> routing key)
+    an ``existing: true`` destination bound by its key: delayq binds it to
+    ``<ns>.ready`` and never declares it. A queue the topology already lists must be
+    ``existing`` and bound by that key."""
+    listed = {d.queue: d for d in topology.destinations}
+    added = []
+    for queue, key in routes.items():
+        dest = listed.get(queue)
+        if dest is None:
+            added.append(Destination(queue=queue, bindings=(key,), existing=True))
+        elif not dest.existing or key not in dest.bindings:
+            raise InvalidInput(
+                f"the topology lists {framework}'s queue {queue!r}: it must say "
+                f"'existing: true' and bind {key!r} ({framework} declares the queue and "
+                "routes to it by that key), or leave it out and delayq adds it"
+            )
+    if not added:
+        return topology
+    data = topology.model_dump()
+    data["destinations"] = [*data["destinations"], *(d.model_dump() for d in added)]
+    return Topology.from_mapping(data, source=f"the topology with {framework}'s queues")
+
+
+def seconds_delay(raw: object, what: str) -> timedelta | None:
+    """A framework's delay in seconds (a number, or its text: taskiq's labels are text)
+    as a ``timedelta``; ``None`` when there is none. A delay that is not a finite
+    number of seconds at or above zero is refused, not sent at once."""
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw) if isinstance(raw, (int, float, str)) else math.nan
+    except ValueError:
+        seconds = math.nan
+    try:
+        if isinstance(raw, bool) or not math.isfinite(seconds) or seconds < 0:
+            raise OverflowError
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise InvalidDelay(
+            f"{what}: delay {raw!r} is not a number of seconds at or above 0"
+        ) from None

@@ -1,0 +1,163 @@
+"""Dramatiq on RabbitMQ with its delays in delayq's tiers (``pip install 'delayq[dramatiq]'``).
+
+:class:`DelayqBroker` is Dramatiq's ``RabbitmqBroker`` whose delayed messages
+(``send_with_options(delay=...)``, the ``Retries`` middleware's back-off, pipelines) wait
+in the tier at or above their delay and reach the actor's queue through ``<ns>.ready``.
+Dramatiq's own broker sends them to ``<queue>.DQ``, where a worker holds each one unacked
+until its time: past RabbitMQ's ``consumer_timeout`` the broker closes the channel and
+every held message is delivered again, over and over until its time (Dramatiq #827).
+
+>>> topology = Topology(namespace="tasks")
+>>> broker = DelayqBroker(url="amqp://localhost", topology=topology)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pika
+from dramatiq import Message
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.common import q_name
+
+from delayq.errors import InvalidDelay, InvalidInput, TopologyMissing
+from delayq.sync.provision import apply_topology
+from delayq.sync.publisher import Publisher
+from delayq.topology.model import Topology
+from delayq.urls import resolve_url
+
+__all__ = ["DelayqBroker", "dramatiq_topology"]
+
+
+def dramatiq_topology(topology: Topology) -> Topology:
+    """``topology`` accepting every routing key (``external_bindings: ["#"]``): a delayed
+    message's key is its queue's name, which :class:`DelayqBroker` binds to
+    ``<ns>.ready`` each time Dramatiq declares the queue, before sending to it."""
+    if "#" in topology.external_bindings:
+        return topology
+    data = topology.model_dump()
+    data["external_bindings"] = [*data["external_bindings"], "#"]
+    return Topology.from_mapping(data, source="the topology for Dramatiq")
+
+
+class DelayqBroker(RabbitmqBroker):
+    """A ``RabbitmqBroker`` whose delayed messages go through delayq's tiers.
+
+    ``url`` is RabbitMQ's (``None``: ``$DELAYQ_URL``, else localhost), for Dramatiq and
+    delayq alike. ``topology`` names the namespace and the ladder
+    (:func:`dramatiq_topology` makes it accept each queue's name as a key); the first
+    queue declared applies it (``apply=False``: ``delayq topology apply`` did, with
+    ``external_bindings: ["#"]``). ``publisher_options``: keyword arguments of the
+    :class:`~delayq.sync.Publisher` (one per process, shared by its threads). Every other
+    argument is ``RabbitmqBroker``'s; a message without a delay goes as Dramatiq sends it.
+    """
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        url: str | None = None,
+        apply: bool = True,
+        publisher_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("parameters") is not None or any(k not in _BROKER_ARGS for k in kwargs):
+            raise InvalidInput(
+                "DelayqBroker takes url= (delayq's publisher connects by URL), not pika "
+                f"connection parameters ({', '.join(sorted(kwargs))})"
+            )
+        resolved = resolve_url(url)
+        super().__init__(url=resolved, **kwargs)
+        self.delayq_topology = dramatiq_topology(topology)
+        self._delayq_url = resolved
+        self._delayq_apply = apply
+        self._delayq_options = dict(publisher_options or {})
+        self._delayq: Publisher | None = None
+        self._delayq_lock = threading.Lock()
+        self._delayq_applied = False
+
+    def _declare_queue(self, queue_name: str) -> Any:
+        """Dramatiq's declaration of a queue, then its binding to ``<ns>.ready`` by its
+        name (again each time Dramatiq declares it: a queue deleted and made again)."""
+        declared = super()._declare_queue(queue_name)  # type: ignore[no-untyped-call]
+        self._apply_once()
+        ready = self.delayq_topology.ready_exchange
+        try:
+            self.channel.queue_bind(queue=queue_name, exchange=ready, routing_key=queue_name)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            del self.connection
+            if exc.reply_code != 404:
+                raise
+            raise TopologyMissing(
+                f"exchange {ready!r} does not exist: run `delayq topology apply` with the "
+                "namespace's topology (external_bindings: ['#']), or give apply=True"
+            ) from None
+        return declared
+
+    def _apply_once(self) -> None:
+        with self._delayq_lock:
+            if self._delayq_apply and not self._delayq_applied:
+                apply_topology(self.delayq_topology, self._delayq_url)
+                self._delayq_applied = True
+
+    @property
+    def delayq_publisher(self) -> Publisher:
+        """The process's delayq publisher (made at the first delayed message)."""
+        with self._delayq_lock:
+            if self._delayq is None:
+                self._delayq = Publisher(
+                    self._delayq_url, self.delayq_topology, **self._delayq_options
+                )
+            return self._delayq
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        """Send ``message``; with a ``delay`` (milliseconds) through the tier at or above
+        it, confirmed by the broker, as a message of the actor's own queue with no
+        ``eta`` (the worker runs it on arrival)."""
+        if delay is None:
+            return super().enqueue(message)
+        wait = _milliseconds(delay, message.message_id)
+        queue = q_name(message.queue_name)
+        message = message.copy(queue_name=queue)  # a Message (the Retries' is a proxy)
+        options = {k: v for k, v in message.options.items() if k != "eta"}
+        message = replace(message, options=options)
+        self.declare_queue(queue, ensure=True)  # and bound, before its tier can expire
+        self.emit_before("enqueue", message, delay)
+        publisher = self.delayq_publisher
+        built = publisher.factory.build(
+            message.encode(), queue, wait, message_id=message.message_id
+        )
+        priority = options.get("broker_priority")
+        if priority is not None:
+            built = replace(built, properties={"priority": priority})
+        publisher.send(built)
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def close(self) -> None:
+        """Dramatiq's connections, then delayq's publisher."""
+        super().close()
+        with self._delayq_lock:
+            publisher, self._delayq = self._delayq, None
+        if publisher is not None:
+            publisher.close()
+
+
+def _milliseconds(delay: object, message_id: str) -> timedelta:
+    """Dramatiq's delay (milliseconds, an int or a float) as a ``timedelta``; anything
+    else, a negative or non-finite one, is refused, not sent at once."""
+    try:
+        if type(delay) not in (int, float) or not math.isfinite(delay) or delay < 0:  # type: ignore[arg-type,operator]
+            raise OverflowError
+        return timedelta(milliseconds=delay)  # type: ignore[arg-type]
+    except OverflowError:
+        raise InvalidDelay(
+            f"message {message_id}: delay {delay!r} is not a number of milliseconds at or above 0"
+        ) from None
+
+
+_BROKER_ARGS = {"confirm_delivery", "middleware", "max_priority"}

@@ -1,0 +1,134 @@
+""":class:`delayq.integrations.dramatiq.DelayqBroker` on a real broker: Dramatiq's
+``Retries`` back-off waits in delayq's tiers, a delayed message keeps its priority, and
+misuse is refused with nothing sent."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dramatiq
+import pika
+import pytest
+from dramatiq.middleware import Middleware, Retries
+
+from delayq import InvalidDelay, InvalidInput, Topology, TopologyMissing
+from delayq.integrations.dramatiq import DelayqBroker
+
+
+@pytest.fixture
+def queue_name(rabbitmq_url: str) -> Iterator[Callable[[], str]]:
+    """Unique Dramatiq queue names; each queue, its .DQ and .XQ deleted after."""
+    made: list[str] = []
+
+    def name() -> str:
+        made.append(f"dr{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    for queue in made:
+        for suffix in ("", ".DQ", ".XQ"):
+            channel.queue_delete(queue + suffix)
+    connection.close()
+
+
+class Watch(Middleware):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.held = 0
+        self.runs: list[float] = []
+        self.done = threading.Event()
+
+    def before_delay_message(self, broker: Any, message: Any) -> None:
+        self.held += 1
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        self.runs.append(time.monotonic())
+
+
+def test_retries_back_off_in_the_tiers_not_in_the_worker(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    queue = queue_name()
+    broker = DelayqBroker(url=rabbitmq_url, topology=make_topology(ladder=["1s"], destinations=[]))
+    watch = Watch()
+    broker.add_middleware(watch)
+    # Dramatiq's back-off is min_backoff * 2**retries * U(1, 2), capped to 50-100 % of max
+    broker.add_middleware(Retries(max_retries=3, min_backoff=600, max_backoff=1000))
+
+    def flaky() -> None:
+        if len(watch.runs) < 3:
+            raise RuntimeError("not yet")
+        watch.done.set()
+
+    actor = dramatiq.actor(flaky, broker=broker, queue_name=queue, actor_name=queue)
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        actor.send()
+        assert watch.done.wait(60), watch.runs
+    finally:
+        worker.stop()
+        broker.close()
+    gaps = [b - a for a, b in itertools.pairwise(watch.runs)]
+    assert len(watch.runs) == 3 and all(gap >= 0.9 for gap in gaps), gaps  # the 1 s tier
+    assert watch.held == 0  # never held unacked by the worker
+
+
+def test_a_delayed_message_keeps_its_priority_and_loses_its_eta(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    queue = queue_name()
+    broker = DelayqBroker(
+        url=rabbitmq_url, max_priority=10, topology=make_topology(ladder=["1s"], destinations=[])
+    )
+    actor = dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name=queue)
+    sent = actor.send_with_options(delay=500, broker_priority=7)
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    deadline = time.monotonic() + 30
+    method, properties, body = channel.basic_get(queue, auto_ack=True)
+    while method is None and time.monotonic() < deadline:
+        connection.sleep(0.05)
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+    connection.close()
+    broker.close()
+    assert method is not None, "never arrived"
+    arrived = dramatiq.Message.decode(body)
+    assert arrived.message_id == sent.message_id and arrived.queue_name == queue
+    assert "eta" not in arrived.options and properties.priority == 7
+    assert properties.delivery_mode == 2
+
+
+def test_misuse_is_refused_with_nothing_sent(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    topology = make_topology(ladder=["1s"], destinations=[])
+    with pytest.raises(InvalidInput, match="url="):
+        DelayqBroker(host="localhost", topology=topology)
+    queue = queue_name()
+    broker = DelayqBroker(url=rabbitmq_url, topology=topology)
+    actor = dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name=queue)
+    for bad in (-1, float("nan"), "10s", True, 1e300):
+        with pytest.raises(InvalidDelay):
+            actor.send_with_options(delay=bad)
+    broker.close()
+    # not applied, and not applied by the broker: a clear error at the first declaration
+    unapplied = DelayqBroker(
+        url=rabbitmq_url, apply=False, topology=make_topology(ladder=["1s"], destinations=[])
+    )
+    other = queue_name()
+    actor = dramatiq.actor(lambda: None, broker=unapplied, queue_name=other, actor_name=other)
+    with pytest.raises(TopologyMissing, match="delayq topology apply"):
+        actor.send_with_options(delay=1000)
+    unapplied.close()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    for name in (queue, f"{queue}.DQ"):  # refused before Dramatiq declared anything
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+            connection.channel().queue_declare(name, passive=True)
+    connection.close()
