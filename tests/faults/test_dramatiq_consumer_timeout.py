@@ -45,7 +45,9 @@ class Watch(Middleware):  # type: ignore[misc]
 
 def _send_and_run(broker: RabbitmqBroker, watch: Watch, queue: str) -> tuple[str, float]:
     broker.add_middleware(watch)
-    actor = dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name=queue)
+    actor = dramatiq.actor(
+        lambda: None, broker=broker, queue_name=queue, actor_name=queue, max_retries=0
+    )
     sent = time.monotonic()
     message = actor.send_with_options(delay=DELAY_MS)
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)

@@ -37,7 +37,15 @@ def test_the_end_to_end_bench_runs_the_raw_path_and_delayq(rabbitmq_url: str) ->
     # At a fixed rate: the search runs (twice as many, at the path's limit) are run by
     # the raw-work test below.
     out = _bench(
-        "e2e.py", "--modes", "raw,memory", "--seconds", "4", "--rounds", "2", "--rate", "2000",
+        "e2e.py",
+        "--modes",
+        "raw,memory",
+        "--seconds",
+        "4",
+        "--rounds",
+        "2",
+        "--rate",
+        "2000",
         url=rabbitmq_url,
     )
     assert "raw frames (the ceiling)" in out and "AsyncConsumer + InMemoryStore" in out
@@ -48,7 +56,13 @@ def test_the_end_to_end_bench_runs_the_raw_path_and_delayq(rabbitmq_url: str) ->
 @pytest.mark.timeout(700)
 def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: str) -> None:
     out = _bench(
-        "consume.py", "--count", "2000", "--rounds", "1", "--modes", "raw-pika,sync-memory",
+        "consume.py",
+        "--count",
+        "2000",
+        "--rounds",
+        "1",
+        "--modes",
+        "raw-pika,sync-memory",
         url=rabbitmq_url,
     )
     assert "raw pika consumer" in out and "sync Consumer + InMemoryStore" in out
@@ -57,7 +71,13 @@ def test_the_consume_bench_runs_the_sync_consumer_beside_raw_pika(rabbitmq_url: 
 @pytest.mark.timeout(700)
 def test_the_end_to_end_bench_runs_the_raw_path_with_a_clients_work(rabbitmq_url: str) -> None:
     out = _bench(
-        "e2e.py", "--modes", "raw,raw-work", "--work-us", "200,300", "--seconds", "4",
+        "e2e.py",
+        "--modes",
+        "raw,raw-work",
+        "--work-us",
+        "200,300",
+        "--seconds",
+        "4",
         url=rabbitmq_url,
     )
     assert "the raw clients spend 200 us (publisher) and 300 us (consumer)" in out, out
@@ -76,12 +96,18 @@ def test_the_consume_bench_runs_the_raw_twins_of_a_clients_work_and_of_handler_t
     rabbitmq_url: str,
 ) -> None:
     out = _bench(
-        "consume.py", "--count", "2000", "--rounds", "1", "--work-us", "50",
-        "--modes", "limit,limit-work,raw-pika-threads", url=rabbitmq_url,
+        "consume.py",
+        "--count",
+        "2000",
+        "--rounds",
+        "1",
+        "--work-us",
+        "50",
+        "--modes",
+        "limit,limit-work,raw-pika-threads",
+        url=rabbitmq_url,
     )
-    rows = {
-        line.split("  ", 1)[0]: line for line in out.split("per mode:", 1)[0].splitlines()
-    }
+    rows = {line.split("  ", 1)[0]: line for line in out.split("per mode:", 1)[0].splitlines()}
     for mode in ("the limit + --work-us of CPU a delivery", "raw pika, 8 handler threads"):
         assert mode in rows and "skipped" not in rows[mode], out  # measured, with a rate
     assert "not among --modes" in rows["sync Consumer + InMemoryStore"], out  # extra only
@@ -94,10 +120,17 @@ def test_the_consume_bench_runs_the_raw_twins_of_a_clients_work_and_of_handler_t
 @pytest.mark.timeout(700)
 def test_the_publish_bench_runs_concurrent_callers(rabbitmq_url: str) -> None:
     out = _bench(
-        "publish.py", "--modes", "async-callers,sync-callers-each,sync-callers-shared,"
-        "sync-many-narrow,raw-pika-callers-shared,thread-handoff", "--callers", "20",
-        "--batch-count", "2000",
-        "--rounds", "1", url=rabbitmq_url,
+        "publish.py",
+        "--modes",
+        "async-callers,sync-callers-each,sync-callers-shared,"
+        "sync-many-narrow,raw-pika-callers-shared,thread-handoff",
+        "--callers",
+        "20",
+        "--batch-count",
+        "2000",
+        "--rounds",
+        "1",
+        url=rabbitmq_url,
     )
     assert "coroutines x async publish vs publish_many" in out
     assert "threads x 1 Publisher each vs publish_many" in out
@@ -120,8 +153,16 @@ def test_the_publish_bench_runs_raw_frames_with_a_clients_work_beside_the_limit(
     rabbitmq_url: str,
 ) -> None:
     out = _bench(
-        "publish.py", "--modes", "raw-frames,raw-frames-work,async-many", "--work-us", "3",
-        "--batch-count", "2000", "--rounds", "1", url=rabbitmq_url,
+        "publish.py",
+        "--modes",
+        "raw-frames,raw-frames-work,async-many",
+        "--work-us",
+        "3",
+        "--batch-count",
+        "2000",
+        "--rounds",
+        "1",
+        url=rabbitmq_url,
     )
     assert "raw frames + N us of client CPU a message" in out and "(N = 3 us: --work-us)" in out
     share = out.split("share of the physical limit", 1)[1]
@@ -144,7 +185,11 @@ def test_the_benches_refuse_a_work_us_that_is_not_finite_non_negative_numbers(
 ) -> None:
     result = subprocess.run(
         [sys.executable, f"bench/{script}", "--work-us", value],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 2, result
     assert "--work-us" in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -193,3 +238,22 @@ def test_the_webapp_bench_refuses_an_unknown_server_before_starting_anything() -
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2 and "tornado" in result.stderr, result.stderr
+
+
+def test_the_frameworks_bench_runs_each_framework_by_its_broker_and_by_delayq(
+    rabbitmq_url: str,
+) -> None:
+    """Every row: each message ran (the bench exits 1 if one through delayq ran early, never
+    or twice), and the worker's held count and memory are read."""
+    out = _bench(
+        "frameworks.py", "--messages", "60", "--max-delay", "2", "--held", "300", url=rabbitmq_url
+    )
+    for framework in ("dramatiq", "taskiq"):
+        for kind in ("own", "delayq"):
+            late = r"[\d.]+s +[\d.]+s +[\d.]+s"  # p50, p99, max
+            row = rf"(?m)^{framework} +{kind} +[\d,]+ +\d+ +{late} +0 +0 +(\d+) +[\d.]+$"
+            found = re.search(row, out)
+            assert found, out
+            if kind == "delayq":
+                assert found.group(1) == "0", out  # nothing held by the worker
+    assert re.search(r"(?m)^dramatiq +own .* 300 +[\d.]+$", out), out  # Dramatiq's holds them all

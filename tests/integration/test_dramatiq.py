@@ -14,7 +14,7 @@ from typing import Any
 import dramatiq
 import pika
 import pytest
-from dramatiq.middleware import Middleware, Retries
+from dramatiq.middleware import Middleware
 
 from delayq import InvalidDelay, InvalidInput, Topology, TopologyMissing
 from delayq.integrations.dramatiq import DelayqBroker
@@ -58,15 +58,15 @@ def test_retries_back_off_in_the_tiers_not_in_the_worker(
     broker = DelayqBroker(url=rabbitmq_url, topology=make_topology(ladder=["1s"], destinations=[]))
     watch = Watch()
     broker.add_middleware(watch)
-    # Dramatiq's back-off is min_backoff * 2**retries * U(1, 2), capped to 50-100 % of max
-    broker.add_middleware(Retries(max_retries=3, min_backoff=600, max_backoff=1000))
 
     def flaky() -> None:
         if len(watch.runs) < 3:
             raise RuntimeError("not yet")
         watch.done.set()
 
-    actor = dramatiq.actor(flaky, broker=broker, queue_name=queue, actor_name=queue)
+    # Dramatiq's back-off is min_backoff * 2**retries * U(1, 2), capped to 50-100 % of max
+    retries = {"max_retries": 3, "min_backoff": 600, "max_backoff": 1000}
+    actor = dramatiq.actor(flaky, broker=broker, queue_name=queue, actor_name=queue, **retries)
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     try:
@@ -87,7 +87,9 @@ def test_a_delayed_message_keeps_its_priority_and_loses_its_eta(
     broker = DelayqBroker(
         url=rabbitmq_url, max_priority=10, topology=make_topology(ladder=["1s"], destinations=[])
     )
-    actor = dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name=queue)
+    actor = dramatiq.actor(
+        lambda: None, broker=broker, queue_name=queue, actor_name=queue, max_retries=0
+    )
     sent = actor.send_with_options(delay=500, broker_priority=7)
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     channel = connection.channel()
@@ -113,7 +115,9 @@ def test_misuse_is_refused_with_nothing_sent(
         DelayqBroker(host="localhost", topology=topology)
     queue = queue_name()
     broker = DelayqBroker(url=rabbitmq_url, topology=topology)
-    actor = dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name=queue)
+    actor = dramatiq.actor(
+        lambda: None, broker=broker, queue_name=queue, actor_name=queue, max_retries=0
+    )
     for bad in (-1, float("nan"), "10s", True, 1e300):
         with pytest.raises(InvalidDelay):
             actor.send_with_options(delay=bad)
@@ -123,7 +127,9 @@ def test_misuse_is_refused_with_nothing_sent(
         url=rabbitmq_url, apply=False, topology=make_topology(ladder=["1s"], destinations=[])
     )
     other = queue_name()
-    actor = dramatiq.actor(lambda: None, broker=unapplied, queue_name=other, actor_name=other)
+    actor = dramatiq.actor(
+        lambda: None, broker=unapplied, queue_name=other, actor_name=other, max_retries=0
+    )
     with pytest.raises(TopologyMissing, match="delayq topology apply"):
         actor.send_with_options(delay=1000)
     unapplied.close()
@@ -132,3 +138,53 @@ def test_misuse_is_refused_with_nothing_sent(
         with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
             connection.channel().queue_declare(name, passive=True)
     connection.close()
+
+
+def test_an_actor_whose_back_off_the_ladder_cannot_hold_is_refused_at_declaration(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    broker = DelayqBroker(url=rabbitmq_url, topology=make_topology(ladder=["1s", "1m"]))
+    queue = queue_name()
+    with pytest.raises(InvalidInput, match=r"up to 168h .*max_backoff=60000 or less"):
+        dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="default")
+    with pytest.raises(InvalidInput, match="max_backoff"):
+        dramatiq.actor(lambda: None, broker=broker, queue_name=queue, max_backoff=61_000)
+    # within the ladder, or never retried: declared
+    dramatiq.actor(lambda: None, broker=broker, queue_name=queue, max_backoff=60_000)
+    dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="n", max_retries=0)
+    broker.close()
+
+
+def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason_not_lost(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    queue = queue_name()
+    broker = DelayqBroker(url=rabbitmq_url, topology=make_topology(ladder=["1s"], destinations=[]))
+    watch = Watch()
+    broker.add_middleware(watch)
+
+    def asks_for_an_hour() -> None:
+        raise dramatiq.Retry(delay=3_600_000)  # Dramatiq's own way to ask for a delay
+
+    actor = dramatiq.actor(
+        asks_for_an_hour, broker=broker, queue_name=queue, actor_name=queue, max_backoff=1000
+    )
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    sent = actor.send()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    deadline = time.monotonic() + 30
+    method, _, body = channel.basic_get(f"{queue}.XQ", auto_ack=True)
+    while method is None and time.monotonic() < deadline:
+        connection.sleep(0.05)
+        method, _, body = channel.basic_get(f"{queue}.XQ", auto_ack=True)
+    worker.stop()
+    broker.close()
+    depth = channel.queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    assert method is not None, "the retry was lost"
+    parked = dramatiq.Message.decode(body)
+    assert parked.message_id == sent.message_id and len(watch.runs) == 1
+    assert "longer than the largest tier 1s" in parked.options["delayq_reason"]
+    assert depth == 0  # the delivery was settled, not left to run again

@@ -18,7 +18,7 @@ from taskiq import SmartRetryMiddleware
 from taskiq.receiver import Receiver
 from taskiq_aio_pika import AioPikaBroker, Exchange, Queue, QueueType
 
-from delayq import InvalidDelay, InvalidInput, Topology, UnboundRoutingKey
+from delayq import DelayTooLong, InvalidDelay, InvalidInput, Topology, UnboundRoutingKey
 from delayq.integrations.taskiq import DelayqBroker
 
 LONG_S, SHORT_S = 6, 1
@@ -187,7 +187,7 @@ def test_misuse_is_refused_before_anything_is_sent(
         return caught
 
     caught = _run(main)
-    expected = [InvalidDelay] * 4 + [InvalidInput, UnboundRoutingKey]
+    expected = [InvalidDelay] * 3 + [DelayTooLong, InvalidInput, UnboundRoutingKey]
     assert [type(e) for e in caught] == expected, caught
     assert "which queue" in str(caught[4])
     channel = pika.BlockingConnection(pika.URLParameters(rabbitmq_url)).channel()
@@ -241,3 +241,48 @@ def test_a_delayed_kick_arrives_with_its_priority_and_taskiqs_body(
     assert properties.priority == 3 and properties.delivery_mode == 2
     assert properties.headers["task_id"] == sent.task_id
     assert broker.formatter.loads(body).task_id == sent.task_id  # taskiq's body, unchanged
+
+
+def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason(
+    rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
+) -> None:
+    exchange, queue, dead = names("x"), names("q"), names("dlq")
+    broker = DelayqBroker(
+        rabbitmq_url, exchange=Exchange(name=exchange), task_queues=[Queue(name=queue)],
+        dead_letter_queue=Queue(name=dead), topology=make_topology(ladder=["1s"], destinations=[]),
+    ).with_middlewares(SmartRetryMiddleware(default_retry_count=3, default_delay=60))  # fmt: skip
+    runs: list[float] = []
+
+    @broker.task(task_name=f"fails{uuid.uuid4().hex[:6]}", retry_on_error=True)
+    async def fails() -> None:
+        runs.append(time.monotonic())
+        raise RuntimeError("always")
+
+    async def main() -> Any:
+        broker.is_worker_process = True
+        await broker.startup()
+        stop = asyncio.Event()
+        worker = asyncio.create_task(Receiver(broker, run_startup=False).listen(stop))
+        try:
+            sent = await fails.kiq()
+            channel = broker.write_channel
+            assert channel is not None
+            dead_queue = await channel.get_queue(dead)
+            for _ in range(600):
+                got = await dead_queue.get(no_ack=True, fail=False)
+                if got is not None:
+                    return sent, got
+                await asyncio.sleep(0.05)
+            raise AssertionError("never dead-lettered")
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 30)
+            await broker.shutdown()
+
+    sent, got = _run(main)
+    assert got.headers["task_id"] == sent.task_id and len(runs) == 1
+    assert "longer than the largest tier 1s" in str(got.headers["x-delayq-reason"])
+    channel = pika.BlockingConnection(pika.URLParameters(rabbitmq_url)).channel()
+    queued = channel.queue_declare(queue, passive=True).method
+    assert queued.message_count == 0  # settled, not left unacked to run again
+    channel.connection.close()

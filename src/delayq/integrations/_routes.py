@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from datetime import timedelta
 
-from delayq.errors import InvalidDelay, InvalidInput
+from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.topology.destination import Destination
 from delayq.topology.model import Topology
 
@@ -48,11 +48,9 @@ def seconds_delay(raw: object, what: str) -> timedelta | None:
         seconds = float(raw) if isinstance(raw, (int, float, str)) else math.nan
     except ValueError:
         seconds = math.nan
+    if isinstance(raw, bool) or math.isnan(seconds) or seconds < 0:
+        raise InvalidDelay(f"{what}: delay {raw!r} is not a number of seconds at or above 0")
     try:
-        if isinstance(raw, bool) or not math.isfinite(seconds) or seconds < 0:
-            raise OverflowError
         return timedelta(seconds=seconds)
-    except OverflowError:
-        raise InvalidDelay(
-            f"{what}: delay {raw!r} is not a number of seconds at or above 0"
-        ) from None
+    except OverflowError:  # inf too
+        raise DelayTooLong(f"{what}: delay {raw!r} s is longer than any tier can hold") from None

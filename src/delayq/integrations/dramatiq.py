@@ -13,24 +13,31 @@ every held message is delivered again, over and over until its time (Dramatiq #8
 
 from __future__ import annotations
 
-import math
+import logging
 import threading
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pika
-from dramatiq import Message
+from dramatiq import Actor, Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
-from dramatiq.common import q_name
+from dramatiq.common import q_name, xq_name
+from dramatiq.middleware import Retries
+from dramatiq.middleware.retries import DEFAULT_MAX_BACKOFF
 
-from delayq.errors import InvalidDelay, InvalidInput, TopologyMissing
+from delayq.durations import format_ms
+from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput, TopologyMissing
+from delayq.message.envelope import OutgoingMessage
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology.model import Topology
+from delayq.topology.route import Router
 from delayq.urls import resolve_url
 
 __all__ = ["DelayqBroker", "dramatiq_topology"]
+
+log = logging.getLogger("delayq.integrations.dramatiq")
 
 
 def dramatiq_topology(topology: Topology) -> Topology:
@@ -80,6 +87,27 @@ class DelayqBroker(RabbitmqBroker):
         self._delayq_lock = threading.Lock()
         self._delayq_applied = False
 
+    def declare_actor(self, actor: Actor[Any, Any]) -> None:
+        """Dramatiq's declaration of an actor, refused (:class:`~delayq.errors.InvalidInput`)
+        when its ``Retries`` back-off can be longer than the topology holds: such a retry
+        could not be scheduled."""
+        self._check_backoff(actor)
+        super().declare_actor(actor)
+
+    def _check_backoff(self, actor: Actor[Any, Any]) -> None:
+        retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
+        if retries is None or actor.options.get("max_retries", retries.max_retries) == 0:
+            return
+        backoff = min(actor.options.get("max_backoff", retries.max_backoff), DEFAULT_MAX_BACKOFF)
+        limit, what = Router(self.delayq_topology).longest()
+        if backoff > limit:
+            raise InvalidInput(
+                f"actor {actor.actor_name!r}: Dramatiq's Retries may wait up to "
+                f"{format_ms(backoff)} before a retry (max_backoff {backoff} ms), longer than "
+                f"{what} of namespace {self.delayq_topology.namespace!r}: give the actor "
+                f"max_backoff={limit} or less, or add a {format_ms(backoff)} tier to the ladder"
+            )
+
     def _declare_queue(self, queue_name: str) -> Any:
         """Dramatiq's declaration of a queue, then its binding to ``<ns>.ready`` by its
         name (again each time Dramatiq declares it: a queue deleted and made again)."""
@@ -127,16 +155,48 @@ class DelayqBroker(RabbitmqBroker):
         message = replace(message, options=options)
         self.declare_queue(queue, ensure=True)  # and bound, before its tier can expire
         self.emit_before("enqueue", message, delay)
-        publisher = self.delayq_publisher
-        built = publisher.factory.build(
-            message.encode(), queue, wait, message_id=message.message_id
-        )
-        priority = options.get("broker_priority")
-        if priority is not None:
-            built = replace(built, properties={"priority": priority})
-        publisher.send(built)
+        built = self._build(message, queue, wait)
+        if built is None:  # parked in <queue>.XQ
+            return message
+        self.delayq_publisher.send(built)
         self.emit_after("enqueue", message, delay)
         return message
+
+    def _build(self, message: Message[Any], queue: str, wait: timedelta) -> OutgoingMessage | None:
+        """delayq's message for ``message``; a retry whose delay the topology cannot hold
+        (``Retry(delay=...)``, a message's own ``max_backoff``) goes to Dramatiq's
+        dead-letter queue ``<queue>.XQ`` with the reason instead of being lost (Dramatiq
+        acks a message whose retry could not be enqueued)."""
+        publisher = self.delayq_publisher
+        try:
+            built = publisher.factory.build(
+                message.encode(), queue, wait, message_id=message.message_id
+            )
+        except DelayTooLong as exc:
+            if not message.options.get("retries"):
+                raise
+            reason = f"retry not scheduled: {exc}"
+            parked = replace(message, options={**message.options, "delayq_reason": reason})
+            self._park(xq_name(queue), parked.encode())
+            log.error("message %s: %s; put in %s", message.message_id, reason, xq_name(queue))
+            return None
+        priority = message.options.get("broker_priority")
+        if priority is not None:
+            built = replace(built, properties={"priority": priority})
+        return built
+
+    def _park(self, queue: str, body: bytes) -> None:
+        """``body`` into ``queue`` through the default exchange, confirmed (a connection of
+        its own: rare, and Dramatiq's channel may not confirm)."""
+        connection = pika.BlockingConnection(pika.URLParameters(self._delayq_url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish(
+                "", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True
+            )
+        finally:
+            connection.close()
 
     def close(self) -> None:
         """Dramatiq's connections, then delayq's publisher."""
@@ -150,13 +210,15 @@ class DelayqBroker(RabbitmqBroker):
 def _milliseconds(delay: object, message_id: str) -> timedelta:
     """Dramatiq's delay (milliseconds, an int or a float) as a ``timedelta``; anything
     else, a negative or non-finite one, is refused, not sent at once."""
-    try:
-        if type(delay) not in (int, float) or not math.isfinite(delay) or delay < 0:  # type: ignore[arg-type,operator]
-            raise OverflowError
-        return timedelta(milliseconds=delay)  # type: ignore[arg-type]
-    except OverflowError:
+    if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not delay >= 0:
         raise InvalidDelay(
             f"message {message_id}: delay {delay!r} is not a number of milliseconds at or above 0"
+        )
+    try:
+        return timedelta(milliseconds=delay)
+    except OverflowError:  # inf too
+        raise DelayTooLong(
+            f"message {message_id}: delay {delay!r} ms is longer than any tier can hold"
         ) from None
 
 

@@ -14,20 +14,24 @@ delayed kick is refused.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
+import aio_pika
 from taskiq import BrokerMessage
 from taskiq_aio_pika import AioPikaBroker
 
 from delayq.aio.provision import apply_topology_async
 from delayq.aio.publisher import AsyncPublisher
-from delayq.errors import InvalidInput
+from delayq.errors import DelayTooLong, InvalidInput
 from delayq.integrations._routes import framework_topology, seconds_delay
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
 __all__ = ["DelayqBroker"]
+
+log = logging.getLogger("delayq.integrations.taskiq")
 
 
 class DelayqBroker(AioPikaBroker):
@@ -97,17 +101,36 @@ class DelayqBroker(AioPikaBroker):
         publisher = self._delayq
         if publisher is None:
             raise InvalidInput("DelayqBroker: call startup() before kicking a delayed task")
-        built = publisher.factory.build(
-            message.message,
-            self._routing_key(labels),
-            delay,
-            message_id=message.task_id,
-            headers={"task_id": message.task_id, "task_name": message.task_name, **labels},
-        )
+        headers = {"task_id": message.task_id, "task_name": message.task_name, **labels}
+        try:
+            built = publisher.factory.build(
+                message.message, self._routing_key(labels), delay, message_id=message.task_id,
+                headers=headers,
+            )  # fmt: skip
+        except DelayTooLong as exc:
+            if "_retries" not in labels:  # a kick of the caller's: the caller hears it
+                raise
+            await self._park(message, headers, f"retry not scheduled: {exc}")
+            return
         priority = labels.get(self._label_for_priority)
         if priority is not None:
             built = replace(built, properties={"priority": _priority(priority)})
         await publisher.send(built)
+
+    async def _park(self, message: BrokerMessage, headers: dict[str, Any], reason: str) -> None:
+        """A retry whose delay the topology cannot hold, into taskiq's dead-letter queue
+        with the reason (confirmed), instead of an error in the retry middleware that
+        leaves the delivery unacked (run again at every worker restart)."""
+        assert self.write_channel is not None
+        dead = self._dead_letter_queue
+        await self.write_channel.default_exchange.publish(
+            aio_pika.Message(
+                message.message, headers={**headers, "x-delayq-reason": reason},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            routing_key=dead.routing_key or dead.name,
+        )  # fmt: skip
+        log.error("task %s: %s; put in %s", message.task_id, reason, dead.name)
 
     def _routing_key(self, labels: dict[str, Any]) -> str:
         """The routing key taskiq's own ``kick`` picks: the one queue's, else the
