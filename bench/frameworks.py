@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     rows = []
     with broker(args.url) as (url, _node):
-        log(f"{command_line(sys.argv)}; {broker_version(url)}; load {load_average()}")
+        log(f"{command_line(sys.argv[1:])}; {broker_version(url)}; load {load_average()}")
         for framework in frameworks:
             for kind in KINDS:
                 names, waiting = Names(), Names()
