@@ -33,6 +33,8 @@ class Names:
     """The run's entities: the framework's queue (and taskiq's exchange), delayq's namespace."""
 
     queue: str = field(default_factory=lambda: f"fw{uuid.uuid4().hex[:8]}")
+    exact: bool = False
+    """delayq's exact strategy (100 ms units) instead of the tiers."""
 
     @property
     def namespace(self) -> str:
@@ -40,6 +42,9 @@ class Names:
 
     @property
     def topology(self) -> Topology:
+        if self.exact:
+            exact = {"unit": "100ms", "levels": 17}  # up to 3.6 h
+            return Topology(namespace=self.namespace, ladder=LADDER, strategy="exact", exact=exact)
         return Topology(namespace=self.namespace, ladder=LADDER)
 
     def queues(self, framework: str) -> list[str]:
@@ -170,7 +175,7 @@ class _Held(Middleware):  # type: ignore[misc]
 def hold(framework: str, kind: str, url: str, queue: str) -> None:
     """A worker on ``queue`` (messages already waiting), measured once it took all it
     takes (nothing more for 2 s): prints ``held N rss MB``."""
-    names = Names(queue=queue)
+    names = Names(queue=queue, exact=kind == "delayq-exact")
     if framework == "dramatiq":
         broker = dramatiq_broker(kind, url, names)
         held = _Held()

@@ -152,22 +152,32 @@ def test_an_actor_whose_back_off_the_ladder_cannot_hold_is_refused_at_declaratio
     # within the ladder, or never retried: declared
     dramatiq.actor(lambda: None, broker=broker, queue_name=queue, max_backoff=60_000)
     dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="n", max_retries=0)
+    dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="t", throws=Exception)
     broker.close()
 
 
-def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason_not_lost(
-    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+@pytest.mark.parametrize(
+    ("asked", "reason"),
+    [(3_600_000, "longer than the largest tier 1s"), (float("inf"), "longer than any tier"),
+     (-5, "not a number of milliseconds")],
+)  # fmt: skip
+def test_a_retry_delayq_cannot_schedule_is_dead_lettered_with_its_reason_not_lost(
+    rabbitmq_url: str,
+    queue_name: Callable[[], str],
+    make_topology: Callable[..., Topology],
+    asked: float,
+    reason: str,
 ) -> None:
     queue = queue_name()
     broker = DelayqBroker(url=rabbitmq_url, topology=make_topology(ladder=["1s"], destinations=[]))
     watch = Watch()
     broker.add_middleware(watch)
 
-    def asks_for_an_hour() -> None:
-        raise dramatiq.Retry(delay=3_600_000)  # Dramatiq's own way to ask for a delay
+    def asks() -> None:
+        raise dramatiq.Retry(delay=asked)  # type: ignore[arg-type]  # Dramatiq's own way
 
     actor = dramatiq.actor(
-        asks_for_an_hour, broker=broker, queue_name=queue, actor_name=queue, max_backoff=1000
+        asks, broker=broker, queue_name=queue, actor_name=queue, max_backoff=1000
     )
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
@@ -186,5 +196,35 @@ def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason_not_los
     assert method is not None, "the retry was lost"
     parked = dramatiq.Message.decode(body)
     assert parked.message_id == sent.message_id and len(watch.runs) == 1
-    assert "longer than the largest tier 1s" in parked.options["delayq_reason"]
+    assert reason in parked.options["delayq_reason"], parked.options
     assert depth == 0  # the delivery was settled, not left to run again
+
+
+def test_the_exact_strategy_runs_a_message_within_a_unit_of_its_delay(
+    rabbitmq_url: str, queue_name: Callable[[], str], make_topology: Callable[..., Topology]
+) -> None:
+    """Through the cascade's delivery exchange, which the broker binds its queues to."""
+    queue = queue_name()
+    topology = make_topology(
+        ladder=["1h"], destinations=[], strategy="exact", exact={"unit": "100ms", "levels": 15}
+    )
+    broker = DelayqBroker(url=rabbitmq_url, topology=topology)
+    watch = Watch()
+    broker.add_middleware(watch)
+    actor = dramatiq.actor(
+        lambda: watch.done.set(), broker=broker, queue_name=queue, actor_name=queue, max_retries=0
+    )
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        actor.send()  # connected and bound before the timed send
+        assert watch.done.wait(30)
+        watch.done.clear()
+        sent = time.monotonic()
+        actor.send_with_options(delay=1_300)
+        assert watch.done.wait(30), "the exact delay never ran"
+        took = watch.runs[-1] - sent
+    finally:
+        worker.stop()
+        broker.close()
+    assert 1.3 <= took < 10, took  # 13 units of 100 ms and the hops, not the 1 h tier

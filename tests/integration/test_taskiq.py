@@ -243,14 +243,20 @@ def test_a_delayed_kick_arrives_with_its_priority_and_taskiqs_body(
     assert broker.formatter.loads(body).task_id == sent.task_id  # taskiq's body, unchanged
 
 
+@pytest.mark.parametrize("default_delay", [60, float("inf")])
 def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason(
-    rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
+    rabbitmq_url: str,
+    names: Callable[[str], str],
+    make_topology: Callable[..., Topology],
+    default_delay: float,
 ) -> None:
     exchange, queue, dead = names("x"), names("q"), names("dlq")
     broker = DelayqBroker(
         rabbitmq_url, exchange=Exchange(name=exchange), task_queues=[Queue(name=queue)],
         dead_letter_queue=Queue(name=dead), topology=make_topology(ladder=["1s"], destinations=[]),
-    ).with_middlewares(SmartRetryMiddleware(default_retry_count=3, default_delay=60))  # fmt: skip
+    ).with_middlewares(
+        SmartRetryMiddleware(default_retry_count=3, default_delay=default_delay)
+    )  # fmt: skip
     runs: list[float] = []
 
     @broker.task(task_name=f"fails{uuid.uuid4().hex[:6]}", retry_on_error=True)
@@ -281,8 +287,24 @@ def test_a_retry_longer_than_the_ladder_is_dead_lettered_with_its_reason(
 
     sent, got = _run(main)
     assert got.headers["task_id"] == sent.task_id and len(runs) == 1
-    assert "longer than the largest tier 1s" in str(got.headers["x-delayq-reason"])
+    assert "longer than" in str(got.headers["x-delayq-reason"])
     channel = pika.BlockingConnection(pika.URLParameters(rabbitmq_url)).channel()
     queued = channel.queue_declare(queue, passive=True).method
     assert queued.message_count == 0  # settled, not left unacked to run again
     channel.connection.close()
+
+
+def test_the_exact_strategy_runs_each_kick_within_a_unit_of_its_delay(
+    rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
+) -> None:
+    exchange, queue, dead = names("x"), names("q"), names("dlq")
+    topology = make_topology(
+        ladder=["1h"], destinations=[], strategy="exact", exact={"unit": "100ms", "levels": 15}
+    )
+    broker = DelayqBroker(
+        rabbitmq_url, exchange=Exchange(name=exchange), task_queues=[Queue(name=queue)],
+        dead_letter_queue=Queue(name=dead), topology=topology,
+    )  # fmt: skip
+    ran = _run(lambda: _kick_and_wait(broker, {"long": 2.2, "short": 0.7}))
+    # never early; not in the 1 h tier; the short one not held behind the long one
+    assert 0.7 <= ran["short"] < 2.2 <= ran["long"] < 30, ran

@@ -31,6 +31,7 @@ from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput, TopologyMiss
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
+from delayq.topology.cascade import Kind, delivery_binding_key
 from delayq.topology.model import Topology
 from delayq.topology.route import Router
 from delayq.urls import resolve_url
@@ -98,6 +99,10 @@ class DelayqBroker(RabbitmqBroker):
         retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
         if retries is None or actor.options.get("max_retries", retries.max_retries) == 0:
             return
+        throws = actor.options.get("throws") or ()
+        expected = throws if isinstance(throws, tuple) else (throws,)
+        if any(issubclass(Exception, kind) for kind in expected):
+            return  # every exception is expected: never retried
         backoff = min(actor.options.get("max_backoff", retries.max_backoff), DEFAULT_MAX_BACKOFF)
         limit, what = Router(self.delayq_topology).longest()
         if backoff > limit:
@@ -110,20 +115,26 @@ class DelayqBroker(RabbitmqBroker):
 
     def _declare_queue(self, queue_name: str) -> Any:
         """Dramatiq's declaration of a queue, then its binding to ``<ns>.ready`` by its
-        name (again each time Dramatiq declares it: a queue deleted and made again)."""
+        name (and to the exact cascade's delivery exchange, when the namespace has one),
+        again each time Dramatiq declares it: a queue deleted and made again."""
         declared = super()._declare_queue(queue_name)  # type: ignore[no-untyped-call]
         self._apply_once()
-        ready = self.delayq_topology.ready_exchange
-        try:
-            self.channel.queue_bind(queue=queue_name, exchange=ready, routing_key=queue_name)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            del self.connection
-            if exc.reply_code != 404:
-                raise
-            raise TopologyMissing(
-                f"exchange {ready!r} does not exist: run `delayq topology apply` with the "
-                "namespace's topology (external_bindings: ['#']), or give apply=True"
-            ) from None
+        topology = self.delayq_topology
+        bindings = [(topology.ready_exchange, queue_name)]
+        if topology.exact_enabled:
+            key = delivery_binding_key(topology.exact_levels, Kind.ROUTE, queue_name)
+            bindings.append((topology.delivery_exchange, key))
+        for exchange, key in bindings:
+            try:
+                self.channel.queue_bind(queue=queue_name, exchange=exchange, routing_key=key)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                del self.connection
+                if exc.reply_code != 404:
+                    raise
+                raise TopologyMissing(
+                    f"exchange {exchange!r} does not exist: run `delayq topology apply` with "
+                    "the namespace's topology (external_bindings: ['#']), or give apply=True"
+                ) from None
         return declared
 
     def _apply_once(self) -> None:
@@ -145,41 +156,42 @@ class DelayqBroker(RabbitmqBroker):
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         """Send ``message``; with a ``delay`` (milliseconds) through the tier at or above
         it, confirmed by the broker, as a message of the actor's own queue with no
-        ``eta`` (the worker runs it on arrival)."""
+        ``eta`` (the worker runs it on arrival).
+
+        A delay delayq refuses (:class:`~delayq.errors.InvalidDelay`: not a number of
+        milliseconds at or above 0, or longer than the topology holds) raises, before
+        anything is sent; but a retry's (``Retry(delay=...)``, a message's own
+        ``max_backoff``) goes to Dramatiq's dead-letter queue ``<queue>.XQ`` with the
+        reason in its ``delayq_reason`` option: Dramatiq acks a message whose retry could
+        not be enqueued, which would lose it.
+        """
         if delay is None:
             return super().enqueue(message)
-        wait = _milliseconds(delay, message.message_id)
         queue = q_name(message.queue_name)
         message = message.copy(queue_name=queue)  # a Message (the Retries' is a proxy)
         options = {k: v for k, v in message.options.items() if k != "eta"}
         message = replace(message, options=options)
+        try:
+            built = self._build(message, queue, _milliseconds(delay, message.message_id))
+        except InvalidDelay as exc:
+            if not options.get("retries"):
+                raise
+            reason = f"retry not scheduled: {exc}"
+            parked = replace(message, options={**options, "delayq_reason": reason})
+            self._park(xq_name(queue), parked.encode())
+            log.error("message %s: %s; put in %s", message.message_id, reason, xq_name(queue))
+            return message
         self.declare_queue(queue, ensure=True)  # and bound, before its tier can expire
         self.emit_before("enqueue", message, delay)
-        built = self._build(message, queue, wait)
-        if built is None:  # parked in <queue>.XQ
-            return message
         self.delayq_publisher.send(built)
         self.emit_after("enqueue", message, delay)
         return message
 
-    def _build(self, message: Message[Any], queue: str, wait: timedelta) -> OutgoingMessage | None:
-        """delayq's message for ``message``; a retry whose delay the topology cannot hold
-        (``Retry(delay=...)``, a message's own ``max_backoff``) goes to Dramatiq's
-        dead-letter queue ``<queue>.XQ`` with the reason instead of being lost (Dramatiq
-        acks a message whose retry could not be enqueued)."""
-        publisher = self.delayq_publisher
-        try:
-            built = publisher.factory.build(
-                message.encode(), queue, wait, message_id=message.message_id
-            )
-        except DelayTooLong as exc:
-            if not message.options.get("retries"):
-                raise
-            reason = f"retry not scheduled: {exc}"
-            parked = replace(message, options={**message.options, "delayq_reason": reason})
-            self._park(xq_name(queue), parked.encode())
-            log.error("message %s: %s; put in %s", message.message_id, reason, xq_name(queue))
-            return None
+    def _build(self, message: Message[Any], queue: str, wait: timedelta) -> OutgoingMessage:
+        """delayq's message for ``message``: validated (its delay too), not sent."""
+        built = self.delayq_publisher.factory.build(
+            message.encode(), queue, wait, message_id=message.message_id
+        )
         priority = message.options.get("broker_priority")
         if priority is not None:
             built = replace(built, properties={"priority": priority})

@@ -24,7 +24,7 @@ from taskiq_aio_pika import AioPikaBroker
 
 from delayq.aio.provision import apply_topology_async
 from delayq.aio.publisher import AsyncPublisher
-from delayq.errors import DelayTooLong, InvalidInput
+from delayq.errors import InvalidDelay, InvalidInput
 from delayq.integrations._routes import framework_topology, seconds_delay
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -93,21 +93,21 @@ class DelayqBroker(AioPikaBroker):
         """Send ``message``: through a tier when it has a ``delay`` label (``x_delay`` in
         later taskiq-aio-pika releases), else as taskiq does. Waits for the confirm."""
         labels = message.labels
-        raw = labels.get("x_delay", labels.get("delay"))
-        delay = seconds_delay(raw, f"task {message.task_name!r} ({message.task_id})")
-        if delay is None:
-            await super().kick(message)
-            return
-        publisher = self._delayq
-        if publisher is None:
-            raise InvalidInput("DelayqBroker: call startup() before kicking a delayed task")
         headers = {"task_id": message.task_id, "task_name": message.task_name, **labels}
         try:
+            raw = labels.get("x_delay", labels.get("delay"))
+            delay = seconds_delay(raw, f"task {message.task_name!r} ({message.task_id})")
+            if delay is None:
+                await super().kick(message)
+                return
+            publisher = self._delayq
+            if publisher is None:
+                raise InvalidInput("DelayqBroker: call startup() before kicking a delayed task")
             built = publisher.factory.build(
                 message.message, self._routing_key(labels), delay, message_id=message.task_id,
                 headers=headers,
             )  # fmt: skip
-        except DelayTooLong as exc:
+        except InvalidDelay as exc:
             if "_retries" not in labels:  # a kick of the caller's: the caller hears it
                 raise
             await self._park(message, headers, f"retry not scheduled: {exc}")
