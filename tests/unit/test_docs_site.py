@@ -134,7 +134,7 @@ def test_the_site_builds_strict(site: Path) -> None:
 # -- the API reference: by role, every name once, docstrings read as Markdown --------------
 
 API = DOCS / "reference" / "api.md"
-ROLES = ["publish", "consume", "topology", "stores", "testing", "spark", "errors"]
+ROLES = ["publish", "consume", "topology", "stores", "testing", "spark", "frameworks", "errors"]
 
 
 def test_the_api_reference_goes_by_role() -> None:
