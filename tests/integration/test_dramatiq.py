@@ -154,6 +154,12 @@ def test_an_actor_whose_back_off_the_ladder_cannot_hold_is_refused_at_declaratio
     dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="n", max_retries=0)
     dramatiq.actor(lambda: None, broker=broker, queue_name=queue, actor_name="t", throws=Exception)
     broker.close()
+    exact = make_topology(ladder=["1s"], strategy="exact", exact={"unit": "100ms", "levels": 8})
+    broker = DelayqBroker(url=rabbitmq_url, topology=exact)
+    with pytest.raises(InvalidInput, match="at most 237 bytes"):  # 255 - 8 * 2 - 2
+        dramatiq.actor(lambda: None, broker=broker, queue_name="q" * 238, max_retries=0)
+    dramatiq.actor(lambda: None, broker=broker, queue_name="q" * 237, max_retries=0)
+    broker.close()
 
 
 @pytest.mark.parametrize(

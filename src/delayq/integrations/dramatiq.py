@@ -92,8 +92,24 @@ class DelayqBroker(RabbitmqBroker):
         """Dramatiq's declaration of an actor, refused (:class:`~delayq.errors.InvalidInput`)
         when its ``Retries`` back-off can be longer than the topology holds: such a retry
         could not be scheduled."""
+        self._check_key(actor.queue_name)
         self._check_backoff(actor)
         super().declare_actor(actor)
+
+    def _check_key(self, queue: str) -> None:
+        """Under the exact strategy the queue is bound to the cascade's delivery exchange
+        by its name behind the levels' bits: a key AMQP must hold in 255 bytes."""
+        topology = self.delayq_topology
+        if not topology.exact_enabled:
+            return
+        key = delivery_binding_key(topology.exact_levels, Kind.ROUTE, queue)
+        if len(key.encode()) > 255:
+            room = 255 - (len(key.encode()) - len(queue.encode()))
+            raise InvalidInput(
+                f"queue {queue!r} is {len(queue.encode())} bytes: under the exact strategy "
+                f"({topology.exact_levels} levels) a queue's name is at most {room} bytes "
+                "(its binding key carries the levels' bits)"
+            )
 
     def _check_backoff(self, actor: Actor[Any, Any]) -> None:
         retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
