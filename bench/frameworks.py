@@ -16,8 +16,8 @@ are confirmed, beside ``delayq.integrations.dramatiq.DelayqBroker``) and taskiq
 
 delayq's ladder is a tier a second up to 10 s (and 1 h), so a delayed message waits up to
 a second more than asked; ``delayq-exact`` is delayq's exact strategy (100 ms units, 17
-levels: a message waits in the levels of its delay's set bits, and runs within a unit). Exits 1 if a message sent through delayq ran early, never or
-twice.
+levels: a message waits in the levels of its delay's set bits, and runs within a unit).
+Exits 1 if a message sent through delayq ran early, never or twice.
 
     .venv/bin/python bench/frameworks.py                     # a local throwaway node
     .venv/bin/python bench/frameworks.py --messages 5000 --held 100000 --url amqp://...
