@@ -220,6 +220,20 @@ class Collector:
         with self._lock:
             return list(self.arrivals)
 
+    def wait_for_ids(self, ids: set[str], timeout_s: float) -> list[Arrival]:
+        """Wait until a message of each id in ``ids`` arrived (duplicates do not count
+        towards it), or the timeout passed; return every arrival."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._error:
+                raise self._error[0]
+            with self._lock:
+                if ids <= {a.message_id for a in self.arrivals}:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            return list(self.arrivals)
+
     def settle(self, quiet_s: float) -> list[Arrival]:
         """Wait ``quiet_s`` more for stragglers (duplicates) and return everything."""
         time.sleep(quiet_s)
