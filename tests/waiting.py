@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 def wait_for(
@@ -52,3 +53,21 @@ async def wait_for_async(
             described = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {described}")
         await asyncio.sleep(interval_s)
+
+
+def first_message(url: str, queue: str, timeout_s: float = 30) -> tuple[Any, Any, bytes]:
+    """The first message ``queue`` holds, taken (``basic_get``) as soon as there is one:
+    ``(method, properties, body)``, the method ``None`` if none came within ``timeout_s``."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + timeout_s
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        while method is None and time.monotonic() < deadline:
+            connection.sleep(0.05)
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+        return method, properties, body
+    finally:
+        connection.close()

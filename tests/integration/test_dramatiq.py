@@ -18,6 +18,7 @@ from dramatiq.middleware import Middleware
 
 from delayq import InvalidDelay, InvalidInput, Topology, TopologyMissing
 from delayq.integrations.dramatiq import DelayqBroker
+from tests.waiting import first_message
 
 
 @pytest.fixture
@@ -91,14 +92,7 @@ def test_a_delayed_message_keeps_its_priority_and_loses_its_eta(
         lambda: None, broker=broker, queue_name=queue, actor_name=queue, max_retries=0
     )
     sent = actor.send_with_options(delay=500, broker_priority=7)
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    channel = connection.channel()
-    deadline = time.monotonic() + 30
-    method, properties, body = channel.basic_get(queue, auto_ack=True)
-    while method is None and time.monotonic() < deadline:
-        connection.sleep(0.05)
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-    connection.close()
+    method, properties, body = first_message(rabbitmq_url, queue)
     broker.close()
     assert method is not None, "never arrived"
     arrived = dramatiq.Message.decode(body)
@@ -188,16 +182,11 @@ def test_a_retry_delayq_cannot_schedule_is_dead_lettered_with_its_reason_not_los
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     sent = actor.send()
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    channel = connection.channel()
-    deadline = time.monotonic() + 30
-    method, _, body = channel.basic_get(f"{queue}.XQ", auto_ack=True)
-    while method is None and time.monotonic() < deadline:
-        connection.sleep(0.05)
-        method, _, body = channel.basic_get(f"{queue}.XQ", auto_ack=True)
+    method, _, body = first_message(rabbitmq_url, f"{queue}.XQ")
     worker.stop()
     broker.close()
-    depth = channel.queue_declare(queue, passive=True).method.message_count
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    depth = connection.channel().queue_declare(queue, passive=True).method.message_count
     connection.close()
     assert method is not None, "the retry was lost"
     parked = dramatiq.Message.decode(body)

@@ -20,6 +20,7 @@ from taskiq_aio_pika import AioPikaBroker, Exchange, Queue, QueueType
 
 from delayq import DelayTooLong, InvalidDelay, InvalidInput, Topology, UnboundRoutingKey
 from delayq.integrations.taskiq import DelayqBroker
+from tests.waiting import first_message
 
 LONG_S, SHORT_S = 6, 1
 
@@ -229,14 +230,7 @@ def test_a_delayed_kick_arrives_with_its_priority_and_taskiqs_body(
 
     sent, refused = _run(main)
     assert [type(e) for e in refused] == [InvalidInput, InvalidInput], refused
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    channel = connection.channel()
-    deadline = time.monotonic() + 30
-    method, properties, body = channel.basic_get(queue, auto_ack=True)
-    while method is None and time.monotonic() < deadline:
-        connection.sleep(0.05)
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-    connection.close()
+    method, properties, body = first_message(rabbitmq_url, queue)
     assert method is not None, "never arrived"
     assert properties.priority == 3 and properties.delivery_mode == 2
     assert properties.headers["task_id"] == sent.task_id
