@@ -364,3 +364,24 @@ def node_topology(tmp_path: Path) -> Iterator[Callable[..., tuple[Topology, Path
             delete_topology(topology, url)
         except Exception:
             pass
+
+
+@pytest.fixture
+def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
+    """Unique names for a framework's queues and exchanges (``name("q")``), each deleted
+    after the test with the queues a framework derives from it (Dramatiq's ``.DQ`` and
+    ``.XQ``, delayq's ``.dlq``)."""
+    made: list[str] = []
+
+    def name(what: str) -> str:
+        made.append(f"t{uuid.uuid4().hex[:8]}.{what}")
+        return made[-1]
+
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    for entity in made:
+        for suffix in ("", ".DQ", ".XQ", ".dlq"):
+            channel.queue_delete(entity + suffix)
+        channel.exchange_delete(entity)
+    connection.close()

@@ -7,8 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -22,21 +21,9 @@ from tests.waiting import first_message
 
 
 @pytest.fixture
-def queue_name(rabbitmq_url: str) -> Iterator[Callable[[], str]]:
+def queue_name(names: Callable[[str], str]) -> Callable[[], str]:
     """Unique Dramatiq queue names; each queue, its .DQ and .XQ deleted after."""
-    made: list[str] = []
-
-    def name() -> str:
-        made.append(f"dr{uuid.uuid4().hex[:8]}")
-        return made[-1]
-
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    channel = connection.channel()
-    for queue in made:
-        for suffix in ("", ".DQ", ".XQ"):
-            channel.queue_delete(queue + suffix)
-    connection.close()
+    return lambda: names("dr")
 
 
 class Watch(Middleware):  # type: ignore[misc]

@@ -104,3 +104,17 @@ def test_the_taskiq_example(tmp_path: Path, rabbitmq_url: str) -> None:
     finally:
         topology = Topology(namespace="jobs", ladder=["1s", "5s", "1m", "1h", "1d"])
         _clean(rabbitmq_url, topology, ["taskiq", "taskiq.dead_letter"], ["taskiq"])
+
+
+@pytest.mark.slow
+def test_the_faststream_example(tmp_path: Path, rabbitmq_url: str) -> None:
+    _write(tmp_path, "faststream_app.py", "faststream_send.py")
+    try:
+        _run_guide(
+            tmp_path, rabbitmq_url, "faststream run", "python faststream_send.py",
+            "reminded 2", delay_s=5,
+        )  # fmt: skip
+        assert "reminded 1" not in (tmp_path / "worker.log").read_text()  # due in a day
+    finally:
+        topology = Topology(namespace="shop", ladder=["1s", "5s", "1m", "1h", "1d"])
+        _clean(rabbitmq_url, topology, ["reminders", "payments", "payments.dlq"], [])

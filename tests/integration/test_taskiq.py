@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pika
@@ -23,24 +23,6 @@ from delayq.integrations.taskiq import DelayqBroker
 from tests.waiting import first_message
 
 LONG_S, SHORT_S = 6, 1
-
-
-@pytest.fixture
-def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
-    """Unique taskiq exchange and queue names, deleted after the test."""
-    made: list[str] = []
-
-    def name(what: str) -> str:
-        made.append(f"tq{uuid.uuid4().hex[:8]}.{what}")
-        return made[-1]
-
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    channel = connection.channel()
-    for entity in made:
-        channel.queue_delete(entity)
-        channel.exchange_delete(entity)
-    connection.close()
 
 
 def _run(main: Callable[[], Any]) -> Any:

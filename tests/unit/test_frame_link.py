@@ -6,6 +6,7 @@ Its real-broker counterpart is tests/integration/test_frame_link.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import Any
 
@@ -17,6 +18,7 @@ from delayq.aio._confirms import Confirms
 from delayq.aio._framelink import endpoint_of
 from delayq.aio._link import aio_message
 from delayq.aio._wire import ChannelClosed, Wire, WireClosed
+from delayq.errors import InvalidInput
 from delayq.message.factory import MessageFactory
 from delayq.message.frames import publish_frames
 from delayq.urls import parse_url
@@ -58,6 +60,42 @@ def test_frames_are_the_bytes_aio_pikas_link_sends(headers: Any, size: int) -> N
 def test_a_small_frame_max_splits_the_body_into_more_frames() -> None:
     msg = FACTORY.build(os.urandom(10_000), "job.a", "1s")
     assert publish_frames(msg, 1, 4_096) == pamqp_frames(msg, 4_096)
+
+
+CARRIED = {
+    "content_type": "application/json", "content_encoding": "gzip", "priority": 7,
+    "correlation_id": "c-1", "reply_to": "answers", "type": "orders.created",
+    "app_id": "shop", "user_id": "guest", "timestamp": 1_700_000_000,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("carried", [{"priority": 0}, {"correlation_id": "only"}, CARRIED])
+def test_further_properties_are_carried_as_pamqp_and_aio_pika_send_them(carried: Any) -> None:
+    built = FACTORY.build(b'{"a": 1}', "job.a", "1s", headers={"n": 1})
+    msg = dataclasses.replace(built, properties=carried)
+    frames = publish_frames(msg, 1, 131_072)
+    assert frames == pamqp_frames(msg, 131_072)
+    _used, _channel, method = frame.unmarshal(frames)
+    _used2, _channel, content = frame.unmarshal(frames[_used:])
+    assert isinstance(method, commands.Basic.Publish)
+    sent = content.properties
+    names = {"type": "message_type"}
+    for key, value in carried.items():
+        got = getattr(sent, names.get(key, key))
+        assert (int(got.timestamp()) if key == "timestamp" else got) == value
+    assert sent.headers["n"] == 1 and sent.delivery_mode == 2
+    assert sent.message_id == msg.message_id
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [{"expiration": "1000"}, {"x-delay": 5}, {"priority": "high"}, {"priority": 300}],
+    ids=["expiration", "unknown", "priority-text", "priority-range"],
+)
+def test_a_property_that_cannot_be_carried_is_refused_before_any_io(carried: Any) -> None:
+    msg = dataclasses.replace(FACTORY.build(b"x", "job.a", "1s"), properties=carried)
+    with pytest.raises(InvalidInput):
+        publish_frames(msg, 1, 131_072)
 
 
 class Sink:

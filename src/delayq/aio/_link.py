@@ -38,6 +38,7 @@ from delayq.errors import (
     AccessRefused,
     ConnectionFailed,
     DelayqError,
+    InvalidInput,
     PublishBatchError,
     PublishError,
     PublishUnconfirmed,
@@ -46,7 +47,7 @@ from delayq.errors import (
 from delayq.links import LinkOptions
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
-from delayq.message.frames import pamqp_value, priority_only
+from delayq.message.frames import CARRIED, pamqp_value
 from delayq.topology.marker import Gate
 from delayq.topology.model import Topology
 from delayq.topology.report import ApplyReport
@@ -61,19 +62,25 @@ _pamqp_value = pamqp_value
 
 
 def aio_message(msg: OutgoingMessage) -> aio_pika.Message:
-    priority = priority_only(msg.properties) if msg.properties else None
     headers = msg.headers
     if any(isinstance(v, (bytes, list, dict)) for v in headers.values()):
         headers = {k: _pamqp_value(v) for k, v in headers.items()}
-    return aio_pika.Message(
-        msg.body,
-        headers=headers,
-        content_type=msg.content_type,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=msg.message_id,
-        timestamp=datetime.fromtimestamp(msg.timestamp_s, tz=timezone.utc),
-        priority=priority,
-    )
+    carried: dict[str, Any] = {}
+    if msg.properties:
+        unknown = msg.properties.keys() - CARRIED
+        if unknown:
+            raise InvalidInput(f"AMQP properties {sorted(unknown)!r} cannot be carried")
+        carried = dict(msg.properties)
+        if isinstance(carried.get("timestamp"), int):
+            carried["timestamp"] = datetime.fromtimestamp(carried["timestamp"], tz=timezone.utc)
+    fields: dict[str, Any] = {
+        "content_type": msg.content_type,
+        "delivery_mode": aio_pika.DeliveryMode.PERSISTENT,
+        "message_id": msg.message_id,
+        "timestamp": datetime.fromtimestamp(msg.timestamp_s, tz=timezone.utc),
+        **carried,
+    }
+    return aio_pika.Message(msg.body, headers=headers, **fields)
 
 
 CHANNEL_REFUSED: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RuntimeError)

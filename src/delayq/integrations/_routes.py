@@ -11,7 +11,18 @@ from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.topology.destination import Destination
 from delayq.topology.model import Topology
 
-__all__ = ["framework_topology", "seconds_delay"]
+__all__ = ["framework_topology", "open_topology", "seconds_delay"]
+
+
+def open_topology(topology: Topology, framework: str) -> Topology:
+    """``topology`` accepting every routing key (``external_bindings: ["#"]``): a
+    framework's delayed message is routed by a key its worker binds to ``<ns>.ready``
+    when it declares its queue, which a process that only publishes does not know."""
+    if "#" in topology.external_bindings:
+        return topology
+    data = topology.model_dump()
+    data["external_bindings"] = [*data["external_bindings"], "#"]
+    return Topology.from_mapping(data, source=f"the topology for {framework}")
 
 
 def framework_topology(topology: Topology, routes: Mapping[str, str], framework: str) -> Topology:

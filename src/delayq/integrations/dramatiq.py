@@ -28,6 +28,7 @@ from dramatiq.middleware.retries import DEFAULT_MAX_BACKOFF
 
 from delayq.durations import format_ms
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput, TopologyMissing
+from delayq.integrations._routes import open_topology
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
@@ -45,11 +46,7 @@ def dramatiq_topology(topology: Topology) -> Topology:
     """``topology`` accepting every routing key (``external_bindings: ["#"]``): a delayed
     message's key is its queue's name, which :class:`DelayqBroker` binds to
     ``<ns>.ready`` each time Dramatiq declares the queue, before sending to it."""
-    if "#" in topology.external_bindings:
-        return topology
-    data = topology.model_dump()
-    data["external_bindings"] = [*data["external_bindings"], "#"]
-    return Topology.from_mapping(data, source="the topology for Dramatiq")
+    return open_topology(topology, "Dramatiq")
 
 
 class DelayqBroker(RabbitmqBroker):

@@ -200,7 +200,8 @@ class OutgoingMessage:
     """Further AMQP properties, pika's names (``correlation_id``, ``reply_to``, ``type``,
     ``app_id``, ``priority``, ``content_encoding``; ``content_type`` and ``timestamp``
     override the fields above): what an intake's bridge carries over from a message a
-    plugin-style publisher sent. Sent by the sync adapter only."""
+    plugin-style publisher sent, a task framework's (:mod:`delayq.integrations`); never
+    ``expiration`` (:data:`delayq.message.frames.CARRIED`)."""
 
 
 def encode_body(body: object) -> tuple[bytes, str]:

@@ -11,26 +11,32 @@ the same bytes at about three times the cost (its generic property and table
 encoders): the header tables of delayq's messages (strings and integers) are
 encoded here, anything else (a user's nested table, a list, bytes) by pamqp's own
 ``field_table``, with the integer types pamqp picks, so a consumer reads what
-the aio-pika link sent. Pure: no I/O, the same for both adapters.
+the aio-pika link sent. A message with further properties (a task framework's, an
+intake's: :func:`carried_header`) has its content header encoded by pamqp. Pure: no
+I/O, the same for both adapters.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from pamqp import encode
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from delayq.errors import InvalidInput
 from delayq.message import outcomes
 from delayq.message.envelope import OutgoingMessage
 
 __all__ = [
+    "CARRIED",
     "FRAME_OVERHEAD",
+    "carried_header",
     "content_frames",
     "pamqp_value",
-    "priority_only",
     "publish_frames",
     "table",
 ]
@@ -47,8 +53,7 @@ _FLAGS = (1 << 15) | (1 << 13) | (1 << 12) | (1 << 11) | (1 << 7) | (1 << 6)
 """content_type, headers, delivery_mode, priority (0, as aio-pika sends), message_id, timestamp."""
 _PUBLISH_METHOD = b"\x00\x3c\x00\x28\x00\x00"  # class 60 Basic, method 40 Publish, ticket 0
 _MANDATORY = b"\x01"
-_PERSISTENT = b"\x02"
-_PERSISTENT_PRIORITY_0 = _PERSISTENT + b"\x00"
+_PERSISTENT_PRIORITY_0 = b"\x02\x00"
 
 _pack_frame = _FRAME.pack
 _pack_header = _HEADER.pack
@@ -153,38 +158,62 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     :raises HeaderFrameTooLarge: its content header does not fit in one frame of
         ``frame_max`` (the connection's, negotiated with the broker).
     """
-    persistent_priority = _PERSISTENT_PRIORITY_0
-    if msg.properties:
-        persistent_priority = _PERSISTENT + bytes((priority_only(msg.properties),))
     exchange = _name(msg.exchange)
     key = _name(msg.routing_key)
     method = _PUBLISH_METHOD + exchange + key + _MANDATORY
-    body = msg.body
-    size = len(body)
+    if msg.properties:
+        return content_frames(msg, channel, frame_max, method, carried_header(msg))
     properties = (
         _name(msg.content_type)
         + table(msg.headers)
-        + persistent_priority
+        + _PERSISTENT_PRIORITY_0
         + _short(msg.message_id)
         + _pack_u64(msg.timestamp_s)
     )
-    header = _pack_header(60, 0, size, _FLAGS) + properties
+    header = _pack_header(60, 0, len(msg.body), _FLAGS) + properties
     return content_frames(msg, channel, frame_max, method, header)
 
 
-def priority_only(properties: Mapping[str, Any]) -> int:
-    """The priority of a message whose only further property is ``priority`` (what the
-    task-framework integrations carry, :mod:`delayq.integrations`): the async
-    publisher's frames carry it; any other property is sent by the sync publisher only.
+_PAMQP_NAMES = {"type": "message_type"}
+CARRIED = frozenset(
+    ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
+     "reply_to", "message_id", "timestamp", "type", "user_id", "app_id")
+)  # fmt: skip
+"""The AMQP properties a message may carry beyond delayq's own, pika's names. Not
+``expiration``: a message's own TTL would end its wait in a tier early."""
+
+
+def carried_header(msg: OutgoingMessage) -> bytes:
+    """The content header payload of ``msg`` with its further properties
+    (:attr:`OutgoingMessage.properties`: an intake's, a task framework's), by pamqp.
+
+    :raises InvalidInput: a property AMQP has not, ``expiration``, or a value of the
+        wrong type.
     """
-    priority = properties.get("priority")
-    if properties.keys() != {"priority"} or type(priority) is not int or not 0 <= priority <= 255:
+    properties = msg.properties
+    unknown = properties.keys() - CARRIED
+    if unknown:
         raise InvalidInput(
-            "a message with further AMQP properties (an intake's, carried by delayq "
-            "bridge) is sent by the sync publisher only; the async one carries a "
-            f"priority (an int 0-255) alone, not {dict(properties)!r}"
+            f"AMQP properties {sorted(unknown)!r} cannot be carried through the tiers "
+            f"(carried: {', '.join(sorted(CARRIED))}; an expiration would end the wait early)"
         )
-    return priority
+    fields: dict[str, Any] = {
+        "content_type": msg.content_type,
+        "delivery_mode": 2,
+        "priority": 0,  # as the fast path and aio-pika send
+        "message_id": msg.message_id,
+        "timestamp": msg.timestamp_s,
+        **{_PAMQP_NAMES.get(k, k): v for k, v in properties.items()},
+        "headers": _pamqp_headers(msg.headers),
+    }
+    stamp = fields["timestamp"]
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        fields["timestamp"] = datetime.fromtimestamp(stamp, tz=timezone.utc)
+    try:
+        header = ContentHeader(0, len(msg.body), Basic.Properties(**fields))
+        return header.marshal()
+    except (TypeError, ValueError, OverflowError, struct.error) as exc:
+        raise InvalidInput(f"AMQP properties {dict(properties)!r} cannot be sent: {exc}") from None
 
 
 def content_frames(
