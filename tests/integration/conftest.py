@@ -370,7 +370,7 @@ def node_topology(tmp_path: Path) -> Iterator[Callable[..., tuple[Topology, Path
 def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
     """Unique names for a framework's queues and exchanges (``name("q")``), each deleted
     after the test with the queues a framework derives from it (Dramatiq's ``.DQ`` and
-    ``.XQ``, delayq's ``.dlq``)."""
+    ``.XQ``, delayq's ``.dlq`` and ``.delayq-parked``)."""
     made: list[str] = []
 
     def name(what: str) -> str:
@@ -381,7 +381,7 @@ def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     channel = connection.channel()
     for entity in made:
-        for suffix in ("", ".DQ", ".XQ", ".dlq"):
+        for suffix in ("", ".DQ", ".XQ", ".dlq", ".delayq-parked"):
             channel.queue_delete(entity + suffix)
         channel.exchange_delete(entity)
     connection.close()

@@ -118,3 +118,18 @@ def test_the_faststream_example(tmp_path: Path, rabbitmq_url: str) -> None:
     finally:
         topology = Topology(namespace="shop", ladder=["1s", "5s", "1m", "1h", "1d"])
         _clean(rabbitmq_url, topology, ["reminders", "payments", "payments.dlq"], [])
+
+
+@pytest.mark.slow
+def test_the_celery_example(tmp_path: Path, rabbitmq_url: str) -> None:
+    _write(tmp_path, "celery_tasks.py", "celery_send.py")
+    try:
+        _run_guide(
+            tmp_path, rabbitmq_url, "celery -A", "python celery_send.py", "invoiced 2",
+            delay_s=5,
+        )  # fmt: skip
+        log = (tmp_path / "worker.log").read_text()
+        assert "invoiced 1" not in log and log.count("invoiced 3") == 1, log
+    finally:
+        topology = Topology(namespace="shop-celery", ladder=["1s", "5s", "1m", "1h", "1d"])
+        _clean(rabbitmq_url, topology, ["celery"], ["celery"])

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
+
+import pika
 
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.topology.destination import Destination
 from delayq.topology.model import Topology
 
-__all__ = ["framework_topology", "open_topology", "seconds_delay"]
+__all__ = ["framework_topology", "open_topology", "park", "seconds_delay"]
 
 
 def open_topology(topology: Topology, framework: str) -> Topology:
@@ -65,3 +68,22 @@ def seconds_delay(raw: object, what: str) -> timedelta | None:
         return timedelta(seconds=seconds)
     except OverflowError:  # inf too
         raise DelayTooLong(f"{what}: delay {raw!r} s is longer than any tier can hold") from None
+
+
+def park(
+    url: str, queue: str, body: bytes, *, declare: bool = False, **properties: Any
+) -> None:
+    """``body`` into ``queue`` (``declare``: a durable queue made if missing) through the
+    default exchange, persistent and confirmed, on a connection of its own (rare: a
+    framework's retry delayq cannot schedule, which the framework would drop)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        if declare:
+            channel.queue_declare(queue, durable=True)
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "", queue, body, pika.BasicProperties(delivery_mode=2, **properties), mandatory=True
+        )
+    finally:
+        connection.close()

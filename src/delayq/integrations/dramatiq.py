@@ -28,7 +28,7 @@ from dramatiq.middleware.retries import DEFAULT_MAX_BACKOFF
 
 from delayq.durations import format_ms
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput, TopologyMissing
-from delayq.integrations._routes import open_topology
+from delayq.integrations._routes import open_topology, park
 from delayq.message.envelope import OutgoingMessage
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
@@ -191,7 +191,7 @@ class DelayqBroker(RabbitmqBroker):
                 raise
             reason = f"retry not scheduled: {exc}"
             parked = replace(message, options={**options, "delayq_reason": reason})
-            self._park(xq_name(queue), parked.encode())
+            park(self._delayq_url, xq_name(queue), parked.encode())
             log.error("message %s: %s; put in %s", message.message_id, reason, xq_name(queue))
             return message
         self.declare_queue(queue, ensure=True)  # and bound, before its tier can expire
@@ -209,19 +209,6 @@ class DelayqBroker(RabbitmqBroker):
         if priority is not None:
             built = replace(built, properties={"priority": priority})
         return built
-
-    def _park(self, queue: str, body: bytes) -> None:
-        """``body`` into ``queue`` through the default exchange, confirmed (a connection of
-        its own: rare, and Dramatiq's channel may not confirm)."""
-        connection = pika.BlockingConnection(pika.URLParameters(self._delayq_url))
-        try:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.basic_publish(
-                "", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True
-            )
-        finally:
-            connection.close()
 
     def close(self) -> None:
         """Dramatiq's connections, then delayq's publisher."""

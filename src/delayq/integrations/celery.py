@@ -1,0 +1,216 @@
+"""Celery on RabbitMQ with its countdowns in delayq's tiers (``pip install 'delayq[celery]'``).
+
+:func:`install` makes an app send each task with a ``countdown`` or ``eta`` (its
+``retry(countdown=...)`` too) through the tier at or above its delay, confirmed, to the
+task queue through ``<ns>.ready``. Celery's own way holds the task in the worker until
+its time (a quorum queue's worker cannot raise its prefetch, so one held countdown keeps
+every task behind it waiting), or, with quorum queues and a topic exchange, sends it
+through 28 fixed ``celery_delayed_*`` exchanges and queues, where a retry's ``x-death``
+headers once made RabbitMQ drop it as a cycle (celery #9867) and countdowns stuck
+(#9912, #10111); the names cannot be chosen (a locked-down broker refuses them).
+
+>>> app = Celery("shop", broker="amqp://localhost")  # doctest: +SKIP
+>>> install(app, topology=Topology(namespace="shop"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from celery import Celery, bootsteps
+from kombu.compression import compress
+from kombu.entity import Queue
+from kombu.serialization import dumps
+
+from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
+from delayq.integrations._routes import open_topology, park
+from delayq.message.envelope import HEADER_PREFIX
+from delayq.sync.provision import apply_topology
+from delayq.sync.publisher import Publisher
+from delayq.topology.model import Topology
+from delayq.urls import resolve_url
+
+__all__ = ["install"]
+
+log = logging.getLogger("delayq.integrations.celery")
+
+_CASCADE = re.compile(r"^(?:[01]\.){28}")
+"""The 28 bits Celery's native delayed delivery puts before a routing key."""
+_RESERVED = ("x-", HEADER_PREFIX)
+"""Headers a retry carries from its last delivery (RabbitMQ's ``x-death``, a quorum
+queue's ``x-delivery-count``, delayq's own): never sent on, so no retry is taken for a
+dead-letter cycle (celery #9867) and delayq's headers are its own."""
+_CARRIED = ("correlation_id", "reply_to", "priority")
+
+
+def install(
+    app: Celery,
+    *,
+    topology: Topology,
+    url: str | None = None,
+    apply: bool = True,
+    publisher_options: dict[str, Any] | None = None,
+) -> Topology:
+    """Send ``app``'s countdowns and ETAs through delayq's tiers; returns the topology
+    used (``topology`` accepting every routing key: ``external_bindings: ["#"]``).
+
+    ``url`` is delayq's (``None``: ``$DELAYQ_URL``, else localhost; Celery keeps its
+    ``broker``). ``apply=False``: ``delayq topology apply`` did. Each worker of the app
+    binds the queues it consumes to ``<ns>.ready`` at start, and a delayed send binds its
+    queue first, so a countdown sent before any worker ran waits for one. Call it where
+    the app is made, before any task is sent (the worker imports the same module).
+    """
+    topology = open_topology(topology, "Celery")
+    sender = _Sender(app, topology, resolve_url(url), apply, dict(publisher_options or {}))
+    amqp = app.amqp
+    stock = amqp.send_task_message
+    if isinstance(stock, _Wrapped):
+        raise InvalidInput("delayq is installed on this Celery app already")
+    amqp.send_task_message = _Wrapped(stock, sender)
+    app.steps["consumer"].add(_bindings_step(sender))
+    return topology
+
+
+class _Wrapped:
+    """Celery's ``send_task_message``, with a countdown's publish through delayq."""
+
+    def __init__(self, stock: Callable[..., Any], sender: _Sender) -> None:
+        self._stock = stock
+        self._sender = sender
+
+    def __call__(self, producer: Any, name: str, message: Any, *args: Any, **kwargs: Any) -> Any:
+        headers = message[0]
+        eta = headers.get("eta")
+        if not eta:
+            return self._stock(producer, name, message, *args, **kwargs)
+        return self._stock(_DelayedProducer(producer, self._sender), name, message, *args, **kwargs)
+
+
+class _Sender:
+    """One delayq publisher per process (made again after a fork), shared by its threads."""
+
+    def __init__(
+        self, app: Celery, topology: Topology, url: str, apply: bool, options: dict[str, Any]
+    ) -> None:
+        self.app = app
+        self.topology = topology
+        self.url = url
+        self._apply = apply
+        self._options = options
+        self._lock = threading.Lock()
+        self._publisher: Publisher | None = None
+        self._pid = 0
+        self._bound: set[tuple[str, str]] = set()
+
+    def publisher(self) -> Publisher:
+        with self._lock:
+            if self._publisher is None or self._pid != os.getpid():
+                if self._apply and self._pid == 0:
+                    apply_topology(self.topology, self.url)
+                self._publisher = Publisher(self.url, self.topology, **self._options)
+                self._pid = os.getpid()
+            return self._publisher
+
+    def bind(self, channel: Any, queue: str, key: str) -> None:
+        """``queue`` bound to ``<ns>.ready`` by ``key`` (once per process)."""
+        if (queue, key) in self._bound:
+            return
+        channel.queue_bind(queue=queue, exchange=self.topology.ready_exchange, routing_key=key)
+        self._bound.add((queue, key))
+
+
+def _queue_key(queue: Queue) -> str:
+    """The key a delayed send to ``queue`` carries: its name on a direct exchange (Celery
+    sends those through the default exchange), else its routing key."""
+    exchange = queue.exchange
+    if exchange is None or not exchange.name or exchange.type == "direct":
+        return str(queue.name)
+    return str(queue.routing_key or queue.name)
+
+
+class _DelayedProducer:
+    """Stands in for kombu's producer in Celery's ``send_task_message``: its ``publish``
+    serializes as kombu does, then sends through delayq instead of the broker's
+    exchange. Everything else is the real producer's."""
+
+    def __init__(self, producer: Any, sender: _Sender) -> None:
+        self._producer = producer
+        self._sender = sender
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(
+        self, body: Any, *, routing_key: str | None = None, serializer: str | None = None,
+        compression: str | None = None, headers: dict[str, Any] | None = None,
+        declare: list[Any] | None = None, **properties: Any,
+    ) -> None:  # fmt: skip
+        publisher = self._sender.publisher()  # the topology applied first
+        headers = {k: v for k, v in (headers or {}).items() if not k.startswith(_RESERVED)}
+        key = _CASCADE.sub("", routing_key or "", count=1)
+        for entity in declare or ():
+            self._producer.maybe_declare(entity)
+            if isinstance(entity, Queue):
+                self._sender.bind(self._producer.channel, str(entity.name), key)
+        content_type, content_encoding, data = dumps(  # type: ignore[no-untyped-call]
+            body, serializer=serializer or self._producer.serializer
+        )
+        if compression:
+            data, headers["compression"] = compress(data, compression)  # type: ignore[no-untyped-call]
+        carried = {k: properties[k] for k in _CARRIED if properties.get(k) not in (None, "")}
+        carried.update(content_type=content_type, content_encoding=content_encoding)
+        task_id = headers.get("id") or properties.get("correlation_id")
+        try:
+            delay = _delay(str(headers["eta"]), self._sender.app)
+            built = publisher.factory.build(
+                data, key, delay, message_id=str(task_id) if task_id else None, headers=headers
+            )
+        except (DelayTooLong, InvalidDelay) as exc:
+            if not headers.get("retries"):
+                raise  # the caller's own countdown: the caller hears it
+            # Celery rejects a retry whose publish failed, without requeue: lost.
+            parked = f"{key}.delayq-parked"
+            reason = f"retry not scheduled: {exc}"
+            park(self._sender.url, parked, data, declare=True,
+                 headers={**headers, "x-delayq-reason": reason}, **carried)  # fmt: skip
+            log.error("task %s: %s; put in %s", task_id, reason, parked)
+            return
+        publisher.send(replace(built, properties=carried))
+
+
+def _delay(eta: str, app: Celery) -> timedelta:
+    """The wait until ``eta`` (Celery's ISO 8601 header), at least none."""
+    due = datetime.fromisoformat(eta)
+    if due.tzinfo is None:
+        due = due.replace(tzinfo=timezone.utc)
+    now: datetime = app.now()
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=timezone.utc)
+    return max(due - now, timedelta(0))
+
+
+def _bindings_step(sender: _Sender) -> type[bootsteps.StartStopStep]:
+    """A worker's consumer step: the queues it consumes bound to ``<ns>.ready``."""
+
+    class DelayqBindings(bootsteps.StartStopStep):  # type: ignore[misc]
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def start(self, c: Any) -> None:
+            if sender._apply:
+                apply_topology(sender.topology, sender.url)
+            with c.app.connection_for_write() as connection:
+                channel = connection.default_channel
+                for queue in c.task_consumer.queues:
+                    queue(channel).declare()
+                    sender.bind(channel, str(queue.name), _queue_key(queue))
+            log.info("delayq: bound %d queue(s) to %s", len(c.task_consumer.queues),
+                     sender.topology.ready_exchange)  # fmt: skip
+
+    return DelayqBindings
