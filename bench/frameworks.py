@@ -2,9 +2,11 @@
 (``delayq.integrations``), in one run against one broker.
 
 For Dramatiq (``RabbitmqBroker`` with ``confirm_delivery=True``, as delayq's publishes
-are confirmed, beside ``delayq.integrations.dramatiq.DelayqBroker``) and taskiq
+are confirmed, beside ``delayq.integrations.dramatiq.DelayqBroker``), taskiq
 (taskiq-aio-pika's ``AioPikaBroker`` with its delay queue, beside
-``delayq.integrations.taskiq.DelayqBroker``), each by its own broker and by delayq's:
+``delayq.integrations.taskiq.DelayqBroker``), Celery (its countdown, confirmed, beside
+``delayq.integrations.celery.install``; a worker of 8 threads) and FastStream (through
+delayq only: its one delay is the plugin's), each by its own broker and by delayq's:
 
 1. ``--messages`` messages with delays uniform over 1 to ``--max-delay`` seconds, sent
    one by one, each confirmed (msg/s), run by a worker in this process
@@ -36,16 +38,28 @@ from pathlib import Path
 import dramatiq
 import pika
 from benchlib import broker, broker_version, command_line, load_average, log, positive_int
+from frameworks_more import hold as hold_more
+from frameworks_more import run_celery, run_faststream, send_held
 from frameworks_runs import RUNS, Names, dramatiq_broker, hold, taskiq_broker
 
 from delayq.sync import delete_topology
 
-FRAMEWORKS = ("dramatiq", "taskiq")
+FRAMEWORKS = ("dramatiq", "taskiq", "celery", "faststream")
 KINDS = ("own", "delayq", "delayq-exact")
+MORE = {"celery": run_celery, "faststream": run_faststream}
+"""Celery's and FastStream's runs (``frameworks_more.py``)."""
+
+
+def _kinds(framework: str) -> tuple[str, ...]:
+    """FastStream has no delay of its own to measure (the plugin's exchange)."""
+    return KINDS[1:] if framework == "faststream" else KINDS
 
 
 def _send_held(framework: str, kind: str, url: str, names: Names, count: int) -> None:
     """``count`` messages due in an hour, sent by the broker of ``kind`` with no worker."""
+    if framework in MORE:
+        send_held(framework, kind, url, names, count)
+        return
     if framework == "dramatiq":
         b = dramatiq_broker(kind, url, names)
         actor = dramatiq.actor(
@@ -83,7 +97,7 @@ def _clean(framework: str, url: str, names: Names) -> None:
     channel = connection.channel()
     for queue in names.queues(framework):
         channel.queue_delete(queue)
-    if framework == "taskiq":
+    if framework in ("taskiq", "celery"):
         channel.exchange_delete(names.queue)
     connection.close()
 
@@ -105,7 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.hold:
-        hold(args.hold[0], args.hold[1], args.url, args.queue)
+        framework, kind = args.hold
+        if framework in MORE:
+            hold_more(
+                framework, kind, args.url, Names(queue=args.queue, exact=kind == "delayq-exact")
+            )
+        else:
+            hold(framework, kind, args.url, args.queue)
         return 0
     frameworks = args.frameworks.split(",")
     if any(f not in FRAMEWORKS for f in frameworks) or args.max_delay > 10:
@@ -117,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     with broker(args.url) as (url, _node):
         log(f"{command_line(sys.argv[1:])}; {broker_version(url)}; load {load_average()}")
         for framework in frameworks:
-            for kind in KINDS:
+            for kind in _kinds(framework):
                 exact = kind == "delayq-exact"
                 names, waiting = Names(exact=exact), Names(exact=exact)
                 log(f"{framework} by {kind}: {args.messages} messages over 1-{args.max_delay} s")
                 try:
-                    rate, ran = RUNS[framework](kind, url, names, delays, args.max_delay + 120)
+                    run = MORE.get(framework) or RUNS[framework]
+                    rate, ran = run(kind, url, names, delays, args.max_delay + 120)
                 finally:
                     _clean(framework, url, names)
                 log(f"{framework} by {kind}: {args.held} messages due in an hour, then a worker")

@@ -50,6 +50,8 @@ class Names:
     def queues(self, framework: str) -> list[str]:
         if framework == "dramatiq":
             return [self.queue + suffix for suffix in ("", ".DQ", ".XQ")]
+        if framework in ("celery", "faststream"):
+            return [self.queue, f"{self.queue}.delayq-parked"]
         return [self.queue + suffix for suffix in ("", ".delay", ".dlq")]
 
 
@@ -157,7 +159,7 @@ RUNS: dict[str, Callable[[str, str, Names, list[float], float], tuple[float, Ran
 }
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -190,7 +192,7 @@ def hold(framework: str, kind: str, url: str, queue: str) -> None:
             if held.count != last:
                 last, steady = held.count, time.monotonic()
             time.sleep(0.1)
-        print(f"held {held.count} rss {_rss_mb():.1f}", flush=True)
+        print(f"held {held.count} rss {rss_mb():.1f}", flush=True)
         worker.stop()
         broker.close()
         return
@@ -203,7 +205,7 @@ def hold(framework: str, kind: str, url: str, queue: str) -> None:
         stop = asyncio.Event()
         listening = asyncio.create_task(Receiver(broker, run_startup=False).listen(stop))
         await asyncio.sleep(2)  # taskiq's worker never takes a delayed message: nothing to wait for
-        print(f"held 0 rss {_rss_mb():.1f}", flush=True)
+        print(f"held 0 rss {rss_mb():.1f}", flush=True)
         stop.set()
         await asyncio.wait_for(listening, 60)
         await broker.shutdown()

@@ -14,7 +14,14 @@ from typing import Any
 
 import pika
 import pytest
-from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitQueue
+from faststream.rabbit import (
+    ExchangeType,
+    RabbitBroker,
+    RabbitExchange,
+    RabbitQueue,
+    RabbitRouter,
+    TestRabbitBroker,
+)
 from faststream.rabbit.annotations import RabbitMessage
 
 from delayq import DelayTooLong, ExponentialBackoff, InvalidDelay, InvalidInput, Topology
@@ -127,7 +134,7 @@ def test_misuse_is_refused_and_nothing_is_sent(
     rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
 ) -> None:
     queue = names("q")
-    fanout = RabbitExchange(names("fan"), type=ExchangeType.FANOUT)
+    by_headers = RabbitExchange(names("hdr"), type=ExchangeType.HEADERS)
     owned = names("owned")
     topology = make_topology(ladder=["1s"], destinations=[{"queue": owned, "bindings": [owned]}])
     broker = DelayqBroker(rabbitmq_url, topology=topology)
@@ -142,7 +149,7 @@ def test_misuse_is_refused_and_nothing_is_sent(
             {"headers": {"x-delay": "soon"}}, {"headers": {"x-delay": float("nan")}},
             {"headers": {"x-delay": True}}, {"headers": {"x-delay": 2**63 - 1}},
             {"headers": {"x-delay": 10**30}}, {"headers": {"x-delay": 1000}, "expiration": 5},
-            {"headers": {"x-delay": 1000}, "exchange": fanout},
+            {"headers": {"x-delay": 1000}, "exchange": by_headers},
         ]  # fmt: skip
         for kwargs in bad:
             try:
@@ -168,3 +175,120 @@ def test_misuse_is_refused_and_nothing_is_sent(
 
     with pytest.raises(InvalidInput, match="declare=False"):
         asyncio.run(_run(declaring, lambda: asyncio.sleep(0)))
+
+
+def test_a_delayed_message_reaches_the_queues_its_own_exchange_routes_it_to(
+    rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
+) -> None:
+    """As without a delay: a wildcard subscriber of another exchange gets no copy; a queue
+    on the default exchange is reached by its name, whatever its routing key; a router's
+    prefix, a subscriber started after the broker and ``apply=False`` all bind."""
+    topology = make_topology(ladder=["1s"], destinations=[])
+    asyncio.run(_run(DelayqBroker(rabbitmq_url, topology=topology), lambda: asyncio.sleep(0)))
+    broker = DelayqBroker(rabbitmq_url, topology=topology, apply=False)
+    events = RabbitExchange(names("events"), type=ExchangeType.TOPIC)
+    plain, keyed, late, audit_q = names("plain"), names("keyed"), names("late"), names("audit")
+    router = RabbitRouter(prefix="p-")
+    got: dict[str, list[str]] = {}
+    done = asyncio.Event()
+
+    def record(where: str, body: str) -> None:
+        got.setdefault(where, []).append(body)
+        if sum(map(len, got.values())) >= 5:
+            done.set()
+
+    @broker.subscriber(plain)
+    async def on_plain(body: str) -> None:
+        record("plain", body)
+
+    @broker.subscriber(RabbitQueue(keyed, routing_key="rk"))
+    async def on_keyed(body: str) -> None:
+        record("keyed", body)
+
+    @broker.subscriber(RabbitQueue(audit_q, routing_key="#"), events)
+    async def on_audit(body: str) -> None:
+        record("audit", body)
+
+    @router.subscriber(plain)  # the queue p-<plain>
+    async def on_prefixed(body: str) -> None:
+        record("prefixed", body)
+
+    broker.include_router(router)
+
+    async def main() -> None:
+        dynamic = broker.subscriber(late)
+        dynamic(lambda body: record("late", body))
+        await dynamic.start()  # after the broker started
+        delay = {"x-delay": 500}
+        await broker.publish("to-plain", plain, headers=delay)
+        await broker.publish("to-keyed", keyed, headers=delay)
+        await broker.publish("to-events", "order.paid", exchange=events, headers=delay)
+        await broker.publish("to-prefixed", f"p-{plain}", headers=delay)
+        await broker.publish("to-late", late, headers=delay)
+        await asyncio.wait_for(done.wait(), 30)
+        await asyncio.sleep(1.5)  # a copy would be due by now
+
+    asyncio.run(_run(broker, main))
+    assert got == {
+        "plain": ["to-plain"], "keyed": ["to-keyed"], "audit": ["to-events"],
+        "prefixed": ["to-prefixed"], "late": ["to-late"],
+    }, got  # fmt: skip
+
+
+def test_a_handler_that_settled_its_message_itself_is_not_retried(
+    rabbitmq_url: str, names: Callable[[str], str], make_topology: Callable[..., Topology]
+) -> None:
+    queue = names("q")
+    topology = make_topology(ladder=["1s"], destinations=[{"queue": queue, "bindings": [queue]}])
+    broker = DelayqBroker(rabbitmq_url, topology=topology)
+    runs: list[str] = []
+    both = asyncio.Event()
+
+    @broker.subscriber(RabbitQueue(queue, declare=False))
+    async def settles(body: str, message: RabbitMessage) -> None:
+        runs.append(body)
+        await (message.ack() if body == "ack" else message.reject())
+        if len(runs) == 2:
+            both.set()
+        raise RuntimeError("after settling")
+
+    async def main() -> None:
+        await broker.publish("ack", queue)
+        await broker.publish("reject", queue)
+        await asyncio.wait_for(both.wait(), 30)
+        await asyncio.sleep(1.5)  # a retry would be due by now
+
+    asyncio.run(_run(broker, main))
+    assert sorted(runs) == ["ack", "reject"], runs
+    _method, _properties, body = first_message(rabbitmq_url, f"{queue}.dlq")
+    assert body == b"reject"  # the broker's dead letter of the rejected one
+    method, _properties, body = first_message(rabbitmq_url, f"{queue}.dlq", timeout_s=1)
+    assert method is None, body  # once, and none of delayq's
+
+
+def test_connection_arguments_beside_the_url_and_a_wrong_topology_are_refused(
+    rabbitmq_url: str,
+) -> None:
+    topology = Topology(namespace="never")
+    for kwargs in ({"host": "127.0.0.1"}, {"port": 5673}, {"virtualhost": "/x"}):
+        with pytest.raises(InvalidInput, match="URL"):
+            DelayqBroker(rabbitmq_url, topology=topology, **kwargs)
+    with pytest.raises(InvalidInput, match="Topology"):
+        DelayqBroker(rabbitmq_url, topology="never")  # type: ignore[arg-type]
+
+
+def test_faststreams_test_client_delivers_a_delayed_publish_at_once() -> None:
+    """``TestRabbitBroker`` needs no broker: the delay is not kept (as with no plugin)."""
+    broker = DelayqBroker("amqp://127.0.0.1:1/", topology=Topology(namespace="memory"))
+    got: list[str] = []
+
+    @broker.subscriber("jobs")
+    async def job(body: str) -> None:
+        got.append(body)
+
+    async def main() -> None:
+        async with TestRabbitBroker(broker) as test:
+            await test.publish("now", "jobs", headers={"x-delay": 60_000})
+
+    asyncio.run(main())
+    assert got == ["now"]

@@ -21,6 +21,11 @@ def open_topology(topology: Topology, framework: str) -> Topology:
     """``topology`` accepting every routing key (``external_bindings: ["#"]``): a
     framework's delayed message is routed by a key its worker binds to ``<ns>.ready``
     when it declares its queue, which a process that only publishes does not know."""
+    if not isinstance(topology, Topology):
+        raise InvalidInput(
+            f"{framework}: topology must be a delayq Topology (Topology(namespace=...) or "
+            f"load_topology(path)), not {type(topology).__name__}"
+        )
     if "#" in topology.external_bindings:
         return topology
     data = topology.model_dump()

@@ -34,6 +34,7 @@ from delayq.integrations._routes import open_topology, park
 from delayq.message.envelope import HEADER_PREFIX
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
+from delayq.topology.cascade import Kind, delivery_binding_key
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
@@ -61,14 +62,15 @@ def install(
     """Send ``app``'s countdowns and ETAs through delayq's tiers; returns the topology
     used (``topology`` accepting every routing key: ``external_bindings: ["#"]``).
 
-    ``url`` is delayq's (``None``: ``$DELAYQ_URL``, else localhost; Celery keeps its
-    ``broker``). ``apply=False``: ``delayq topology apply`` did. Each worker of the app
-    binds the queues it consumes to ``<ns>.ready`` at start, and a delayed send binds its
-    queue first, so a countdown sent before any worker ran waits for one. Call it where
-    the app is made, before any task is sent (the worker imports the same module).
+    ``url`` is delayq's (``None``: the app's ``broker_url`` when it is RabbitMQ's, else
+    ``$DELAYQ_URL``, else localhost). ``apply=False``: ``delayq topology apply`` did.
+    Each worker of the app binds the queues it consumes to ``<ns>.ready`` at start, and a
+    delayed send binds its queue first, so a countdown sent before any worker ran waits for
+    one. Call it where the app is made, before any task is sent (the worker imports the
+    same module).
     """
     topology = open_topology(topology, "Celery")
-    sender = _Sender(app, topology, resolve_url(url), apply, dict(publisher_options or {}))
+    sender = _Sender(app, topology, _url(app, url), apply, dict(publisher_options or {}))
     amqp = app.amqp
     stock = amqp.send_task_message
     if isinstance(stock, _Wrapped):
@@ -76,6 +78,19 @@ def install(
     amqp.send_task_message = _Wrapped(stock, sender)
     app.steps["consumer"].add(_bindings_step(sender))
     return topology
+
+
+def _url(app: Celery, url: str | None) -> str:
+    """delayq's URL: ``url``, else the app's broker when it is an AMQP one (Celery's
+    ``pyamqp://`` is ``amqp://``), else ``$DELAYQ_URL``, else localhost."""
+    if url is None:
+        broker = app.conf.broker_url
+        first = broker[0] if isinstance(broker, (list, tuple)) and broker else broker
+        if isinstance(first, str):
+            scheme, _, rest = first.partition("://")
+            if rest and scheme in ("amqp", "amqps", "pyamqp"):
+                url = f"{'amqp' if scheme == 'pyamqp' else scheme}://{rest.split(';')[0]}"
+    return resolve_url(url)
 
 
 class _Wrapped:
@@ -119,10 +134,17 @@ class _Sender:
             return self._publisher
 
     def bind(self, channel: Any, queue: str, key: str) -> None:
-        """``queue`` bound to ``<ns>.ready`` by ``key`` (once per process)."""
+        """``queue`` bound to ``<ns>.ready`` by ``key`` (and to the exact cascade's delivery
+        exchange, when the namespace has one), once per process."""
         if (queue, key) in self._bound:
             return
-        channel.queue_bind(queue=queue, exchange=self.topology.ready_exchange, routing_key=key)
+        topology = self.topology
+        channel.queue_bind(queue=queue, exchange=topology.ready_exchange, routing_key=key)
+        if topology.exact_enabled:
+            cascade = delivery_binding_key(topology.exact_levels, Kind.ROUTE, key)
+            channel.queue_bind(
+                queue=queue, exchange=topology.delivery_exchange, routing_key=cascade
+            )
         self._bound.add((queue, key))
 
 

@@ -27,6 +27,7 @@ from faststream.middlewares import BaseMiddleware
 from faststream.rabbit import RabbitBroker
 from faststream.rabbit.parser import AioPikaParser
 from faststream.rabbit.response import RabbitPublishCommand
+from faststream.rabbit.testing import FakeProducer
 from faststream.response.publish_type import PublishType
 
 from delayq.aio.provision import apply_topology_async
@@ -36,7 +37,8 @@ from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import RetryPolicy
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.intake.delay import DELAY_HEADERS, BadDelay, read_delay
-from delayq.integrations._routes import framework_topology, open_topology
+from delayq.integrations._routes import open_topology
+from delayq.topology.cascade import Kind, delivery_binding_key
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
 
@@ -46,8 +48,27 @@ log = logging.getLogger("delayq.integrations.faststream")
 
 _KEPT = ("content_encoding", "correlation_id", "reply_to", "priority", "type", "app_id")
 """The properties a retry keeps beside delayq's (id, content type, headers)."""
-_ROUTED = {"", "direct", "topic"}
-"""Exchange types whose routing a delayed message keeps: by its routing key."""
+_ROUTED = {"", "direct", "topic", "fanout"}
+"""Exchange types whose routing a delayed message keeps: by its routing key (or none)."""
+
+
+_CONNECTION_ARGS = ("host", "port", "virtualhost", "ssl_options", "security", "client_properties")
+"""``RabbitBroker``'s connection arguments beside the URL, which delayq's publisher would
+not follow."""
+
+
+def delayed_key(exchange: str, key: str) -> str:
+    """The routing key of a delayed message published to ``exchange`` with ``key``, and
+    the binding key of a queue bound to ``exchange`` by ``key``: the exchange's name
+    (``.`` written ``:``; empty for the default exchange) before the key, so that in
+    ``<ns>.ready`` a message reaches the queues its own exchange would route it to, not
+    those another exchange binds by the same key."""
+    return f"{exchange.replace('.', ':')}.{key}"
+
+
+def _kind(exchange: Any) -> str:
+    kind = getattr(exchange, "type", "direct")
+    return str(getattr(kind, "value", kind))
 
 
 class DelayqBroker(RabbitBroker):
@@ -76,6 +97,12 @@ class DelayqBroker(RabbitBroker):
         publisher_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        given = sorted(k for k in _CONNECTION_ARGS if kwargs.get(k) is not None)
+        if given:
+            raise InvalidInput(
+                f"DelayqBroker takes the broker's URL alone (delayq's publisher connects by "
+                f"it too), not {', '.join(given)}: write them in the URL (amqps:// for TLS)"
+            )
         resolved = resolve_url(url)
         super().__init__(resolved, **kwargs)
         self.delayq_topology = open_topology(topology, "FastStream")
@@ -87,6 +114,8 @@ class DelayqBroker(RabbitBroker):
         self._delayq: AsyncPublisher | None = None
         self._delayq_lock = asyncio.Lock()
         self._planners: dict[str, DeliveryPlanner] = {}
+        self._owned = {d.queue for d in self.delayq_topology.destinations if not d.existing}
+        self._delayq_started = False
         self.add_middleware(self._middleware)
 
     def _middleware(self, msg: Any, /, *, context: Any) -> _Delayq:
@@ -96,31 +125,70 @@ class DelayqBroker(RabbitBroker):
         """delayq's topology (the queues it owns first), FastStream's subscribers, then
         their queues bound to ``<ns>.ready``; refuses a subscriber that would declare a
         queue delayq owns (its arguments would differ)."""
-        owned = {d.queue for d in self.delayq_topology.destinations if not d.existing}
         for sub in self.subscribers:
             queue = getattr(sub, "queue", None)
-            if queue is not None and queue.name in owned and queue.declare:
+            if queue is not None and queue.name in self._owned and queue.declare:
                 raise InvalidInput(
                     f"subscriber queue {queue.name!r} is a destination of delayq's topology "
                     f"(delayq declares it, with its retries and DLQ): subscribe with "
                     f"RabbitQueue({queue.name!r}, declare=False)"
                 )
         await self._publisher()
-        for name in owned:
+        for name in self._owned:
             self._planners[name] = DeliveryPlanner(
                 self.delayq_topology, name, policy=self._delayq_retry,
                 non_retryable=self._delayq_non_retryable,
             )  # fmt: skip
         await super().start()
-        queues = [q for q in (getattr(s, "queue", None) for s in self.subscribers) if q]
-        routes = {q.name: q.routing() for q in queues if q.name not in owned}
-        if routes and self._delayq_apply:
-            topology = framework_topology(self.delayq_topology, routes, "FastStream")
-            await apply_topology_async(topology, self._delayq_url)
+        for sub in self.subscribers:
+            await self._bind(sub)
+        self._delayq_started = True
+
+    def subscriber(self, *args: Any, **kwargs: Any) -> Any:
+        """FastStream's subscriber; one started after the broker is bound when it starts."""
+        sub = super().subscriber(*args, **kwargs)
+        start = sub.start
+
+        async def start_and_bind() -> None:
+            await start()
+            if self._delayq_started:
+                await self._bind(sub)
+
+        sub.start = start_and_bind  # type: ignore[method-assign]
+        return sub
+
+    async def _bind(self, sub: Any) -> None:
+        """``sub``'s queue bound to ``<ns>.ready`` (and the exact cascade's delivery
+        exchange) by :func:`delayed_key` of what it is bound by: its name on the default
+        exchange, its routing key on a direct or topic one, every key on a fanout. A
+        queue delayq owns is bound by the topology."""
+        queue = getattr(sub, "queue", None)
+        if queue is None or queue.name in self._owned or self._channel is None:
+            return
+        prefix = sub.routing()[: len(sub.routing()) - len(queue.routing())]
+        name = prefix + queue.name
+        exchange = getattr(sub, "exchange", None)
+        exchange_name = str(getattr(exchange, "name", "") or "")
+        kind = _kind(exchange) if exchange_name else ""
+        if kind not in _ROUTED:
+            return  # a headers exchange: a delayed publish to it is refused
+        by = name if not exchange_name else "#" if kind == "fanout" else sub.routing()
+        key = delayed_key(exchange_name, by)
+        topology = self.delayq_topology
+        bindings = [(topology.ready_exchange, key)]
+        if topology.exact_enabled:
+            levels = topology.exact_levels
+            bindings.append(
+                (topology.delivery_exchange, delivery_binding_key(levels, Kind.ROUTE, key))
+            )
+        declared = await self._channel.get_queue(name, ensure=False)
+        for exchange_to, binding in bindings:
+            await declared.bind(exchange_to, routing_key=binding)
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:
         """FastStream's subscribers and connection, then delayq's publisher (what it sent
         was confirmed)."""
+        self._delayq_started = False
         await super().stop(*args, **kwargs)
         publisher, self._delayq = self._delayq, None
         if publisher is not None:
@@ -144,13 +212,13 @@ class DelayqBroker(RabbitBroker):
         if cmd.publish_type is PublishType.REQUEST:
             raise InvalidInput("a request waits for its answer: it cannot be delayed")
         exchange = cmd.exchange
-        kind = str(getattr(exchange.type, "value", exchange.type)) if exchange.name else ""
+        kind = _kind(exchange) if exchange.name else ""
         if kind not in _ROUTED:
             ready = self.delayq_topology.ready_exchange
             raise InvalidInput(
                 f"a delayed message reaches its queues through {ready} "
                 f"by its routing key, which exchange {exchange.name!r} ({kind}) does not route by: "
-                "publish it to a direct or topic exchange, or to the queue"
+                "publish it to a direct, topic or fanout exchange, or to the queue"
             )
         options: dict[str, Any] = dict(cmd.message_options)
         if options.get("expiration") is not None:
@@ -163,8 +231,11 @@ class DelayqBroker(RabbitBroker):
         )  # fmt: skip
         publisher = await self._publisher()
         headers = {k: v for k, v in (message.headers or {}).items() if k not in DELAY_HEADERS}
+        key = cmd.destination
+        if exchange.name or key not in self._owned:
+            key = delayed_key(exchange.name, key)
         built = publisher.factory.build(
-            message.body, cmd.destination, delay, message_id=message.message_id, headers=headers
+            message.body, key, delay, message_id=message.message_id, headers=headers
         )
         carried = {"content_type": message.content_type, **_properties(message)}
         await publisher.send(replace(built, properties=_present(carried)))
@@ -224,7 +295,7 @@ class _Delayq(BaseMiddleware):
 
     async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
         delay = _delay(cmd.headers)
-        if delay is None:
+        if delay is None or isinstance(self._broker._producer, FakeProducer):  # TestRabbitBroker
             if cmd.headers:
                 cmd.headers = {k: v for k, v in cmd.headers.items() if k not in DELAY_HEADERS}
             return await call_next(cmd)
@@ -241,6 +312,8 @@ class _Delayq(BaseMiddleware):
             return False
         if isinstance(exc_val, IgnoredException) or not isinstance(self.msg, IncomingMessage):
             return False  # FastStream's own Ack/Nack/Reject/Skip
+        if self.msg.processed:
+            return False  # the handler acked, nacked or rejected it itself
         handler = self.context.get_local("handler_")
         queue = getattr(getattr(handler, "queue", None), "name", None)
         if queue is None:
