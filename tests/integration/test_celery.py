@@ -39,7 +39,11 @@ app.conf.update(
 )
 if os.environ.get("NAMESPACE"):
     from delayq.integrations.celery import install
-    install(app, topology=Topology(namespace=os.environ["NAMESPACE"], ladder=["1s", "8s"]))
+    extra = {"tier_max_length": int(os.environ["TIER_MAX"])} if os.environ.get("TIER_MAX") else {}
+    install(
+        app, topology=Topology(namespace=os.environ["NAMESPACE"], ladder=["1s", "8s"], **extra),
+        apply=not os.environ.get("NO_APPLY"),
+    )
 RAN = os.environ["RAN"]
 
 
@@ -59,6 +63,13 @@ def flaky(self, tries):
     note(f"flaky {self.request.retries} {sum(d['count'] for d in deaths)}")
     if self.request.retries < tries:
         raise self.retry(countdown=1, max_retries=5)
+
+
+@app.task(bind=True, max_retries=1)
+def once_more(self, tag):
+    note(f"{tag} {self.request.retries}")
+    if not self.request.retries:
+        raise self.retry(countdown=1)
 
 
 @app.task(bind=True)
@@ -222,3 +233,68 @@ def test_a_retry_the_tiers_cannot_hold_is_parked_with_its_reason_not_lost(
     assert method is not None, w.log()
     assert "retry not scheduled" in properties.headers["x-delayq-reason"]
     assert properties.headers["task"] == "capp.far" and properties.headers["retries"] == 1
+
+
+def test_without_the_topology_applied_a_countdown_and_a_worker_say_so(
+    worker: Callable[[str], Worker], names: Callable[[str], str]
+) -> None:
+    w = worker(names("ns"))
+    w.env["NO_APPLY"] = "1"
+    code = (
+        "from delayq import TopologyMissing\n"
+        "try:\n    mark.apply_async(('x',), countdown=2)\n"
+        "except TopologyMissing as exc:\n    print('refused', type(exc).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"from capp import *\n{code}"], cwd=w.cwd, env=w.env,
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "refused TopologyNotApplied" in out.stdout, out
+    with pytest.raises(AssertionError):
+        w.start()  # the worker stops at start-up
+    assert "TopologyNotApplied" in w.log(), w.log()
+
+
+def test_a_countdown_its_tier_would_keep_past_its_expiry_is_refused(
+    worker: Callable[[str], Worker], names: Callable[[str], str]
+) -> None:
+    w = worker(names("ns"))
+    code = (
+        "from delayq import InvalidInput\n"
+        "try:\n    mark.apply_async(('x',), countdown=2, expires=4)\n"  # waits 8 s
+        "except InvalidInput as exc:\n    print('refused', exc)\n"
+        "mark.apply_async(('y',), countdown=2, expires=30)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"from capp import *\n{code}"], cwd=w.cwd, env=w.env,
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "refused" in out.stdout and "expires" in out.stdout, out
+    w.start()
+    assert [text for _, text in w.wait_runs(1)] == ["y"]
+
+
+def test_a_retry_a_full_tier_refuses_is_parked_not_lost(
+    worker: Callable[[str], Worker], names: Callable[[str], str], rabbitmq_url: str
+) -> None:
+    w = worker(names("ns"))
+    w.env["TIER_MAX"] = "1"  # the 1s tier holds one: most of six retries in a row are refused
+    w.start()
+    w.send("for i in range(6):\n    once_more.delay(f't{i}')")
+    firsts = [text for _, text in w.wait_runs(6) if text.endswith(" 0")]
+    assert len(firsts) == 6
+    queue = w.env["QUEUE"]
+
+    def accounted() -> bool:  # each either retried, or parked with its reason
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        try:
+            parked = connection.channel().queue_declare(f"{queue}.delayq-parked", passive=True)
+            count = parked.method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            count = 0
+        finally:
+            connection.close()
+        retried = [text for _, text in w.runs() if text.endswith(" 1")]
+        return len(retried) + count == 6 and count > 0
+
+    wait_for(accounted, 60, lambda: f"6 retried or parked: {w.runs()}")

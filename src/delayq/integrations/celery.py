@@ -29,7 +29,7 @@ from kombu.compression import compress
 from kombu.entity import Queue
 from kombu.serialization import dumps
 
-from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
+from delayq.errors import DelayqError, InvalidInput
 from delayq.integrations._routes import open_topology, park
 from delayq.message.envelope import HEADER_PREFIX
 from delayq.sync.provision import apply_topology
@@ -129,8 +129,9 @@ class _Sender:
             if self._publisher is None or self._pid != os.getpid():
                 if self._apply and self._pid == 0:
                     apply_topology(self.topology, self.url)
-                self._publisher = Publisher(self.url, self.topology, **self._options)
-                self._pid = os.getpid()
+                publisher = Publisher(self.url, self.topology, **self._options)
+                publisher.connect()  # TopologyNotApplied before anything is bound
+                self._publisher, self._pid = publisher, os.getpid()
             return self._publisher
 
     def bind(self, channel: Any, queue: str, key: str) -> None:
@@ -194,17 +195,41 @@ class _DelayedProducer:
             built = publisher.factory.build(
                 data, key, delay, message_id=str(task_id) if task_id else None, headers=headers
             )
-        except (DelayTooLong, InvalidDelay) as exc:
+            _check_expires(headers, built.receipt.published_at_ms, delay, built.receipt.tier_ms)
+            publisher.send(replace(built, properties=carried))
+        except DelayqError as exc:
             if not headers.get("retries"):
                 raise  # the caller's own countdown: the caller hears it
             # Celery rejects a retry whose publish failed, without requeue: lost.
             parked = f"{key}.delayq-parked"
-            reason = f"retry not scheduled: {exc}"
-            park(self._sender.url, parked, data, declare=True,
-                 headers={**headers, "x-delayq-reason": reason}, **carried)  # fmt: skip
+            reason = f"retry not scheduled: {type(exc).__name__}: {exc}"
+            try:
+                park(self._sender.url, parked, data, declare=True,
+                     headers={**headers, "x-delayq-reason": reason}, **carried)  # fmt: skip
+            except Exception as parking:
+                raise exc from parking
             log.error("task %s: %s; put in %s", task_id, reason, parked)
-            return
-        publisher.send(replace(built, properties=carried))
+
+
+def _check_expires(
+    headers: dict[str, Any], published_ms: int, delay: timedelta, wait_ms: int
+) -> None:
+    """Refuse a countdown that Celery would run but that arrives, after its tier's wait
+    (longer than the countdown), past its ``expires``: the worker would discard it."""
+    expires = headers.get("expires")
+    if not isinstance(expires, str):
+        return
+    when = datetime.fromisoformat(expires)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    expires_ms = when.timestamp() * 1000
+    due_ms = published_ms + delay.total_seconds() * 1000
+    if due_ms < expires_ms < published_ms + wait_ms:
+        raise InvalidInput(
+            f"task {headers.get('id')}: its countdown of {delay.total_seconds():g} s waits "
+            f"{wait_ms / 1000:g} s in its tier, past its expires ({expires}): the worker "
+            "would discard it. Give it a later expires, or the ladder a tier that fits"
+        )
 
 
 def _delay(eta: str, app: Celery) -> timedelta:
@@ -225,8 +250,7 @@ def _bindings_step(sender: _Sender) -> type[bootsteps.StartStopStep]:
         requires = ("celery.worker.consumer.tasks:Tasks",)
 
         def start(self, c: Any) -> None:
-            if sender._apply:
-                apply_topology(sender.topology, sender.url)
+            sender.publisher()  # applied (or TopologyNotApplied) before anything is bound
             with c.app.connection_for_write() as connection:
                 channel = connection.default_channel
                 for queue in c.task_consumer.queues:
