@@ -370,7 +370,8 @@ def node_topology(tmp_path: Path) -> Iterator[Callable[..., tuple[Topology, Path
 def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
     """Unique names for a framework's queues and exchanges (``name("q")``), each deleted
     after the test with the queues a framework derives from it (Dramatiq's ``.DQ`` and
-    ``.XQ``, delayq's ``.dlq`` and ``.delayq-parked``)."""
+    ``.XQ``, delayq's ``.dlq``, a Celery namespace's ``.celery-parked``, and ``.a``/``.b``
+    queues on ``.xa``/``.xb`` exchanges)."""
     made: list[str] = []
 
     def name(what: str) -> str:
@@ -381,7 +382,8 @@ def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     channel = connection.channel()
     for entity in made:
-        for suffix in ("", ".DQ", ".XQ", ".dlq", ".delayq-parked"):
+        for suffix in ("", ".DQ", ".XQ", ".dlq", ".celery-parked", ".a", ".b"):
             channel.queue_delete(entity + suffix)
-        channel.exchange_delete(entity)
+        for suffix in ("", ".xa", ".xb"):
+            channel.exchange_delete(entity + suffix)
     connection.close()

@@ -26,7 +26,7 @@ from delayq import DelayTooLong, InvalidInput, Topology
 from delayq.sync import delete_topology
 from tests.waiting import first_message, wait_for
 
-APP = '''
+APP = """
 import os, time
 from celery import Celery
 from delayq import Topology
@@ -37,9 +37,16 @@ app.conf.update(
     worker_prefetch_multiplier=1, broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+if os.environ.get("ROUTES"):  # two direct exchanges, a queue each, bound by the same key
+    from kombu import Exchange, Queue
+    q = os.environ["QUEUE"]
+    app.conf.task_queues = [Queue(f"{q}.{x}", Exchange(f"{q}.x{x}", "direct"), routing_key="k")
+                            for x in "ab"]
 if os.environ.get("NAMESPACE"):
     from delayq.integrations.celery import install
     extra = {"tier_max_length": int(os.environ["TIER_MAX"])} if os.environ.get("TIER_MAX") else {}
+    if os.environ.get("EXACT"):
+        extra.update(strategy="exact", exact={"unit": "100ms", "levels": 10})
     install(
         app, topology=Topology(namespace=os.environ["NAMESPACE"], ladder=["1s", "8s"], **extra),
         apply=not os.environ.get("NO_APPLY"),
@@ -76,7 +83,7 @@ def once_more(self, tag):
 def far(self):
     note(f"far {self.request.retries}")
     raise self.retry(countdown=3600)  # longer than the 8 s ladder
-'''
+"""
 
 
 class Worker:
@@ -183,17 +190,22 @@ def test_a_countdown_sent_before_any_worker_ran_waits_for_one(
     assert text == "early" and at - sent >= 0.9
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["tiers", "exact"])
 def test_retries_wait_in_the_tiers_and_carry_no_x_death(
-    worker: Callable[[str], Worker], names: Callable[[str], str]
+    worker: Callable[[str], Worker], names: Callable[[str], str], exact: bool
 ) -> None:
     w = worker(names("ns"))
+    if exact:
+        w.env["EXACT"] = "1"
     w.start()
     w.send("flaky.delay(2)")
     runs = w.wait_runs(3)
     assert [text.split()[1] for _, text in runs] == ["0", "1", "2"], runs
     assert all(b[0] - a[0] >= 0.9 for a, b in itertools.pairwise(runs)), runs
-    # each run's x-death is its own tier's, once: no retry carries its last pass's on
-    assert [text.split()[2] for _, text in runs] == ["0", "1", "1"], runs
+    # each run's x-death is its own pass's (a tier, or the cascade's levels), no more: no
+    # retry carries its last pass's on
+    deaths = [int(text.split()[2]) for _, text in runs]
+    assert deaths[0] == 0 and deaths[1] == deaths[2] >= 1, runs
 
 
 def test_misuse_is_refused_and_nothing_is_sent(
@@ -229,7 +241,7 @@ def test_a_retry_the_tiers_cannot_hold_is_parked_with_its_reason_not_lost(
     w.start()
     w.send("far.delay()")
     assert [text for _, text in w.wait_runs(1)] == ["far 0"]
-    method, properties, _body = first_message(rabbitmq_url, f"{w.env['QUEUE']}.delayq-parked")
+    method, properties, _body = first_message(rabbitmq_url, f"{w.env['NAMESPACE']}.celery-parked")
     assert method is not None, w.log()
     assert "retry not scheduled" in properties.headers["x-delayq-reason"]
     assert properties.headers["task"] == "capp.far" and properties.headers["retries"] == 1
@@ -283,12 +295,12 @@ def test_a_retry_a_full_tier_refuses_is_parked_not_lost(
     w.send("for i in range(6):\n    once_more.delay(f't{i}')")
     firsts = [text for _, text in w.wait_runs(6) if text.endswith(" 0")]
     assert len(firsts) == 6
-    queue = w.env["QUEUE"]
+    namespace = w.env["NAMESPACE"]
 
     def accounted() -> bool:  # each either retried, or parked with its reason
         connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
         try:
-            parked = connection.channel().queue_declare(f"{queue}.delayq-parked", passive=True)
+            parked = connection.channel().queue_declare(f"{namespace}.celery-parked", passive=True)
             count = parked.method.message_count
         except pika.exceptions.ChannelClosedByBroker:
             count = 0
@@ -298,3 +310,31 @@ def test_a_retry_a_full_tier_refuses_is_parked_not_lost(
         return len(retried) + count == 6 and count > 0
 
     wait_for(accounted, 60, lambda: f"6 retried or parked: {w.runs()}")
+
+
+def test_a_countdown_reaches_the_queue_its_own_exchange_routes_it_to(
+    worker: Callable[[str], Worker], names: Callable[[str], str], rabbitmq_url: str
+) -> None:
+    """Two direct exchanges bind a queue each by the same key: a countdown published to
+    one reaches its queue alone, as without a countdown (no copy, no other queue)."""
+    w = worker(names("ns"))
+    w.env["ROUTES"] = "1"
+    queue = w.env["QUEUE"]
+    w.send(
+        f"mark.apply_async(('a0',), queue='{queue}.a', countdown=1)\n"  # binds both queues
+        f"mark.apply_async(('b0',), queue='{queue}.b', countdown=1)\n"
+        f"mark.apply_async(('to-b',), exchange='{queue}.xb', routing_key='k', countdown=1)\n"
+    )
+
+    def counts() -> tuple[int, int]:
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        channel = connection.channel()
+        found = tuple(
+            channel.queue_declare(f"{queue}.{x}", passive=True).method.message_count for x in "ab"
+        )
+        connection.close()
+        return found[0], found[1]
+
+    wait_for(lambda: counts() == (1, 2), 30, lambda: f"1 in a, 2 in b: {counts()}")
+    time.sleep(1.5)  # a copy would be due by now
+    assert counts() == (1, 2)

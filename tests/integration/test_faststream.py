@@ -187,6 +187,9 @@ def test_a_delayed_message_reaches_the_queues_its_own_exchange_routes_it_to(
     asyncio.run(_run(DelayqBroker(rabbitmq_url, topology=topology), lambda: asyncio.sleep(0)))
     broker = DelayqBroker(rabbitmq_url, topology=topology, apply=False)
     events = RabbitExchange(names("events"), type=ExchangeType.TOPIC)
+    dotted = RabbitExchange(names("dx"), type=ExchangeType.DIRECT)  # "t<hex>.dx"
+    colon = RabbitExchange(dotted.name.replace(".", ":"), type=ExchangeType.DIRECT)
+    by_dot, by_colon = names("bydot"), names("bycolon")
     plain, keyed, late, audit_q = names("plain"), names("keyed"), names("late"), names("audit")
     router = RabbitRouter(prefix="p-")
     got: dict[str, list[str]] = {}
@@ -194,7 +197,7 @@ def test_a_delayed_message_reaches_the_queues_its_own_exchange_routes_it_to(
 
     def record(where: str, body: str) -> None:
         got.setdefault(where, []).append(body)
-        if sum(map(len, got.values())) >= 5:
+        if sum(map(len, got.values())) >= 6:
             done.set()
 
     @broker.subscriber(plain)
@@ -208,6 +211,14 @@ def test_a_delayed_message_reaches_the_queues_its_own_exchange_routes_it_to(
     @broker.subscriber(RabbitQueue(audit_q, routing_key="#"), events)
     async def on_audit(body: str) -> None:
         record("audit", body)
+
+    @broker.subscriber(RabbitQueue(by_dot, routing_key="k"), dotted)
+    async def on_dot(body: str) -> None:
+        record("dot", body)
+
+    @broker.subscriber(RabbitQueue(by_colon, routing_key="k"), colon)
+    async def on_colon(body: str) -> None:
+        record("colon", body)
 
     @router.subscriber(plain)  # the queue p-<plain>
     async def on_prefixed(body: str) -> None:
@@ -225,13 +236,19 @@ def test_a_delayed_message_reaches_the_queues_its_own_exchange_routes_it_to(
         await broker.publish("to-events", "order.paid", exchange=events, headers=delay)
         await broker.publish("to-prefixed", f"p-{plain}", headers=delay)
         await broker.publish("to-late", late, headers=delay)
+        await broker.publish("to-dot", "k", exchange=dotted, headers=delay)  # not to colon
         await asyncio.wait_for(done.wait(), 30)
         await asyncio.sleep(1.5)  # a copy would be due by now
 
-    asyncio.run(_run(broker, main))
+    try:
+        asyncio.run(_run(broker, main))
+    finally:
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        connection.channel().exchange_delete(colon.name)
+        connection.close()
     assert got == {
         "plain": ["to-plain"], "keyed": ["to-keyed"], "audit": ["to-events"],
-        "prefixed": ["to-prefixed"], "late": ["to-late"],
+        "prefixed": ["to-prefixed"], "late": ["to-late"], "dot": ["to-dot"],
     }, got  # fmt: skip
 
 

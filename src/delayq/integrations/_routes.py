@@ -14,7 +14,7 @@ from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.topology.destination import Destination
 from delayq.topology.model import Topology
 
-__all__ = ["framework_topology", "open_topology", "park", "seconds_delay"]
+__all__ = ["delayed_key", "framework_topology", "open_topology", "park", "seconds_delay"]
 
 
 def open_topology(topology: Topology, framework: str) -> Topology:
@@ -92,3 +92,17 @@ def park(
         )
     finally:
         connection.close()
+
+
+def delayed_key(exchange: str, key: str) -> str:
+    """The routing key in ``<ns>.ready`` of a message a framework publishes to
+    ``exchange`` with ``key``, and the binding key there of a queue bound to ``exchange``
+    by ``key``: the exchange's name before the key, so that a message reaches the queues
+    its own exchange would route it to, not those another exchange binds by the same key.
+    In the name ``~`` is written ``~~`` and ``.`` ``~_`` (one word, no two names alike);
+    the default exchange's is empty.
+
+    >>> delayed_key("", "jobs"), delayed_key("orders.v2", "paid.*")
+    ('.jobs', 'orders~_v2.paid.*')
+    """
+    return f"{exchange.replace('~', '~~').replace('.', '~_')}.{key}"

@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.utils.time import maybe_make_aware
 from kombu.compression import compress
 from kombu.entity import Queue
 from kombu.serialization import dumps
 
 from delayq.errors import DelayqError, InvalidInput
-from delayq.integrations._routes import open_topology, park
-from delayq.message.envelope import HEADER_PREFIX
+from delayq.integrations._routes import delayed_key, open_topology, park
+from delayq.message.envelope import H_ROUTING_KEY, HEADER_PREFIX
 from delayq.sync.provision import apply_topology
 from delayq.sync.publisher import Publisher
 from delayq.topology.cascade import Kind, delivery_binding_key
@@ -42,8 +43,6 @@ __all__ = ["install"]
 
 log = logging.getLogger("delayq.integrations.celery")
 
-_CASCADE = re.compile(r"^(?:[01]\.){28}")
-"""The 28 bits Celery's native delayed delivery puts before a routing key."""
 _RESERVED = ("x-", HEADER_PREFIX)
 """Headers a retry carries from its last delivery (RabbitMQ's ``x-death``, a quorum
 queue's ``x-delivery-count``, delayq's own): never sent on, so no retry is taken for a
@@ -76,6 +75,7 @@ def install(
     if isinstance(stock, _Wrapped):
         raise InvalidInput("delayq is installed on this Celery app already")
     amqp.send_task_message = _Wrapped(stock, sender)
+    app.send_task = _Sending(app.send_task, app)
     app.steps["consumer"].add(_bindings_step(sender))
     return topology
 
@@ -102,10 +102,47 @@ class _Wrapped:
 
     def __call__(self, producer: Any, name: str, message: Any, *args: Any, **kwargs: Any) -> Any:
         headers = message[0]
-        eta = headers.get("eta")
-        if not eta:
+        eta = _ETA.get()
+        if eta:
+            headers["eta"] = eta  # what Celery would have set: the worker reads it
+        elif not headers.get("eta"):
             return self._stock(producer, name, message, *args, **kwargs)
         return self._stock(_DelayedProducer(producer, self._sender), name, message, *args, **kwargs)
+
+
+_ETA: ContextVar[str | None] = ContextVar("delayq_celery_eta", default=None)
+"""The ``eta`` header of the task being sent, set by :class:`_Sending`."""
+
+
+class _Sending:
+    """Celery's ``send_task`` with a countdown or ETA turned into the ``eta`` header
+    here, the task sent as if it had none: Celery then routes it as any task (with
+    quorum queues, not through its own ``celery_delayed_*`` exchanges, which would hide
+    the exchange it is for), and :class:`_Wrapped` sends it through delayq."""
+
+    def __init__(self, stock: Callable[..., Any], app: Celery) -> None:
+        self._stock = stock
+        self._app = app
+
+    def __call__(
+        self, name: str, args: Any = None, kwargs: Any = None, countdown: Any = None,
+        eta: Any = None, *rest: Any, **options: Any,
+    ) -> Any:  # fmt: skip
+        if rest or not (countdown or eta):
+            return self._stock(name, args, kwargs, countdown, eta, *rest, **options)
+        token = _ETA.set(_eta_header(self._app, countdown, eta))
+        try:
+            return self._stock(name, args, kwargs, None, None, **options)
+        finally:
+            _ETA.reset(token)
+
+
+def _eta_header(app: Celery, countdown: Any, eta: Any) -> str:
+    """The ``eta`` header Celery writes (a countdown wins over an ETA, as in Celery)."""
+    if countdown:
+        when = maybe_make_aware(app.now() + timedelta(seconds=countdown), tz=app.timezone)
+        return str(when.isoformat())
+    return eta if isinstance(eta, str) else str(eta.isoformat())
 
 
 class _Sender:
@@ -134,6 +171,15 @@ class _Sender:
                 self._publisher, self._pid = publisher, os.getpid()
             return self._publisher
 
+    def key(self, exchange: str, routing_key: str, origin: object) -> str:
+        """The key in ``<ns>.ready`` of a task Celery sends to ``exchange`` with
+        ``routing_key``. A retry goes where its delivery came from: an exchange of the
+        namespace (``<ns>.ready``, a cascade level), whose key delayq stamped on it
+        (``origin``: its ``delayq-routing-key`` header)."""
+        if exchange.startswith(f"{self.topology.namespace}.") and isinstance(origin, str):
+            return origin
+        return delayed_key(exchange, routing_key)
+
     def bind(self, channel: Any, queue: str, key: str) -> None:
         """``queue`` bound to ``<ns>.ready`` by ``key`` (and to the exact cascade's delivery
         exchange, when the namespace has one), once per process."""
@@ -149,13 +195,22 @@ class _Sender:
         self._bound.add((queue, key))
 
 
-def _queue_key(queue: Queue) -> str:
-    """The key a delayed send to ``queue`` carries: its name on a direct exchange (Celery
-    sends those through the default exchange), else its routing key."""
-    exchange = queue.exchange
-    if exchange is None or not exchange.name or exchange.type == "direct":
-        return str(queue.name)
-    return str(queue.routing_key or queue.name)
+def queue_keys(queue: Queue) -> list[str]:
+    """The keys in ``<ns>.ready`` a delayed task for ``queue`` can carry
+    (:func:`~delayq.integrations._routes.delayed_key`): through the default exchange by
+    its name (Celery's route to a queue on a direct exchange), and through each exchange
+    it is bound to by that binding's key (every key, on a fanout)."""
+    keys = [delayed_key("", str(queue.name))]
+    bindings = [
+        (queue.exchange, queue.routing_key),
+        *((b.exchange, b.routing_key) for b in queue.bindings or ()),
+    ]
+    for exchange, key in bindings:
+        name = getattr(exchange, "name", exchange) or ""
+        if name:
+            by = "#" if getattr(exchange, "type", "") == "fanout" else (key or str(queue.name))
+            keys.append(delayed_key(str(name), str(by)))
+    return keys
 
 
 class _DelayedProducer:
@@ -171,17 +226,26 @@ class _DelayedProducer:
         return getattr(self._producer, name)
 
     def publish(
-        self, body: Any, *, routing_key: str | None = None, serializer: str | None = None,
+        self, body: Any, *, exchange: Any = None, routing_key: str | None = None,
+        serializer: str | None = None,
         compression: str | None = None, headers: dict[str, Any] | None = None,
         declare: list[Any] | None = None, **properties: Any,
     ) -> None:  # fmt: skip
         publisher = self._sender.publisher()  # the topology applied first
+        origin = (headers or {}).get(H_ROUTING_KEY)
         headers = {k: v for k, v in (headers or {}).items() if not k.startswith(_RESERVED)}
-        key = _CASCADE.sub("", routing_key or "", count=1)
+        exchange_name = str(getattr(exchange, "name", exchange) or "")
+        if exchange_name.startswith("celery_delayed_"):
+            raise InvalidInput(
+                "a countdown reached Celery's own delayed-delivery exchanges: call "
+                "delayq.integrations.celery.install(app, ...) before any task is sent"
+            )
+        key = self._sender.key(exchange_name, routing_key or "", origin)
         for entity in declare or ():
             self._producer.maybe_declare(entity)
             if isinstance(entity, Queue):
-                self._sender.bind(self._producer.channel, str(entity.name), key)
+                for binding in queue_keys(entity):
+                    self._sender.bind(self._producer.channel, str(entity.name), binding)
         content_type, content_encoding, data = dumps(  # type: ignore[no-untyped-call]
             body, serializer=serializer or self._producer.serializer
         )
@@ -201,11 +265,13 @@ class _DelayedProducer:
             if not headers.get("retries"):
                 raise  # the caller's own countdown: the caller hears it
             # Celery rejects a retry whose publish failed, without requeue: lost.
-            parked = f"{key}.delayq-parked"
+            parked = f"{self._sender.topology.namespace}.celery-parked"
             reason = f"retry not scheduled: {type(exc).__name__}: {exc}"
+            about = {"x-delayq-reason": reason, "x-delayq-exchange": exchange_name,
+                     "x-delayq-routing-key": routing_key or ""}  # fmt: skip
             try:
                 park(self._sender.url, parked, data, declare=True,
-                     headers={**headers, "x-delayq-reason": reason}, **carried)  # fmt: skip
+                     headers={**headers, **about}, **carried)  # fmt: skip
             except Exception as parking:
                 raise exc from parking
             log.error("task %s: %s; put in %s", task_id, reason, parked)
@@ -255,7 +321,8 @@ def _bindings_step(sender: _Sender) -> type[bootsteps.StartStopStep]:
                 channel = connection.default_channel
                 for queue in c.task_consumer.queues:
                     queue(channel).declare()
-                    sender.bind(channel, str(queue.name), _queue_key(queue))
+                    for key in queue_keys(queue):
+                        sender.bind(channel, str(queue.name), key)
             log.info("delayq: bound %d queue(s) to %s", len(c.task_consumer.queues),
                      sender.topology.ready_exchange)  # fmt: skip
 

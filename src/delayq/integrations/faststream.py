@@ -37,7 +37,7 @@ from delayq.consume.planner import DeliveryPlanner
 from delayq.consume.retry import RetryPolicy
 from delayq.errors import DelayTooLong, InvalidDelay, InvalidInput
 from delayq.intake.delay import DELAY_HEADERS, BadDelay, read_delay
-from delayq.integrations._routes import open_topology
+from delayq.integrations._routes import delayed_key, open_topology
 from delayq.topology.cascade import Kind, delivery_binding_key
 from delayq.topology.model import Topology
 from delayq.urls import resolve_url
@@ -55,15 +55,6 @@ _ROUTED = {"", "direct", "topic", "fanout"}
 _CONNECTION_ARGS = ("host", "port", "virtualhost", "ssl_options", "security", "client_properties")
 """``RabbitBroker``'s connection arguments beside the URL, which delayq's publisher would
 not follow."""
-
-
-def delayed_key(exchange: str, key: str) -> str:
-    """The routing key of a delayed message published to ``exchange`` with ``key``, and
-    the binding key of a queue bound to ``exchange`` by ``key``: the exchange's name
-    (``.`` written ``:``; empty for the default exchange) before the key, so that in
-    ``<ns>.ready`` a message reaches the queues its own exchange would route it to, not
-    those another exchange binds by the same key."""
-    return f"{exchange.replace('.', ':')}.{key}"
 
 
 def _kind(exchange: Any) -> str:
