@@ -98,10 +98,11 @@ class Worker:
         self.cwd = tmp_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def send(self, code: str) -> None:
-        subprocess.run(
+    def send(self, code: str) -> subprocess.CompletedProcess[str]:
+        """Run ``code`` in a sender process importing the app; its output captured."""
+        return subprocess.run(
             [sys.executable, "-c", f"from capp import *\n{code}"], cwd=self.cwd, env=self.env,
-            check=True, timeout=60,
+            capture_output=True, text=True, check=True, timeout=120,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -221,10 +222,7 @@ def test_misuse_is_refused_and_nothing_is_sent(
         "try:\n    install(app, topology=Topology(namespace='again'))\n"
         "except InvalidInput as exc:\n    print('refused', exc)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", f"from capp import *\n{code}"], cwd=w.cwd, env=w.env,
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+    out = w.send(code)
     assert out.stdout.count("refused") == 2, out
     channel = pika.BlockingConnection(pika.URLParameters(rabbitmq_url)).channel()
     topology = Topology(namespace=namespace, ladder=["1s", "8s"])
@@ -257,10 +255,7 @@ def test_without_the_topology_applied_a_countdown_and_a_worker_say_so(
         "try:\n    mark.apply_async(('x',), countdown=2)\n"
         "except TopologyMissing as exc:\n    print('refused', type(exc).__name__)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", f"from capp import *\n{code}"], cwd=w.cwd, env=w.env,
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+    out = w.send(code)
     assert "refused TopologyNotApplied" in out.stdout, out
     with pytest.raises(AssertionError):
         w.start()  # the worker stops at start-up
@@ -277,10 +272,7 @@ def test_a_countdown_its_tier_would_keep_past_its_expiry_is_refused(
         "except InvalidInput as exc:\n    print('refused', exc)\n"
         "mark.apply_async(('y',), countdown=2, expires=30)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", f"from capp import *\n{code}"], cwd=w.cwd, env=w.env,
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+    out = w.send(code)
     assert "refused" in out.stdout and "expires" in out.stdout, out
     w.start()
     assert [text for _, text in w.wait_runs(1)] == ["y"]

@@ -287,7 +287,7 @@ class _Delayq(BaseMiddleware):
     async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
         delay = _delay(cmd.headers)
         if delay is None or isinstance(self._broker._producer, FakeProducer):  # TestRabbitBroker
-            if cmd.headers:
+            if cmd.headers and any(name in cmd.headers for name in DELAY_HEADERS):
                 cmd.headers = {k: v for k, v in cmd.headers.items() if k not in DELAY_HEADERS}
             return await call_next(cmd)
         await self._broker._delayed(RabbitPublishCommand.from_cmd(cmd), delay)
