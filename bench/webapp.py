@@ -11,15 +11,18 @@ confirmed its message. Each app runs in three modes: ``none`` (answers at once),
 costs the app, whatever it waits for) and ``publish``; and under each ``--gc`` setting:
 CPython's default, and ``freeze`` (``gc.freeze()`` once the app has started, as
 docs/guides/web-apps.md suggests). A load generator (``wrk``, 100 connections, one
-thread) drives each for ``--seconds`` after a warm-up; rounds alternate the order.
-Printed per server and setting: the rate (requests/s), p50 and p99 latency and the
-server's CPU a request of each mode, and publish's ratio to none and to wait; then
-``AsyncPublisher.publish_many`` of the same messages. Every publishing run checks that
-the tier holds at least as many messages as requests were answered (each answered
-request is a confirmed message), and no more than those plus the requests in flight
-when the load stopped.
+thread) drives each for ``--seconds`` after a warm-up; rounds alternate the order. With
+two CPUs or more the app runs on the first and wrk and a local broker on the others
+(``--no-pin``: anywhere), as if the broker were another host's: otherwise they take the
+app's CPU in the publishing mode only. Printed per server and setting: the rate
+(requests/s), p50 and p99 latency, the server's CPU a request of each mode and how much
+of it was garbage collection (medians of the rounds), and publish's ratios to none and
+to wait (the median of each round's); then ``AsyncPublisher.publish_many`` of the same
+messages. Every publishing run checks that the tier holds at least as many messages as
+requests were answered (each answered request is a confirmed message), and no more than
+those plus the requests in flight when the load stopped.
 
-    .venv/bin/python bench/webapp.py --rounds 3 --seconds 4
+    .venv/bin/python bench/webapp.py --rounds 3 --seconds 6
 
 Goals (issue 50): the ASGI app at 0.8 or more of its rate with no publish and its p99 at
 most twice; the WSGI app at 0.7 or more.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -79,6 +83,8 @@ class Run:
     answered: int
     failed: int
     cpu_us: float
+    gc_us: float
+    """Of ``cpu_us``, the time in CPython's garbage collector (the app's ``GET /gc``)."""
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -93,6 +99,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--many-count", type=positive_int, default=20_000)
     parser.add_argument("--wait-ms", type=positive_int, default=5, help="the wait mode's sleep")
     parser.add_argument("--gc", default=",".join(GCS), help=f"comma-separated, of {', '.join(GCS)}")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave the app, wrk and a local broker on every CPU (default: the app on the "
+        "first, the others on the rest, as with the broker on another host)",
+    )
     args = parser.parse_args(argv)
     args.servers = [s for s in args.servers.split(",") if s]
     unknown = set(args.servers) - set(SERVERS)
@@ -103,6 +116,50 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if unknown or not args.gc:
         parser.error(f"--gc: unknown {sorted(unknown)}; use some of {', '.join(GCS)}")
     return args
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """Where each process runs: the app on its own CPU, the load generator and a local
+    broker on the others (``None``: anywhere). On one machine they otherwise take CPU
+    from the app in the publishing mode only, and the ratio would measure the machine."""
+
+    app: set[int] | None = None
+    rest: set[int] | None = None
+
+    @classmethod
+    def choose(cls, pin: bool) -> Cpus:
+        cpus = sorted(os.sched_getaffinity(0))
+        if not pin or len(cpus) < 2:
+            return cls()
+        return cls({cpus[0]}, set(cpus[1:]))
+
+    def run_app(self) -> None:
+        if self.app is not None:
+            os.sched_setaffinity(0, self.app)
+
+    def run_rest(self) -> None:
+        if self.rest is not None:
+            os.sched_setaffinity(0, self.rest)
+
+    def move_node(self, node: object) -> int:
+        """Every thread of a local node's processes to the other CPUs; how many."""
+        name = getattr(node, "name", None)
+        if self.rest is None or not name:
+            return 0
+        moved = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if f"RABBITMQ_NODENAME={name}".encode() not in environ:
+                    continue
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(task), self.rest)
+                        moved += 1
+        return moved
 
 
 def free_port() -> int:
@@ -143,9 +200,9 @@ def answered_once(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def serving(server: str, env: dict[str, str]) -> Iterator[tuple[int, int]]:
+def serving(server: str, env: dict[str, str], cpus: Cpus) -> Iterator[tuple[int, int]]:
     port = free_port()
-    process = subprocess.Popen(server_command(server, port), env=env)
+    process = subprocess.Popen(server_command(server, port), env=env, preexec_fn=cpus.run_app)
     try:
         deadline = time.monotonic() + 60
         while not answered_once(port):
@@ -162,6 +219,12 @@ def serving(server: str, env: dict[str, str]) -> Iterator[tuple[int, int]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def gc_seconds(port: int) -> float:
+    """The app's time in the garbage collector so far (``webapp_apps.GcClock``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/gc", timeout=10) as response:
+        return float(json.load(response)["seconds"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -188,10 +251,13 @@ def millis(text: str) -> float:
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
 
 
-def wrk(port: int, seconds: int, script: Path) -> tuple[float, float, float, int, int]:
+def wrk(port: int, seconds: int, script: Path, cpus: Cpus) -> tuple[float, float, float, int, int]:
     argv = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", str(script),
             f"http://127.0.0.1:{port}{PATH}"]  # fmt: skip
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(
+        argv, check=True, capture_output=True, text=True, preexec_fn=cpus.run_rest
+    )
+    out = done.stdout
 
     def field(pattern: str) -> str:
         found = re.search(pattern, out)
@@ -215,7 +281,12 @@ def wrk(port: int, seconds: int, script: Path) -> tuple[float, float, float, int
 
 
 def measure(
-    key: tuple[str, str, str], args: argparse.Namespace, url: str, topology: Topology, script: Path
+    key: tuple[str, str, str],
+    args: argparse.Namespace,
+    url: str,
+    topology: Topology,
+    script: Path,
+    cpus: Cpus,
 ) -> Run:
     server, gc_setting, mode = key
     env = dict(
@@ -228,12 +299,13 @@ def measure(
     )
     tier = topology.tier_name(topology.ladder.tiers[0])
     publish = mode == "publish"
-    with serving(server, env) as (port, pid):
-        wrk(port, args.warmup, script)
+    with serving(server, env, cpus) as (port, pid):
+        wrk(port, args.warmup, script, cpus)
         before_depth = queue_depth(url, tier) if publish else 0
-        before_cpu = cpu_seconds(pid)
-        rate, p50, p99, answered, failed = wrk(port, args.seconds, script)
+        before_cpu, before_gc = cpu_seconds(pid), gc_seconds(port)
+        rate, p50, p99, answered, failed = wrk(port, args.seconds, script, cpus)
         cpu = cpu_seconds(pid) - before_cpu
+        collecting = gc_seconds(port) - before_gc
         if publish:
             # A request still in the app when wrk stopped (the warm-up's, or this
             # run's) may yet be confirmed: the tier then holds it too, at most one a
@@ -243,7 +315,8 @@ def measure(
                 raise SystemExit(
                     f"{server}: {answered} requests answered but the tier grew by {grown}"
                 )
-    return Run(rate, p50, p99, answered, failed, cpu / max(answered, 1) * 1e6)
+    per_request = 1e6 / max(answered, 1)
+    return Run(rate, p50, p99, answered, failed, cpu * per_request, collecting * per_request)
 
 
 async def publish_many_rate(url: str, topology: Topology, count: int) -> float:
@@ -257,6 +330,14 @@ async def publish_many_rate(url: str, topology: Topology, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
+def paired(mine: list[Run], theirs: list[Run], field: str) -> float:
+    """The median of each round's ratio: a round's runs are next to each other in time,
+    so a machine that drifts between rounds moves both alike."""
+    return statistics.median(
+        getattr(a, field) / getattr(b, field) for a, b in zip(mine, theirs, strict=True)
+    )
+
+
 def report(
     args: argparse.Namespace, runs: dict[tuple[str, str, str], list[Run]], many: float
 ) -> None:
@@ -264,8 +345,12 @@ def report(
         f"# load after: {load_average()}; medians of {args.rounds} rounds, "
         f"{args.seconds} s each, {CONNECTIONS} connections, wait {args.wait_ms} ms"
     )
-    line = "{:<13} {:<8} {:<8} {:>8} {:>7} {:>7} {:>7} {:>6}"
-    print(line.format("server", "gc", "mode", "req/s", "p50 ms", "p99 ms", "µs CPU", "failed"))
+    line = "{:<13} {:<8} {:<8} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6}"
+    print(
+        line.format(
+            "server", "gc", "mode", "req/s", "p50 ms", "p99 ms", "µs CPU", "of GC", "failed"
+        )
+    )
     for server in args.servers:
         for gc_setting in args.gc:
             med: dict[str, Run] = {}
@@ -275,14 +360,20 @@ def report(
                     statistics.median(getattr(r, f) for r in each) for f in Run.__annotations__
                 ]
                 one = med[mode] = Run(*fields)  # type: ignore[arg-type]
-                row = (server, gc_setting, mode, f"{one.rate:,.0f}", f"{one.p50_ms:.1f}")
-                row += (f"{one.p99_ms:.1f}", f"{one.cpu_us:.0f}", str(sum(r.failed for r in each)))
+                row = [server, gc_setting, mode, f"{one.rate:,.0f}", f"{one.p50_ms:.1f}"]
+                row += [f"{one.p99_ms:.1f}", f"{one.cpu_us:.0f}", f"{one.gc_us:.0f}"]
+                row += [str(sum(r.failed for r in each))]
                 print(line.format(*row))
-            pub, none, wait = med["publish"], med["none"], med["wait"]
+            pub, none = med["publish"], med["none"]
+
+            mine = runs[(server, gc_setting, "publish")]
+            alone, waiting = runs[(server, gc_setting, "none")], runs[(server, gc_setting, "wait")]
+            to_none, p99_x = paired(mine, alone, "rate"), paired(mine, alone, "p99_ms")
+            to_wait, cpu_x = paired(mine, waiting, "rate"), pub.cpu_us / none.cpu_us
             print(
-                f"{server:<13} {gc_setting:<8} publish at {pub.rate / none.rate:.2f} of none "
-                f"(p99 x{pub.p99_ms / none.p99_ms:.1f}), {pub.rate / wait.rate:.2f} of wait, "
-                f"{pub.rate / many:.2f} of publish_many"
+                f"{server:<13} {gc_setting:<8} publish at {to_none:.2f} of none "
+                f"(p99 x{p99_x:.1f}), {to_wait:.2f} of wait, {pub.rate / many:.2f} of "
+                f"publish_many; CPU a request x{cpu_x:.2f}"
             )
     print(f"publish_many {many:,.0f} msg/s (AsyncPublisher, {args.many_count:,} messages)")
 
@@ -292,7 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk (scripts/setup.sh --test does)")
     print(f"# {command_line(sys.argv[1:] if argv is None else argv)}")
-    with broker(args.url) as (url, _node), tempfile.TemporaryDirectory() as tmp:
+    cpus = Cpus.choose(args.pin)
+    with broker(args.url) as (url, node), tempfile.TemporaryDirectory() as tmp:
+        if cpus.app is not None:
+            where = f"the app on CPU {sorted(cpus.app)}, wrk on {sorted(cpus.rest or ())}"
+            if node is not None:
+                found = cpus.move_node(node)
+                where += " with the local broker" if found else " (the local broker: not found)"
+            print(f"# {where} (--no-pin: anywhere)")
         script = Path(tmp, "post.lua")
         script.write_text(POST_SCRIPT)
         topology = Topology(
@@ -307,10 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for round_no in range(args.rounds):
                 for key in keys if round_no % 2 == 0 else reversed(keys):
                     log(f"round {round_no + 1}: {' '.join(key)} ...")
-                    run = measure(key, args, url, topology, script)
+                    run = measure(key, args, url, topology, script, cpus)
                     runs.setdefault(key, []).append(run)
                     log(f"  {run.rate:,.0f} requests/s, p99 {run.p99_ms:.1f} ms, "
-                        f"{run.cpu_us:.0f} µs CPU a request")  # fmt: skip
+                        f"{run.cpu_us:.0f} µs CPU a request ({run.gc_us:.0f} in GC)")  # fmt: skip
                 many.append(asyncio.run(publish_many_rate(url, topology, args.many_count)))
                 log(f"  publish_many: {many[-1]:,.0f} msg/s")
         finally:

@@ -9,6 +9,8 @@ fork). The environment says what to do: ``DELAYQ_BENCH_URL``, ``DELAYQ_BENCH_NAM
 (its topology, applied by the bench), ``DELAYQ_BENCH_MODE`` (``publish``, ``none`` or
 ``wait``: sleep ``DELAYQ_BENCH_WAIT_MS``) and ``DELAYQ_BENCH_GC`` (``freeze``:
 ``gc.freeze()`` once the app has started, as docs/guides/web-apps.md suggests).
+``GET /gc`` answers the time the app spent in CPython's garbage collector so far, and its
+collections (all, and full ones), for the bench to say what a request pays there.
 """
 
 from __future__ import annotations
@@ -41,6 +43,32 @@ FREEZE = os.environ.get("DELAYQ_BENCH_GC", "default") == "freeze"
 DELAY = "1h"
 
 
+class GcClock:
+    """Time in CPython's collector (``gc.callbacks``: called at each collection's start
+    and stop, on the thread that collects)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.collections += 1
+        self.full += info["generation"] == 2
+
+    def state(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "collections": self.collections, "full": self.full}
+
+
+GC_CLOCK = GcClock()
+gc.callbacks.append(GC_CLOCK)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     async with AsyncPublisher(URL, TOPOLOGY) as publisher:
@@ -53,6 +81,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 asgi_app = FastAPI(lifespan=lifespan)
+
+
+@asgi_app.get("/gc")
+async def gc_state() -> dict[str, Any]:
+    return GC_CLOCK.state()
 
 
 @asgi_app.post("/orders/{order}/reminder")
@@ -92,6 +125,11 @@ def started() -> None:
             if not _started.is_set():
                 gc.freeze()
                 _started.set()
+
+
+@wsgi_app.get("/gc")
+def gc_state_sync() -> Any:
+    return jsonify(GC_CLOCK.state())
 
 
 @wsgi_app.post("/orders/<int:order>/reminder")

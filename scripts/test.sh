@@ -98,6 +98,18 @@ for server in "${servers[@]}"; do
         for app in gunicorn-uvicorn flask django; do
             suites+=(--deselect "tests/integration/test_web_guide.py::test_each_answered_request_is_a_message_held_once[$app]")
         done
+        # Client-side recovery of the Spark jobs (a killed job resumed, an outage waited
+        # out, spark-submit on a cluster, a stream through SIGKILLs: about 450
+        # worker-seconds) and the task frameworks' guide examples (their own CLIs) on the
+        # first server only: what reaches the broker (bulk scheduling, records, each
+        # framework's delays, retries and DLQ) runs here by the other Spark and framework tests.
+        for slow in tests/spark/test_stream.py tests/spark/test_cluster.py \
+                tests/spark/test_outage.py tests/spark/test_cli_outage.py \
+                tests/spark/test_resume_killed.py tests/spark/test_job_failure.py \
+                tests/misuse/test_spark_resume.py tests/integration/test_frameworks_guide.py \
+                "tests/integration/test_readme_examples.py::test_the_block_runs[spark.md"; do
+            suites+=(--deselect "$slow")
+        done
         if [ "$server" = "${servers[1]:-}" ]; then
             # With them, on uvloop as they are, the unit tests that run an event loop.
             suites+=($(grep -l -E "asyncio|async def|delayq\.aio|Bridge|Worker" tests/unit/*.py))

@@ -10,6 +10,7 @@ checks the apply marker a completed apply leaves (see ``delayq.topology.marker``
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -177,3 +178,28 @@ def test_send_many_refuses_before_settling_anything(make_topology, rabbitmq_url)
             settle=lambda *args: settled.append(args),
         )
     assert settled == [] and depth(rabbitmq_url, tier) == 0
+
+
+def test_apply_and_delete_of_a_fresh_namespace_log_no_warning_of_pika(
+    make_topology, rabbitmq_url, caplog: pytest.LogCaptureFixture
+):
+    """Applying to a fresh namespace probes entities that are not there yet (passive
+    declares answered 404): expected, so pika's warning of each closed channel is not
+    logged; a 404 of anything else still is."""
+    from delayq.sync import apply_topology, delete_topology
+
+    topology = make_topology()
+    with caplog.at_level(logging.INFO, logger="pika"):
+        apply_topology(topology, rabbitmq_url)
+        delete_topology(topology, rabbitmq_url)
+    noisy = [
+        r for r in caplog.records if r.name.startswith("pika") and r.levelno >= logging.WARNING
+    ]
+    assert noisy == []
+    assert not [r for r in caplog.records if str(r.msg).startswith("Created channel")]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pika"), channel(rabbitmq_url) as chan:
+        with pytest.raises(pex.ChannelClosedByBroker):
+            chan.queue_declare(topology.namespace + ".nowhere", passive=True)
+    assert [r.args[0] for r in caplog.records if r.name == "pika.channel"] == [404]

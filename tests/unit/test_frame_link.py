@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import random
 from typing import Any
 
 import pytest
@@ -408,3 +409,47 @@ def test_a_batch_waits_for_the_socket_instead_of_buffering_past_it() -> None:
 
     asyncio.run(scenario())  # all confirmed, none written while the socket was behind
     assert wire[0].sent == 200 and wire[0].most_unwritten == 7
+
+
+class _Recording(Wire):
+    def __init__(self) -> None:
+        super().__init__()
+        self.confirms_read: list[tuple[int, bool, bool]] = []
+
+    def _confirmed(self, tag: int, multiple: bool, acked: bool) -> None:
+        self.confirms_read.append((tag, multiple, acked))
+
+
+def test_confirms_read_by_hand_are_what_pamqp_reads() -> None:
+    """The wire reads ``Basic.Ack`` and ``Basic.Nack`` without pamqp (a publisher's
+    hottest frames): every tag, flag and split gives what pamqp's decoder gives."""
+
+    async def scenario() -> None:
+        rng = random.Random(7)
+        tags = [1, 2, 255, 256, 2**31, 2**32 + 5, 2**63 - 1] + [
+            rng.randrange(1, 2**63) for _ in range(50)
+        ]
+        methods: list[Any] = []
+        for tag in tags:
+            methods.append(commands.Basic.Ack(tag, multiple=rng.random() < 0.5))
+            methods.append(
+                commands.Basic.Nack(tag, multiple=rng.random() < 0.5, requeue=rng.random() < 0.5)
+            )
+        expected = [
+            (m.delivery_tag, m.multiple, isinstance(m, commands.Basic.Ack)) for m in methods
+        ]
+        for split in (0, 1, 5, 21, 64):
+            wire = _Recording()
+            wire.transport = Transport()  # type: ignore[assignment]
+            feed(wire, *((1, m) for m in methods), split=split)
+            assert wire.confirms_read == expected, split
+            assert wire.closed is None
+
+        garbled = _Recording()
+        garbled.transport = Transport()  # type: ignore[assignment]
+        data = bytearray(frame.marshal(commands.Basic.Ack(9), 1))
+        data[-1] = 0x00  # no frame end: not a confirm, and pamqp refuses it
+        garbled.data_received(bytes(data))
+        assert garbled.confirms_read == [] and garbled.closed is not None
+
+    asyncio.run(scenario())

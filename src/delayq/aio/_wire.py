@@ -273,6 +273,9 @@ class Wire(Framing):
 
     # Incoming frames ---------------------------------------------------------
 
+    def _confirmed(self, tag: int, multiple: bool, acked: bool) -> None:
+        self.confirms.confirm(tag, multiple, acked)
+
     def _dispatch(self, channel: int, value: Any) -> None:
         kind = type(value)
         if kind is commands.Basic.Ack:

@@ -222,8 +222,7 @@ def encode_body(body: object) -> tuple[bytes, str]:
         _check_keys(body)  # a model's own schema turns its keys back on validation
     try:
         value = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-        return text.encode("utf-8"), CONTENT_JSON
+        return _JSON.encode(value).encode("utf-8"), CONTENT_JSON
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidBody(
             f"body of type {type(body).__name__} cannot be encoded ({exc}); pass bytes, "
@@ -255,6 +254,8 @@ def parse_json_body(text: str | bytes, what: str = "body") -> Any:
 
 
 _CONTAINERS = (dict, list, tuple)
+_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+"""One encoder for every body (``json.dumps`` with options builds one per call)."""
 
 
 def _check_keys(body: object) -> None:

@@ -9,6 +9,7 @@ from delayq.errors import ConnectionFailed, TopologyConflict, TopologyMissing
 from delayq.links import LinkOptions, gate_for, open_link, serves_amqp
 from delayq.sync._connection import close_quietly, connect
 from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, is_missing
+from delayq.sync._quiet import expected_closes
 from delayq.topology.declarations import (
     BindingDecl,
     Declaration,
@@ -39,7 +40,8 @@ class Channels:
     @property
     def channel(self) -> BlockingChannel:
         if self._channel is None or not self._channel.is_open:
-            self._channel = self._connection.channel()
+            with expected_closes():  # pika's INFO record of each channel opened again
+                self._channel = self._connection.channel()
         return self._channel
 
     def close(self) -> None:
@@ -47,7 +49,16 @@ class Channels:
 
 
 def declare_entity(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
-    """Declare one exchange or queue; ``passive`` only checks that it exists."""
+    """Declare one exchange or queue; ``passive`` only checks that it exists (pika's
+    warning of a missing one is not logged: the caller reports it, if it matters)."""
+    if passive:
+        with expected_closes():
+            _declare(chan, decl, passive)
+    else:
+        _declare(chan, decl, passive)
+
+
+def _declare(chan: BlockingChannel, decl: ExchangeDecl | QueueDecl, passive: bool) -> None:
     if isinstance(decl, ExchangeDecl):
         chan.exchange_declare(
             decl.name,
