@@ -14,7 +14,8 @@ joined into one cluster (:mod:`delayq.local.cluster`) for one test, and stops
 them after it.
 
 With none of them, the fixture fails when ``CI`` is set (a missing broker must
-never pass as a skip there) and skips otherwise, saying how to get one.
+never pass as a skip there) and skips otherwise, saying how to get one. An installed
+server whose node does not start fails the test, ``CI`` or not.
 
 The URL it gives is a ``str`` whose ``repr`` hides the password, so an
 assertion that shows it, or ``--showlocals``, does not print the password.
@@ -104,6 +105,12 @@ def _no_broker(reason: str) -> None:
     pytest.skip(f"{NO_BROKER} ({reason})")
 
 
+def _did_not_start(exc: LocalNodeError) -> None:
+    """An installed server whose node did not start: a failure, in CI or not (a skip
+    would hide it; the server is there, so nothing is missing)."""
+    pytest.fail(f"a local RabbitMQ node did not start: {exc}", pytrace=False)
+
+
 def _missing() -> str:
     """What is missing for the local server this run asked for."""
     try:
@@ -156,7 +163,7 @@ def local_rabbitmq_node(_delayq_nodes: _Nodes) -> LocalNode:
     try:
         return _delayq_nodes.start()
     except LocalNodeError as exc:
-        _no_broker(str(exc))
+        _did_not_start(exc)
         raise
 
 
@@ -172,7 +179,7 @@ def local_rabbitmq_management_node(_delayq_nodes: _Nodes) -> LocalNode:
     try:
         return _delayq_nodes.start(management=True, config={"collect_statistics_interval": "500"})
     except LocalNodeError as exc:
-        _no_broker(str(exc))
+        _did_not_start(exc)
         raise
 
 
@@ -186,7 +193,7 @@ def local_rabbitmq_cluster() -> Iterator[LocalCluster]:
     try:
         cluster.start()
     except LocalNodeError as exc:
-        _no_broker(str(exc))
+        _did_not_start(exc)
         raise
     try:
         yield cluster

@@ -58,6 +58,50 @@ def test_no_broker_outside_ci_skips_and_says_how_to_get_one(tmp_path):
     assert "1 skipped" in run.stdout
 
 
+BROKEN_NODE = """
+import pytest
+
+import delayq.pytest_plugin as plugin
+from delayq.local.node import LocalNodeError
+
+
+class Broken:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def start(self):
+        raise LocalNodeError("could_not_start_listener 18621 eaddrinuse")
+
+    def cleanup(self):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _installed_but_broken(monkeypatch):
+    monkeypatch.setattr(plugin, "server_installed", lambda: True)
+    monkeypatch.setattr(plugin, "LocalCluster", Broken)
+
+
+def test_needs_a_cluster(local_rabbitmq_cluster):
+    assert local_rabbitmq_cluster
+"""
+
+
+def test_an_installed_server_whose_node_does_not_start_fails_ci_or_not(tmp_path):
+    """Session 33's CI printed `1 skipped` for the 4.3 cluster scenario: a node of the
+    cluster failed to listen (a port drawn twice) and the fixture called that "no
+    broker". A server that is there but does not start is a failure."""
+    (tmp_path / "test_broken.py").write_text(BROKEN_NODE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RABBITMQ_URL", "CI")}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0, run.stdout
+    assert "did not start" in run.stdout and "eaddrinuse" in run.stdout, run.stdout
+    assert "skipped" not in run.stdout, run.stdout
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())

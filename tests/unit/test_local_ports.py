@@ -76,6 +76,18 @@ def test_when_no_pick_binds_the_kernel_picks(
     (tmp_path / "range").write_text("32768 60999")
     monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
     tried: list[int] = []
+    monkeypatch.setattr(ports, "_GIVEN", set())  # none handed out yet: each pick is tried
     monkeypatch.setattr(ports, "port_free", lambda port: tried.append(port) or False)
     port = free_port()
     assert len(tried) == 100 and port_free(port)
+
+
+def test_a_port_is_handed_out_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Free when picked is not reserved: a cluster's twelve ports are picked before any
+    node binds, and one run drew the same one twice (the node failed, eaddrinuse)."""
+    (tmp_path / "range").write_text(f"{LOWEST_PORT + 1_000} 60999")  # 1,000 to pick from
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", tmp_path / "range")
+    picked = [free_port() for _ in range(600)]
+    assert len(set(picked)) == len(picked)
