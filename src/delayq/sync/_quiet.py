@@ -13,8 +13,6 @@ __all__ = ["expected_closes"]
 
 _LOGGERS = ("pika.channel", "pika.adapters.blocking_connection")
 _state = threading.local()
-_installed = False
-_lock = threading.Lock()
 
 
 class _Expected(logging.Filter):
@@ -28,21 +26,15 @@ class _Expected(logging.Filter):
         return not (text.startswith("Received remote Channel.Close") and args[:1] == (404,))
 
 
-def _install() -> None:
-    global _installed
-    with _lock:
-        if not _installed:
-            for name in _LOGGERS:
-                logging.getLogger(name).addFilter(_Expected())
-            _installed = True
+_EXPECTED = _Expected()
+for _name in _LOGGERS:  # once, at import: it lets every record through but a probe's
+    logging.getLogger(_name).addFilter(_EXPECTED)
 
 
 @contextlib.contextmanager
 def expected_closes() -> Iterator[None]:
     """Within: pika's records of a ``404`` channel close and of a channel opened, on this
     thread, are dropped (delayq reports a missing entity in its own words, if at all)."""
-    if not _installed:
-        _install()
     _state.probing = getattr(_state, "probing", 0) + 1
     try:
         yield
