@@ -1,0 +1,81 @@
+"""What a schedule index store does, and the one rule every store applies when it records
+a message again (a publish retried with the same id).
+
+Every method is one atomic step in the store (one transaction, one script): an entry is
+moved only from the states :func:`delayq.schedule.entry.allowed_from` allows, checked
+against its state at that moment, so reports arriving out of order from several
+processes never move an entry back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from delayq.errors import InvalidInput
+from delayq.schedule.entry import FINISHED, Entry, State
+from delayq.schedule.query import Cursor, Query
+
+__all__ = ["REPLACEABLE", "ScheduleStore", "check_limit", "check_new"]
+
+REPLACEABLE = FINISHED | {State.PENDING}
+"""An entry a new record of the same id replaces: one not confirmed yet (the publish is
+being sent again), or one whose message is over. Any other keeps its entry: the new
+publish is a duplicate the consumers' store will skip."""
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    def add(self, entries: Sequence[Entry]) -> list[bool]:
+        """Record ``entries`` (each :attr:`State.PENDING`); for each, whether it was
+        recorded (``False``: an entry of that id is live and was kept)."""
+        ...
+
+    def move(
+        self,
+        ids: Sequence[str],
+        to: State,
+        *,
+        now_ms: int,
+        due_at_ms: int | None = None,
+        generation: int | None = None,
+    ) -> list[State | None]:
+        """Move each entry of ``ids`` to ``to`` where its state allows it (and set its
+        due time and generation, a reschedule's); for each, its state after the move
+        (``to``, or the state that refused it), ``None`` for an id not in the store."""
+        ...
+
+    def get(self, entry_id: str) -> Entry | None: ...
+
+    def find(self, query: Query, *, after: Cursor | None = None, limit: int = 100) -> list[Entry]:
+        """Up to ``limit`` matching entries in :func:`delayq.schedule.query.page_key`
+        order, after the cursor."""
+        ...
+
+    def count(self, query: Query) -> int: ...
+
+    def expire(self, *, finished_before_ms: int) -> int:
+        """Delete entries in a finished state that last changed before; how many."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_new(entries: Sequence[Entry]) -> Sequence[Entry]:
+    """``entries`` to add: each pending, no id twice."""
+    seen: set[str] = set()
+    for entry in entries:
+        if not isinstance(entry, Entry):
+            raise InvalidInput(f"a schedule index records Entry objects, not {entry!r}")
+        if entry.state is not State.PENDING:
+            raise InvalidInput(f"entry {entry.id!r} is recorded pending, not {entry.state.value}")
+        if entry.id in seen:
+            raise InvalidInput(f"entry {entry.id!r} is twice in one batch")
+        seen.add(entry.id)
+    return entries
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInput(f"limit is a whole number of 1 or more, not {limit!r}")
+    return limit

@@ -1,0 +1,137 @@
+"""An entry of the schedule index: one message delayq scheduled, and the states it moves
+through. Pure: the stores keep entries, the publishers and consumers move them.
+
+>>> moves(State.PENDING, State.SCHEDULED), moves(State.HANDLED, State.SCHEDULED)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from delayq.errors import InvalidInput
+
+__all__ = ["FINISHED", "WAITING", "Entry", "State", "allowed_from", "moves"]
+
+
+class State(str, enum.Enum):
+    """Where a scheduled message is."""
+
+    PENDING = "pending"
+    """Recorded before its publish; not confirmed yet (never shown as scheduled)."""
+    SCHEDULED = "scheduled"
+    """Confirmed by the broker: waiting in its tier."""
+    RESCHEDULED = "rescheduled"
+    """Waiting at a new due time (a newer copy; the older copy is cancelled)."""
+    UNCONFIRMED = "unconfirmed"
+    """Its publish was refused or never confirmed: the broker may or may not hold it."""
+    CANCELLED = "cancelled"
+    """Cancelled while waiting: its copy, when due, is acked unhandled."""
+    PROMOTED = "promoted"
+    """Sent to its destinations now; the waiting copy meets the consumer's record."""
+    DELIVERED = "delivered"
+    """A consumer took a copy (its handler runs)."""
+    HANDLED = "handled"
+    """A handler finished with it."""
+    DEAD_LETTERED = "dead-lettered"
+    """It ended in a dead-letter queue."""
+
+
+WAITING = frozenset({State.SCHEDULED, State.RESCHEDULED})
+"""What ``delayq scheduled list`` shows by default: confirmed and not yet due or taken."""
+
+FINISHED = frozenset({State.UNCONFIRMED, State.CANCELLED, State.HANDLED, State.DEAD_LETTERED})
+"""States an entry leaves only by expiring (the retention)."""
+
+_TAKEN = frozenset({State.DELIVERED, State.HANDLED, State.DEAD_LETTERED})
+
+_FROM: Mapping[State, frozenset[State]] = MappingProxyType(
+    {
+        State.PENDING: frozenset(),
+        State.SCHEDULED: frozenset({State.PENDING}),
+        State.UNCONFIRMED: frozenset({State.PENDING}),
+        State.RESCHEDULED: WAITING | {State.UNCONFIRMED},
+        State.CANCELLED: WAITING | {State.PENDING, State.UNCONFIRMED},
+        State.PROMOTED: WAITING,
+        # A consumer's word beats the publisher's: a copy it saw was on the broker,
+        # even if the confirm is still on its way or was lost.
+        State.DELIVERED: WAITING | {State.PENDING, State.UNCONFIRMED, State.PROMOTED},
+        State.HANDLED: WAITING
+        | {State.PENDING, State.UNCONFIRMED, State.PROMOTED, State.DELIVERED},
+        State.DEAD_LETTERED: WAITING
+        | {State.PENDING, State.UNCONFIRMED, State.PROMOTED, State.DELIVERED},
+    }
+)
+"""For each state, the states an entry may move to it from: an entry moves forward only,
+so two processes reporting out of order (a confirm after the delivery) cannot undo each
+other; a store applies each move only where the entry's current state allows it."""
+
+
+def allowed_from(to: State) -> frozenset[State]:
+    """The states an entry may be in to move to ``to``."""
+    return _FROM[to]
+
+
+def moves(current: State, to: State) -> bool:
+    """Whether an entry in ``current`` may move to ``to``."""
+    return current in _FROM[to]
+
+
+def _labels(value: object) -> Mapping[str, str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidInput(f"labels are a mapping of str to str, not {value!r}")
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One scheduled message, as the index keeps it (times in epoch milliseconds)."""
+
+    id: str
+    namespace: str
+    routing_key: str
+    due_at_ms: int
+    tier: str
+    published_at_ms: int
+    size: int
+    destinations: tuple[str, ...] = ()
+    business_key: str | None = None
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    state: State = State.PENDING
+    generation: int = 0
+    changed_at_ms: int = 0
+    body: bytes | None = None
+    """Kept when the index keeps bodies (under its size cap): ``reschedule`` by id."""
+    content_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise InvalidInput(f"an entry's id is a non-empty str, not {self.id!r}")
+        for name in ("due_at_ms", "published_at_ms", "size", "generation", "changed_at_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInput(f"an entry's {name} is an int of 0 or more, not {value!r}")
+        if not isinstance(self.state, State):
+            raise InvalidInput(f"an entry's state is a State, not {self.state!r}")
+        if self.body is not None and not isinstance(self.body, bytes):
+            raise InvalidInput(f"an entry's body is bytes or None, not {type(self.body)!r}")
+        object.__setattr__(self, "destinations", tuple(self.destinations))
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+    def moved(self, to: State, now_ms: int, **changes: object) -> Entry:
+        """This entry in state ``to`` (the caller checked :func:`moves`)."""
+        return replace(self, state=to, changed_at_ms=now_ms, **changes)  # type: ignore[arg-type]
+
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING
+
+    @property
+    def taken(self) -> bool:
+        """A consumer saw a copy of it."""
+        return self.state in _TAKEN

@@ -1,0 +1,235 @@
+"""The schedule index's stores (issue 51): states move forward only, a record of the same
+id replaces only what is not live, and every store answers a query as the pure filter
+does (a property test feeds random entries and queries to each)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from delayq.errors import InvalidInput, StoreError
+from delayq.schedule.base import ScheduleStore
+from delayq.schedule.entry import FINISHED, WAITING, Entry, State, allowed_from, moves
+from delayq.schedule.memory import MemorySchedule
+from delayq.schedule.query import Query, page_key
+from delayq.schedule.sqlite import SQLiteSchedule
+
+
+def entry(n: int, **fields: object) -> Entry:
+    values: dict[str, object] = dict(
+        namespace="shop", routing_key=f"orders.r{n % 3}", due_at_ms=1_000 + n, tier="30s",
+        published_at_ms=0, size=10, destinations=("orders",), labels={"tenant": f"t{n % 2}"},
+    )  # fmt: skip
+    values.update(fields)
+    return Entry(f"m{n}", **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ScheduleStore]:
+    made: ScheduleStore = (
+        MemorySchedule() if request.param == "memory" else SQLiteSchedule(tmp_path / "s.db")
+    )
+    yield made
+    made.close()
+
+
+def test_an_entry_is_pending_until_its_confirm_and_never_shown_as_scheduled(
+    store: ScheduleStore,
+) -> None:
+    assert store.add([entry(1), entry(2)]) == [True, True]
+    assert store.count(Query()) == 0
+    assert store.count(Query(states={State.PENDING})) == 2
+    assert store.move(["m1"], State.SCHEDULED, now_ms=5) == [State.SCHEDULED]
+    assert store.move(["m2"], State.UNCONFIRMED, now_ms=5) == [State.UNCONFIRMED]
+    assert [e.id for e in store.find(Query())] == ["m1"]
+    assert store.move(["m2"], State.SCHEDULED, now_ms=6) == [State.UNCONFIRMED]
+    got = store.get("m1")
+    assert got is not None and got.state is State.SCHEDULED and got.changed_at_ms == 5
+
+
+def test_reports_out_of_order_never_move_an_entry_back(store: ScheduleStore) -> None:
+    store.add([entry(1)])
+    # the consumer handled the copy before the publisher's confirm was read
+    assert store.move(["m1"], State.HANDLED, now_ms=5) == [State.HANDLED]
+    assert store.move(["m1"], State.SCHEDULED, now_ms=6) == [State.HANDLED]
+    assert store.move(["m1"], State.DELIVERED, now_ms=7) == [State.HANDLED]
+    assert store.move(["m1"], State.CANCELLED, now_ms=8) == [State.HANDLED]
+    assert store.move(["nobody"], State.CANCELLED, now_ms=8) == [None]
+
+
+def test_a_reschedule_moves_the_due_time_and_generation(store: ScheduleStore) -> None:
+    store.add([entry(1)])
+    store.move(["m1"], State.SCHEDULED, now_ms=5)
+    assert store.move(["m1"], State.RESCHEDULED, now_ms=6, due_at_ms=9, generation=6) == [
+        State.RESCHEDULED
+    ]
+    got = store.get("m1")
+    assert got is not None and (got.due_at_ms, got.generation) == (9, 6)
+    assert store.count(Query(due_before_ms=10)) == 1
+
+
+def test_a_second_record_of_a_live_id_keeps_the_first(store: ScheduleStore) -> None:
+    store.add([entry(1), entry(2)])
+    store.move(["m1"], State.SCHEDULED, now_ms=5)
+    # m1 live: the second publish is a duplicate; m2 still pending: a resend replaces it
+    again = [entry(1, due_at_ms=7), entry(2, due_at_ms=7)]
+    assert store.add(again) == [False, True]
+    assert [store.get(i).due_at_ms for i in ("m1", "m2")] == [1_001, 7]  # type: ignore[union-attr]
+    store.move(["m1"], State.CANCELLED, now_ms=6)
+    assert store.add([entry(1, due_at_ms=8)]) == [True]
+
+
+def test_filters_and_pages(store: ScheduleStore) -> None:
+    store.add([entry(n) for n in range(10)])
+    store.move([f"m{n}" for n in range(10)], State.SCHEDULED, now_ms=1)
+    assert store.count(Query(labels={"tenant": "t1"})) == 5
+    assert store.count(Query(routing_key="orders.r1")) == 3
+    assert store.count(Query(routing_key="orders.*")) == 10
+    assert store.count(Query(routing_key="#")) == 10
+    assert store.count(Query(destination="orders")) == 10
+    assert store.count(Query(destination="other")) == 0
+    assert store.count(Query(due_after_ms=1_003, due_before_ms=1_005)) == 2
+    assert store.count(Query(ids={"m1", "m4", "zz"})) == 2
+    assert store.count(Query(namespace="other")) == 0
+    seen: list[str] = []
+    after = None
+    while page := store.find(Query(), after=after, limit=3):
+        seen += [e.id for e in page]
+        after = page_key(page[-1])
+    assert seen == [f"m{n}" for n in range(10)]
+
+
+def test_expire_deletes_only_finished_entries_past_the_retention(store: ScheduleStore) -> None:
+    store.add([entry(n) for n in range(4)])
+    store.move(["m0", "m1", "m2"], State.SCHEDULED, now_ms=1)
+    store.move(["m0"], State.HANDLED, now_ms=10)
+    store.move(["m1"], State.CANCELLED, now_ms=20)
+    assert store.expire(finished_before_ms=15) == 1
+    assert store.get("m0") is None and store.get("m1") is not None
+    assert store.count(Query(states=set(State))) == 3
+
+
+def test_bad_input_is_refused_before_anything_is_written(store: ScheduleStore) -> None:
+    with pytest.raises(InvalidInput, match="twice"):
+        store.add([entry(1), entry(1)])
+    with pytest.raises(InvalidInput, match="pending"):
+        store.add([entry(2, state=State.SCHEDULED)])
+    assert store.count(Query(states=set(State))) == 0
+    with pytest.raises(InvalidInput, match="no state 'waiting'"):
+        Query(states={"waiting"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="epoch milliseconds"):
+        Query(due_before_ms=1.5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="limit"):
+        store.find(Query(), limit=0)
+    with pytest.raises(InvalidInput, match="due_at_ms"):
+        entry(3, due_at_ms=-1)
+    with pytest.raises(InvalidInput, match="labels"):
+        entry(3, labels={"tenant": 1})
+
+
+def test_a_closed_store_says_so(store: ScheduleStore) -> None:
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.count(Query())
+
+
+def test_every_state_but_pending_is_reached_and_finished_states_are_left_only_forward() -> None:
+    for to in State:
+        if to is State.PENDING:
+            assert not allowed_from(to)
+            continue
+        assert allowed_from(to), to
+    for finished in FINISHED - {State.UNCONFIRMED}:
+        assert not any(moves(finished, to) for to in WAITING)
+
+
+def test_two_processes_of_one_sqlite_file_see_each_other(tmp_path: Path) -> None:
+    first, second = SQLiteSchedule(tmp_path / "s.db"), SQLiteSchedule(tmp_path / "s.db")
+    try:
+        first.add([entry(1)])
+        assert second.move(["m1"], State.SCHEDULED, now_ms=1) == [State.SCHEDULED]
+        threads = [
+            threading.Thread(target=s.move, args=(["m1"], to), kwargs={"now_ms": 2})
+            for s, to in ((first, State.CANCELLED), (second, State.HANDLED))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = first.get("m1")
+        assert got is not None and got.state in {State.CANCELLED, State.HANDLED}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_path_that_cannot_hold_a_file_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreError, match="cannot open the schedule index"):
+        SQLiteSchedule(tmp_path / "file" / "s.db")
+    with pytest.raises(InvalidInput, match="file path"):
+        SQLiteSchedule(":memory:")
+
+
+_entries = st.lists(
+    st.builds(
+        lambda n, key, due, tenant, dest, state: (
+            entry(n, routing_key=key, due_at_ms=due, labels={"tenant": tenant}, destinations=dest),
+            state,
+        ),
+        st.integers(0, 10_000),
+        st.sampled_from(["a", "a.b", "a.b.c", "b.a", ""]),
+        st.integers(0, 8),
+        st.sampled_from(["x", "y"]),
+        st.sampled_from([(), ("q1",), ("q1", "q2")]),
+        st.sampled_from(list(State)),
+    ),
+    max_size=30,
+    unique_by=lambda pair: pair[0].id,
+)
+_queries = st.builds(
+    Query,
+    states=st.sets(st.sampled_from(list(State)), min_size=1),
+    routing_key=st.none() | st.sampled_from(["a", "a.*", "#", "a.#", "*.a", "#.c"]),
+    destination=st.none() | st.sampled_from(["q1", "q2", "q3"]),
+    due_after_ms=st.none() | st.integers(0, 8),
+    due_before_ms=st.none() | st.integers(0, 8),
+    labels=st.sampled_from([{}, {"tenant": "x"}, {"tenant": "z"}]),
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pairs=_entries, query=_queries, limit=st.integers(1, 40))
+def test_every_store_answers_a_query_as_the_filter_does(
+    tmp_path_factory: pytest.TempPathFactory,
+    pairs: list[tuple[Entry, State]],
+    query: Query,
+    limit: int,
+) -> None:
+    path = tmp_path_factory.mktemp("schedule") / "s.db"
+    stores: list[ScheduleStore] = [MemorySchedule(), SQLiteSchedule(path)]
+    try:
+        for s in stores:
+            s.add([e for e, _ in pairs])
+            for e, state in pairs:
+                if state is not State.PENDING:
+                    first = state if state in {State.SCHEDULED, State.UNCONFIRMED} else None
+                    s.move([e.id], first or State.SCHEDULED, now_ms=1)
+                    s.move([e.id], state, now_ms=2)
+        expected = sorted(
+            (s for s in stores[0].find(Query(states=set(State)), limit=100) if query.matches(s)),
+            key=page_key,
+        )
+        for s in stores:
+            assert s.count(query) == len(expected)
+            assert s.find(query, limit=limit) == expected[:limit]
+    finally:
+        for s in stores:
+            s.close()
