@@ -37,7 +37,8 @@ and aiormq are translated at one place per adapter, its error map
     │       ├── PublishBackpressure: the publisher's in-flight bound is full; not sent
     │       └── PublishBatchError: some messages of a batch failed
     ├── StoreError: an idempotency store failed (the delivery goes back to its queue)
-    │   └── ClaimLost
+    │   ├── ClaimLost
+    │   └── ScheduleNotRecorded: the schedule index could not record a publish
     ├── HandlerTimeout
     │   └── HandlersStuck: every handler thread of a Consumer is stuck past its timeout
     ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
@@ -86,6 +87,7 @@ __all__ = [
     "RecordsLost",
     "RowsRejected",
     "RowsUnconfirmed",
+    "ScheduleNotRecorded",
     "SparkJobFailed",
     "StoreError",
     "TopologyConflict",
@@ -142,6 +144,21 @@ class ClaimLost(StoreError):
     """A handler's transaction found its claim gone (released after a timeout, or
     expired and taken by another consumer): the transaction was rolled back, so the
     handler's effects did not happen and whoever holds the key now runs them."""
+
+
+class ScheduleNotRecorded(StoreError):
+    """The schedule index (:mod:`delayq.schedule`) could not record a publish.
+
+    ``receipts`` empty: its pending entries could not be written and nothing was
+    published. Otherwise the messages were published and confirmed (``receipts``) but
+    their entries still show them pending: do not publish them again."""
+
+    def __init__(self, message: str, receipts: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.receipts = list(receipts or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.receipts))
 
 
 class InvalidInput(DelayqError, ValueError):

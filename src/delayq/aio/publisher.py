@@ -37,6 +37,7 @@ from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.retrying import within_seconds
+from delayq.schedule.record import ScheduleIndex, arecording
 from delayq.stores.base import (
     Cancel,
     CancellingStore,
@@ -101,8 +102,11 @@ class AsyncPublisher(NoSyncContext):
         in_flight: InFlightLimit | None = None,
         store: IdempotencyStore | None = None,
         tracing: TracingOption = None,
+        schedule: ScheduleIndex | None = None,
     ) -> None:
         self._url = resolve_url(url)
+        self.schedule = schedule
+        """Where each delayed message is recorded (:mod:`delayq.schedule`), or ``None``."""
         self._tracing = tracing_for(tracing)
         self.store = store
         """The consumers' idempotency store, for :meth:`cancel` (``None``: cannot cancel)."""
@@ -210,7 +214,11 @@ class AsyncPublisher(NoSyncContext):
             try:
                 if waited:
                     (msg,) = self._factory.restamp([msg])
-                await self._link.send(msg)
+                if self.schedule is None:
+                    await self._link.send(msg)
+                else:
+                    async with arecording(self.schedule, self.topology, [msg], self._clock_ms):
+                        await self._link.send(msg)
             except DelayqError:
                 raise
             except Exception as exc:
@@ -257,7 +265,11 @@ class AsyncPublisher(NoSyncContext):
                 if waited:  # its delays count from now, not from when it was built
                     built = self._factory.restamp(built)
                 try:
-                    await self._link.send_batch(built, window)
+                    if self.schedule is None:
+                        await self._link.send_batch(built, window)
+                    else:
+                        async with arecording(self.schedule, self.topology, built, self._clock_ms):
+                            await self._link.send_batch(built, window)
                 except DelayqError:
                     raise
                 except Exception as exc:

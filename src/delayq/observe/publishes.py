@@ -33,6 +33,7 @@ from delayq.errors import (
     PublishBlocked,
     PublishRejected,
     PublishUnconfirmed,
+    ScheduleNotRecorded,
     TopologyMissing,
     Unroutable,
 )
@@ -86,8 +87,8 @@ _BY_ERROR: tuple[tuple[type[BaseException], PublishOutcome], ...] = (
 
 def publish_outcome(error: BaseException | None) -> PublishOutcome:
     """The outcome a publish that ended with ``error`` (``None``: confirmed) counts as."""
-    if error is None:
-        return PublishOutcome.CONFIRMED
+    if error is None or (isinstance(error, ScheduleNotRecorded) and error.receipts):
+        return PublishOutcome.CONFIRMED  # confirmed; only the schedule index was not told
     for kind, outcome in _BY_ERROR:
         if isinstance(error, kind):
             return outcome

@@ -16,6 +16,8 @@ __all__ = ["MemorySchedule"]
 class MemorySchedule:
     """A :class:`delayq.schedule.base.ScheduleStore` in a dict, under one lock."""
 
+    blocking = False
+
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()

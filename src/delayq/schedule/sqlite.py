@@ -108,6 +108,8 @@ def _where(query: Query) -> tuple[str, list[Any]]:
 class SQLiteSchedule:
     """A :class:`delayq.schedule.base.ScheduleStore` in a SQLite file."""
 
+    blocking = True
+
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
         if not isinstance(path, (str, Path)) or not str(path) or str(path) == ":memory:":
             raise InvalidInput(

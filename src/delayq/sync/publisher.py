@@ -32,6 +32,7 @@ from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.retrying import within_seconds
+from delayq.schedule.record import ScheduleIndex, recording
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
@@ -97,8 +98,11 @@ class Publisher(NoAsyncContext):
         in_flight: InFlightLimit | None = None,
         store: IdempotencyStore | None = None,
         tracing: TracingOption = None,
+        schedule: ScheduleIndex | None = None,
     ) -> None:
         self._url = resolve_url(url)
+        self.schedule = schedule
+        """Where each delayed message is recorded (:mod:`delayq.schedule`), or ``None``."""
         self._tracing = tracing_for(tracing)
         self.store = store
         """The consumers' idempotency store, for :meth:`cancel` (``None``: cannot cancel)."""
@@ -202,7 +206,11 @@ class Publisher(NoAsyncContext):
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=False):
-            self._sends.send(msg)
+            if self.schedule is None:
+                self._sends.send(msg)
+            else:
+                with recording(self.schedule, self.topology, [msg], self._clock_ms):
+                    self._sends.send(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
@@ -225,7 +233,11 @@ class Publisher(NoAsyncContext):
         if built:
             window = batch_window(self._in_flight, built, max(1, window))
             with self._observers.reporting(built), traced(self._tracing, built, keep=False):
-                self._link.send_batch(built, window)
+                if self.schedule is None:
+                    self._link.send_batch(built, window)
+                else:
+                    with recording(self.schedule, self.topology, built, self._clock_ms):
+                        self._link.send_batch(built, window)
         return built
 
     def send_many(

@@ -1,0 +1,192 @@
+"""How a publisher keeps the schedule index: an entry written *pending* before its message
+is sent, moved to *scheduled* by the confirm or to *unconfirmed* by a failure.
+
+So a message whose confirm reached the caller is in the index, and a message the process
+died sending shows as pending (not confirmed) rather than scheduled. The steps are pure
+but for the store calls; the publishers call them around their send, the asyncio one in
+a thread when the store blocks.
+
+If the pending write fails, nothing is sent: the publish raises
+:class:`~delayq.errors.ScheduleNotRecorded` (a :class:`~delayq.errors.StoreError`). If
+the confirm's write fails, the message *was* confirmed: the publish raises
+``ScheduleNotRecorded`` carrying its receipts, the entry stays pending, and a consumer's
+report moves it on later. Sending it again would be a duplicate (same id: a consumer with
+a store skips it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+
+from delayq.errors import DelayqError, InvalidInput, PublishBatchError, ScheduleNotRecorded
+from delayq.message.cancel import target_queues
+from delayq.message.envelope import OutgoingMessage
+from delayq.schedule.base import ScheduleStore
+from delayq.schedule.entry import Entry, State
+from delayq.topology.model import Topology
+
+__all__ = ["Labeller", "ScheduleIndex", "arecording", "recording"]
+
+log = logging.getLogger("delayq.schedule")
+
+Labeller = Callable[[OutgoingMessage], Mapping[str, str]]
+"""Labels of one message (a tenant, say), from its routing key, headers or body."""
+
+
+class ScheduleIndex:
+    """A store and what a publisher writes into it: ``labels`` (a mapping for every
+    message, or a function of each), ``business_key`` (a function of each message), and
+    bodies of up to ``keep_bodies`` bytes (0: none), for ``reschedule`` by id alone.
+
+    Immediate messages (no delay) are not scheduled and not recorded."""
+
+    def __init__(
+        self,
+        store: ScheduleStore,
+        *,
+        labels: Mapping[str, str] | Labeller | None = None,
+        business_key: Callable[[OutgoingMessage], str | None] | None = None,
+        keep_bodies: int = 0,
+    ) -> None:
+        if isinstance(keep_bodies, bool) or not isinstance(keep_bodies, int) or keep_bodies < 0:
+            raise InvalidInput(f"keep_bodies is a size in bytes (an int >= 0), not {keep_bodies!r}")
+        if labels is not None and not callable(labels) and not isinstance(labels, Mapping):
+            raise InvalidInput(f"labels are a mapping or a function of a message, not {labels!r}")
+        self.store = store
+        self._labels = labels
+        self._business_key = business_key
+        self.keep_bodies = keep_bodies
+        self._destinations: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    def __repr__(self) -> str:
+        return f"ScheduleIndex({self.store!r})"
+
+    def entries(self, topology: Topology, messages: Sequence[OutgoingMessage]) -> list[Entry]:
+        """The pending entries of ``messages`` (the delayed ones)."""
+        return [self._entry(topology, m) for m in messages if m.receipt.tier is not None]
+
+    def _entry(self, topology: Topology, msg: OutgoingMessage) -> Entry:
+        receipt = msg.receipt
+        labels = self._labels(msg) if callable(self._labels) else self._labels
+        keep = len(msg.body) <= self.keep_bodies
+        return Entry(
+            msg.message_id,
+            topology.namespace,
+            msg.routing_key,
+            due_at_ms=receipt.published_at_ms + receipt.tier_ms,
+            tier=receipt.tier or "",
+            published_at_ms=receipt.published_at_ms,
+            size=len(msg.body),
+            destinations=self._to(topology, msg.routing_key),
+            business_key=self._business_key(msg) if self._business_key else None,
+            labels=labels or {},
+            changed_at_ms=receipt.published_at_ms,
+            body=msg.body if keep else None,
+            content_type=msg.content_type if keep else None,
+        )
+
+    def _to(self, topology: Topology, routing_key: str) -> tuple[str, ...]:
+        found = self._destinations.get((topology.namespace, routing_key))
+        if found is None:
+            found = tuple(target_queues(topology, routing_key))
+            if len(self._destinations) < 4096:
+                self._destinations[(topology.namespace, routing_key)] = found
+        return found
+
+    def before(self, topology: Topology, messages: Sequence[OutgoingMessage]) -> list[str]:
+        """Write ``messages`` pending; the ids recorded. Raises ``ScheduleNotRecorded``
+        (nothing was sent) when the store cannot take them."""
+        entries = self.entries(topology, messages)
+        if not entries:
+            return []
+        try:
+            added = self.store.add(entries)
+        except DelayqError as exc:
+            raise ScheduleNotRecorded(
+                f"the schedule index could not record {len(entries)} message(s); "
+                f"nothing was published: {exc}"
+            ) from exc
+        return [e.id for e, fits in zip(entries, added, strict=True) if fits]
+
+    def after(
+        self,
+        ids: Sequence[str],
+        messages: Sequence[OutgoingMessage],
+        error: BaseException | None,
+        now_ms: int,
+    ) -> None:
+        """Move the entries ``before`` recorded: scheduled where confirmed, unconfirmed
+        where not. Raises ``ScheduleNotRecorded`` when the store cannot take it."""
+        if not ids:
+            return
+        failed = _failed(messages, error)
+        mine = set(ids)
+        confirmed = [m.message_id for m in messages if m.message_id in mine]
+        unconfirmed = [i for i in confirmed if i in failed]
+        confirmed = [i for i in confirmed if i not in failed]
+        try:
+            for to, which in ((State.SCHEDULED, confirmed), (State.UNCONFIRMED, unconfirmed)):
+                if which:
+                    self.store.move(which, to, now_ms=now_ms)
+        except DelayqError as exc:
+            if error is not None:  # the publish's own error is what the caller must see
+                log.error("the schedule index kept %d entries pending: %s", len(ids), exc)
+                return
+            raise ScheduleNotRecorded(
+                f"{len(confirmed)} message(s) were published and confirmed, but the schedule "
+                f"index still shows them pending (not confirmed): {exc}; do not publish "
+                "them again",
+                receipts=[m.receipt for m in messages],
+            ) from exc
+
+
+def _failed(messages: Sequence[OutgoingMessage], error: BaseException | None) -> set[str]:
+    if error is None:
+        return set()
+    if isinstance(error, PublishBatchError):
+        return {messages[i].message_id for i in error.failures}
+    return {m.message_id for m in messages}
+
+
+@contextmanager
+def recording(
+    index: ScheduleIndex,
+    topology: Topology,
+    messages: Sequence[OutgoingMessage],
+    now_ms: Callable[[], int],
+) -> Iterator[None]:
+    """Around a send of ``messages``: their entries pending before, moved after."""
+    ids = index.before(topology, messages)
+    try:
+        yield
+    except BaseException as exc:
+        index.after(ids, messages, exc, now_ms())
+        raise
+    index.after(ids, messages, None, now_ms())
+
+
+@asynccontextmanager
+async def arecording(
+    index: ScheduleIndex,
+    topology: Topology,
+    messages: Sequence[OutgoingMessage],
+    now_ms: Callable[[], int],
+) -> AsyncIterator[None]:
+    """:func:`recording` on asyncio: a store that blocks (``blocking = True``: a file,
+    a server) is called in a thread, so the event loop never waits on it."""
+    blocking = getattr(index.store, "blocking", True)
+
+    async def call(step: Callable[..., object], *args: object) -> object:
+        return await asyncio.to_thread(step, *args) if blocking else step(*args)
+
+    ids = await call(index.before, topology, messages)
+    assert isinstance(ids, list)
+    try:
+        yield
+    except BaseException as exc:
+        await call(index.after, ids, messages, exc, now_ms())
+        raise
+    await call(index.after, ids, messages, None, now_ms())

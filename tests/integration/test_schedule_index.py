@@ -1,0 +1,155 @@
+"""Publishers keep the schedule index (issue 51) on a real broker, through both adapters:
+a confirmed message is scheduled in the index, one never confirmed is marked so and not
+shown as scheduled, and an index that cannot be written is told to the caller, with
+what happened to the message."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayq import Message
+from delayq.aio import AsyncPublisher
+from delayq.errors import ConnectionFailed, PublishError, ScheduleNotRecorded, StoreError
+from delayq.observe.publishes import Published, PublishOutcome
+from delayq.schedule.entry import Entry, State
+from delayq.schedule.query import Query
+from delayq.schedule.record import ScheduleIndex
+from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.sync import Publisher, apply_topology
+from delayq.topology.model import Topology
+
+from ..amqp import depth
+
+
+def publish(kind: str, url: str, topology: Topology, index: ScheduleIndex, **options: Any) -> Any:
+    """A function that runs ``(method, *args)`` on a publisher of ``kind``, then closes it."""
+
+    def run(method: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == "sync":
+            with Publisher(url, topology, schedule=index, **options) as pub:
+                return getattr(pub, method)(*args, **kwargs)
+
+        async def go() -> Any:
+            async with AsyncPublisher(url, topology, schedule=index, **options) as pub:
+                return await getattr(pub, method)(*args, **kwargs)
+
+        return asyncio.run(go())
+
+    return run
+
+
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_a_confirmed_publish_is_scheduled_in_the_index(
+    kind: str, make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    topo = make_topology(["1m", "1h"])
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteSchedule(tmp_path / "schedule.db")
+    index = ScheduleIndex(store, labels={"tenant": "acme"}, keep_bodies=100)
+    run = publish(kind, rabbitmq_url, topo, index)
+    many = run("publish_many", [Message({"order": n}, "job.remind", "10m") for n in range(50)])
+    one = run("publish", {"order": 1}, "job.remind", "90s")  # the same tier, due after them
+    run("publish", "now", "job.remind", "0s")  # immediate: not scheduled, not recorded
+
+    assert store.count(Query()) == 51
+    assert store.count(Query(states=set(State))) == 51
+    entry = store.get(one.message_id)
+    assert entry is not None and entry.state is State.SCHEDULED
+    assert (entry.tier, entry.namespace, entry.routing_key) == ("1h", topo.namespace, "job.remind")
+    assert entry.due_at_ms == one.published_at_ms + 3_600_000
+    assert entry.destinations == (f"{topo.namespace}.work",)
+    assert dict(entry.labels) == {"tenant": "acme"}
+    assert entry.body == b'{"order":1}' and entry.content_type == "application/json"
+    soon = store.find(Query(due_before_ms=entry.due_at_ms), limit=100)
+    assert sorted(e.id for e in soon) == sorted(r.message_id for r in many)
+    assert [(e.due_at_ms, e.id) for e in soon] == sorted((e.due_at_ms, e.id) for e in soon)
+    assert depth(rabbitmq_url, topo.tier_name(topo.ladder.tiers[1])) == 51
+    store.close()
+
+
+class Failing:
+    """A schedule store that fails ``add`` or ``move`` as told, else keeps entries."""
+
+    blocking = False
+
+    def __init__(self, inner: SQLiteSchedule, fail: str) -> None:
+        self.inner, self.fail = inner, fail
+
+    def add(self, entries: Sequence[Entry]) -> list[bool]:
+        if self.fail == "add":
+            raise StoreError("disk full")
+        return self.inner.add(entries)
+
+    def move(self, ids: Sequence[str], to: State, **kw: Any) -> list[State | None]:
+        if self.fail == "move":
+            raise StoreError("disk full")
+        return self.inner.move(ids, to, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_index_that_cannot_record_the_pending_entry_stops_the_publish(
+    kind: str, make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    topo = make_topology(["1m"])
+    apply_topology(topo, rabbitmq_url)
+    index = ScheduleIndex(Failing(SQLiteSchedule(tmp_path / "s.db"), "add"))
+    run = publish(kind, rabbitmq_url, topo, index)
+    with pytest.raises(ScheduleNotRecorded, match="nothing was published") as raised:
+        run("publish", {"order": 1}, "job.remind", "30s")
+    assert raised.value.receipts == []
+    with pytest.raises(ScheduleNotRecorded, match="nothing was published"):
+        run("publish_many", [Message(n, "job.remind", "30s") for n in range(5)])
+    assert depth(rabbitmq_url, topo.tier_name(topo.ladder.tiers[0])) == 0
+
+
+def test_a_confirm_the_index_cannot_record_is_told_with_its_receipts(
+    kind: str, make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    topo = make_topology(["1m"])
+    apply_topology(topo, rabbitmq_url)
+    inner = SQLiteSchedule(tmp_path / "s.db")
+    seen: list[Published] = []
+
+    class Seen:
+        def published(self, event: Published) -> None:
+            seen.append(event)
+
+    run = publish(
+        kind, rabbitmq_url, topo, ScheduleIndex(Failing(inner, "move")), observers=[Seen()]
+    )
+    with pytest.raises(ScheduleNotRecorded, match="published and confirmed") as raised:
+        run("publish", {"order": 1}, "job.remind", "30s")
+    (receipt,) = raised.value.receipts
+    assert depth(rabbitmq_url, topo.tier_name(topo.ladder.tiers[0])) == 1
+    entry = inner.get(receipt.message_id)
+    assert entry is not None and entry.state is State.PENDING  # never shown as scheduled
+    assert inner.count(Query()) == 0
+    assert [e.outcome for e in seen] == [PublishOutcome.CONFIRMED]
+
+
+def test_a_publish_never_confirmed_is_marked_unconfirmed_not_scheduled(
+    kind: str, make_topology: Callable[..., Topology], tmp_path: Path
+) -> None:
+    topo = make_topology(["1m"])
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"amqp://guest:guest@127.0.0.1:{sock.getsockname()[1]}/"
+    store = SQLiteSchedule(tmp_path / "s.db")
+    run = publish(kind, dead, topo, ScheduleIndex(store), connect_attempts=1)
+    with pytest.raises((PublishError, ConnectionFailed)):
+        run("publish", {"order": 1}, "job.remind", "30s")
+    assert store.count(Query()) == 0
+    assert store.count(Query(states={State.UNCONFIRMED})) == 1
+    store.close()
