@@ -13,18 +13,22 @@ from typing import Any
 
 import pytest
 
-from delayq import Message
+from delayq import FixedBackoff, Message
 from delayq.aio import AsyncPublisher
+from delayq.consume.delivery import Reject
 from delayq.errors import ConnectionFailed, PublishError, ScheduleNotRecorded, StoreError
 from delayq.observe.publishes import Published, PublishOutcome
 from delayq.schedule.entry import Entry, State
 from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
+from delayq.schedule.report import ScheduleReporter
 from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.stores.memory import InMemoryStore
 from delayq.sync import Publisher, apply_topology
 from delayq.topology.model import Topology
 
 from ..amqp import depth
+from .test_consumer import until
 
 
 def publish(kind: str, url: str, topology: Topology, index: ScheduleIndex, **options: Any) -> Any:
@@ -152,4 +156,51 @@ def test_a_publish_never_confirmed_is_marked_unconfirmed_not_scheduled(
         run("publish", {"order": 1}, "job.remind", "30s")
     assert store.count(Query()) == 0
     assert store.count(Query(states={State.UNCONFIRMED})) == 1
+    store.close()
+
+
+def test_consumers_move_entries_as_their_messages_are_settled(
+    make_topology: Callable[..., Topology],
+    rabbitmq_url: str,
+    start_consumer: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    topo = make_topology(["1s", "2s"])
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteSchedule(tmp_path / "s.db")
+    tries: dict[str, int] = {}
+
+    def handler(value: Any) -> None:
+        tries[value] = tries.get(value, 0) + 1
+        if value == "reject":
+            raise Reject("never")
+        if value == "flaky" and tries[value] == 1:
+            raise ValueError("first time")
+
+    reporter = ScheduleReporter(store, interval="100ms")
+    start_consumer(
+        topo,
+        f"{topo.namespace}.work",
+        handler,
+        policy=FixedBackoff(delay="2s", max_attempts=3),
+        store=InMemoryStore(),
+        observers=[reporter],
+    )
+    run = publish("sync", rabbitmq_url, topo, ScheduleIndex(store))
+    receipts = run(
+        "publish_many",
+        [Message(v, "job.a", "1s", message_id=v) for v in ("ok", "reject", "flaky")],
+    )
+    assert store.count(Query()) == 3
+    want = {"ok": State.HANDLED, "reject": State.DEAD_LETTERED}
+
+    def states() -> dict[str, State | None]:
+        return {r.message_id: getattr(store.get(r.message_id), "state", None) for r in receipts}
+
+    # the flaky one is taken (a retry waits in a tier), then handled on its second try
+    assert until(lambda: states() == {**want, "flaky": State.DELIVERED}, 15), states()
+    assert until(lambda: states() == {**want, "flaky": State.HANDLED}, 15), states()
+    assert store.count(Query()) == 0
+    reporter.close()
+    assert reporter.dropped == 0
     store.close()
