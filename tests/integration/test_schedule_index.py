@@ -6,6 +6,7 @@ what happened to the message."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -203,4 +204,44 @@ def test_consumers_move_entries_as_their_messages_are_settled(
     assert store.count(Query()) == 0
     reporter.close()
     assert reporter.dropped == 0
+    store.close()
+
+
+def test_cancel_and_reschedule_move_the_entries(
+    kind: str, make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    topo = make_topology(["1m", "1h"])
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteSchedule(tmp_path / "s.db")
+    index = ScheduleIndex(store, business_key=lambda m: f"order-{json.loads(m.body)['order']}")
+    run = publish(kind, rabbitmq_url, topo, index, store=InMemoryStore())
+    run(
+        "publish_many",
+        [Message({"order": n}, "job.remind", "30s", message_id=f"m{n}") for n in range(4)],
+    )
+    assert store.count(Query()) == 4
+
+    (cancel,) = run("cancel_many", message_ids=["m0"])
+    assert cancel.cancelled
+    moved = run("reschedule", {"order": 1}, "job.remind", "30m", message_id="m1")
+    assert moved.moved
+    by_key = run("reschedule", {"order": 2}, "job.remind", "30m", key="order-2")
+    assert by_key.moved and by_key.receipt.message_id != "m2"
+    (key_cancel,) = run("cancel_many", keys=["order-3"])
+    assert key_cancel.cancelled
+
+    def state(entry_id: str) -> State:
+        got = store.get(entry_id)
+        assert got is not None
+        return got.state
+
+    assert state("m0") is State.CANCELLED and state("m3") is State.CANCELLED
+    assert state("m2") is State.CANCELLED  # the key's older copy, replaced by the new one
+    m1 = store.get("m1")
+    assert m1 is not None and m1.state is State.RESCHEDULED
+    assert m1.generation == moved.generation
+    assert m1.due_at_ms == moved.receipt.published_at_ms + 3_600_000
+    assert state(by_key.receipt.message_id) is State.RESCHEDULED
+    waiting = store.find(Query())
+    assert sorted(e.id for e in waiting) == sorted(["m1", by_key.receipt.message_id])
     store.close()

@@ -315,7 +315,9 @@ class AsyncPublisher(NoSyncContext):
             queues=queues,
             key_scope=key_scope,
         )
-        return plan.receipts(await self._run_cancels(store, plan.ops))
+        receipts = plan.receipts(await self._run_cancels(store, plan.ops))
+        await self._index(lambda index: index.cancelled(receipts, self._clock_ms()))
+        return receipts
 
     async def reschedule(
         self,
@@ -364,7 +366,9 @@ class AsyncPublisher(NoSyncContext):
         if not publishable:
             return todo.receipt(marks, None)
         sent = await self._send(todo.message, keep=True)
-        return todo.receipt(marks, sent.receipt)
+        done = todo.receipt(marks, sent.receipt)
+        await self._index(lambda index: index.rescheduled([done], self._clock_ms()))
+        return done
 
     async def reschedule_many(
         self,
@@ -388,7 +392,20 @@ class AsyncPublisher(NoSyncContext):
             sent = await self._send_batch(todo.messages(indices), window)
         except PublishBatchError as exc:
             raise todo.failed(marks, indices, exc) from exc
-        return todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
+        done = todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
+        await self._index(lambda index: index.rescheduled(done, self._clock_ms()))
+        return done
+
+    async def _index(self, write: Callable[[ScheduleIndex], None]) -> None:
+        """A cancel's or reschedule's write to the schedule index, if any (in a thread
+        for a store that blocks)."""
+        index = self.schedule
+        if index is None:
+            return
+        if getattr(index.store, "blocking", True):
+            await asyncio.to_thread(write, index)
+        else:
+            write(index)
 
     @staticmethod
     async def _run_cancels(store: CancellingStore, ops: list[Cancel]) -> list[CancelStatus]:

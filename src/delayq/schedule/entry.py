@@ -53,7 +53,7 @@ _FROM: Mapping[State, frozenset[State]] = MappingProxyType(
         State.PENDING: frozenset(),
         State.SCHEDULED: frozenset({State.PENDING}),
         State.UNCONFIRMED: frozenset({State.PENDING}),
-        State.RESCHEDULED: WAITING | {State.UNCONFIRMED},
+        State.RESCHEDULED: WAITING | {State.PENDING, State.UNCONFIRMED},
         State.CANCELLED: WAITING | {State.PENDING, State.UNCONFIRMED},
         State.PROMOTED: WAITING,
         # A consumer's word beats the publisher's: a copy it saw was on the broker,

@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 
 from delayq.errors import DelayqError, InvalidInput, PublishBatchError, ScheduleNotRecorded
-from delayq.message.cancel import target_queues
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt, target_queues
 from delayq.message.envelope import OutgoingMessage
 from delayq.schedule.base import ScheduleStore
-from delayq.schedule.entry import Entry, State
+from delayq.schedule.entry import WAITING, Entry, State
+from delayq.schedule.query import Query
 from delayq.topology.model import Topology
 
 __all__ = ["Labeller", "ScheduleIndex", "arecording", "recording"]
@@ -140,6 +141,56 @@ class ScheduleIndex:
                 f"index still shows them pending (not confirmed): {exc}; do not publish "
                 "them again",
                 receipts=[m.receipt for m in messages],
+            ) from exc
+
+    def cancelled(self, receipts: Sequence[CancelReceipt], now_ms: int) -> None:
+        """Entries of the messages a cancel stopped (by id, or every live entry of a
+        business key) move to cancelled. Raises ``ScheduleNotRecorded`` (the cancels
+        themselves took) when the store cannot take it."""
+        stopped = [r for r in receipts if r.cancelled]
+        ids = [r.message_id for r in stopped if r.message_id is not None]
+        keys = [r.key for r in stopped if r.message_id is None and r.key is not None]
+        self._guarded(lambda: self._cancel(ids, keys, (), now_ms), receipts)
+
+    def rescheduled(self, receipts: Sequence[RescheduleReceipt], now_ms: int) -> None:
+        """Each new copy's entry moves to rescheduled at its due time and generation; a
+        reschedule by business key also cancels the key's older entries."""
+
+        def write() -> None:
+            for r in receipts:
+                if r.receipt is None:
+                    continue
+                new = r.receipt
+                due = new.published_at_ms + new.tier_ms
+                self.store.move(
+                    [new.message_id], State.RESCHEDULED, now_ms=now_ms, due_at_ms=due,
+                    generation=r.generation,
+                )  # fmt: skip
+                if r.marks.message_id is None and r.marks.key is not None:
+                    self._cancel([], [r.marks.key], (new.message_id,), now_ms)
+
+        self._guarded(write, receipts)
+
+    def _cancel(self, ids: list[str], keys: list[str], keep: Sequence[str], now_ms: int) -> None:
+        live = WAITING | {State.PENDING, State.UNCONFIRMED}
+        for key in keys:
+            after = None
+            while page := self.store.find(
+                Query(business_key=key, states=live), after=after, limit=1000
+            ):
+                ids += [e.id for e in page if e.id not in keep]
+                after = (page[-1].due_at_ms, page[-1].id)
+        if ids:
+            self.store.move(ids, State.CANCELLED, now_ms=now_ms)
+
+    def _guarded(self, write: Callable[[], None], receipts: Sequence[object]) -> None:
+        try:
+            write()
+        except DelayqError as exc:
+            raise ScheduleNotRecorded(
+                f"done on the broker and the consumers' store, but the schedule index "
+                f"was not updated: {exc}",
+                receipts=list(receipts),
             ) from exc
 
 

@@ -206,17 +206,20 @@ class Publisher(NoAsyncContext):
             body, routing_key, delay, message_id=message_id, headers=headers, strategy=strategy
         )
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=False):
-            if self.schedule is None:
-                self._sends.send(msg)
-            else:
-                with recording(self.schedule, self.topology, [msg], self._clock_ms):
-                    self._sends.send(msg)
+            self._send_one(msg)
         return msg.receipt
 
     def send(self, msg: OutgoingMessage) -> None:
         """Send an already built message with confirm and bounded retries (one that
         carries a ``traceparent`` keeps it: a retry, a replay stays in its trace)."""
         with self._observers.reporting([msg]), traced(self._tracing, [msg], keep=True):
+            self._send_one(msg)
+
+    def _send_one(self, msg: OutgoingMessage) -> None:
+        if self.schedule is None:
+            self._sends.send(msg)
+            return
+        with recording(self.schedule, self.topology, [msg], self._clock_ms):
             self._sends.send(msg)
 
     def publish_many(self, messages: Iterable[Message], *, window: int = 1000) -> list[Receipt]:
@@ -346,7 +349,10 @@ class Publisher(NoAsyncContext):
             queues=queues,
             key_scope=key_scope,
         )
-        return plan.receipts(run_cancels(store, plan.ops))
+        receipts = plan.receipts(run_cancels(store, plan.ops))
+        if self.schedule is not None:
+            self.schedule.cancelled(receipts, self._clock_ms())
+        return receipts
 
     def reschedule(
         self,
@@ -395,7 +401,10 @@ class Publisher(NoAsyncContext):
         if not publishable:
             return todo.receipt(marks, None)
         self.send(todo.message)
-        return todo.receipt(marks, todo.message.receipt)
+        done = todo.receipt(marks, todo.message.receipt)
+        if self.schedule is not None:
+            self.schedule.rescheduled([done], self._clock_ms())
+        return done
 
     def reschedule_many(
         self,
@@ -426,4 +435,7 @@ class Publisher(NoAsyncContext):
             sent = self._send_batch(todo.messages(indices), window)
         except PublishBatchError as exc:
             raise todo.failed(marks, indices, exc) from exc
-        return todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
+        done = todo.receipts(marks, {i: m.receipt for i, m in zip(indices, sent, strict=True)})
+        if self.schedule is not None:
+            self.schedule.rescheduled(done, self._clock_ms())
+        return done
