@@ -31,6 +31,7 @@ from delayq.cli.options import (
     management,
     once,
 )
+from delayq.cli.scheduled import scheduled_group
 from delayq.cli.tree import parked_group, spark_group, topology_group
 
 __all__ = ["build_cli", "parse"]
@@ -226,6 +227,7 @@ def build_cli() -> click.Group:
         topology_group(),
         *_run_commands(),
         *cancel_commands(),
+        scheduled_group(),
         *bridge_commands(),
         migrate_group(),
         parked_group("dlq", "a destination's dead-letter queue"),

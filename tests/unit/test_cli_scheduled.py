@@ -1,0 +1,147 @@
+"""`delayq scheduled list | count | show` (issue 51) over an index a publisher kept on the
+memory broker: exact answers, every entry once across pages, and misuse refused with
+nothing created."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayq import Message, Topology
+from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
+from delayq.schedule.record import ScheduleIndex
+from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.testing import MemoryBroker
+
+TOPOLOGY_YAML = """\
+namespace: shop
+ladder: [1m, 30m, 1h]
+destinations:
+  - queue: orders
+    bindings: [order.*]
+  - queue: mail
+    bindings: [mail.#]
+"""
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """30 messages published through an index: 10 due in 1m (mail), 20 in 30m (orders),
+    half of each tenant; one cancelled."""
+    (tmp_path / "t.yaml").write_text(TOPOLOGY_YAML)
+    db = tmp_path / "index.db"
+    topology = Topology(
+        namespace="shop",
+        ladder=["1m", "30m", "1h"],
+        destinations=[
+            {"queue": "orders", "bindings": ["order.*"]},
+            {"queue": "mail", "bindings": ["mail.#"]},
+        ],
+    )
+    store = SQLiteSchedule(db)
+    labels = lambda m: {"tenant": "a" if m.message_id.endswith(("0", "2", "4", "6", "8")) else "b"}  # noqa: E731
+    ids: dict[str, str] = {}
+    with MemoryBroker() as broker:
+        broker.apply(topology)
+        from delayq.stores.memory import InMemoryStore
+
+        with broker.publisher(
+            topology,
+            schedule=ScheduleIndex(store, labels=labels),
+            store=InMemoryStore(),
+            clock_ms=lambda: time.time_ns() // 1_000_000,  # the CLI's clock, not the broker's
+        ) as pub:
+            pub.publish_many(
+                [Message(n, "mail.welcome", "1m", message_id=f"m{n}") for n in range(10)]
+            )
+            pub.publish_many(
+                [Message(n, "order.remind", "25m", message_id=f"o{n}") for n in range(20)]
+            )
+            pub.publish("late", "order.remind", "0s")  # immediate: not in the index
+            pub.cancel(message_id="o19")
+    store.close()
+    base = ["--file", str(tmp_path / "t.yaml"), "--index", str(db)]
+    ids["db"] = str(db)
+    return base, ids
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    try:
+        return code, json.loads(out)
+    except json.JSONDecodeError:
+        return code, out
+
+
+def test_counts_are_exact_for_each_filter(index, capsys) -> None:
+    base, _ = index
+    assert run(capsys, "scheduled", "count", *base) == (EXIT_OK, 29)
+    assert run(capsys, "scheduled", "count", *base, "--due-before", "5m") == (EXIT_OK, 10)
+    assert run(capsys, "scheduled", "count", *base, "--due-after", "5m") == (EXIT_OK, 19)
+    assert run(capsys, "scheduled", "count", *base, "-k", "order.#") == (EXIT_OK, 19)
+    assert run(capsys, "scheduled", "count", *base, "--destination", "mail") == (EXIT_OK, 10)
+    assert run(capsys, "scheduled", "count", *base, "--label", "tenant=a") == (EXIT_OK, 15)
+    assert run(capsys, "scheduled", "count", *base, "--state", "cancelled") == (EXIT_OK, 1)
+    assert run(capsys, "scheduled", "count", *base, "--state", "all") == (EXIT_OK, 30)
+    assert run(capsys, "scheduled", "count", *base, "--json") == (EXIT_OK, {"count": 29})
+
+
+def test_list_pages_every_entry_once_soonest_first(index, capsys) -> None:
+    base, _ = index
+    seen: list[dict[str, Any]] = []
+    after: list[str] = []
+    while True:
+        code, page = run(capsys, "scheduled", "list", *base, "--limit", "7", "--json", *after)
+        assert code == EXIT_OK
+        seen += page["entries"]
+        if page["next"] is None:
+            break
+        after = ["--after", page["next"]]
+    assert len(seen) == 29 and len({e["id"] for e in seen}) == 29
+    assert [e["due_at_ms"] for e in seen] == sorted(e["due_at_ms"] for e in seen)
+    assert {e["id"] for e in seen[:10]} == {f"m{n}" for n in range(10)}
+    assert seen[0]["destinations"] == ["mail"] and seen[0]["tier"] == "1m"
+    code, text = run(capsys, "scheduled", "list", *base, "--limit", "2")
+    assert code == EXIT_OK and "# more: --after " in text and text.count("scheduled") == 2
+
+
+def test_show_prints_one_entry_and_says_when_there_is_none(index, capsys) -> None:
+    _, ids = index
+    code, shown = run(
+        capsys, "scheduled", "show", "--index", ids["db"], "--message-id", "o19", "--json"
+    )
+    assert code == EXIT_OK and shown["entry"]["state"] == "cancelled"
+    assert shown["entry"]["labels"] == {"tenant": "b"}
+    assert (
+        run(capsys, "scheduled", "show", "--index", ids["db"], "--message-id", "zz")[0]
+        == EXIT_BROKER
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--state", "waiting"],
+        ["--label", "tenant"],
+        ["--due-before", "10"],
+        ["--after", "soon"],
+        ["--limit", "0"],
+    ],
+)
+def test_bad_options_are_input_errors(index, capsys, extra: list[str]) -> None:
+    base, _ = index
+    assert main(["scheduled", "list", *base, *extra]) == EXIT_INPUT
+
+
+def test_an_index_that_is_not_there_is_not_made(tmp_path: Path, index, capsys) -> None:
+    base, _ = index
+    missing = tmp_path / "nowhere" / "index.db"
+    assert main(["scheduled", "count", *base[:2], "--index", str(missing)]) == EXIT_BROKER
+    assert "no schedule index" in capsys.readouterr().err
+    assert not missing.parent.exists()
+    assert main(["scheduled", "count", *base[:2], "--index", "redis://host"]) == EXIT_INPUT
