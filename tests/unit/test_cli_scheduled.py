@@ -145,3 +145,68 @@ def test_an_index_that_is_not_there_is_not_made(tmp_path: Path, index, capsys) -
     assert "no schedule index" in capsys.readouterr().err
     assert not missing.parent.exists()
     assert main(["scheduled", "count", *base[:2], "--index", "redis://host"]) == EXIT_INPUT
+
+
+@pytest.fixture
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A memory broker with a consumer on orders (idempotency store in SQLite, shared with
+    the CLI's --store), 10 orders published through a SQLite index with bodies kept."""
+    (tmp_path / "t.yaml").write_text(TOPOLOGY_YAML)
+    from delayq import SQLiteStore
+
+    db, idem = tmp_path / "index.db", tmp_path / "idem.db"
+    topology = Topology(
+        namespace="shop",
+        ladder=["1m", "30m", "1h"],
+        destinations=[
+            {"queue": "orders", "bindings": ["order.*"]},
+            {"queue": "mail", "bindings": ["mail.#"]},
+        ],
+    )
+    index, store, handled = SQLiteSchedule(db), SQLiteStore(idem), []
+    with MemoryBroker() as broker:
+        broker.apply(topology)
+        monkeypatch.setenv("DELAYQ_URL", broker.url)
+        broker.consumer(topology, "orders", handled.append, store=store)
+        labels = lambda m: {"tenant": m.headers["tenant"]}  # noqa: E731
+        with broker.publisher(
+            topology, store=store, schedule=ScheduleIndex(index, labels=labels, keep_bodies=99)
+        ) as pub:
+            pub.publish_many(
+                [
+                    Message(n, "order.remind", "25m", message_id=f"o{n}", headers={"tenant": t})
+                    for n, t in enumerate(["a", "b"] * 5)
+                ]
+            )
+        base = [
+            "--file",
+            str(tmp_path / "t.yaml"),
+            "--index",
+            str(db),
+            "--store",
+            f"sqlite:///{idem}",
+        ]
+        yield broker, handled, base, index
+    index.close()
+    store.close()
+
+
+def test_purge_promote_and_reschedule_from_the_command_line(live, capsys) -> None:
+    broker, handled, base, index = live
+    assert main(["scheduled", "purge", *base]) == EXIT_INPUT  # no filter, no --all
+    code, counts = run(capsys, "scheduled", "purge", *base, "--label", "tenant=b", "--json")
+    assert code == EXIT_OK and counts == {"matched": 5, "cancelled": 5, "not_cancelled": 0}
+    code, moved = run(capsys, "scheduled", "promote", *base, "--message-id", "o0", "--json")
+    assert code == EXIT_OK and moved["receipts"][0]["moved"]
+    code, _ = run(capsys, "scheduled", "reschedule", *base, "--message-id", "o2", "-d", "50m")
+    assert code == EXIT_OK
+    assert (
+        main(["scheduled", "reschedule", *base, "--message-id", "nope", "-d", "5m"]) == EXIT_INPUT
+    )
+    broker.advance("1s")
+    assert handled == [0]
+    broker.advance("30m")
+    assert sorted(handled) == [0, 4, 6, 8]
+    broker.advance("30m")
+    assert sorted(handled) == [0, 2, 4, 6, 8]  # the odd ones (tenant b) never
+    assert index.get("o2").state.value == "rescheduled"  # type: ignore[union-attr]

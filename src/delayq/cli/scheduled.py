@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,61 +16,29 @@ import click
 from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
 from delayq.cli._console import show_table
 from delayq.cli.options import group, json_flag, leaf, once
-from delayq.errors import InvalidInput, StoreError
+from delayq.cli.scheduled_args import filters, index_option, open_index, query_of
+from delayq.cli.scheduled_change import change_commands
+from delayq.errors import InvalidInput
 from delayq.tables import Column, Table
 
 if TYPE_CHECKING:
-    from delayq.schedule.base import ScheduleStore
     from delayq.schedule.entry import Entry
-    from delayq.schedule.query import Cursor, Query
+    from delayq.schedule.query import Cursor
 
-__all__ = ["open_index", "scheduled_group"]
-
-INDEX_FORMS = "a SQLite file: sqlite:///PATH or a PATH"
-
-
-def _index_option() -> click.Option:
-    return once(
-        "--index",
-        required=True,
-        metavar="URL",
-        envvar="DELAYQ_SCHEDULE_INDEX",
-        help=f"the schedule index ({INDEX_FORMS}; default $DELAYQ_SCHEDULE_INDEX)",
-    )
-
-
-def _filters() -> list[click.Option]:
-    return [
-        click.Option(
-            ["--state", "states"],
-            multiple=True,
-            metavar="STATE",
-            help="scheduled, rescheduled (the default: both), pending, unconfirmed, "
-            "cancelled, promoted, delivered, handled, dead-lettered, or all; repeatable",
-        ),
-        once("--routing-key", "-k", metavar="PATTERN", help="a topic pattern: orders.#, *.email"),
-        once("--destination", metavar="QUEUE", help="routed to this queue"),
-        once("--due-before", metavar="DURATION", help="due within this long from now: 10m, 1h"),
-        once("--due-after", metavar="DURATION", help="due at least this long from now"),
-        click.Option(
-            ["--label", "labels"], multiple=True, metavar="K=V", help="a label; repeatable"
-        ),
-        once("--business-key", metavar="KEY", help="the message's business key"),
-        _index_option(),
-    ]
+__all__ = ["scheduled_group"]
 
 
 def scheduled_group() -> click.Group:
     return group(
         "scheduled",
-        "what the schedule index says is waiting: list, count, show",
+        "what is scheduled: list, count, show, reschedule, promote, purge",
         [
             leaf(
                 "list",
                 cmd_list,
                 "list scheduled messages, soonest due first",
                 [
-                    *_filters(),
+                    *filters(),
                     once("--limit", type=int, default=100, help="entries a page (default 100)"),
                     once("--after", metavar="CURSOR", help="the page after this (its 'next')"),
                     json_flag("print the entries and the next page's cursor as JSON"),
@@ -83,7 +50,7 @@ def scheduled_group() -> click.Group:
                 "count",
                 cmd_count,
                 "count scheduled messages",
-                [*_filters(), json_flag("print the count as JSON")],
+                [*filters(), json_flag("print the count as JSON")],
                 url=False,
                 file=True,
             ),
@@ -93,75 +60,15 @@ def scheduled_group() -> click.Group:
                 "one message's entry by its id",
                 [
                     once("--message-id", required=True, help="the message's id"),
-                    _index_option(),
+                    index_option(),
                     json_flag("print the entry as JSON"),
                 ],
                 url=False,
                 file=False,
             ),
+            *change_commands(),
         ],
     )
-
-
-def open_index(url: str) -> ScheduleStore:
-    """The store of ``--index``."""
-    from delayq.schedule.sqlite import SQLiteSchedule
-
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidInput(f"--index names {INDEX_FORMS}")
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-    if "://" in path:
-        raise InvalidInput(f"--index {url!r}: only {INDEX_FORMS} for now")
-    try:
-        there = Path(path).is_file()  # a reader never makes an empty index where none was
-    except (OSError, ValueError) as exc:  # a name too long, a NUL
-        raise StoreError(f"cannot read the schedule index at {path!r} (--index): {exc}") from exc
-    if not there:
-        raise StoreError(f"no schedule index at {path!r} (--index): no such file")
-    return SQLiteSchedule(path)
-
-
-def _query(args: Args, namespace: str) -> Query:
-    from delayq.durations import to_ms
-    from delayq.message.envelope import epoch_ms
-    from delayq.schedule.entry import WAITING, State
-    from delayq.schedule.query import Query
-
-    states: set[State] | frozenset[State] = WAITING
-    if args.states:
-        names = [s.strip() for given in args.states for s in given.split(",") if s.strip()]
-        states = set(State) if "all" in names else {_state(n) for n in names}
-    now = epoch_ms()
-    labels: dict[str, str] = {}
-    for given in args.labels:
-        key, sep, value = given.partition("=")
-        if not sep or not key:
-            raise InvalidInput(f"--label {given!r}: give KEY=VALUE")
-        labels[key] = value
-    return Query(
-        namespace=namespace,
-        states=states,
-        routing_key=args.routing_key,
-        destination=args.destination,
-        due_before_ms=None
-        if args.due_before is None
-        else now + to_ms(args.due_before, what="--due-before"),
-        due_after_ms=None
-        if args.due_after is None
-        else now + to_ms(args.due_after, what="--due-after"),
-        labels=labels,
-        business_key=args.business_key,
-    )
-
-
-def _state(name: str) -> Any:
-    from delayq.schedule.entry import State
-
-    try:
-        return State(name)
-    except ValueError:
-        names = ", ".join(s.value for s in State)
-        raise InvalidInput(f"--state {name!r}: the states are {names}, or all") from None
 
 
 def _cursor(text: str | None) -> Cursor | None:
@@ -202,7 +109,7 @@ def cmd_list(args: Args) -> int:
 
     limit = check_limit(args.limit)
     after = _cursor(args.after)
-    query = _query(args, load_cli_topology(args).namespace)
+    query = query_of(args, load_cli_topology(args).namespace)
     store = open_index(args.index)
     try:
         page = store.find(query, after=after, limit=limit)
@@ -225,7 +132,7 @@ def cmd_list(args: Args) -> int:
 
 
 def cmd_count(args: Args) -> int:
-    query = _query(args, load_cli_topology(args).namespace)
+    query = query_of(args, load_cli_topology(args).namespace)
     store = open_index(args.index)
     try:
         found = store.count(query)

@@ -100,6 +100,10 @@ class MessageFactory:
         # Headers-exchange publishers often send no routing key; routing ignores it there.
         self._keyless = topology.routes_by_headers
 
+    def now_ms(self) -> int:
+        """The time on this factory's clock (a memory broker's virtual time, say)."""
+        return self._clock_ms()
+
     def build_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
         """Validate a whole batch first, so bad input anywhere sends nothing."""
         built = []

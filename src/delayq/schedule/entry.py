@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from delayq.errors import InvalidInput
 
@@ -108,6 +109,8 @@ class Entry:
     body: bytes | None = None
     """Kept when the index keeps bodies (under its size cap): ``reschedule`` by id."""
     content_type: str | None = None
+    headers: Mapping[str, Any] | None = None
+    """The publisher's own headers, kept with the body (``None``: not kept)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -122,10 +125,19 @@ class Entry:
             raise InvalidInput(f"an entry's body is bytes or None, not {type(self.body)!r}")
         object.__setattr__(self, "destinations", tuple(self.destinations))
         object.__setattr__(self, "labels", _labels(self.labels))
+        if self.headers is not None:
+            if not isinstance(self.headers, Mapping):
+                raise InvalidInput(f"an entry's headers are a mapping, not {self.headers!r}")
+            object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
 
     def moved(self, to: State, now_ms: int, **changes: object) -> Entry:
         """This entry in state ``to`` (the caller checked :func:`moves`)."""
         return replace(self, state=to, changed_at_ms=now_ms, **changes)  # type: ignore[arg-type]
+
+    @property
+    def kept(self) -> bool:
+        """Whether its body and headers are kept: it can be sent again by its id alone."""
+        return self.body is not None and self.headers is not None
 
     @property
     def waiting(self) -> bool:

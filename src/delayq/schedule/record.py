@@ -17,13 +17,22 @@ a store skips it).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 from delayq.errors import DelayqError, InvalidInput, PublishBatchError, ScheduleNotRecorded
 from delayq.message.cancel import CancelReceipt, RescheduleReceipt, target_queues
-from delayq.message.envelope import OutgoingMessage
+from delayq.message.envelope import (
+    CONTENT_BYTES,
+    CONTENT_JSON,
+    CONTENT_TEXT,
+    HEADER_PREFIX,
+    OutgoingMessage,
+)
+from delayq.observe.carrier import TRACEPARENT
 from delayq.schedule.base import ScheduleStore
 from delayq.schedule.entry import WAITING, Entry, State
 from delayq.schedule.query import Query
@@ -32,6 +41,9 @@ from delayq.topology.model import Topology
 __all__ = ["Labeller", "ScheduleIndex", "arecording", "recording"]
 
 log = logging.getLogger("delayq.schedule")
+
+KEPT_CONTENT = (CONTENT_JSON, CONTENT_TEXT, CONTENT_BYTES)
+"""Bodies the index can send again exactly: those delayq encodes itself."""
 
 Labeller = Callable[[OutgoingMessage], Mapping[str, str]]
 """Labels of one message (a tenant, say), from its routing key, headers or body."""
@@ -72,7 +84,7 @@ class ScheduleIndex:
     def _entry(self, topology: Topology, msg: OutgoingMessage) -> Entry:
         receipt = msg.receipt
         labels = self._labels(msg) if callable(self._labels) else self._labels
-        keep = len(msg.body) <= self.keep_bodies
+        kept = _kept_headers(msg) if len(msg.body) <= self.keep_bodies else None
         return Entry(
             msg.message_id,
             topology.namespace,
@@ -85,8 +97,9 @@ class ScheduleIndex:
             business_key=self._business_key(msg) if self._business_key else None,
             labels=labels or {},
             changed_at_ms=receipt.published_at_ms,
-            body=msg.body if keep else None,
-            content_type=msg.content_type if keep else None,
+            body=None if kept is None else msg.body,
+            content_type=None if kept is None else msg.content_type,
+            headers=kept,
         )
 
     def _to(self, topology: Topology, routing_key: str) -> tuple[str, ...]:
@@ -192,6 +205,23 @@ class ScheduleIndex:
                 f"was not updated: {exc}",
                 receipts=list(receipts),
             ) from exc
+
+
+def _kept_headers(msg: OutgoingMessage) -> dict[str, Any] | None:
+    """The publisher's own headers of ``msg`` (not delayq's, RabbitMQ's or the trace's),
+    if JSON keeps them exactly and the body is one delayq encodes; else ``None``: the
+    message cannot be sent again from the index alone."""
+    if msg.content_type not in KEPT_CONTENT or msg.properties:
+        return None
+    own = {
+        k: v
+        for k, v in msg.headers.items()
+        if not k.lower().startswith((HEADER_PREFIX, "x-")) and k != TRACEPARENT
+    }
+    try:
+        return own if json.loads(json.dumps(own)) == own else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _failed(messages: Sequence[OutgoingMessage], error: BaseException | None) -> set[str]:

@@ -36,7 +36,8 @@ _SCHEMA = (
     generation      INTEGER NOT NULL,
     changed_at_ms   INTEGER NOT NULL,
     body            BLOB,
-    content_type    TEXT
+    content_type    TEXT,
+    headers         TEXT                -- a JSON object, kept with the body
 )""",
     "CREATE INDEX IF NOT EXISTS delayq_schedule_due ON delayq_schedule(state, due_at_ms, id)",
     "CREATE INDEX IF NOT EXISTS delayq_schedule_key ON delayq_schedule(business_key)",
@@ -44,12 +45,12 @@ _SCHEMA = (
 
 _COLUMNS = (
     "id, namespace, routing_key, destinations, due_at_ms, tier, published_at_ms, size, "
-    "business_key, labels, state, generation, changed_at_ms, body, content_type"
+    "business_key, labels, state, generation, changed_at_ms, body, content_type, headers"
 )
 
 _UPDATES = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS.split(", ")[1:])
 _ADD = (
-    f"INSERT INTO delayq_schedule ({_COLUMNS}) VALUES ({', '.join('?' * 15)}) "
+    f"INSERT INTO delayq_schedule ({_COLUMNS}) VALUES ({', '.join('?' * 16)}) "
     f"ON CONFLICT(id) DO UPDATE SET {_UPDATES} "
     f"WHERE delayq_schedule.state IN ({', '.join(repr(s.value) for s in sorted(REPLACEABLE))})"
 )
@@ -61,18 +62,19 @@ def _row(entry: Entry) -> tuple[Any, ...]:
         entry.due_at_ms, entry.tier, entry.published_at_ms, entry.size, entry.business_key,
         json.dumps(dict(entry.labels)), entry.state.value, entry.generation,
         entry.changed_at_ms, entry.body, entry.content_type,
+        None if entry.headers is None else json.dumps(dict(entry.headers)),
     )  # fmt: skip
 
 
 def _entry(row: Sequence[Any]) -> Entry:
     (id_, namespace, key, destinations, due, tier, published, size, business_key, labels,
-     state, generation, changed, body, content_type) = row  # fmt: skip
+     state, generation, changed, body, content_type, headers) = row  # fmt: skip
     return Entry(
         id_, namespace, key, due_at_ms=due, tier=tier, published_at_ms=published, size=size,
         destinations=tuple(json.loads(destinations)), business_key=business_key,
         labels=json.loads(labels), state=State(state), generation=generation,
         changed_at_ms=changed, body=None if body is None else bytes(body),
-        content_type=content_type,
+        content_type=content_type, headers=None if headers is None else json.loads(headers),
     )  # fmt: skip
 
 

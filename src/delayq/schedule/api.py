@@ -1,0 +1,169 @@
+"""``Schedule``: what the schedule index answers and what an operator does with it, in
+Python, as ``delayq scheduled`` does on the command line.
+
+Reading needs the index's store only. Changing needs a ``Publisher`` with the consumers'
+idempotency store (``store=``) and this index (``schedule=``): a reschedule, a promote
+and a purge are a publisher's reschedules and cancels, so the consumers' marks decide
+which copy is handled, and the index follows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from delayq.errors import InvalidInput
+from delayq.message.cancel import CancelReceipt, RescheduleReceipt
+from delayq.message.envelope import CONTENT_JSON, CONTENT_TEXT
+from delayq.message.reschedule import Reschedule
+from delayq.schedule.base import ScheduleStore, check_limit
+from delayq.schedule.entry import Entry, State
+from delayq.schedule.query import Cursor, Query, page_key
+
+if TYPE_CHECKING:
+    from delayq.sync.publisher import Publisher
+
+__all__ = ["PurgeReport", "Schedule", "kept_body"]
+
+BATCH = 500
+"""Entries a purge cancels in one store round trip."""
+
+
+def kept_body(entry: Entry) -> object:
+    """The body ``entry`` was published with, as ``publish`` takes it (the same bytes
+    and content type come out), or :class:`~delayq.errors.InvalidInput` if the index did
+    not keep it."""
+    if not entry.kept or entry.body is None:
+        raise InvalidInput(
+            f"message {entry.id!r}: the index did not keep its body and headers (publish "
+            "with ScheduleIndex(keep_bodies=...) above its size, a body delayq encodes and "
+            "JSON headers), so it cannot be sent again by its id alone: reschedule it with "
+            "its body"
+        )
+    if entry.content_type == CONTENT_JSON:
+        return json.loads(entry.body)
+    if entry.content_type == CONTENT_TEXT:
+        return entry.body.decode("utf-8")
+    return entry.body
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What a purge did: the cancels' receipts; ``stopped`` is how many were cancelled
+    (``receipts`` also holds those that lost the race with a handler)."""
+
+    receipts: list[CancelReceipt]
+
+    @property
+    def stopped(self) -> int:
+        return sum(r.cancelled for r in self.receipts)
+
+
+class Schedule:
+    """The schedule index of ``store``; ``publisher`` (a ``Publisher`` with ``store=`` and
+    ``schedule=`` on this index) for the changes."""
+
+    def __init__(self, store: ScheduleStore, publisher: Publisher | None = None) -> None:
+        self.store = store
+        self.publisher = publisher
+
+    def iterate(self, query: Query | None = None, *, page: int = 1000) -> Iterator[Entry]:
+        """Every match, soonest due first, a page at a time."""
+        check_limit(page)
+        after: Cursor | None = None
+        while found := self.store.find(query or Query(), after=after, limit=page):
+            yield from found
+            after = page_key(found[-1])
+
+    def count(self, query: Query | None = None) -> int:
+        return self.store.count(query or Query())
+
+    def show(self, message_id: str) -> Entry | None:
+        return self.store.get(message_id)
+
+    def _changer(self) -> Publisher:
+        publisher = self.publisher
+        if publisher is None or publisher.store is None or publisher.schedule is None:
+            raise InvalidInput(
+                "changing the schedule needs Schedule(store, publisher) with a Publisher "
+                "given the consumers' store (store=) and this index (schedule=)"
+            )
+        if publisher.schedule.store is not self.store:
+            raise InvalidInput("the publisher's schedule= is another index than this one")
+        return publisher
+
+    def _entries(self, message_ids: Sequence[str]) -> list[Entry]:
+        if isinstance(message_ids, str):
+            raise InvalidInput("message_ids is a list of ids, not one str")
+        found = []
+        for message_id in dict.fromkeys(message_ids):
+            entry = self.store.get(message_id)
+            if entry is None:
+                raise InvalidInput(f"message {message_id!r} is not in the schedule index")
+            found.append(entry)
+        return found
+
+    def reschedule(
+        self, message_ids: Sequence[str], delay: object = None, *, due_at: datetime | None = None
+    ) -> list[RescheduleReceipt]:
+        """Move each message to ``delay`` from now (or ``due_at``) by its id alone: the
+        index kept its body, headers and routing key. Every id is checked first (not in
+        the index, body not kept: nothing is done)."""
+        publisher = self._changer()
+        items = [_again(e, delay, due_at) for e in self._entries(message_ids)]
+        return publisher.reschedule_many(items)
+
+    def promote(self, message_ids: Sequence[str]) -> list[RescheduleReceipt]:
+        """Deliver each message now: a copy of generation above the waiting one's goes to
+        its destinations at once, and the waiting copy, when due, meets the consumers'
+        mark and is acked unhandled (it never reaches a handler twice with a store)."""
+        publisher = self._changer()
+        items = [_again(e, "0s", None) for e in self._entries(message_ids)]
+        receipts = publisher.reschedule_many(items)
+        sent = [r.receipt.message_id for r in receipts if r.receipt is not None]
+        if sent:
+            self.store.move(sent, State.PROMOTED, now_ms=publisher.factory.now_ms())
+        return receipts
+
+    def purge(
+        self,
+        query: Query,
+        *,
+        progress: Callable[[int], None] | None = None,
+        batch: int = BATCH,
+    ) -> PurgeReport:
+        """Cancel every match of ``query`` (in the waiting states unless it says
+        otherwise), ``batch`` a store round trip; ``progress(n)`` after each."""
+        publisher = self._changer()
+        check_limit(batch)
+        receipts: list[CancelReceipt] = []
+        after: Cursor | None = None
+        while found := self.store.find(query, after=after, limit=batch):
+            receipts += publisher.cancel_many(message_ids=[e.id for e in found])
+            after = page_key(found[-1])
+            if progress is not None:
+                progress(len(receipts))
+        return PurgeReport(receipts)
+
+    # Last in the class: below it, ``list`` in an annotation would mean this method.
+    def list(
+        self, query: Query | None = None, *, after: Cursor | None = None, limit: int = 100
+    ) -> list[Entry]:
+        """One page of matches, soonest due first (``after``: the last one's
+        :func:`~delayq.schedule.query.page_key`)."""
+        return self.store.find(query or Query(), after=after, limit=limit)
+
+
+def _again(entry: Entry, delay: object, due_at: datetime | None) -> Reschedule:
+    return Reschedule(
+        kept_body(entry),
+        entry.routing_key,
+        delay,
+        message_id=entry.id,
+        headers=dict(entry.headers or {}),
+        strategy="exact" if entry.tier == "exact" else None,
+        due_at=due_at,
+    )

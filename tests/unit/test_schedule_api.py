@@ -1,0 +1,118 @@
+"""``Schedule`` (issue 51) on the memory broker: a reschedule and a promote by id alone
+from what the index kept, a purge by label that lets none of its messages reach a
+handler, and each refusal made before anything changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from delayq import InMemoryStore, Message, Topology
+from delayq.errors import InvalidInput
+from delayq.schedule.api import Schedule, kept_body
+from delayq.schedule.entry import State
+from delayq.schedule.memory import MemorySchedule
+from delayq.schedule.query import Query
+from delayq.schedule.record import ScheduleIndex
+from delayq.testing import MemoryBroker
+
+TOPOLOGY = Topology(
+    namespace="shop",
+    ladder=["1m", "30m", "1h"],
+    destinations=[{"queue": "orders", "bindings": ["order.*"]}],
+)
+
+
+@pytest.fixture
+def shop() -> Iterator[tuple[MemoryBroker, Schedule, list[Any]]]:
+    index = MemorySchedule()
+    store = InMemoryStore()
+    handled: list[Any] = []
+    tenant = lambda m: {"tenant": m.headers.get("tenant", "none")}  # noqa: E731
+    with MemoryBroker() as broker:
+        broker.apply(TOPOLOGY)
+        broker.consumer(TOPOLOGY, "orders", handled.append, store=store)
+        publisher = broker.publisher(
+            TOPOLOGY, store=store, schedule=ScheduleIndex(index, labels=tenant, keep_bodies=1024)
+        )
+        tenants = ["acme" if n % 2 else "globex" for n in range(10)]
+        publisher.publish_many(
+            [
+                Message(
+                    {"order": n}, "order.remind", "25m", message_id=f"o{n}", headers={"tenant": t}
+                )
+                for n, t in enumerate(tenants)
+            ]
+        )
+        yield broker, Schedule(index, publisher), handled
+
+
+def test_reschedule_by_id_alone_moves_the_message(shop) -> None:
+    broker, schedule, handled = shop
+    (receipt,) = schedule.reschedule(["o1"], "50m")
+    assert receipt.moved
+    entry = schedule.show("o1")
+    assert entry is not None and entry.state is State.RESCHEDULED
+    assert dict(entry.headers or {}) == {"tenant": "acme"}
+    broker.advance("45m")
+    assert {"order": 1} not in handled and len(handled) == 9
+    broker.advance("30m")
+    assert handled.count({"order": 1}) == 1
+
+
+def test_promote_delivers_now_and_the_waiting_copy_never_reaches_the_handler(shop) -> None:
+    broker, schedule, handled = shop
+    schedule.promote(["o3", "o4"])
+    broker.advance("1s")
+    assert sorted(h["order"] for h in handled) == [3, 4]
+    assert schedule.show("o3").state is State.PROMOTED  # type: ignore[union-attr]
+    broker.advance("1h")
+    assert sorted(h["order"] for h in handled) == list(range(10))  # 3 and 4 once each
+
+
+def test_purge_by_label_lets_none_of_its_messages_through(shop) -> None:
+    broker, schedule, handled = shop
+    seen: list[int] = []
+    report = schedule.purge(Query(labels={"tenant": "acme"}), progress=seen.append, batch=2)
+    assert report.stopped == 5 and seen == [2, 4, 5]
+    assert schedule.count() == 5
+    assert schedule.count(Query(states={State.CANCELLED})) == 5
+    broker.advance("1h")
+    assert sorted(h["order"] for h in handled) == [0, 2, 4, 6, 8]
+
+
+def test_changes_are_refused_before_anything_is_done(shop) -> None:
+    broker, schedule, handled = shop
+    with pytest.raises(InvalidInput, match="not in the schedule index"):
+        schedule.promote(["o1", "nobody"])
+    assert schedule.show("o1").state is State.SCHEDULED  # type: ignore[union-attr]
+    with pytest.raises(InvalidInput, match="list of ids"):
+        schedule.promote("o1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="needs Schedule"):
+        Schedule(schedule.store).promote(["o1"])
+    with pytest.raises(InvalidInput, match="another index"):
+        Schedule(MemorySchedule(), schedule.publisher).promote(["o1"])
+    with pytest.raises(InvalidInput, match="did not keep its body"):
+        bare = ScheduleIndex(MemorySchedule())  # keep_bodies=0: bodies not kept
+        with broker.publisher(TOPOLOGY, store=InMemoryStore(), schedule=bare) as pub:
+            pub.publish({"order": 99}, "order.remind", "25m", message_id="o99")
+            Schedule(bare.store, pub).reschedule(["o99"], "5m")
+    broker.advance("1h")
+    assert len(handled) == 11
+
+
+def test_kept_bodies_come_back_as_published() -> None:
+    index = MemorySchedule()
+    with MemoryBroker() as broker:
+        broker.apply(TOPOLOGY)
+        with broker.publisher(TOPOLOGY, schedule=ScheduleIndex(index, keep_bodies=100)) as pub:
+            for n, body in enumerate([{"a": [1, 2.5, None]}, "text é", b"\x00raw"]):
+                pub.publish(body, "order.remind", "1m", message_id=f"k{n}")
+            pub.publish(b"x" * 101, "order.remind", "1m", message_id="big")
+    assert [kept_body(index.get(f"k{n}")) for n in range(3)] == [  # type: ignore[arg-type]
+        {"a": [1, 2.5, None]}, "text é", b"\x00raw",
+    ]  # fmt: skip
+    big = index.get("big")
+    assert big is not None and big.body is None and not big.kept
