@@ -6,11 +6,15 @@ message reaches the handler."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from delayq import Message
+from delayq.cli import EXIT_OK, main
 from delayq.schedule.api import Schedule
 from delayq.schedule.entry import State
 from delayq.schedule.query import Query
@@ -21,6 +25,7 @@ from delayq.stores.memory import InMemoryStore
 from delayq.sync import Publisher, apply_topology
 from delayq.topology.model import Topology
 
+from ..amqp import depth
 from .test_consumer import until
 
 
@@ -84,4 +89,67 @@ def test_count_list_promote_cancel_purge_on_a_real_broker(
         later = list(schedule.iterate(Query(), page=50))
         assert [e.id for e in later] == [f"m{n}" for n in range(165, 300)]
     reporter.close()
+    index.close()
+
+
+def test_export_and_import_move_the_schedule_to_another_namespace(
+    make_topology: Callable[..., Topology],
+    rabbitmq_url: str,
+    start_consumer: Callable[..., Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Migrate: export A's index, purge A, import into B: every message arrives in B
+    once, not before its original due time and within one tier step of it."""
+    source, target = make_topology(), make_topology()
+    for topo in (source, target):
+        apply_topology(topo, rabbitmq_url)
+    files = {}
+    for name, topo in (("a", source), ("b", target)):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(
+            f"namespace: {topo.namespace}\nladder: [1s, 2s, 4s, 8s]\ndestinations:\n"
+            f"  - queue: {topo.namespace}.work\n    bindings: ['job.#']\n"
+        )
+    monkeypatch.setenv("DELAYQ_URL", rabbitmq_url)
+    index, store = SQLiteSchedule(tmp_path / "a.db"), InMemoryStore()
+    arrived: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def handler(value: str) -> None:
+        with lock:
+            arrived.setdefault(value, []).append(time.time() * 1000)
+
+    start_consumer(source, f"{source.namespace}.work", handler, store=store)
+    start_consumer(target, f"{target.namespace}.work", handler, store=InMemoryStore())
+    with Publisher(
+        rabbitmq_url, source, store=store, schedule=ScheduleIndex(index, keep_bodies=1024)
+    ) as publisher:
+        publisher.publish_many(
+            [Message(f"m{n}", "job.remind", "6s", message_id=f"m{n}") for n in range(20)]
+        )
+    due = {e.id: e.due_at_ms for e in Schedule(index).iterate()}
+    export = tmp_path / "a.jsonl"
+    assert main(["scheduled", "export", "-f", str(files["a"]), "--index", str(tmp_path / "a.db"),
+                 "-o", str(export)]) == EXIT_OK  # fmt: skip
+    with Publisher(rabbitmq_url, source, store=store, schedule=ScheduleIndex(index)) as publisher:
+        assert Schedule(index, publisher).purge(Query()).stopped == 20
+    assert main(["scheduled", "import", "-f", str(files["b"]), "-i", str(export),
+                 "--index", str(tmp_path / "b.db")]) == EXIT_OK  # fmt: skip
+    capsys.readouterr()
+
+    def all_arrived() -> bool:
+        with lock:
+            return len(arrived) == 20
+
+    assert until(all_arrived, 30)
+    # the source's copies come due too and are acked as cancelled, never handled
+    queues = [source.tier_name(t) for t in source.ladder.tiers] + [f"{source.namespace}.work"]
+    assert until(lambda: all(depth(rabbitmq_url, q) == 0 for q in queues), 30)
+    assert index.count(Query(states={State.CANCELLED})) == 20
+    with lock:
+        for message_id, times in arrived.items():
+            assert len(times) == 1, message_id
+            assert due[message_id] - 50 <= times[0] <= due[message_id] + 4_000, message_id
     index.close()

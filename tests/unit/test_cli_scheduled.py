@@ -210,3 +210,78 @@ def test_purge_promote_and_reschedule_from_the_command_line(live, capsys) -> Non
     broker.advance("30m")
     assert sorted(handled) == [0, 2, 4, 6, 8]  # the odd ones (tenant b) never
     assert index.get("o2").state.value == "rescheduled"  # type: ignore[union-attr]
+
+
+def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
+    live, capsys, tmp_path: Path
+) -> None:
+    broker, _, base, _ = live
+    out = tmp_path / "export.jsonl"
+    cli_index = base[:4]  # --file, --index
+    assert (
+        main(["scheduled", "export", *cli_index, "--label", "tenant=a", "-o", str(out)]) == EXIT_OK
+    )
+    lines = out.read_text().splitlines()
+    assert len(lines) == 5 and all(json.loads(line)["body"] for line in lines)
+    target = tmp_path / "t2.yaml"
+    target.write_text(TOPOLOGY_YAML.replace("namespace: shop", "namespace: shop2"))
+    broker.apply(
+        Topology(namespace="shop2", ladder=["1m", "30m", "1h"],
+                 destinations=[{"queue": "orders2", "bindings": ["order.*"]},
+                               {"queue": "mail2", "bindings": ["mail.#"]}])
+    )  # fmt: skip
+    moved: list[int] = []
+    broker.consumer(
+        Topology(namespace="shop2", ladder=["1m", "30m", "1h"],
+                 destinations=[{"queue": "orders2", "bindings": ["order.*"]},
+                               {"queue": "mail2", "bindings": ["mail.#"]}]),
+        "orders2", moved.append,
+    )  # fmt: skip
+    index2 = tmp_path / "index2.db"
+    code, counts = run(
+        capsys, "scheduled", "import", "--file", str(target), "-i", str(out),
+        "--index", str(index2), "--json",
+    )  # fmt: skip
+    assert code == EXIT_OK and counts == {"published": 5, "not_kept": []}
+    copied = SQLiteSchedule(index2)
+    try:
+        for line in lines:
+            was = json.loads(line)
+            now = copied.get(was["id"])
+            assert now is not None and now.namespace == "shop2"
+            assert dict(now.labels) == {"tenant": "a"}
+            # due in the smallest tier at or above what was left: never earlier
+            assert was["due_at_ms"] <= now.due_at_ms <= was["due_at_ms"] + 30 * 60_000
+    finally:
+        copied.close()
+    broker.advance("2h")
+    assert sorted(moved) == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("not json\n", "line 1: not JSON"),
+        ('{"format": "other"}\n', "line 1: not a line of delayq scheduled export"),
+        ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 2: KeyError"),
+    ],
+)
+def test_a_bad_export_line_is_refused_before_anything_is_published(
+    live, capsys, tmp_path: Path, text: str, error: str
+) -> None:
+    _, _, base, _ = live
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(text)
+    assert main(["scheduled", "import", base[0], base[1], "-i", str(bad)]) == EXIT_INPUT
+    assert error in capsys.readouterr().err
+
+
+def test_an_import_of_entries_whose_bodies_were_not_kept_sends_none_and_says_so(
+    index, capsys, tmp_path: Path
+) -> None:
+    base, _ = index
+    out = tmp_path / "export.jsonl"
+    assert main(["scheduled", "export", *base, "--state", "all", "-o", str(out)]) == EXIT_OK
+    assert "exported 30 entries" in capsys.readouterr().err
+    code, counts = run(capsys, "scheduled", "import", base[0], base[1], "-i", str(out), "--json")
+    assert code == EXIT_BROKER and counts["published"] == 0 and len(counts["not_kept"]) == 30

@@ -18,6 +18,7 @@ from delayq.cli._console import show_table
 from delayq.cli.options import group, json_flag, leaf, once
 from delayq.cli.scheduled_args import filters, index_option, open_index, query_of
 from delayq.cli.scheduled_change import change_commands
+from delayq.cli.scheduled_transfer import transfer_commands
 from delayq.errors import InvalidInput
 from delayq.tables import Column, Table
 
@@ -31,7 +32,7 @@ __all__ = ["scheduled_group"]
 def scheduled_group() -> click.Group:
     return group(
         "scheduled",
-        "what is scheduled: list, count, show, reschedule, promote, purge",
+        "what is scheduled: list, count, show, reschedule, promote, purge, export, import",
         [
             leaf(
                 "list",
@@ -67,6 +68,7 @@ def scheduled_group() -> click.Group:
                 file=False,
             ),
             *change_commands(),
+            *transfer_commands(),
         ],
     )
 

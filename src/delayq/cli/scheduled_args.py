@@ -21,13 +21,13 @@ __all__ = ["INDEX_FORMS", "filters", "index_option", "open_index", "query_of"]
 INDEX_FORMS = "a SQLite file: sqlite:///PATH or a PATH"
 
 
-def index_option() -> click.Option:
+def index_option(*, required: bool = True, what: str = "the schedule index") -> click.Option:
     return once(
         "--index",
-        required=True,
+        required=required,
         metavar="URL",
-        envvar="DELAYQ_SCHEDULE_INDEX",
-        help=f"the schedule index ({INDEX_FORMS}; default $DELAYQ_SCHEDULE_INDEX)",
+        envvar="DELAYQ_SCHEDULE_INDEX" if required else None,
+        help=f"{what} ({INDEX_FORMS}" + ("; default $DELAYQ_SCHEDULE_INDEX)" if required else ")"),
     )
 
 
@@ -52,8 +52,9 @@ def filters() -> list[click.Option]:
     ]
 
 
-def open_index(url: str) -> ScheduleStore:
-    """The store of ``--index``."""
+def open_index(url: str, *, create: bool = False) -> ScheduleStore:
+    """The store of ``--index`` (``create``: a new file where there is none, for an
+    import; a reader never makes an empty index)."""
     from delayq.schedule.sqlite import SQLiteSchedule
 
     if not isinstance(url, str) or not url.strip():
@@ -65,7 +66,7 @@ def open_index(url: str) -> ScheduleStore:
         there = Path(path).is_file()  # a reader never makes an empty index where none was
     except (OSError, ValueError) as exc:  # a name too long, a NUL
         raise StoreError(f"cannot read the schedule index at {path!r} (--index): {exc}") from exc
-    if not there:
+    if not there and not create:
         raise StoreError(f"no schedule index at {path!r} (--index): no such file")
     return SQLiteSchedule(path)
 

@@ -1,0 +1,152 @@
+"""``delayq scheduled export | import``: the schedule index as JSON lines
+(:mod:`delayq.schedule.transfer`), and those lines published again on another broker or
+namespace with their ids and due times.
+
+Exit codes: 0 every entry exported, or every line published again; 1 the index or the
+broker failed, or some lines' bodies were not kept (they are listed, not sent); 2 bad
+input (a malformed line: nothing was published).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import click
+
+from delayq.cli._common import EXIT_BROKER, EXIT_OK, Args, load_cli_topology, print_json
+from delayq.cli.options import PathParam, json_flag, leaf, once
+from delayq.cli.scheduled_args import filters, index_option, open_index, query_of
+from delayq.errors import InvalidInput, StoreError
+from delayq.wording import counted
+
+__all__ = ["transfer_commands"]
+
+BATCH = 1000
+"""Lines an import publishes as one pipelined batch."""
+
+
+def transfer_commands() -> list[click.Command]:
+    return [
+        leaf(
+            "export",
+            cmd_export,
+            "write the index's entries as JSON lines (a file, or stdout)",
+            [
+                *filters(),
+                once(
+                    "--output",
+                    "-o",
+                    type=PathParam(),
+                    default=Path("-"),
+                    help="a file, or - (stdout)",
+                ),
+            ],
+            url=False,
+            file=True,
+        ),
+        leaf(
+            "import",
+            cmd_import,
+            "publish an export's messages again, keeping their ids and due times",
+            [
+                once(
+                    "--input", "-i", type=PathParam(), required=True, help="an export's file, or -"
+                ),
+                index_option(required=False, what="record them in this index"),
+                json_flag("print the counts as JSON"),
+            ],
+            url=True,
+            file=True,
+        ),
+    ]
+
+
+@contextmanager
+def _opened(path: Path, mode: str) -> Iterator[IO[str]]:
+    if str(path) == "-":
+        yield sys.stdout if "w" in mode else sys.stdin
+        return
+    try:
+        handle = path.open(mode, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot open {str(path)!r}: {exc}") from exc
+    with handle:
+        yield handle
+
+
+def cmd_export(args: Args) -> int:
+    from delayq.schedule.api import Schedule
+    from delayq.schedule.transfer import export_lines
+
+    query = query_of(args, load_cli_topology(args).namespace)
+    index = open_index(args.index)
+    try:
+        with _opened(args.output, "w") as out:
+            count = export_lines(Schedule(index).iterate(query), out)
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): the CLI's own exit for a closed pipe
+    except OSError as exc:  # a full disk
+        raise StoreError(f"cannot write the export to {str(args.output)!r}: {exc}") from exc
+    finally:
+        index.close()
+    print(f"delayq: exported {counted(count, 'entry', 'entries')}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_import(args: Args) -> int:
+    from delayq.cli._common import topology_and_url
+    from delayq.schedule.record import ScheduleIndex
+    from delayq.schedule.transfer import publish_again, read_lines
+    from delayq.sync.publisher import Publisher
+
+    with _opened(args.input, "r") as given:
+        entries = list(read_lines(given))  # every line checked before anything is sent
+    topology, url = topology_and_url(args)
+    index = None if args.index is None else open_index(args.index, create=True)
+    sent = 0
+    not_kept: list[str] = []
+    try:
+        by_id = {e.id: e for e in entries}  # the target's index keeps their labels and keys
+        schedule = (
+            None
+            if index is None
+            else ScheduleIndex(
+                index,
+                labels=lambda m: by_id[m.message_id].labels,
+                business_key=lambda m: by_id[m.message_id].business_key,
+                keep_bodies=2**31,
+            )
+        )
+        with Publisher(url, topology, schedule=schedule) as publisher:
+            for start in range(0, len(entries), BATCH):
+                done = publish_again(
+                    publisher, entries[start : start + BATCH], publisher.factory.now_ms()
+                )
+                sent += len(done.receipts)
+                not_kept += done.not_kept
+                print(
+                    f"  {start + len(done.receipts) + len(done.not_kept):,} / {len(entries):,}",
+                    file=sys.stderr,
+                )
+    except Exception:
+        print(f"delayq: stopped after {counted(sent, 'message')} published again", file=sys.stderr)
+        raise
+    finally:
+        if index is not None:
+            index.close()
+    if args.json:
+        print_json({"published": sent, "not_kept": not_kept})
+    else:
+        print(f"published {sent:,} of {len(entries):,} again")
+    if not_kept:
+        print(
+            f"delayq: {counted(len(not_kept), 'message')} not sent: the exporting index did not "
+            f"keep their bodies (first: {not_kept[0]}); publish them again from their source",
+            file=sys.stderr,
+        )
+        return EXIT_BROKER
+    return EXIT_OK
