@@ -169,8 +169,19 @@ class SQLiteSchedule:
 
     def add(self, entries: Sequence[Entry]) -> list[bool]:
         check_new(entries)
+        rows = [_row(e) for e in entries]
         with self._writing() as db:
-            return [db.execute(_ADD, _row(e)).rowcount == 1 for e in entries]
+            # Usually no id is there yet: one look for all, then one many-row insert.
+            held = dict(
+                db.execute(
+                    "SELECT id, state FROM delayq_schedule "
+                    "WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps([e.id for e in entries]),),
+                ).fetchall()
+            )
+            kept = {i for i, state in held.items() if State(state) not in REPLACEABLE}
+            db.executemany(_ADD, [r for r in rows if r[0] not in kept])
+        return [e.id not in kept for e in entries]
 
     def move(
         self,
