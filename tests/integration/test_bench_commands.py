@@ -266,3 +266,16 @@ def test_the_frameworks_bench_runs_each_framework_by_its_broker_and_by_delayq(
                 assert found.group(1) == "0", out  # nothing held by the worker
     if framework == "taskiq":
         assert re.search(r"(?m)^dramatiq +own .* 300 +[\d.]+$", out), out  # Dramatiq's holds all
+
+
+@pytest.mark.timeout(700)
+def test_the_schedule_bench_measures_the_index_beside_none_and_checks_its_answers(
+    rabbitmq_url: str,
+) -> None:
+    out = _bench(
+        "schedule.py", "--messages", "2000", "--rounds", "1", "--entries", "20000",
+        url=rabbitmq_url,
+    )  # fmt: skip
+    assert re.search(r"no index +[\d,]+ msg/s", out), out
+    assert re.search(r"sqlite +[\d,]+ msg/s +[\d.]+ of none \(goal 0.7: (met|NOT met)\)", out), out
+    assert re.search(r"list +[\d.]+ s of 2,000", out) and "purge" in out, out
