@@ -4,6 +4,7 @@ does (a property test feeds random entries and queries to each)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,9 @@ from delayq.errors import InvalidInput, StoreError
 from delayq.schedule.base import ScheduleStore
 from delayq.schedule.entry import FINISHED, WAITING, Entry, State, allowed_from, moves
 from delayq.schedule.memory import MemorySchedule
-from delayq.schedule.query import Query, page_key
+from delayq.schedule.query import Query, page_key, topic_regex
 from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.topology.topic import topic_matches
 
 
 def entry(n: int, **fields: object) -> Entry:
@@ -217,19 +219,40 @@ def test_every_store_answers_a_query_as_the_filter_does(
     stores: list[ScheduleStore] = [MemorySchedule(), SQLiteSchedule(path)]
     try:
         for s in stores:
-            s.add([e for e, _ in pairs])
-            for e, state in pairs:
-                if state is not State.PENDING:
-                    first = state if state in {State.SCHEDULED, State.UNCONFIRMED} else None
-                    s.move([e.id], first or State.SCHEDULED, now_ms=1)
-                    s.move([e.id], state, now_ms=2)
-        expected = sorted(
-            (s for s in stores[0].find(Query(states=set(State)), limit=100) if query.matches(s)),
-            key=page_key,
-        )
+            fill(s, pairs)
+        expected = matching(stores[0], query)
         for s in stores:
             assert s.count(query) == len(expected)
             assert s.find(query, limit=limit) == expected[:limit]
     finally:
         for s in stores:
             s.close()
+
+
+def fill(store: ScheduleStore, pairs: list[tuple[Entry, State]]) -> None:
+    """Add each entry and move it on to its state (through scheduled where it must)."""
+    store.add([e for e, _ in pairs])
+    for e, state in pairs:
+        if state is not State.PENDING:
+            first = state if state in {State.SCHEDULED, State.UNCONFIRMED} else None
+            store.move([e.id], first or State.SCHEDULED, now_ms=1)
+            store.move([e.id], state, now_ms=2)
+
+
+def matching(store: ScheduleStore, query: Query) -> list[Entry]:
+    """What the pure filter says ``query`` matches in ``store``, in page order."""
+    every = store.find(Query(states=set(State)), limit=100)
+    return sorted((e for e in every if query.matches(e)), key=page_key)
+
+
+_words = st.sampled_from(["a", "b", "", "a-b", "x+y", "é", "*", "#"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pattern=st.lists(_words, max_size=4).map(".".join),
+    key=st.lists(st.sampled_from(["a", "b", "", "a-b", "x+y", "é"]), max_size=4).map(".".join),
+)
+def test_the_topic_regex_of_sql_stores_matches_as_rabbitmq_does(pattern: str, key: str) -> None:
+    subject = "." + key if key else ""
+    assert bool(re.fullmatch(topic_regex(pattern), subject)) == topic_matches(pattern, key)

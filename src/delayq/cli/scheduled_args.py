@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INDEX_FORMS", "filters", "index_option", "open_index", "query_of"]
 
-INDEX_FORMS = "a SQLite file: sqlite:///PATH or a PATH"
+INDEX_FORMS = "a SQLite file: sqlite:///PATH or a PATH; or postgresql://user:pass@host/db"
 
 
 def index_option(*, required: bool = True, what: str = "the schedule index") -> click.Option:
@@ -59,9 +59,13 @@ def open_index(url: str, *, create: bool = False) -> ScheduleStore:
 
     if not isinstance(url, str) or not url.strip():
         raise InvalidInput(f"--index names {INDEX_FORMS}")
+    if url.startswith(("postgresql://", "postgres://")):
+        from delayq.schedule.postgres import PostgresSchedule
+
+        return PostgresSchedule(url)
     path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
     if "://" in path:
-        raise InvalidInput(f"--index {url!r}: only {INDEX_FORMS} for now")
+        raise InvalidInput(f"--index {url!r}: {INDEX_FORMS}")
     try:
         there = Path(path).is_file()  # a reader never makes an empty index where none was
     except (OSError, ValueError) as exc:  # a name too long, a NUL

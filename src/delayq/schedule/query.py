@@ -20,10 +20,30 @@ from delayq.errors import InvalidInput
 from delayq.schedule.entry import WAITING, Entry, State
 from delayq.topology.topic import topic_matches
 
-__all__ = ["Cursor", "Query", "page_key"]
+__all__ = ["Cursor", "Query", "page_key", "topic_regex"]
 
 Cursor = tuple[int, str]
 """Where a page ends: the last entry's ``(due_at_ms, id)``; the next page starts after it."""
+
+
+def topic_regex(pattern: str) -> str:
+    """A regular expression (POSIX and Python alike) that matches ``"." + routing_key``
+    (``""`` for the empty key: it has no words) exactly when the topic ``pattern``
+    matches ``routing_key``: ``*`` one word, ``#`` zero or more, words split on dots.
+
+    >>> import re
+    >>> bool(re.fullmatch(topic_regex("a.#"), ".a")), bool(re.fullmatch(topic_regex("*"), ""))
+    (True, False)
+    """
+    parts = []
+    for word in pattern.split(".") if pattern else []:
+        if word == "#":
+            parts.append(r"(\.[^.]*)*")
+        elif word == "*":
+            parts.append(r"\.[^.]*")
+        else:
+            parts.append(r"\." + "".join(c if c.isalnum() or c == "_" else "\\" + c for c in word))
+    return "^" + "".join(parts) + "$"
 
 
 def page_key(entry: Entry) -> Cursor:

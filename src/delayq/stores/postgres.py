@@ -48,12 +48,14 @@ from delayq.stores.base import (
 )
 from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 
-__all__ = ["PostgresStore", "redact_dsn"]
+__all__ = ["PostgresStore", "redact_dsn", "table_identifier"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
-def _table_name(table: str) -> sql.Identifier:
+def table_identifier(table: str) -> sql.Identifier:
+    """``table`` (``name`` or ``schema.name``) as a quoted SQL identifier; ``ValueError``
+    for anything else."""
     parts = table.split(".")
     if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
         raise ValueError(
@@ -110,7 +112,7 @@ class PostgresStore:
         self._dsn = dsn
         self.table = table
         self._connect_timeout_s = connect_timeout_s
-        ident = _table_name(table)
+        ident = table_identifier(table)
         self._lock = threading.Lock()
         self._sql_create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {t} ("
