@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -62,6 +63,7 @@ from benchlib import (
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
+from delayq.errors import DelayqError
 from delayq.sync import apply_topology, delete_topology
 
 HERE = Path(__file__).resolve().parent
@@ -107,14 +109,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "first, the others on the rest, as with the broker on another host)",
     )
     args = parser.parse_args(argv)
-    args.servers = [s for s in args.servers.split(",") if s]
-    unknown = set(args.servers) - set(SERVERS)
-    if unknown or not args.servers:
-        parser.error(f"--servers: unknown {sorted(unknown)}; use some of {', '.join(SERVERS)}")
-    args.gc = [g for g in args.gc.split(",") if g]
-    unknown = set(args.gc) - set(GCS)
-    if unknown or not args.gc:
-        parser.error(f"--gc: unknown {sorted(unknown)}; use some of {', '.join(GCS)}")
+    for option, known in (("servers", SERVERS), ("gc", GCS)):
+        given = [v for v in getattr(args, option).split(",") if v]
+        unknown = set(given) - set(known)
+        if unknown or not given:
+            parser.error(f"--{option}: unknown {sorted(unknown)}; use some of {', '.join(known)}")
+        twice = sorted({v for v in given if given.count(v) > 1})
+        if twice:
+            parser.error(f"--{option} names {', '.join(twice)} twice: give each once")
+        setattr(args, option, given)
     return args
 
 
@@ -378,7 +381,24 @@ def report(
     print(f"publish_many {many:,.0f} msg/s (AsyncPublisher, {args.many_count:,} messages)")
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGTERM as Ctrl-C: the app server stopped, the namespace deleted, the folders removed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        log(f"interrupted ({exc or 'SIGINT'}): the app, its namespace and files are cleaned up")
+        return 130
+    except DelayqError as exc:
+        print(f"webapp.py: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk (scripts/setup.sh --test does)")
@@ -396,12 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         topology = Topology(
             namespace=f"bench{uuid.uuid4().hex[:8]}", ladder=["1h"], external_bindings=("orders.#",)
         )
-        apply_topology(topology, url)
         print(f"# broker: {broker_version(url)}; load before: {load_average()}")
         runs: dict[tuple[str, str, str], list[Run]] = {}
         many: list[float] = []
         keys = [(s, g, m) for s in args.servers for g in args.gc for m in MODES]
         try:
+            apply_topology(topology, url)
             for round_no in range(args.rounds):
                 for key in keys if round_no % 2 == 0 else reversed(keys):
                     log(f"round {round_no + 1}: {' '.join(key)} ...")
@@ -414,7 +434,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             delete_topology(topology, url)
         report(args, runs, statistics.median(many))
+    problem = verdict(runs)
+    if problem is not None:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
+        return 1
     return 0
+
+
+def verdict(runs: dict[tuple[str, str, str], list[Run]]) -> str | None:
+    """Why the figures of ``runs`` measure nothing (a request failed), or ``None``."""
+    failed = {" ".join(key): sum(r.failed for r in each) for key, each in runs.items()}
+    failed = {key: n for key, n in failed.items() if n}
+    if not failed:
+        return None
+    where = ", ".join(f"{key}: {n:,}" for key, n in failed.items())
+    return (
+        f"requests failed ({where}; a non-2xx answer, or wrk's socket errors and "
+        "timeouts): the figures above do not measure what they say"
+    )
 
 
 if __name__ == "__main__":

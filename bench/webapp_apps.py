@@ -25,11 +25,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from flask import Flask, jsonify
 from flask import request as flask_request
 
 from delayq import Publisher, Topology
 from delayq.aio import AsyncPublisher
+from delayq.errors import DelayqError
+from delayq.web import http_answer
 
 URL = os.environ.get("DELAYQ_BENCH_URL", "amqp://guest:guest@127.0.0.1:5672/")
 TOPOLOGY = Topology(
@@ -89,14 +92,18 @@ async def gc_state() -> dict[str, Any]:
 
 
 @asgi_app.post("/orders/{order}/reminder")
-async def remind(order: int, request: Request) -> dict[str, Any]:
+async def remind(order: int, request: Request) -> Any:
     if MODE == "none":
         return {"order": order, "id": None}
     if MODE == "wait":
         await asyncio.sleep(WAIT_S)
         return {"order": order, "id": None}
     publisher: AsyncPublisher = request.app.state.publisher
-    receipt = await publisher.publish({"order": order}, "orders.reminder", DELAY)
+    try:
+        receipt = await publisher.publish({"order": order}, "orders.reminder", DELAY)
+    except DelayqError as exc:  # the guide's answers (docs/guides/web-apps.md)
+        answer = http_answer(exc)
+        return JSONResponse({"error": answer.detail}, answer.status, answer.headers)
     return {"order": order, "id": receipt.message_id}
 
 
@@ -140,5 +147,9 @@ def remind_sync(order: int) -> Any:
     if MODE == "wait":
         time.sleep(WAIT_S)
         return jsonify(order=order, id=None)
-    receipt = publisher().publish({"order": order}, "orders.reminder", DELAY)
+    try:
+        receipt = publisher().publish({"order": order}, "orders.reminder", DELAY)
+    except DelayqError as exc:
+        answer = http_answer(exc)
+        return jsonify(error=answer.detail), answer.status, answer.headers
     return jsonify(order=order, id=receipt.message_id)

@@ -174,7 +174,17 @@ def validate_url(url: object) -> str:
 def _check_syntax(url: object) -> str:
     """Check that ``url`` is an ``amqp://`` or ``amqps://`` URL with one host or several."""
     if not isinstance(url, str) or not url.strip():
-        raise InvalidURL("broker URL must be a non-empty str like amqp://user:pass@host:5672/vhost")
+        name = type(url).__name__
+        got = repr(url) if isinstance(url, str) else f"a{'n' * (name[0] in 'aeiouAEIOU')} {name}"
+        hint = (
+            " (check the order: apply_topology(topology, url), but Publisher(url, topology))"
+            if type(url).__name__ == "Topology"
+            else ""
+        )
+        raise InvalidURL(
+            f"broker URL must be a non-empty str like amqp://user:pass@host:5672/vhost, "
+            f"not {got}{hint}"
+        )
     for one in host_urls(url):
         _check_one(one, shown=redact(url))
     return url

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -243,6 +244,41 @@ def test_the_webapp_bench_refuses_an_unknown_server_before_starting_anything() -
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2 and "tornado" in result.stderr, result.stderr
+    twice = subprocess.run(
+        [sys.executable, "bench/webapp.py", "--gc", "freeze,freeze"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert twice.returncode == 2 and "names freeze twice" in twice.stderr, twice.stderr
+
+
+def test_the_webapp_bench_stopped_by_sigterm_leaves_no_server_and_no_namespace(
+    local_rabbitmq_node: Any,
+) -> None:
+    """SIGTERM as Ctrl-C: the app server is stopped, the bench's namespace deleted."""
+    import signal
+
+    def queues() -> set[str]:
+        listed = local_rabbitmq_node.ctl("list_queues", "name", "--quiet")
+        return set(re.findall(r"bench[0-9a-f]{8}", listed))
+
+    before = queues()
+    bench = subprocess.Popen(
+        [sys.executable, "bench/webapp.py", "--url", local_rabbitmq_node.url, "--rounds", "1",
+         "--seconds", "60", "--servers", "asgi", "--gc", "freeze"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert bench.stderr is not None
+    for line in bench.stderr:  # a state: the first run is under load
+        if "round 1: asgi freeze none" in line:
+            break
+    made = queues() - before
+    bench.send_signal(signal.SIGTERM)
+    _out, err = bench.communicate(timeout=120)
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (SIGTERM)" in err, err
+    assert made and not made & queues(), (made, queues())
+    left = subprocess.run(["pgrep", "-f", "webapp_apps:asgi_app"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
 
 
 @pytest.mark.parametrize("frameworks", ["dramatiq,taskiq", "celery,faststream"])

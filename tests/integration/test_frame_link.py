@@ -287,6 +287,60 @@ def test_a_blocked_broker_fails_what_is_unconfirmed_with_publish_blocked(
     assert len(receipts) == 30
 
 
+def test_a_block_is_bounded_by_blocked_timeout_s_on_both_publishers_and_said_alike(
+    local_rabbitmq_node: LocalNode, make_topology: Callable[..., Topology]
+) -> None:
+    """A memory alarm under concurrent publishes (the web guide's case): every waiting
+    publish of either publisher fails with PublishBlocked after ``blocked_timeout_s``
+    (not the 60 s confirm timeout, not PublishUnconfirmed for some of them)."""
+    from delayq.errors import PublishUnconfirmed
+    from delayq.sync import Publisher
+
+    url = local_rabbitmq_node.url
+    topo = make_topology(["1s"])
+    apply_topology(topo, url)
+    outcomes: list[BaseException | None] = []
+    lock = threading.Lock()
+    _alarm(local_rabbitmq_node, on=True)
+    try:
+        with Publisher(url, topo, blocked_timeout_s=3) as pub:
+
+            def one(n: int) -> None:
+                try:
+                    pub.publish(b"x", "job.b", "1s", message_id=f"sync-blk-{n}")
+                    error: BaseException | None = None
+                except PublishUnconfirmed as exc:
+                    error = exc
+                with lock:
+                    outcomes.append(error)
+
+            threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+            started = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            sync_s = time.monotonic() - started
+
+        async def concurrent() -> list[BaseException | None]:
+            async with AsyncPublisher(url, topo, blocked_timeout_s=3) as apub:
+                found = await asyncio.gather(
+                    *(apub.publish(b"x", "job.b", "1s", message_id=f"async-blk-{n}")
+                      for n in range(4)),
+                    return_exceptions=True,
+                )  # fmt: skip
+                return [None if not isinstance(r, BaseException) else r for r in found]
+
+        started = time.monotonic()
+        async_outcomes = run(concurrent())
+        async_s = time.monotonic() - started
+    finally:
+        _alarm(local_rabbitmq_node, on=False)
+    assert len(outcomes) == 4 and all(isinstance(e, PublishBlocked) for e in outcomes), outcomes
+    assert all(isinstance(e, PublishBlocked) for e in async_outcomes), async_outcomes
+    assert sync_s < 3 + 10 and async_s < 3 + 10, (sync_s, async_s)  # not the 60 s confirm
+
+
 # Misuse ----------------------------------------------------------------------------------
 
 

@@ -186,3 +186,16 @@ def test_url_errors_never_contain_the_password(secret_url: str) -> None:
     with pytest.raises(InvalidURL) as info:
         validate_url(secret_url)
     assert "s3cret" not in str(info.value)
+
+
+def test_a_topology_given_where_the_url_goes_says_which_order_is_right() -> None:
+    from delayq import Publisher, Topology
+    from delayq.errors import InvalidURL
+    from delayq.sync import apply_topology
+
+    with pytest.raises(InvalidURL, match=r"not a Topology \(check the order"):
+        apply_topology("amqp://localhost/", Topology())  # type: ignore[arg-type]
+    with pytest.raises(InvalidURL, match="not a Topology"):
+        Publisher(Topology(), "amqp://localhost/")  # type: ignore[arg-type]
+    with pytest.raises(InvalidURL, match="not an int"):
+        Publisher(5, Topology())  # type: ignore[arg-type]

@@ -27,6 +27,19 @@ def test_lateness_fails_on_a_missing_or_early_message_in_any_mode() -> None:
     lateness = _load("lateness")
     fine = [lateness.Result("naive"), lateness.Result("tiered")]
     assert lateness.verdict(fine) is None
-    broken = [lateness.Result("naive"), lateness.Result("tiered", missing=3),
-              lateness.Result("exact", early=1)]
+    broken = [
+        lateness.Result("naive"),
+        lateness.Result("tiered", missing=3),
+        lateness.Result("exact", early=1),
+    ]
     assert lateness.verdict(broken) == "tiered: 3 missing, 0 early; exact: 0 missing, 1 early"
+
+
+def test_the_webapp_bench_fails_when_a_request_failed() -> None:
+    webapp = _load("webapp")
+    fine = webapp.Run(1000.0, 1.0, 2.0, 5000, 0, 100.0, 5.0)
+    broken = webapp.Run(900.0, 1.0, 2.0, 4000, 100, 100.0, 5.0)
+    runs = {("asgi", "freeze", "none"): [fine], ("asgi", "freeze", "publish"): [fine, broken]}
+    assert webapp.verdict({("asgi", "freeze", "none"): [fine]}) is None
+    found = webapp.verdict(runs)
+    assert found is not None and "asgi freeze publish: 100" in found

@@ -269,6 +269,7 @@ class FakeWire:
         self.loop = asyncio.get_running_loop()
         self.frame_max = 131_072
         self.blocked = False
+        self.blocked_at: float | None = None
         self.confirms = Confirms()
         self.closed: Exception | None = None
         self.lose_after = lose_after

@@ -263,8 +263,11 @@ class _Batch:
         link = self.link
         while True:
             wait_s = self.progress_at + link.confirm_timeout_s - time.monotonic()
-            if wait_s > 0:
-                await asyncio.wait([rnd.over], timeout=wait_s)
+            since = rnd.wire.blocked_at
+            if since is not None:  # blocked: the bound on that is its own
+                wait_s = min(wait_s, since + link.blocked_timeout_s - time.monotonic())
+            if wait_s > 0:  # a look a second at most: a block may begin meanwhile
+                await asyncio.wait([rnd.over], timeout=min(wait_s, 1.0))
                 if rnd.over.done():
                     return False
                 continue
@@ -275,7 +278,7 @@ class _Batch:
                 rnd.in_flight.clear()
                 for index in stuck:
                     self.failures[index] = outcomes.blocked(
-                        self.built[index], link.confirm_timeout_s, link.shown_url
+                        self.built[index], link.blocked_s(rnd.wire), link.shown_url
                     )
                 link.drop(rnd.wire)
                 return True

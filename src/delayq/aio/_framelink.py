@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -161,7 +162,10 @@ class FrameLink:
         )
         self.backoff_s = options.retry_backoff_s
         self.confirm_timeout_s = options.confirm_timeout_s
-        self._deadlines = _Deadlines(options.confirm_timeout_s)
+        self.blocked_timeout_s = options.blocked_timeout_s
+        self._deadlines = _Deadlines(
+            options.confirm_timeout_s, options.blocked_timeout_s, self._blocked_at
+        )
         self._wire: Wire | None = None
         self._checked: set[str] = set()
         self._opening: asyncio.Task[Wire] | None = None
@@ -305,7 +309,7 @@ class FrameLink:
             except asyncio.TimeoutError as exc:
                 self.drop(wire)
                 if wire.blocked:  # re-sending cannot help while the broker blocks publishers
-                    raise outcomes.blocked(msg, self.confirm_timeout_s, self.shown_url) from exc
+                    raise outcomes.blocked(msg, self.blocked_s(wire), self.shown_url) from exc
                 last = exc
                 self.warn_lost(wire, exc, f"attempt {attempt + 1} of {attempts}")
                 continue
@@ -323,6 +327,15 @@ class FrameLink:
     async def send_batch(self, built: list[OutgoingMessage], window: int) -> None:
         await send_batch(self, built, window)
 
+    def _blocked_at(self) -> float | None:
+        wire = self._wire
+        return None if wire is None else wire.blocked_at
+
+    def blocked_s(self, wire: Wire) -> float:
+        """How long ``wire`` has been blocked (the bound it was failed at)."""
+        since = wire.blocked_at
+        return self.blocked_timeout_s if since is None else time.monotonic() - since
+
 
 class _Deadlines:
     """The confirm deadlines of a link's single sends, in the order they were sent (one
@@ -332,8 +345,18 @@ class _Deadlines:
 
     SWEEP_S = 1.0
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        blocked_timeout_s: float = float("inf"),
+        blocked_at: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.blocked_timeout_s = blocked_timeout_s
+        """A broker blocking publishers (a resource alarm) that long fails every send
+        waiting on it, whatever its own deadline (``blocked_at``: since when, by
+        ``time.monotonic()``, or ``None``)."""
+        self._blocked_at = blocked_at
         self._queue: deque[tuple[float, asyncio.Future[tuple[bool, bool]]]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -353,6 +376,13 @@ class _Deadlines:
         assert loop is not None
         self._timer = None
         now = loop.time()
+        since = self._blocked_at()
+        if since is not None and time.monotonic() - since >= self.blocked_timeout_s:
+            while queue:  # blocked for good: every waiting send hears it
+                _deadline, future = queue.popleft()
+                if not future.done():
+                    future.set_exception(asyncio.TimeoutError())
+            return
         while queue:
             deadline, future = queue[0]
             if not future.done() and deadline > now:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ class Wire(Framing):
         self.url = ""
         """The single-host URL this connection went to (set by whoever opened it)."""
         self.blocked = False
+        self.blocked_at: float | None = None
+        """When the broker blocked this connection (``time.monotonic()``), while it does."""
         self.on_close: list[Callable[[Exception], None]] = []
         self.publishing: ChannelClosed | None = None
         """Why the publish channel closed (``None`` while open)."""
@@ -295,9 +298,10 @@ class Wire(Framing):
         elif kind is heartbeat.Heartbeat:
             pass
         elif kind is commands.Connection.Blocked:
-            self.blocked = True
+            if not self.blocked:
+                self.blocked, self.blocked_at = True, time.monotonic()
         elif kind is commands.Connection.Unblocked:
-            self.blocked = False
+            self.blocked, self.blocked_at = False, None
         elif kind is commands.Connection.Close:
             self.send(0, commands.Connection.CloseOk())
             self._lost(WireClosed(value.reply_code, value.reply_text))

@@ -70,6 +70,10 @@ class AsyncPublisher(NoSyncContext):
     ``link`` replaces the broker I/O (see :mod:`delayq.links`); by default the
     URL's scheme chooses it (``amqp``, ``amqps``, ``memory``).
 
+    ``blocked_timeout_s``: how long the broker may block publishers (a memory or disk
+    alarm) before the publishes waiting on it fail with
+    :class:`~delayq.errors.PublishBlocked` (30 s, as ``Publisher``'s).
+
     ``reconnect_within``: how long a lost broker is waited for once connected (30 s;
     ``None``: ``connect_attempts`` rounds, as for a first connection); the rules and
     what a batch then reports are in :mod:`delayq.retrying`.
@@ -95,6 +99,7 @@ class AsyncPublisher(NoSyncContext):
         reconnect_within: Duration | None = "30s",
         retry_backoff_s: float = 0.2,
         confirm_timeout_s: float = 60.0,
+        blocked_timeout_s: float = 30.0,
         clock_ms: Callable[[], int] = epoch_ms,
         new_id: Callable[[], str] = new_message_id,
         observers: Iterable[PublishObserver] = (),
@@ -123,6 +128,7 @@ class AsyncPublisher(NoSyncContext):
                 frame_max=self.topology.limits.frame_max,
                 retry_backoff_s=retry_backoff_s,
                 confirm_timeout_s=confirm_timeout_s,
+                blocked_timeout_s=blocked_timeout_s,
             )
             link = open_async_link(self._url, self._gate, options)
         self._link = link

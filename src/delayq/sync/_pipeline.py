@@ -112,6 +112,14 @@ def send_pipelined(
         if source.done:
             return
         last = rnd.fatal or rnd.lost
+        if isinstance(last, pika.exceptions.ConnectionBlockedTimeout):
+            # The broker blocks publishers (a memory or disk alarm): every connection is
+            # blocked alike, so sending again cannot help; each message hears so now.
+            waited = float(hosts[0].blocked_connection_timeout or 0)
+            written, source.again = source.again, deque()
+            for index, msg in [*written, *source.drain()]:
+                settle(index, msg, outcomes.blocked(msg, waited, url_for_errors))
+            return
         reason = explain(last) if last is not None and not handed_over else None
         if reason is not None:
             raise ConnectionFailed(reason) from last
