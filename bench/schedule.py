@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--entries", type=positive_int, default=1_000_000)
     args = parser.parse_args(argv)
     with broker(args.url) as (url, _node), tempfile.TemporaryDirectory() as tmp:
-        print(f"# {command_line(sys.argv if argv is None else ['bench/schedule.py', *argv])}")
+        print(f"# {command_line(sys.argv[1:] if argv is None else argv)}")
         print(f"# broker: {broker_version(url)}; load before: {load_average()}")
         rates = publishing(url, args, Path(tmp))
         answers = answering(url, args, Path(tmp))
