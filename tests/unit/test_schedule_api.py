@@ -16,6 +16,7 @@ from delayq.schedule.entry import State
 from delayq.schedule.memory import MemorySchedule
 from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
+from delayq.schedule.report import ScheduleReporter
 from delayq.testing import MemoryBroker
 
 TOPOLOGY = Topology(
@@ -60,6 +61,27 @@ def test_reschedule_by_id_alone_moves_the_message(shop) -> None:
     assert {"order": 1} not in handled and len(handled) == 9
     broker.advance("30m")
     assert handled.count({"order": 1}) == 1
+
+
+def test_the_older_copy_of_a_rescheduled_message_leaves_its_entry_waiting() -> None:
+    """Rescheduled later under the same id: when the older copy comes due it is acked as
+    cancelled, and the entry still says the newer one waits, until it is handled."""
+    index, store, handled = MemorySchedule(), InMemoryStore(), []
+    with MemoryBroker() as broker:
+        broker.apply(TOPOLOGY)
+        reporter = ScheduleReporter(index, interval="1h")
+        broker.consumer(TOPOLOGY, "orders", handled.append, store=store, observers=[reporter])
+        publisher = broker.publisher(
+            TOPOLOGY, store=store, schedule=ScheduleIndex(index, keep_bodies=1024)
+        )
+        publisher.publish(1, "order.remind", "25m", message_id="o1")
+        Schedule(index, publisher).reschedule(["o1"], "50m")
+        broker.advance("31m")  # the older copy came due: cancelled
+        reporter.flush()
+        assert handled == [] and index.get("o1").state is State.RESCHEDULED  # type: ignore[union-attr]
+        broker.advance("30m")
+        reporter.close()
+    assert handled == [1] and index.get("o1").state is State.HANDLED  # type: ignore[union-attr]
 
 
 def test_promote_delivers_now_and_the_waiting_copy_never_reaches_the_handler(shop) -> None:

@@ -32,11 +32,13 @@ log = logging.getLogger("delayq.schedule")
 
 _STATE_OF: dict[Action, State] = {
     Action.ACK: State.HANDLED,
-    Action.DUPLICATE: State.HANDLED,  # a copy of a message handled before (a promote's)
-    Action.CANCELLED: State.CANCELLED,
+    Action.DUPLICATE: State.HANDLED,  # a copy of a message handled before
     Action.RETRY: State.DELIVERED,
     Action.DEAD_LETTER: State.DEAD_LETTERED,
 }
+"""A copy acked as cancelled moves nothing: it may be the older copy of a message
+rescheduled under the same id, whose newer copy still waits; the cancel itself moved the
+entry (a publisher with this index)."""
 
 
 class ScheduleReporter:
