@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from delayq import FixedBackoff, Message, Receipt, Topology
 from delayq.consume.delivery import H_DEAD_LETTER_REASON
 from delayq.local.node import LocalNode
@@ -27,6 +29,7 @@ from tests.integration.test_grant import make_user  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
 
 from .test_consumer import Calls, text, until
+from .test_restart import DEAD_LETTER_RESEND_S
 
 UNIT_MS = 200
 
@@ -214,6 +217,7 @@ def test_an_unrouted_due_message_is_parked_in_unrouted(driver, make_topology, co
     assert decode_key(parked.routing_key, topo.exact_levels).target == "nobody.listens.here"
 
 
+@pytest.mark.timeout(DEAD_LETTER_RESEND_S + 180)
 def test_messages_mid_cascade_survive_a_broker_restart(
     driver_for, local_rabbitmq_node: LocalNode, make_topology, collect
 ):
@@ -234,7 +238,10 @@ def test_messages_mid_cascade_survive_a_broker_restart(
     local_rabbitmq_node.restart()  # graceful stop and start, data kept
 
     inbox = collect(f"{topo.namespace}.work", url=url)
-    inbox.wait(300, timeout_s=60)
+    # A level that expires messages while the node is still starting its queues may hand
+    # them to a dead-letter worker that re-sends only after its confirm timeout (180 s on
+    # 3.10.8; CI saw 161 of 300 wait for it once): late, never lost (test_restart.py).
+    inbox.wait(300, timeout_s=DEAD_LETTER_RESEND_S + 60)
     arrivals = inbox.settle(0.5)
     counts = Counter(a.message_id for a in arrivals)
     assert set(counts) == set(receipts), f"{300 - len(counts)} messages lost in the restart"
