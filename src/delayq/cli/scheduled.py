@@ -87,20 +87,11 @@ def _when(ms: int) -> str:
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
+    from delayq.schedule.transfer import entry_fields
+
     return {
-        "id": entry.id,
-        "namespace": entry.namespace,
-        "routing_key": entry.routing_key,
-        "destinations": list(entry.destinations),
-        "state": entry.state.value,
-        "tier": entry.tier,
+        **entry_fields(entry),
         "due_at": _when(entry.due_at_ms),
-        "due_at_ms": entry.due_at_ms,
-        "published_at_ms": entry.published_at_ms,
-        "size": entry.size,
-        "business_key": entry.business_key,
-        "labels": dict(entry.labels),
-        "generation": entry.generation,
         "body_kept": entry.body is not None,
     }
 

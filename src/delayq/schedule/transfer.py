@@ -17,16 +17,43 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from delayq.errors import InvalidInput
 from delayq.message.envelope import Message, Receipt
 from delayq.schedule.api import kept_body
 from delayq.schedule.entry import Entry, State
 
-__all__ = ["Imported", "entry_line", "export_lines", "publish_again", "read_lines", "to_messages"]
+__all__ = [
+    "Imported",
+    "entry_fields",
+    "entry_line",
+    "export_lines",
+    "publish_again",
+    "read_lines",
+    "to_messages",
+]
 
 FORMAT = "delayq.schedule/1"
+
+
+def entry_fields(entry: Entry) -> dict[str, Any]:
+    """What ``entry`` says, as JSON values (its kept body, content type and headers
+    aside): the fields of ``delayq scheduled list --json`` and of an export's lines."""
+    return {
+        "id": entry.id,
+        "namespace": entry.namespace,
+        "routing_key": entry.routing_key,
+        "destinations": list(entry.destinations),
+        "state": entry.state.value,
+        "tier": entry.tier,
+        "due_at_ms": entry.due_at_ms,
+        "published_at_ms": entry.published_at_ms,
+        "size": entry.size,
+        "business_key": entry.business_key,
+        "labels": dict(entry.labels),
+        "generation": entry.generation,
+    }
 
 
 def entry_line(entry: Entry) -> str:
@@ -34,18 +61,7 @@ def entry_line(entry: Entry) -> str:
     return json.dumps(
         {
             "format": FORMAT,
-            "id": entry.id,
-            "namespace": entry.namespace,
-            "routing_key": entry.routing_key,
-            "destinations": list(entry.destinations),
-            "state": entry.state.value,
-            "tier": entry.tier,
-            "due_at_ms": entry.due_at_ms,
-            "published_at_ms": entry.published_at_ms,
-            "size": entry.size,
-            "business_key": entry.business_key,
-            "labels": dict(entry.labels),
-            "generation": entry.generation,
+            **entry_fields(entry),
             "body": None if entry.body is None else base64.b64encode(entry.body).decode(),
             "content_type": entry.content_type,
             "headers": None if entry.headers is None else dict(entry.headers),
