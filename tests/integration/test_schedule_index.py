@@ -17,8 +17,16 @@ import pytest
 from delayq import FixedBackoff, Message
 from delayq.aio import AsyncPublisher
 from delayq.consume.delivery import Reject
-from delayq.errors import ConnectionFailed, PublishError, ScheduleNotRecorded, StoreError
+from delayq.errors import (
+    ConnectionFailed,
+    PublishBatchError,
+    PublishError,
+    PublishNotSent,
+    ScheduleNotRecorded,
+    StoreError,
+)
 from delayq.observe.publishes import Published, PublishOutcome
+from delayq.schedule.batch import CHUNK
 from delayq.schedule.entry import Entry, State
 from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
@@ -142,6 +150,48 @@ def test_a_confirm_the_index_cannot_record_is_told_with_its_receipts(
     assert entry is not None and entry.state is State.PENDING  # never shown as scheduled
     assert inner.count(Query()) == 0
     assert [e.outcome for e in seen] == [PublishOutcome.CONFIRMED]
+
+
+def test_a_large_async_batch_is_recorded_in_steps_beside_its_sends(
+    make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """``publish_many`` of 12,000 on asyncio with a SQLite index goes out in steps of
+    5,000 (the next one recorded while one is sent): every message confirmed is in the
+    tier and scheduled in the index. When the index refuses the second step, the first
+    was sent and confirmed, and the rest are named never sent, with no entries."""
+    topo = make_topology(["1m"])
+    apply_topology(topo, rabbitmq_url)
+    tier = topo.tier_name(topo.ladder.tiers[0])
+    total = 2 * CHUNK + 2_000
+    store = SQLiteSchedule(tmp_path / "s.db")
+    run = publish("async", rabbitmq_url, topo, ScheduleIndex(store))
+    receipts = run("publish_many", [Message(n, "job.remind", "30s") for n in range(total)])
+    assert len(receipts) == total and depth(rabbitmq_url, tier) == total
+    assert store.count(Query(namespace=topo.namespace)) == total
+
+    class SecondAddFails:
+        def __init__(self) -> None:
+            self.inner, self.adds = SQLiteSchedule(tmp_path / "t.db"), 0
+
+        def add(self, entries: Sequence[Entry]) -> list[bool]:
+            self.adds += 1
+            if self.adds == 2:
+                raise StoreError("disk full")
+            return self.inner.add(entries)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    failing = SecondAddFails()
+    run = publish("async", rabbitmq_url, topo, ScheduleIndex(failing))  # type: ignore[arg-type]
+    with pytest.raises(PublishBatchError) as raised:
+        run("publish_many", [Message(n, "job.remind", "30s") for n in range(total)])
+    failures = raised.value.failures
+    assert sorted(failures) == list(range(CHUNK, total))
+    assert all(isinstance(e, PublishNotSent) for e in failures.values())
+    assert depth(rabbitmq_url, tier) == total + CHUNK
+    assert failing.inner.count(Query(states=set(State))) == CHUNK
+    assert failing.inner.count(Query()) == CHUNK  # all scheduled
 
 
 def test_a_publish_never_confirmed_is_marked_unconfirmed_not_scheduled(

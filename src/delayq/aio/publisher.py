@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -37,6 +37,7 @@ from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.retrying import within_seconds
+from delayq.schedule.batch import arecord_batch
 from delayq.schedule.record import ScheduleIndex, arecording
 from delayq.stores.base import (
     Cancel,
@@ -270,17 +271,20 @@ class AsyncPublisher(NoSyncContext):
             async with self._admission.hold(window, room) as waited:
                 if waited:  # its delays count from now, not from when it was built
                     built = self._factory.restamp(built)
-                try:
-                    if self.schedule is None:
-                        await self._link.send_batch(built, window)
-                    else:
-                        async with arecording(self.schedule, self.topology, built, self._clock_ms):
-                            await self._link.send_batch(built, window)
-                except DelayqError:
-                    raise
-                except Exception as exc:
-                    failures = {i: self._unexpected(exc, m) for i, m in enumerate(built)}
-                    raise PublishBatchError([None] * len(built), failures) from exc
+
+                async def send(part: Sequence[OutgoingMessage]) -> None:
+                    try:
+                        await self._link.send_batch(list(part), window)
+                    except DelayqError:
+                        raise
+                    except Exception as exc:
+                        failures = {i: self._unexpected(exc, m) for i, m in enumerate(part)}
+                        raise PublishBatchError([None] * len(part), failures) from exc
+
+                if self.schedule is None:
+                    await send(built)
+                else:
+                    await arecord_batch(self.schedule, self.topology, built, self._clock_ms, send)
         return built
 
     # Cancelling ---------------------------------------------------------------

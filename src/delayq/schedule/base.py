@@ -9,14 +9,15 @@ processes never move an entry back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from delayq.errors import InvalidInput
 from delayq.schedule.entry import FINISHED, Entry, State
 from delayq.schedule.query import Cursor, Query
 
-__all__ = ["REPLACEABLE", "ScheduleStore", "check_limit", "check_new"]
+__all__ = ["REPLACEABLE", "JsonTexts", "ScheduleStore", "check_limit", "check_move", "check_new"]
 
 REPLACEABLE = FINISHED | {State.PENDING}
 """An entry a new record of the same id replaces: one not confirmed yet (the publish is
@@ -75,7 +76,41 @@ def check_new(entries: Sequence[Entry]) -> Sequence[Entry]:
     return entries
 
 
+def check_move(to: object, **values: int | None) -> None:
+    """A move's state and times (``now_ms``, ``due_at_ms``, ``generation``): a
+    :class:`State` and ints of 0 or more (``None``: unchanged)."""
+    if not isinstance(to, State):
+        raise InvalidInput(f"entries move to a State, not {to!r}")
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(f"a move's {name} is an int of 0 or more, not {value!r}")
+
+
 def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidInput(f"limit is a whole number of 1 or more, not {limit!r}")
     return limit
+
+
+class JsonTexts:
+    """The JSON text of an entry's destinations or labels for a SQL store's row, each
+    value encoded once: a publisher's entries share one tuple of destinations per routing
+    key and one labels mapping (it keeps them), so a batch's rows cost a lookup each, not
+    an encoding. Keyed by identity, holding the value, so an id is never reused while cached."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, value: tuple[str, ...] | Mapping[str, str]) -> str:
+        found = self._by_id.get(id(value))
+        if found is not None and found[0] is value:
+            return found[1]
+        text = json.dumps(list(value) if isinstance(value, tuple) else dict(value))
+        if len(self._by_id) >= 4096:
+            self._by_id.clear()
+        self._by_id[id(value)] = (value, text)
+        return text

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from delayq.errors import StoreError
-from delayq.schedule.base import REPLACEABLE, check_limit, check_new
+from delayq.schedule.base import REPLACEABLE, check_limit, check_move, check_new
 from delayq.schedule.entry import FINISHED, Entry, State, moves
 from delayq.schedule.query import Cursor, Query, page_key
 
@@ -52,6 +52,7 @@ class MemorySchedule:
         due_at_ms: int | None = None,
         generation: int | None = None,
     ) -> list[State | None]:
+        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         changes: dict[str, object] = {}
         if due_at_ms is not None:
             changes["due_at_ms"] = due_at_ms

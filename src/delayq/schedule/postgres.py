@@ -24,38 +24,25 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import InvalidInput, StoreError
-from delayq.schedule.base import REPLACEABLE, check_limit, check_new
-from delayq.schedule.entry import FINISHED, Entry, State, allowed_from
+from delayq.schedule.base import REPLACEABLE, check_limit, check_move, check_new
+from delayq.schedule.entry import FIELDS, FINISHED, Entry, Restore, State, allowed_from
 from delayq.schedule.query import Cursor, Query, topic_regex
 from delayq.stores._postgres_dsn import redact_dsn, scrub_dsn
 from delayq.stores.postgres import table_identifier
 
 __all__ = ["PostgresSchedule"]
 
-_COLUMNS = (
-    "id, namespace, routing_key, destinations, due_at_ms, tier, published_at_ms, size, "
-    "business_key, labels, state, generation, changed_at_ms, body, content_type, headers"
-)
+_COLUMNS = ", ".join(FIELDS)  # in the order Restore reads a row
 
 
 def _row(entry: Entry) -> tuple[Any, ...]:
+    """``entry``'s values in :data:`~delayq.schedule.entry.FIELDS` order."""
     return (
-        entry.id, entry.namespace, entry.routing_key, list(entry.destinations),
-        entry.due_at_ms, entry.tier, entry.published_at_ms, entry.size, entry.business_key,
+        entry.id, entry.namespace, entry.routing_key, entry.due_at_ms, entry.tier,
+        entry.published_at_ms, entry.size, list(entry.destinations), entry.business_key,
         json.dumps(dict(entry.labels)), entry.state.value, entry.generation,
         entry.changed_at_ms, entry.body, entry.content_type,
         None if entry.headers is None else json.dumps(dict(entry.headers)),
-    )  # fmt: skip
-
-
-def _entry(row: Sequence[Any]) -> Entry:
-    (id_, namespace, key, destinations, due, tier, published, size, business_key, labels,
-     state, generation, changed, body, content_type, headers) = row  # fmt: skip
-    return Entry(
-        id_, namespace, key, due_at_ms=due, tier=tier, published_at_ms=published, size=size,
-        destinations=tuple(destinations), business_key=business_key, labels=labels,
-        state=State(state), generation=generation, changed_at_ms=changed,
-        body=None if body is None else bytes(body), content_type=content_type, headers=headers,
     )  # fmt: skip
 
 
@@ -191,6 +178,7 @@ class PostgresSchedule:
         due_at_ms: int | None = None,
         generation: int | None = None,
     ) -> list[State | None]:
+        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         allowed = sorted(s.value for s in allowed_from(to))
         if not allowed:
             raise InvalidInput(f"no entry moves to {to.value}: entries are added pending")
@@ -222,7 +210,7 @@ class PostgresSchedule:
                 sql.SQL("SELECT " + _COLUMNS + " FROM {t} WHERE id = %s").format(t=self._t),
                 (entry_id,),
             ).fetchone()
-        return None if row is None else _entry(row)
+        return None if row is None else Restore()(row)
 
     def find(self, query: Query, *, after: Cursor | None = None, limit: int = 100) -> list[Entry]:
         check_limit(limit)
@@ -237,7 +225,8 @@ class PostgresSchedule:
                 ).format(t=self._t, w=where),
                 (*args, limit),
             ).fetchall()
-        return [_entry(row) for row in rows]
+        restore = Restore()
+        return [restore(row) for row in rows]
 
     def count(self, query: Query) -> int:
         where, args = _where(query)

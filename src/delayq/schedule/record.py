@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from delayq.errors import DelayqError, InvalidInput, PublishBatchError, ScheduleNotRecorded
@@ -34,11 +35,12 @@ from delayq.message.envelope import (
 )
 from delayq.observe.carrier import TRACEPARENT
 from delayq.schedule.base import ScheduleStore
-from delayq.schedule.entry import WAITING, Entry, State
+from delayq.schedule.entry import WAITING, Entry, State, checked_labels, unchecked
 from delayq.schedule.query import Query
 from delayq.topology.model import Topology
 
 __all__ = ["Labeller", "ScheduleIndex", "arecording", "recording"]
+
 
 log = logging.getLogger("delayq.schedule")
 
@@ -70,6 +72,7 @@ class ScheduleIndex:
             raise InvalidInput(f"labels are a mapping or a function of a message, not {labels!r}")
         self.store = store
         self._labels = labels
+        self._fixed = None if callable(labels) else checked_labels(labels or {})
         self._business_key = business_key
         self.keep_bodies = keep_bodies
         self._destinations: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -82,25 +85,37 @@ class ScheduleIndex:
         return [self._entry(topology, m) for m in messages if m.receipt.tier is not None]
 
     def _entry(self, topology: Topology, msg: OutgoingMessage) -> Entry:
+        # Built unchecked: the message was checked by its factory, the labels here.
         receipt = msg.receipt
-        labels = self._labels(msg) if callable(self._labels) else self._labels
-        kept = _kept_headers(msg) if len(msg.body) <= self.keep_bodies else None
-        return Entry(
-            msg.message_id,
-            topology.namespace,
-            msg.routing_key,
+        labels = self._fixed if self._fixed is not None else self._labels_of(msg)
+        kept = (
+            _kept_headers(msg) if self.keep_bodies and len(msg.body) <= self.keep_bodies else None
+        )
+        business_key = self._business_key(msg) if self._business_key else None
+        if business_key is not None and not isinstance(business_key, str):
+            raise InvalidInput(f"a business key is a str or None, not {business_key!r}")
+        return unchecked(
+            id=msg.message_id,
+            namespace=topology.namespace,
+            routing_key=msg.routing_key,
             due_at_ms=receipt.published_at_ms + receipt.tier_ms,
             tier=receipt.tier or "",
             published_at_ms=receipt.published_at_ms,
             size=len(msg.body),
             destinations=self._to(topology, msg.routing_key),
-            business_key=self._business_key(msg) if self._business_key else None,
-            labels=labels or {},
+            business_key=business_key,
+            labels=labels,
+            state=State.PENDING,
+            generation=0,
             changed_at_ms=receipt.published_at_ms,
             body=None if kept is None else msg.body,
             content_type=None if kept is None else msg.content_type,
-            headers=kept,
+            headers=None if kept is None else MappingProxyType(kept),
         )
+
+    def _labels_of(self, msg: OutgoingMessage) -> Mapping[str, str]:
+        assert callable(self._labels)
+        return checked_labels(self._labels(msg) or {})
 
     def _to(self, topology: Topology, routing_key: str) -> tuple[str, ...]:
         found = self._destinations.get((topology.namespace, routing_key))

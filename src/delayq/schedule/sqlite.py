@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from delayq.errors import InvalidInput, StoreError
-from delayq.schedule.base import REPLACEABLE, check_limit, check_new
-from delayq.schedule.entry import FINISHED, Entry, State, allowed_from
+from delayq.schedule.base import REPLACEABLE, JsonTexts, check_limit, check_move, check_new
+from delayq.schedule.entry import FIELDS, FINISHED, Entry, Restore, State, allowed_from
 from delayq.schedule.query import Cursor, Query
 from delayq.topology.topic import topic_matches
 
@@ -40,13 +40,11 @@ _SCHEMA = (
     headers         TEXT                -- a JSON object, kept with the body
 )""",
     "CREATE INDEX IF NOT EXISTS delayq_schedule_due ON delayq_schedule(state, due_at_ms, id)",
-    "CREATE INDEX IF NOT EXISTS delayq_schedule_key ON delayq_schedule(business_key)",
+    "CREATE INDEX IF NOT EXISTS delayq_schedule_key ON delayq_schedule(business_key) "
+    "WHERE business_key IS NOT NULL",
 )
 
-_COLUMNS = (
-    "id, namespace, routing_key, destinations, due_at_ms, tier, published_at_ms, size, "
-    "business_key, labels, state, generation, changed_at_ms, body, content_type, headers"
-)
+_COLUMNS = ", ".join(FIELDS)  # in the order Restore reads a row
 
 _UPDATES = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS.split(", ")[1:])
 _ADD = (
@@ -56,31 +54,23 @@ _ADD = (
 )
 
 
-def _row(entry: Entry) -> tuple[Any, ...]:
+def _row(entry: Entry, texts: JsonTexts) -> tuple[Any, ...]:
+    """``entry``'s values in :data:`~delayq.schedule.entry.FIELDS` order."""
     return (
-        entry.id, entry.namespace, entry.routing_key, json.dumps(list(entry.destinations)),
-        entry.due_at_ms, entry.tier, entry.published_at_ms, entry.size, entry.business_key,
-        json.dumps(dict(entry.labels)), entry.state.value, entry.generation,
+        entry.id, entry.namespace, entry.routing_key, entry.due_at_ms, entry.tier,
+        entry.published_at_ms, entry.size, texts(entry.destinations), entry.business_key,
+        texts(entry.labels), entry.state.value, entry.generation,
         entry.changed_at_ms, entry.body, entry.content_type,
         None if entry.headers is None else json.dumps(dict(entry.headers)),
     )  # fmt: skip
 
 
-def _entry(row: Sequence[Any]) -> Entry:
-    (id_, namespace, key, destinations, due, tier, published, size, business_key, labels,
-     state, generation, changed, body, content_type, headers) = row  # fmt: skip
-    return Entry(
-        id_, namespace, key, due_at_ms=due, tier=tier, published_at_ms=published, size=size,
-        destinations=tuple(json.loads(destinations)), business_key=business_key,
-        labels=json.loads(labels), state=State(state), generation=generation,
-        changed_at_ms=changed, body=None if body is None else bytes(body),
-        content_type=content_type, headers=None if headers is None else json.loads(headers),
-    )  # fmt: skip
-
-
 def _where(query: Query) -> tuple[str, list[Any]]:
     states = sorted(s.value for s in query.states)
-    clauses = [f"state IN ({', '.join('?' * len(states))})"]
+    # Found by id or business key where the query names them (``+state``: not through
+    # the state index, which would walk every entry in those states).
+    by_key = query.ids is not None or query.business_key is not None
+    clauses = [f"{'+' if by_key else ''}state IN ({', '.join('?' * len(states))})"]
     args: list[Any] = list(states)
     for column, value in (("namespace", query.namespace), ("business_key", query.business_key)):
         if value is not None:
@@ -123,6 +113,7 @@ class SQLiteSchedule:
             )
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._texts = JsonTexts()
         self._closed = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,18 +160,23 @@ class SQLiteSchedule:
 
     def add(self, entries: Sequence[Entry]) -> list[bool]:
         check_new(entries)
-        rows = [_row(e) for e in entries]
+        rows = [_row(e, self._texts) for e in entries]
         with self._writing() as db:
-            # Usually no id is there yet: one look for all, then one many-row insert.
-            held = dict(
-                db.execute(
+            # Usually no id is there yet: one many-row upsert, and a look for the ids
+            # kept (a live entry of the same id) only when some row did not go in.
+            before = db.total_changes
+            db.executemany(_ADD, rows)
+            if db.total_changes - before == len(rows):
+                return [True] * len(rows)
+            kept = {
+                i
+                for i, state in db.execute(
                     "SELECT id, state FROM delayq_schedule "
                     "WHERE id IN (SELECT value FROM json_each(?))",
                     (json.dumps([e.id for e in entries]),),
-                ).fetchall()
-            )
-            kept = {i for i, state in held.items() if State(state) not in REPLACEABLE}
-            db.executemany(_ADD, [r for r in rows if r[0] not in kept])
+                )
+                if State(state) not in REPLACEABLE
+            }
         return [e.id not in kept for e in entries]
 
     def move(
@@ -192,6 +188,7 @@ class SQLiteSchedule:
         due_at_ms: int | None = None,
         generation: int | None = None,
     ) -> list[State | None]:
+        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         allowed = sorted(s.value for s in allowed_from(to))
         if not allowed:
             raise InvalidInput(f"no entry moves to {to.value}: entries are added pending")
@@ -203,10 +200,14 @@ class SQLiteSchedule:
                     "UPDATE delayq_schedule SET state = ?, changed_at_ms = ?, "
                     "due_at_ms = COALESCE(?, due_at_ms), generation = COALESCE(?, generation) "
                     "WHERE id IN (SELECT value FROM json_each(?)) "
-                    f"AND state IN ({', '.join('?' * len(allowed))}) RETURNING id",
+                    # ``+state``: found by id (the primary key), never by scanning the
+                    # state index (every scheduled entry of a large index: issue 51)
+                    f"AND +state IN ({', '.join('?' * len(allowed))}) RETURNING id",
                     (to.value, now_ms, due_at_ms, generation, listed, *allowed),
                 )
             }
+            if len(moved) == len(ids):
+                return [to] * len(ids)
             held = dict(
                 db.execute(
                     "SELECT id, state FROM delayq_schedule "
@@ -221,7 +222,7 @@ class SQLiteSchedule:
             row = db.execute(
                 f"SELECT {_COLUMNS} FROM delayq_schedule WHERE id = ?", (entry_id,)
             ).fetchone()
-        return None if row is None else _entry(row)
+        return None if row is None else Restore()(row)
 
     def find(self, query: Query, *, after: Cursor | None = None, limit: int = 100) -> list[Entry]:
         check_limit(limit)
@@ -235,7 +236,8 @@ class SQLiteSchedule:
                 "ORDER BY due_at_ms, id LIMIT ?",
                 (*args, limit),
             ).fetchall()
-        return [_entry(row) for row in rows]
+        restore = Restore()
+        return [restore(row) for row in rows]
 
     def count(self, query: Query) -> int:
         where, args = _where(query)
