@@ -212,6 +212,29 @@ def test_purge_promote_and_reschedule_from_the_command_line(live, capsys) -> Non
     assert index.get("o2").state.value == "rescheduled"  # type: ignore[union-attr]
 
 
+def test_cancel_by_id_and_expire_from_the_command_line(live, capsys) -> None:
+    broker, handled, base, index = live
+    code, got = run(
+        capsys, "scheduled", "cancel", *base, "--message-id", "o1", "--message-id", "o3", "--json"
+    )
+    assert code == EXIT_OK
+    assert got["cancelled"] == 2 and [r["message_id"] for r in got["receipts"]] == ["o1", "o3"]
+    assert index.get("o1").state.value == "cancelled"  # type: ignore[union-attr]
+    # an id not in the index: nothing is cancelled, exit 2
+    assert main(["scheduled", "cancel", *base, "--message-id", "o5", "--message-id", "x"]) == 2
+    assert index.get("o5").state.value == "scheduled"  # type: ignore[union-attr]
+    broker.advance("30m")
+    assert sorted(handled) == [0, 2, 4, 5, 6, 7, 8, 9]
+    expire = ["scheduled", "expire", "--index", base[3]]
+    assert main([*expire, "--older-than", "10"]) == EXIT_INPUT  # no unit
+    assert main([*expire, "--older-than", "-1h"]) == EXIT_INPUT
+    code, got = run(capsys, *expire, "--older-than", "36500d", "--json")
+    assert code == EXIT_OK and got == {"deleted": 0}  # the cancels are newer than that
+    code, got = run(capsys, *expire, "--older-than", "0s", "--json")
+    assert code == EXIT_OK and got == {"deleted": 2}  # handled ones stay: no reporter here
+    assert index.get("o1") is None and index.get("o0") is not None
+
+
 def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
     live, capsys, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from delayq import InMemoryStore, Message, Topology
-from delayq.errors import InvalidInput
+from delayq.errors import InvalidDelay, InvalidInput
 from delayq.schedule.api import Schedule, kept_body
 from delayq.schedule.entry import State
 from delayq.schedule.memory import MemorySchedule
@@ -138,3 +138,21 @@ def test_kept_bodies_come_back_as_published() -> None:
     ]  # fmt: skip
     big = index.get("big")
     assert big is not None and big.body is None and not big.kept
+
+
+def test_cancel_by_id_checks_every_id_first_and_expire_keeps_waiting_entries(shop) -> None:
+    broker, schedule, handled = shop
+    with pytest.raises(InvalidInput, match="not in the schedule index"):
+        schedule.cancel(["o1", "nope"])
+    assert schedule.show("o1").state is State.SCHEDULED  # nothing was done
+    receipts = schedule.cancel(["o1", "o3"])
+    assert [r.cancelled for r in receipts] == [True, True]
+    assert schedule.show("o1").state is State.CANCELLED
+    assert schedule.expire("1h") == 0  # cancelled just now
+    broker.advance("1s")
+    assert schedule.expire("0s") == 2
+    assert schedule.show("o1") is None and schedule.show("o2").state is State.SCHEDULED
+    broker.advance("30m")
+    assert sorted(h["order"] for h in handled) == [0, 2, 4, 5, 6, 7, 8, 9]
+    with pytest.raises(InvalidDelay):
+        schedule.expire("-1h")

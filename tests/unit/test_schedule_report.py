@@ -120,6 +120,25 @@ def test_close_writes_what_is_queued_and_the_thread_writes_on_its_own() -> None:
         quick.close()
 
 
+def test_a_retention_deletes_finished_entries_older_than_it_and_keeps_waiting_ones() -> None:
+    store = MemorySchedule()
+    scheduled(store, "old", "new", "waiting")
+    store.move(["old"], State.HANDLED, now_ms=1_000)
+    now = [1_000 + 7 * 86_400_000 + 1]
+    store.move(["new"], State.HANDLED, now_ms=now[0] - 1)
+    reporter = ScheduleReporter(store, interval="10ms", retention="7d", clock_ms=lambda: now[0])
+    try:
+        deadline = time.monotonic() + 10
+        while reporter.expired == 0:  # its first round expires
+            assert time.monotonic() < deadline, "the reporter did not expire"
+            time.sleep(0.01)
+    finally:
+        reporter.close()
+    assert reporter.expired == 1
+    assert store.get("old") is None
+    assert store.get("new") is not None and store.get("waiting") is not None
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(InvalidInput, match="above 0"):
         ScheduleReporter(MemorySchedule(), interval="0s")
@@ -127,3 +146,5 @@ def test_bad_settings_are_refused() -> None:
         ScheduleReporter(MemorySchedule(), interval="soon")
     with pytest.raises(InvalidInput, match="max_pending"):
         ScheduleReporter(MemorySchedule(), max_pending=0)
+    with pytest.raises(InvalidDelay):
+        ScheduleReporter(MemorySchedule(), retention="7")

@@ -32,7 +32,8 @@ __all__ = ["scheduled_group"]
 def scheduled_group() -> click.Group:
     return group(
         "scheduled",
-        "what is scheduled: list, count, show, reschedule, promote, purge, export, import",
+        "what is scheduled: list, count, show, cancel, reschedule, promote, purge, expire, "
+        "export, import",
         [
             leaf(
                 "list",
@@ -63,6 +64,23 @@ def scheduled_group() -> click.Group:
                     once("--message-id", required=True, help="the message's id"),
                     index_option(),
                     json_flag("print the entry as JSON"),
+                ],
+                url=False,
+                file=False,
+            ),
+            leaf(
+                "expire",
+                cmd_expire,
+                "delete the entries of finished messages older than a retention",
+                [
+                    once(
+                        "--older-than",
+                        required=True,
+                        help="finished (unconfirmed, cancelled, handled, dead-lettered) "
+                        'and unchanged for this long, for example "7d", "12h"',
+                    ),
+                    index_option(),
+                    json_flag("print the count as JSON"),
                 ],
                 url=False,
                 file=False,
@@ -154,4 +172,21 @@ def cmd_show(args: Args) -> int:
         return EXIT_OK
     for key, value in entry_json(entry).items():
         print(f"{key:16} {value}")
+    return EXIT_OK
+
+
+def cmd_expire(args: Args) -> int:
+    from delayq.durations import to_ms
+    from delayq.message.envelope import epoch_ms
+
+    older_than_ms = to_ms(args.older_than, what="--older-than")
+    store = open_index(args.index)
+    try:
+        deleted = store.expire(finished_before_ms=epoch_ms() - older_than_ms)
+    finally:
+        store.close()
+    if args.json:
+        print_json({"deleted": deleted})
+    else:
+        print(f"deleted {deleted:,} finished entries")
     return EXIT_OK

@@ -1,4 +1,4 @@
-"""``delayq scheduled reschedule | promote | purge``: changes to what is scheduled, made
+"""``delayq scheduled cancel | reschedule | promote | purge``: changes to what is scheduled, made
 as a publisher's reschedules and cancels (marks in the consumers' store, ``--store``)
 that the schedule index (``--index``) follows: :class:`delayq.schedule.api.Schedule`.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -38,6 +38,14 @@ def change_commands() -> list[click.Command]:
         help="a message id the index holds; repeatable",
     )
     return [
+        leaf(
+            "cancel",
+            cmd_cancel,
+            "cancel messages by their ids; they are acked unhandled when due",
+            [ids, store_option(), index_option(), json_flag("print the receipts as JSON")],
+            url=True,
+            file=True,
+        ),
         leaf(
             "reschedule",
             cmd_reschedule,
@@ -135,6 +143,38 @@ def cmd_promote(args: Args) -> int:
     return _moved(receipts, args.json)
 
 
+def cmd_cancel(args: Args) -> int:
+    with _schedule(args) as schedule:
+        receipts = schedule.cancel(args.message_ids)
+    return _cancelled(receipts, len(receipts), args.json, each=True)
+
+
+def _cancelled(
+    receipts: Sequence[CancelReceipt], matched: int, as_json: bool, *, each: bool
+) -> int:
+    """Print what the cancels did (``each``: a line or JSON row per message too)."""
+    stopped = sum(r.cancelled for r in receipts)
+    lost = len(receipts) - stopped
+    if as_json:
+        rows = [{"message_id": r.message_id, "cancelled": r.cancelled} for r in receipts]
+        print_json(
+            {"matched": matched, "cancelled": stopped, "not_cancelled": lost}
+            | ({"receipts": rows} if each else {})
+        )
+    else:
+        for r in receipts if each else ():
+            print(f"{r.message_id}  {'cancelled' if r.cancelled else 'not cancelled'}")
+        print(f"cancelled {stopped:,} of {len(receipts):,}")
+    if lost:
+        print(
+            f"delayq: {counted(lost, 'message')} not cancelled: the cancel lost the race "
+            "with a handler (in progress or already handled)",
+            file=sys.stderr,
+        )
+        return EXIT_BROKER
+    return EXIT_OK
+
+
 def cmd_purge(args: Args) -> int:
     given = (args.states, args.routing_key, args.destination, args.due_before, args.due_after)
     if not args.all and not any(given) and not args.labels and args.business_key is None:
@@ -160,18 +200,4 @@ def cmd_purge(args: Args) -> int:
             print(f"delayq: stopped after {counted(done[0], 'message')} (those are cancelled)",
                   file=sys.stderr)  # fmt: skip
             raise
-    stopped = sum(r.cancelled for r in receipts)
-    lost = len(receipts) - stopped
-    counts: dict[str, Any] = {"matched": total, "cancelled": stopped, "not_cancelled": lost}
-    if args.json:
-        print_json(counts)
-    else:
-        print(f"cancelled {stopped:,} of {len(receipts):,}")
-    if lost:
-        print(
-            f"delayq: {counted(lost, 'message')} not cancelled: the cancel lost the race "
-            "with a handler (in progress or already handled)",
-            file=sys.stderr,
-        )
-        return EXIT_BROKER
-    return EXIT_OK
+    return _cancelled(receipts, total, args.json, each=False)

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from delayq.durations import Duration, to_ms
 from delayq.errors import InvalidInput
 from delayq.message.cancel import CancelReceipt, RescheduleReceipt
-from delayq.message.envelope import CONTENT_JSON, CONTENT_TEXT
+from delayq.message.envelope import CONTENT_JSON, CONTENT_TEXT, epoch_ms
 from delayq.message.reschedule import Reschedule
 from delayq.schedule.base import ScheduleStore, check_limit
 from delayq.schedule.entry import Entry, State
@@ -127,6 +128,20 @@ class Schedule:
         if sent:
             self.store.move(sent, State.PROMOTED, now_ms=publisher.factory.now_ms())
         return receipts
+
+    def cancel(self, message_ids: Sequence[str]) -> list[CancelReceipt]:
+        """Cancel each message by its id (every id checked in the index first: nothing is
+        done if one is missing); a receipt each, as ``Publisher.cancel_many``'s."""
+        publisher = self._changer()
+        entries = self._entries(message_ids)
+        return publisher.cancel_many(message_ids=[e.id for e in entries])
+
+    def expire(self, older_than: Duration) -> int:
+        """Delete the entries of finished messages (unconfirmed, cancelled, handled,
+        dead-lettered) that last changed more than ``older_than`` ago; how many. Waiting
+        entries are never deleted. Reading needs no publisher."""
+        now = self.publisher.factory.now_ms() if self.publisher is not None else epoch_ms()
+        return self.store.expire(finished_before_ms=now - to_ms(older_than, what="older_than"))
 
     def purge(
         self,

@@ -9,12 +9,17 @@ index's waiting view within ``interval`` plus one store write while its consumer
 A store that fails keeps the reports for the next round (up to ``max_pending``, then the
 oldest are dropped and counted in :attr:`ScheduleReporter.dropped`, with a warning): the
 index is a view, and a consumer never waits for it or fails a delivery because of it.
+
+``retention`` (a duration, for example ``"7d"``): the reporter also deletes the entries
+of finished messages that last changed longer ago, at its first round and every
+:data:`EXPIRE_EVERY_S` after (``delayq scheduled expire`` does it once, from cron).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -26,7 +31,11 @@ from delayq.observe.deliveries import Settled
 from delayq.schedule.base import ScheduleStore
 from delayq.schedule.entry import State
 
-__all__ = ["ScheduleReporter"]
+__all__ = ["EXPIRE_EVERY_S", "ScheduleReporter"]
+
+EXPIRE_EVERY_S = 600.0
+"""How often a reporter with a ``retention`` deletes finished entries (and at its first
+round)."""
 
 log = logging.getLogger("delayq.schedule")
 
@@ -51,6 +60,7 @@ class ScheduleReporter:
         *,
         interval: Duration = "1s",
         max_pending: int = 100_000,
+        retention: Duration | None = None,
         clock_ms: Callable[[], int] = epoch_ms,
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
@@ -60,6 +70,10 @@ class ScheduleReporter:
         if self.interval_s <= 0:
             raise InvalidInput(f"interval is a duration above 0, not {interval!r}")
         self.max_pending = max_pending
+        self.retention_ms = None if retention is None else to_ms(retention, what="retention")
+        self.expired = 0
+        """Finished entries this reporter deleted (``retention``)."""
+        self._expired_at: float | None = None
         self.dropped = 0
         self._clock_ms = clock_ms
         self._pending: OrderedDict[str, State] = OrderedDict()
@@ -120,6 +134,22 @@ class ScheduleReporter:
             self._wake.wait(self.interval_s)
             self._wake.clear()
             self.flush()
+            self._expire()
+
+    def _expire(self) -> None:
+        """With ``retention``: delete finished entries older than it, at most once every
+        :data:`EXPIRE_EVERY_S` (so an entry is gone within retention and that)."""
+        if self.retention_ms is None:
+            return
+        if self._expired_at is not None and time.monotonic() - self._expired_at < EXPIRE_EVERY_S:
+            return
+        self._expired_at = time.monotonic()
+        try:
+            self.expired += self.store.expire(
+                finished_before_ms=self._clock_ms() - self.retention_ms
+            )
+        except DelayqError as exc:
+            log.warning("the schedule index could not expire finished entries: %s", exc)
 
     def close(self) -> None:
         """Stop the thread after a last write."""
