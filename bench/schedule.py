@@ -3,11 +3,13 @@
 In one run against one broker (``--url``, else ``RABBITMQ_URL``, else a throwaway local
 node):
 
-1. ``AsyncPublisher.publish_many`` of ``--messages`` delayed messages without an index,
-   with a SQLite index and with the in-memory one, ``--rounds`` rounds in alternating
-   order; each run's tier is purged after it. Printed: messages/s of each and the
-   index's ratio to none (the median of each round's), against the goal of 0.7 for
-   SQLite;
+1. ``AsyncPublisher.publish_many`` of ``--messages`` delayed messages without an index
+   and with each index of ``--stores`` (SQLite, in memory, Redis, PostgreSQL: the last
+   two on ``--redis-url`` / ``--postgres-dsn``, else throwaway local servers of the
+   installed packages), ``--rounds`` rounds in alternating order; each run's tier is
+   purged after it. Printed: messages/s of each and the index's ratio to none (the
+   median of each round's), against the goals of 0.7 for SQLite and Redis, 0.5 for
+   PostgreSQL;
 2. on a SQLite index of ``--entries`` scheduled entries (written straight to the store,
    untimed), 10 % of them due in the first minute: ``count`` of all and of a label,
    ``list`` of every entry due within the minute, a page of 1,000 at a time, and a
@@ -21,18 +23,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from benchlib import broker, broker_version, command_line, load_average, log, positive_int, purge
 
 from delayq import Message, Topology
 from delayq.aio import AsyncPublisher
+from delayq.local.servers import LocalPostgres, LocalRedis
 from delayq.message.envelope import epoch_ms
 from delayq.schedule.api import Schedule
 from delayq.schedule.base import ScheduleStore
@@ -44,7 +48,10 @@ from delayq.schedule.sqlite import SQLiteSchedule
 from delayq.stores.sqlite import SQLiteStore
 from delayq.sync import Publisher, apply_topology, delete_topology
 
-GOALS = {"sqlite": 0.7, "count": 1.0, "list": 1.0, "purge": 10.0}
+GOALS = {
+    "sqlite": 0.7, "redis": 0.7, "postgres": 0.5, "count": 1.0, "list": 1.0, "purge": 10.0
+}  # fmt: skip
+STORES = ("sqlite", "memory", "redis", "postgres")
 
 
 def topology() -> Topology:
@@ -65,27 +72,81 @@ async def publish_rate(url: str, topo: Topology, count: int, index: ScheduleStor
         return count / (time.perf_counter() - started)
 
 
-def publishing(url: str, args: argparse.Namespace, folder: Path) -> dict[str, list[float]]:
+@contextlib.contextmanager
+def servers(args: argparse.Namespace) -> Iterator[dict[str, str]]:
+    """Where the Redis and PostgreSQL indexes live: the options, else local servers."""
+    found: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        if "redis" in args.stores:
+            if args.redis_url is None:
+                log("starting a local Redis ...")
+                found["redis"] = stack.enter_context(LocalRedis()).url
+            else:
+                found["redis"] = args.redis_url
+        if "postgres" in args.stores:
+            if args.postgres_dsn is None:
+                log("starting a local PostgreSQL ...")
+                found["postgres"] = stack.enter_context(LocalPostgres()).dsn
+            else:
+                found["postgres"] = args.postgres_dsn
+        yield found
+
+
+def open_store(mode: str, where: dict[str, str], folder: Path, name: str) -> ScheduleStore:
+    if mode == "sqlite":
+        return SQLiteSchedule(folder / f"{name}.db")
+    if mode == "redis":
+        from delayq.schedule.redis import RedisSchedule
+
+        return RedisSchedule(where["redis"], prefix=f"bench:{name}:")
+    if mode == "postgres":
+        from delayq.schedule.postgres import PostgresSchedule
+
+        return PostgresSchedule(where["postgres"], table=f"bench_{name}")
+    return MemorySchedule()
+
+
+def dispose(mode: str, index: ScheduleStore, where: dict[str, str]) -> None:
+    """Close ``index`` and remove what a server kept of it."""
+    index.close()
+    if mode == "redis":
+        import redis
+
+        client = redis.Redis.from_url(where["redis"])
+        for key in client.scan_iter(match=getattr(index, "prefix", "bench:") + "*"):
+            client.delete(key)
+        client.close()
+    elif mode == "postgres":
+        import psycopg
+
+        with psycopg.connect(where["postgres"], autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {getattr(index, 'table', 'bench_none')}")
+
+
+def publishing(
+    url: str, args: argparse.Namespace, folder: Path, where: dict[str, str]
+) -> dict[str, list[float]]:
     topo = topology()
     apply_topology(topo, url)
-    rates: dict[str, list[float]] = {"none": [], "sqlite": [], "memory": []}
+    rates: dict[str, list[float]] = {"none": [], **{mode: [] for mode in args.stores}}
     try:
         for round_ in range(args.rounds):
             order = list(rates) if round_ % 2 == 0 else list(reversed(rates))
             for mode in order:
-                index: ScheduleStore | None = None
-                if mode == "sqlite":
-                    index = SQLiteSchedule(folder / f"publish-{round_}.db")
-                elif mode == "memory":
-                    index = MemorySchedule()
-                rate = asyncio.run(publish_rate(url, topo, args.messages, index))
-                if index is not None:
-                    found = index.count(Query())
-                    index.close()
-                    if found != args.messages + 100:
-                        raise SystemExit(f"{mode}: the index holds {found} scheduled entries")
+                index = None
+                if mode != "none":
+                    index = open_store(mode, where, folder, f"p{round_}{uuid.uuid4().hex[:6]}")
+                try:
+                    rate = asyncio.run(publish_rate(url, topo, args.messages, index))
+                    if index is not None:
+                        found = index.count(Query())
+                        if found != args.messages + 100:
+                            raise SystemExit(f"{mode}: the index holds {found} scheduled entries")
+                finally:
+                    if index is not None:
+                        dispose(mode, index, where)
                 rates[mode].append(rate)
-                log(f"round {round_ + 1}: {mode:6} {rate:,.0f} msg/s")
+                log(f"round {round_ + 1}: {mode:8} {rate:,.0f} msg/s")
                 purge(url, topo.tier_name(topo.ladder.tiers[0]))
     finally:
         delete_topology(topo, url)
@@ -147,23 +208,43 @@ def answering(url: str, args: argparse.Namespace, folder: Path) -> dict[str, flo
     return times
 
 
+def stores_list(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in chosen if t not in STORES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"--stores takes some of {','.join(STORES)}")
+    return chosen
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="broker URL (default $RABBITMQ_URL, else a local node)")
     parser.add_argument("--messages", type=positive_int, default=20_000)
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--entries", type=positive_int, default=1_000_000)
+    parser.add_argument(
+        "--stores",
+        type=stores_list,
+        default=STORES,
+        help=f"the indexes to publish with, comma-separated (default {','.join(STORES)})",
+    )
+    parser.add_argument("--redis-url", help="a Redis for its index (default: a local one)")
+    parser.add_argument("--postgres-dsn", help="a PostgreSQL for its (default: a local one)")
     args = parser.parse_args(argv)
-    with broker(args.url) as (url, _node), tempfile.TemporaryDirectory() as tmp:
+    with (
+        broker(args.url) as (url, _node),
+        servers(args) as where,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         print(f"# {command_line(sys.argv[1:] if argv is None else argv)}")
         print(f"# broker: {broker_version(url)}; load before: {load_average()}")
-        rates = publishing(url, args, Path(tmp))
+        rates = publishing(url, args, Path(tmp), where)
         answers = answering(url, args, Path(tmp))
         print(f"# load after: {load_average()}")
     base = rates["none"]
     print(f"publish_many, {args.messages:,} messages, medians of {args.rounds} rounds:")
     print(f"  no index  {statistics.median(base):>9,.0f} msg/s")
-    for mode in ("sqlite", "memory"):
+    for mode in args.stores:
         ratio = statistics.median(a / b for a, b in zip(rates[mode], base, strict=True))
         goal = GOALS.get(mode)
         verdict = "" if goal is None else f" (goal {goal}: {'met' if ratio >= goal else 'NOT met'})"

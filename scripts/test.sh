@@ -100,13 +100,15 @@ for server in "${servers[@]}"; do
         done
         # Client-side recovery of the Spark jobs (a killed job resumed, an outage waited
         # out, spark-submit on a cluster, a stream through SIGKILLs: about 450
-        # worker-seconds) and the task frameworks' guide examples (their own CLIs) on the
+        # worker-seconds), of a publisher killed between its schedule index's writes
+        # (about 40), and the task frameworks' guide examples (their own CLIs) on the
         # first server only: what reaches the broker (bulk scheduling, records, each
         # framework's delays, retries and DLQ) runs here by the other Spark and framework tests.
         for slow in tests/spark/test_stream.py tests/spark/test_cluster.py \
                 tests/spark/test_outage.py tests/spark/test_cli_outage.py \
                 tests/spark/test_resume_killed.py tests/spark/test_job_failure.py \
                 tests/misuse/test_spark_resume.py tests/integration/test_frameworks_guide.py \
+                tests/integration/test_schedule_kill.py \
                 "tests/integration/test_readme_examples.py::test_the_block_runs[spark.md"; do
             suites+=(--deselect "$slow")
         done

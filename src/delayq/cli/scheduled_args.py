@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 
 __all__ = ["INDEX_FORMS", "filters", "index_option", "open_index", "query_of"]
 
-INDEX_FORMS = "a SQLite file: sqlite:///PATH or a PATH; or postgresql://user:pass@host/db"
+INDEX_FORMS = (
+    "a SQLite file: sqlite:///PATH or a PATH; postgresql://user:pass@host/db; or "
+    "redis://host:6379/0 (rediss://, unix://)"
+)
 
 
 def index_option(*, required: bool = True, what: str = "the schedule index") -> click.Option:
@@ -63,6 +66,10 @@ def open_index(url: str, *, create: bool = False) -> ScheduleStore:
         from delayq.schedule.postgres import PostgresSchedule
 
         return PostgresSchedule(url)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from delayq.schedule.redis import RedisSchedule
+
+        return RedisSchedule(url)
     path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
     if "://" in path:
         raise InvalidInput(f"--index {url!r}: {INDEX_FORMS}")

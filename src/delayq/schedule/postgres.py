@@ -46,6 +46,25 @@ def _row(entry: Entry) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+_TYPES = ("text", "text", "text", "bigint", "text", "bigint", "bigint", "text", "text", "text",
+          "text", "bigint", "bigint", "bytea", "text", "text")  # fmt: skip
+_UPSERT = (
+    "INSERT INTO {t} AS cur (" + _COLUMNS + ") SELECT u.id, u.namespace, u.routing_key,"
+    " u.due_at_ms, u.tier, u.published_at_ms, u.size,"
+    " ARRAY(SELECT jsonb_array_elements_text(u.destinations::jsonb)), u.business_key,"
+    " u.labels::jsonb, u.state, u.generation, u.changed_at_ms, u.body, u.content_type,"
+    " u.headers::jsonb FROM unnest("
+    + ", ".join(f"%s::{kind}[]" for kind in _TYPES)
+    + ") AS u("
+    + _COLUMNS
+    + ") ON CONFLICT (id) DO UPDATE SET {u}"
+    " WHERE cur.state = ANY(%s) RETURNING id"
+)
+_UPSERT_SET = sql.SQL(", ").join(
+    sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in FIELDS[1:]
+)
+
+
 def _where(query: Query) -> tuple[sql.Composable, list[Any]]:
     clauses: list[sql.Composable] = [sql.SQL("state = ANY(%s)")]
     args: list[Any] = [sorted(s.value for s in query.states)]
@@ -149,25 +168,20 @@ class PostgresSchedule:
         check_new(entries)
         if not entries:
             return []
-        rows = [_row(e) for e in entries]
+        # One statement for the batch: the rows as arrays (unnest), upserted; the ids it
+        # returns went in, the others are live entries it kept.
+        columns = list(zip(*(_row(e) for e in entries), strict=True))
+        columns[7] = tuple(json.dumps(list(e.destinations)) for e in entries)
         replaceable = sorted(s.value for s in REPLACEABLE)
-        updates = sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
-            for c in _COLUMNS.split(", ")[1:]
-        )
-        insert = sql.SQL(
-            "INSERT INTO {t} AS cur (" + _COLUMNS + ") VALUES (" + ", ".join(["%s"] * 16) + ")"
-            " ON CONFLICT (id) DO UPDATE SET {u} WHERE cur.state = ANY(%s)"
-        ).format(t=self._t, u=updates)
         with self._session() as conn, conn.transaction():
-            found = conn.execute(
-                sql.SQL("SELECT id, state FROM {t} WHERE id = ANY(%s)").format(t=self._t),
-                ([e.id for e in entries],),
-            ).fetchall()
-            kept = {i for i, state in found if State(state) not in REPLACEABLE}
-            with conn.cursor() as cursor:
-                cursor.executemany(insert, [(*r, replaceable) for r in rows if r[0] not in kept])
-        return [e.id not in kept for e in entries]
+            added = {
+                row[0]
+                for row in conn.execute(
+                    sql.SQL(_UPSERT).format(t=self._t, u=_UPSERT_SET),
+                    (*(list(c) for c in columns), replaceable),
+                )
+            }
+        return [e.id in added for e in entries]
 
     def move(
         self,
@@ -196,6 +210,8 @@ class PostgresSchedule:
                     (to.value, now_ms, due_at_ms, generation, listed, allowed),
                 )
             }
+            if len(moved) == len(ids):
+                return [to] * len(ids)
             held = dict(
                 conn.execute(
                     sql.SQL("SELECT id, state FROM {t} WHERE id = ANY(%s)").format(t=self._t),
