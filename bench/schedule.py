@@ -11,7 +11,8 @@ node):
    median of each round's), against the goals of 0.7 for SQLite and Redis, 0.5 for
    PostgreSQL;
 2. on a SQLite index of ``--entries`` scheduled entries (written straight to the store,
-   untimed), 10 % of them due in the first minute: ``count`` of all and of a label,
+   untimed), 10 % of them due in the first minute: ``count`` of all, of a label and by
+   tier (the gauges' read),
    ``list`` of every entry due within the minute, a page of 1,000 at a time, and a
    ``purge`` of those (their cancel marks in a SQLite idempotency store, the index
    moved); goals: count 1 s, list 1 s, purge 10 s.
@@ -184,6 +185,11 @@ def answering(url: str, args: argparse.Namespace, folder: Path) -> dict[str, flo
     started = time.perf_counter()
     labelled = index.count(Query(namespace="bench", labels={"tenant": "t3"}))
     times["count a label"] = time.perf_counter() - started
+    started = time.perf_counter()
+    tiers = index.tiers(Query(namespace="bench"))
+    times["count by tier"] = time.perf_counter() - started
+    if tiers != {"1h": args.entries}:
+        raise SystemExit(f"wrong answer: by tier {tiers}")
     window = Query(namespace="bench", due_before_ms=now + 60_000)
     started = time.perf_counter()
     listed = sum(1 for _ in Schedule(index).iterate(window, page=1000))
@@ -251,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = statistics.median(rates[mode])
         print(f"  {mode:8}  {rate:>9,.0f} msg/s  {ratio:.2f} of none{verdict}")
     print(f"an index of {args.entries:,} entries (SQLite):")
-    for name in ("count", "count a label", "list", "purge"):
+    for name in ("count", "count a label", "count by tier", "list", "purge"):
         goal = GOALS.get(name)
         verdict = (
             ""

@@ -103,6 +103,7 @@ def test_redis_answers_a_query_as_the_filter_does(
     expected = unit_suite.matching(memory, query)
     assert store.count(query) == len(expected)
     assert store.find(query, limit=limit) == expected[:limit]
+    assert store.tiers(query) == unit_suite.by_tier(expected)
 
 
 def test_the_command_line_reads_a_redis_index(
@@ -121,3 +122,21 @@ def test_the_command_line_reads_a_redis_index(
     assert store.get("m1") is None
     assert main(["scheduled", "show", "--index", redis_url, "--message-id", "m1"]) == EXIT_BROKER
     assert main(["scheduled", "show", "--index", "redis://127.0.0.1:1/0", "--message-id", "x"]) == 1
+
+
+def test_the_tier_counters_follow_adds_moves_replaces_and_expiry(store: Any) -> None:
+    """Counts by tier of a namespace's states come from counters the scripts keep."""
+    entries = [unit_suite.entry(n, tier="1h" if n % 3 else "30s") for n in range(30)]
+    store.add(entries)
+    waiting = Query(namespace="shop", states={State.PENDING, State.SCHEDULED})
+    assert store.tiers(waiting) == {"30s": 10, "1h": 20}
+    store.move([e.id for e in entries[:12]], State.SCHEDULED, now_ms=1)
+    store.move([e.id for e in entries[:6]], State.HANDLED, now_ms=2)
+    assert store.tiers(Query(namespace="shop", states={State.SCHEDULED})) == {"30s": 2, "1h": 4}
+    assert store.tiers(Query(namespace="shop", states={State.HANDLED})) == {"30s": 2, "1h": 4}
+    store.add([unit_suite.entry(0, tier="1h")])  # a finished entry recorded again
+    assert store.tiers(Query(namespace="shop", states={State.HANDLED})) == {"30s": 1, "1h": 4}
+    assert store.expire(finished_before_ms=3) == 5
+    assert store.tiers(Query(states={State.HANDLED})) == {}
+    assert store.tiers(waiting) == {"30s": 8, "1h": 17}
+    assert store.tiers(waiting) == unit_suite.by_tier(store.find(waiting, limit=100))

@@ -99,3 +99,4 @@ def test_postgres_answers_a_query_as_the_filter_does(
     expected = unit_suite.matching(memory, query)
     assert store.count(query) == len(expected)
     assert store.find(query, limit=limit) == expected[:limit]
+    assert store.tiers(query) == unit_suite.by_tier(expected)

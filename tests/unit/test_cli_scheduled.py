@@ -144,7 +144,8 @@ def test_an_index_that_is_not_there_is_not_made(tmp_path: Path, index, capsys) -
     assert main(["scheduled", "count", *base[:2], "--index", str(missing)]) == EXIT_BROKER
     assert "no schedule index" in capsys.readouterr().err
     assert not missing.parent.exists()
-    assert main(["scheduled", "count", *base[:2], "--index", "redis://host"]) == EXIT_INPUT
+    assert main(["scheduled", "count", *base[:2], "--index", "mysql://host"]) == EXIT_INPUT
+    assert main(["scheduled", "count", *base[:2], "--index", "redis://127.0.0.1:1/0"]) == 1
 
 
 @pytest.fixture

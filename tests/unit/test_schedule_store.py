@@ -259,8 +259,15 @@ def test_a_path_that_cannot_hold_a_file_is_a_store_error(tmp_path: Path) -> None
 
 _entries = st.lists(
     st.builds(
-        lambda n, key, due, tenant, dest, state: (
-            entry(n, routing_key=key, due_at_ms=due, labels={"tenant": tenant}, destinations=dest),
+        lambda n, key, due, tenant, dest, state, tier: (
+            entry(
+                n,
+                routing_key=key,
+                due_at_ms=due,
+                labels={"tenant": tenant},
+                destinations=dest,
+                tier=tier,
+            ),
             state,
         ),
         st.integers(0, 10_000),
@@ -269,6 +276,7 @@ _entries = st.lists(
         st.sampled_from(["x", "y"]),
         st.sampled_from([(), ("q1",), ("q1", "q2")]),
         st.sampled_from(list(State)),
+        st.sampled_from(["30s", "1h"]),
     ),
     max_size=30,
     unique_by=lambda pair: pair[0].id,
@@ -303,9 +311,17 @@ def test_every_store_answers_a_query_as_the_filter_does(
         for s in stores:
             assert s.count(query) == len(expected)
             assert s.find(query, limit=limit) == expected[:limit]
+            assert s.tiers(query) == by_tier(expected)
     finally:
         for s in stores:
             s.close()
+
+
+def by_tier(entries: list[Entry]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for e in entries:
+        found[e.tier] = found.get(e.tier, 0) + 1
+    return found
 
 
 def fill(store: ScheduleStore, pairs: list[tuple[Entry, State]]) -> None:

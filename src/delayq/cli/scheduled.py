@@ -33,7 +33,7 @@ def scheduled_group() -> click.Group:
     return group(
         "scheduled",
         "what is scheduled: list, count, show, cancel, reschedule, promote, purge, expire, "
-        "export, import",
+        "export, import, metrics",
         [
             leaf(
                 "list",
@@ -84,6 +84,29 @@ def scheduled_group() -> click.Group:
                 ],
                 url=False,
                 file=False,
+            ),
+            leaf(
+                "metrics",
+                cmd_metrics,
+                "serve the index's Prometheus gauges (waiting by tier, due soon, overdue)",
+                [
+                    once(
+                        "--port",
+                        type=int,
+                        required=True,
+                        metavar="N",
+                        help="port to serve /metrics on (0: any free port)",
+                    ),
+                    once(
+                        "--addr",
+                        default="127.0.0.1",
+                        metavar="ADDR",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)",
+                    ),
+                    index_option(),
+                ],
+                url=False,
+                file=True,
             ),
             *change_commands(),
             *transfer_commands(),
@@ -189,4 +212,36 @@ def cmd_expire(args: Args) -> int:
         print_json({"deleted": deleted})
     else:
         print(f"deleted {deleted:,} finished entries")
+    return EXIT_OK
+
+
+def cmd_metrics(args: Args) -> int:
+    """Until SIGTERM/SIGINT (exit 0)."""
+    import signal
+    import threading
+
+    from delayq.observe.metrics import serve_metrics
+    from delayq.schedule.gauges import ScheduleGauges
+
+    if not 0 <= args.port <= 65535:
+        raise InvalidInput(f"--port is a port number (0 to 65535), not {args.port}")
+    namespace = load_cli_topology(args).namespace
+    store = open_index(args.index)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        gauges = ScheduleGauges(store, namespace)
+        try:
+            server = serve_metrics(gauges.registry, args.port, args.addr)
+        except OSError as exc:
+            raise InvalidInput(f"cannot listen on {args.addr}:{args.port}: {exc}") from exc
+        print(f"delayq: the index's gauges of {namespace!r} at {server.url}", file=sys.stderr)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        server.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.close()
     return EXIT_OK

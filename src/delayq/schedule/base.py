@@ -55,6 +55,10 @@ class ScheduleStore(Protocol):
 
     def count(self, query: Query) -> int: ...
 
+    def tiers(self, query: Query) -> dict[str, int]:
+        """How many entries match ``query``, by tier (tiers with none left out)."""
+        ...
+
     def expire(self, *, finished_before_ms: int) -> int:
         """Delete entries in a finished state that last changed before; how many."""
         ...

@@ -94,6 +94,15 @@ class MemorySchedule:
             self._check_open()
             return sum(1 for e in self._entries.values() if query.matches(e))
 
+    def tiers(self, query: Query) -> dict[str, int]:
+        found: dict[str, int] = {}
+        with self._lock:
+            self._check_open()
+            for e in self._entries.values():
+                if query.matches(e):
+                    found[e.tier] = found.get(e.tier, 0) + 1
+        return found
+
     def expire(self, *, finished_before_ms: int) -> int:
         with self._lock:
             self._check_open()

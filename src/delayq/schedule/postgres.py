@@ -252,6 +252,17 @@ class PostgresSchedule:
             ).fetchone()
         return 0 if row is None else int(row[0])
 
+    def tiers(self, query: Query) -> dict[str, int]:
+        where, args = _where(query)
+        with self._session() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT tier, count(*) FROM {t} WHERE {w} GROUP BY tier").format(
+                    t=self._t, w=where
+                ),
+                args,
+            ).fetchall()
+        return {tier: int(n) for tier, n in rows}
+
     def expire(self, *, finished_before_ms: int) -> int:
         with self._session() as conn:
             cursor = conn.execute(

@@ -8,6 +8,7 @@ Under ``prefix``:
   and each member ``<due_at_ms, 15 digits>:<id>``, so the members sort in page order
   (due time, then id) and a due window or a cursor is a ``ZRANGEBYLEX`` bound;
 * ``f:<namespace>``: the finished entries, scored by when they last changed (``expire``);
+* ``c:<namespace>:<state>``: a hash of how many entries each tier holds in that state;
 * ``k:<business key>``: a set of the ids of that key; ``namespaces``: a set of them.
 
 Every ``add`` and ``move`` is one Lua script over its batch, so a move is applied only
@@ -63,12 +64,13 @@ local names = {'id','namespace','routing_key','due_at_ms','tier','published_at_m
 for _, e in ipairs(cjson.decode(ARGV[2])) do
   local id, ns = e[1], e[2]
   local key = p .. 'e:' .. id
-  local old = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'business_key')
+  local old = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'business_key', 'tier')
   if old[1] and not REPLACEABLE[old[1]] then
     out[#out + 1] = 0
   else
     if old[1] then
       redis.call('ZREM', p .. 's:' .. old[2] .. ':' .. old[1], member(old[3], id))
+      redis.call('HINCRBY', p .. 'c:' .. old[2] .. ':' .. old[1], old[5], -1)
       redis.call('ZREM', p .. 'f:' .. old[2], id)
       if old[4] then redis.call('SREM', p .. 'k:' .. old[4], id) end
       redis.call('DEL', key)
@@ -84,6 +86,7 @@ for _, e in ipairs(cjson.decode(ARGV[2])) do
     end
     redis.call('HSET', key, unpack(kv))
     redis.call('ZADD', p .. 's:' .. ns .. ':' .. e[11], 0, member(e[4], id))
+    redis.call('HINCRBY', p .. 'c:' .. ns .. ':' .. e[11], e[5], 1)
     if ns ~= last then
       redis.call('SADD', p .. 'namespaces', ns)
       last = ns
@@ -108,7 +111,7 @@ local out = {}
 for i = 7, #ARGV do
   local id = ARGV[i]
   local key = p .. 'e:' .. id
-  local st = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms')
+  local st = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'tier')
   if not st[1] then
     out[#out + 1] = ''
   elseif allowed[st[1]] then
@@ -116,6 +119,8 @@ for i = 7, #ARGV do
     if due ~= '' then new = due end
     redis.call('ZREM', p .. 's:' .. st[2] .. ':' .. st[1], member(st[3], id))
     redis.call('ZADD', p .. 's:' .. st[2] .. ':' .. to, 0, member(new, id))
+    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. st[1], st[4], -1)
+    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. to, st[4], 1)
     redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new)
     if gen ~= '' then redis.call('HSET', key, 'generation', gen) end
     if FINISHED[to] then
@@ -140,10 +145,11 @@ local p, ns, cutoff, gone = ARGV[1], ARGV[2], tonumber(ARGV[3]), 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local key = p .. 'e:' .. id
-  local st = redis.call('HMGET', key, 'state', 'changed_at_ms', 'due_at_ms', 'business_key')
+  local st = redis.call('HMGET', key, 'state', 'changed_at_ms', 'due_at_ms', 'business_key', 'tier')
   redis.call('ZREM', p .. 'f:' .. ns, id)
   if st[1] and FINISHED[st[1]] and tonumber(st[2]) < cutoff then
     redis.call('ZREM', p .. 's:' .. ns .. ':' .. st[1], member(st[3], id))
+    redis.call('HINCRBY', p .. 'c:' .. ns .. ':' .. st[1], st[5], -1)
     if st[4] then redis.call('SREM', p .. 'k:' .. st[4], id) end
     redis.call('DEL', key)
     gone = gone + 1
@@ -325,6 +331,26 @@ class RedisSchedule:
                 for state in query.states:
                     pipe.zlexcount(f"{self.prefix}s:{ns}:{state.value}", low, high)
             return sum(int(n) for n in pipe.execute())
+
+    def tiers(self, query: Query) -> dict[str, int]:
+        found: dict[str, int] = {}
+        plain = Query(namespace=query.namespace, states=query.states)
+        if query != plain:  # filters the counters do not hold: read the entries
+            after = None
+            while page := self.find(query, after=after, limit=_PAGE):
+                for e in page:
+                    found[e.tier] = found.get(e.tier, 0) + 1
+                after = (page[-1].due_at_ms, page[-1].id)
+            return found
+        with self._calling() as client:
+            pipe = client.pipeline(transaction=False)
+            for ns in self._namespaces(query):
+                for state in query.states:
+                    pipe.hgetall(f"{self.prefix}c:{ns}:{state.value}")
+            for counters in pipe.execute():
+                for tier, n in counters.items():
+                    found[tier.decode()] = found.get(tier.decode(), 0) + int(n)
+        return {tier: n for tier, n in found.items() if n > 0}
 
     def expire(self, *, finished_before_ms: int) -> int:
         gone = 0

@@ -248,6 +248,14 @@ class SQLiteSchedule:
                 ]
             )
 
+    def tiers(self, query: Query) -> dict[str, int]:
+        where, args = _where(query)
+        with self._reading() as db:
+            rows = db.execute(
+                f"SELECT tier, count(*) FROM delayq_schedule WHERE {where} GROUP BY tier", args
+            ).fetchall()
+        return {tier: int(n) for tier, n in rows}
+
     def expire(self, *, finished_before_ms: int) -> int:
         states = sorted(s.value for s in FINISHED)
         with self._writing() as db:
