@@ -153,3 +153,43 @@ def test_export_and_import_move_the_schedule_to_another_namespace(
             assert len(times) == 1, message_id
             assert due[message_id] - 50 <= times[0] <= due[message_id] + 4_000, message_id
     index.close()
+
+
+def test_stats_shows_the_index_beside_each_tier_and_says_when_it_shows_more(
+    make_topology: Callable[..., Topology],
+    rabbitmq_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    import pika
+
+    topo = make_topology(["1m", "1h"])
+    apply_topology(topo, rabbitmq_url)
+    (tmp_path / "t.yaml").write_text(
+        json.dumps(json.loads(topo.model_dump_json(exclude_defaults=True)))
+    )
+    index = SQLiteSchedule(tmp_path / "index.db")
+    with Publisher(rabbitmq_url, topo, schedule=ScheduleIndex(index)) as pub:
+        pub.publish_many([Message(n, "job.remind", "45s") for n in range(7)])
+        pub.publish_many([Message(n, "job.remind", "50m") for n in range(3)])
+    index.close()
+    command = ["stats", "--url", rabbitmq_url, "-f", str(tmp_path / "t.yaml"),
+               "--index", str(tmp_path / "index.db"), "--json"]  # fmt: skip
+    assert main(command) == EXIT_OK
+    found = json.loads(capsys.readouterr().out)["index"]
+    assert [(t["tier"], t["indexed"], t["queued"]) for t in found["tiers"]] == [
+        ("1m", 7, 7),
+        ("1h", 3, 3),
+    ]
+    assert found["disagrees"] is False
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:  # the 1m tier emptied behind delayq's back
+        connection.channel().queue_purge(topo.tier_name(topo.ladder.tiers[0]))
+    finally:
+        connection.close()
+    assert main(command[:-1]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "the schedule index beside the tiers" in out
+    assert "tier 1m: the index shows 7 more waiting than its queues hold" in out

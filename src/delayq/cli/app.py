@@ -32,6 +32,7 @@ from delayq.cli.options import (
     once,
 )
 from delayq.cli.scheduled import scheduled_group
+from delayq.cli.scheduled_args import index_option
 from delayq.cli.tree import parked_group, spark_group, topology_group
 
 __all__ = ["build_cli", "parse"]
@@ -43,7 +44,14 @@ def _run_commands() -> list[click.Command]:
             "stats",
             "delayq.cli.run:cmd_stats",
             "messages and consumers of every tier, retry tier, destination and DLQ",
-            [*management(), json_flag("print JSON instead of a table")],
+            [
+                *management(),
+                index_option(
+                    required=False,
+                    what="also the schedule index's waiting messages beside each tier",
+                ),
+                json_flag("print JSON instead of a table"),
+            ],
             url=True,
             file=True,
         ),

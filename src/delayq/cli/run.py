@@ -55,10 +55,21 @@ def cmd_stats(args: Args) -> int:
     topology, url = topology_and_url(args)
     rows = stats_rows(topology)
     depths, source = queue_depths(stats_queues(rows), url, management=management_choice(args, url))
+    index = None if args.index is None else _index_beside(args.index, topology, depths)
     if args.json:
-        sys.stdout.write(stats_json(rows, depths, source))
+        found = json.loads(stats_json(rows, depths, source))
+        if index is not None:
+            from delayq.schedule.beside import beside_json
+
+            found["index"] = beside_json(index)
+        print_json(found)
     else:
         show_table(stats_table(rows, depths, source))
+        if index is not None:
+            from delayq.schedule.beside import beside_table
+
+            print("\nthe schedule index beside the tiers:")
+            show_table(beside_table(index))
     missing = sorted(name for name, depth in depths.items() if depth is None)
     hidden = sorted(name for name, depth in depths.items() if isinstance(depth, Unseen))
     if missing:
@@ -76,6 +87,20 @@ def cmd_stats(args: Args) -> int:
             file=sys.stderr,
         )
     return EXIT_BROKER if missing or hidden else EXIT_OK
+
+
+def _index_beside(url: str, topology: Topology, depths: Any) -> Any:
+    """Each tier's waiting entries in the index at ``url`` beside its queues' depths."""
+    from delayq.cli.scheduled_args import open_index
+    from delayq.schedule.beside import beside
+    from delayq.schedule.query import Query
+
+    store = open_index(url)
+    try:
+        tiers = store.tiers(Query(namespace=topology.namespace))
+    finally:
+        store.close()
+    return beside(topology, tiers, depths)
 
 
 def _some(names: list[str]) -> str:
