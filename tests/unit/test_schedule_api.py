@@ -56,6 +56,8 @@ def test_reschedule_by_id_alone_moves_the_message(shop) -> None:
     assert receipt.moved
     entry = schedule.show("o1")
     assert entry is not None and entry.state is State.RESCHEDULED
+    assert entry.tier == "1h" and receipt.receipt is not None  # was 30m
+    assert entry.due_at_ms == receipt.receipt.published_at_ms + 3_600_000
     assert dict(entry.headers or {}) == {"tenant": "acme"}
     broker.advance("45m")
     assert {"order": 1} not in handled and len(handled) == 9
@@ -156,3 +158,26 @@ def test_cancel_by_id_checks_every_id_first_and_expire_keeps_waiting_entries(sho
     assert sorted(h["order"] for h in handled) == [0, 2, 4, 5, 6, 7, 8, 9]
     with pytest.raises(InvalidDelay):
         schedule.expire("-1h")
+
+
+def test_changes_by_id_refuse_an_entry_of_another_namespace(shop) -> None:
+    """Promoting through a publisher of another topology would send a copy where the
+    message never was (handled twice): refused, nothing done."""
+    broker, schedule, _ = shop
+    other = Topology(namespace="shop2", ladder=["1m", "30m", "1h"],
+                     destinations=[{"queue": "orders2", "bindings": ["order.*"]}])  # fmt: skip
+    broker.apply(other)
+    elsewhere = Schedule(
+        schedule.store,
+        broker.publisher(other, store=InMemoryStore(), schedule=schedule.publisher.schedule),
+    )
+    for change in (
+        elsewhere.promote,
+        elsewhere.cancel,
+        lambda ids: elsewhere.reschedule(ids, "5m"),
+    ):
+        with pytest.raises(InvalidInput, match="in namespace 'shop', not 'shop2'"):
+            change(["o1"])
+    with pytest.raises(InvalidInput, match="namespace"):
+        elsewhere.purge(Query(namespace="shop"))
+    assert schedule.show("o1").state is State.SCHEDULED

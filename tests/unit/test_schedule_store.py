@@ -64,15 +64,17 @@ def test_reports_out_of_order_never_move_an_entry_back(store: ScheduleStore) -> 
     assert store.move(["nobody"], State.CANCELLED, now_ms=8) == [None]
 
 
-def test_a_reschedule_moves_the_due_time_and_generation(store: ScheduleStore) -> None:
+def test_a_reschedule_moves_the_due_time_generation_and_tier(store: ScheduleStore) -> None:
     store.add([entry(1)])
     store.move(["m1"], State.SCHEDULED, now_ms=5)
-    assert store.move(["m1"], State.RESCHEDULED, now_ms=6, due_at_ms=9, generation=6) == [
-        State.RESCHEDULED
-    ]
+    moved = store.move(["m1"], State.RESCHEDULED, now_ms=6, due_at_ms=9, generation=6, tier="1m")
+    assert moved == [State.RESCHEDULED]
     got = store.get("m1")
-    assert got is not None and (got.due_at_ms, got.generation) == (9, 6)
+    assert got is not None and (got.due_at_ms, got.generation, got.tier) == (9, 6, "1m")
     assert store.count(Query(due_before_ms=10)) == 1
+    assert store.tiers(Query()) == {"1m": 1}
+    with pytest.raises(InvalidInput, match="tier"):
+        store.move(["m1"], State.RESCHEDULED, now_ms=7, tier="")
 
 
 def test_a_second_record_of_a_live_id_keeps_the_first(store: ScheduleStore) -> None:
@@ -82,8 +84,23 @@ def test_a_second_record_of_a_live_id_keeps_the_first(store: ScheduleStore) -> N
     again = [entry(1, due_at_ms=7), entry(2, due_at_ms=7)]
     assert store.add(again) == [False, True]
     assert [store.get(i).due_at_ms for i in ("m1", "m2")] == [1_001, 7]  # type: ignore[union-attr]
-    store.move(["m1"], State.CANCELLED, now_ms=6)
-    assert store.add([entry(1, due_at_ms=8)]) == [True]
+    store.move(["m1"], State.HANDLED, now_ms=6)
+    assert store.add([entry(1, due_at_ms=8)]) == [True]  # over: a new message of that id
+
+
+def test_a_cancelled_id_published_again_stays_cancelled_but_in_another_namespace(
+    store: ScheduleStore,
+) -> None:
+    """The consumers skip a copy of a cancelled id (a cancel is final), so the entry
+    stays cancelled, and is not shown waiting forever; a migration's record of the
+    same id in another namespace replaces it."""
+    store.add([entry(1), entry(2)])
+    store.move(["m1", "m2"], State.CANCELLED, now_ms=5)
+    assert store.add([entry(1, due_at_ms=8), entry(2, namespace="shop2")]) == [False, True]
+    first, second = store.get("m1"), store.get("m2")
+    assert first is not None and (first.state, first.due_at_ms) == (State.CANCELLED, 1_001)
+    assert second is not None and (second.state, second.namespace) == (State.PENDING, "shop2")
+    assert store.count(Query(states=set(State))) == 2
 
 
 def test_filters_and_pages(store: ScheduleStore) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -96,7 +96,9 @@ class Schedule:
             raise InvalidInput("the publisher's schedule= is another index than this one")
         return publisher
 
-    def _entries(self, message_ids: Sequence[str]) -> list[Entry]:
+    def _entries(self, message_ids: Sequence[str], namespace: str) -> list[Entry]:
+        """The entries of ``message_ids``, each in ``namespace`` (the publisher's): an
+        entry of another namespace would send a copy where its message never was."""
         if isinstance(message_ids, str):
             raise InvalidInput("message_ids is a list of ids, not one str")
         found = []
@@ -104,6 +106,11 @@ class Schedule:
             entry = self.store.get(message_id)
             if entry is None:
                 raise InvalidInput(f"message {message_id!r} is not in the schedule index")
+            if entry.namespace != namespace:
+                raise InvalidInput(
+                    f"message {message_id!r} is in namespace {entry.namespace!r}, not "
+                    f"{namespace!r} (the publisher's topology: check -f/--file)"
+                )
             found.append(entry)
         return found
 
@@ -114,7 +121,8 @@ class Schedule:
         index kept its body, headers and routing key. Every id is checked first (not in
         the index, body not kept: nothing is done)."""
         publisher = self._changer()
-        items = [_again(e, delay, due_at) for e in self._entries(message_ids)]
+        entries = self._entries(message_ids, publisher.topology.namespace)
+        items = [_again(e, delay, due_at) for e in entries]
         return publisher.reschedule_many(items)
 
     def promote(self, message_ids: Sequence[str]) -> list[RescheduleReceipt]:
@@ -122,7 +130,8 @@ class Schedule:
         its destinations at once, and the waiting copy, when due, meets the consumers'
         mark and is acked unhandled (it never reaches a handler twice with a store)."""
         publisher = self._changer()
-        items = [_again(e, "0s", None) for e in self._entries(message_ids)]
+        entries = self._entries(message_ids, publisher.topology.namespace)
+        items = [_again(e, "0s", None) for e in entries]
         receipts = publisher.reschedule_many(items)
         sent = [r.receipt.message_id for r in receipts if r.receipt is not None]
         if sent:
@@ -133,7 +142,7 @@ class Schedule:
         """Cancel each message by its id (every id checked in the index first: nothing is
         done if one is missing); a receipt each, as ``Publisher.cancel_many``'s."""
         publisher = self._changer()
-        entries = self._entries(message_ids)
+        entries = self._entries(message_ids, publisher.topology.namespace)
         return publisher.cancel_many(message_ids=[e.id for e in entries])
 
     def expire(self, older_than: Duration) -> int:
@@ -154,6 +163,13 @@ class Schedule:
         otherwise), ``batch`` a store round trip; ``progress(n)`` after each."""
         publisher = self._changer()
         check_limit(batch)
+        namespace = publisher.topology.namespace
+        if query.namespace is None:
+            query = replace(query, namespace=namespace)
+        elif query.namespace != namespace:
+            raise InvalidInput(
+                f"the query is of namespace {query.namespace!r}, the publisher's {namespace!r}"
+            )
         receipts: list[CancelReceipt] = []
         after: Cursor | None = None
         while found := self.store.find(query, after=after, limit=batch):

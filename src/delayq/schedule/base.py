@@ -17,12 +17,30 @@ from delayq.errors import InvalidInput
 from delayq.schedule.entry import FINISHED, Entry, State
 from delayq.schedule.query import Cursor, Query
 
-__all__ = ["REPLACEABLE", "JsonTexts", "ScheduleStore", "check_limit", "check_move", "check_new"]
+__all__ = [
+    "REPLACEABLE",
+    "JsonTexts",
+    "ScheduleStore",
+    "check_limit",
+    "check_move",
+    "check_new",
+    "replaces",
+]
 
 REPLACEABLE = FINISHED | {State.PENDING}
 """An entry a new record of the same id replaces: one not confirmed yet (the publish is
-being sent again), or one whose message is over. Any other keeps its entry: the new
-publish is a duplicate the consumers' store will skip."""
+being sent again), or one whose message is over, but for a cancelled entry of the same
+namespace (:func:`replaces`). Any other keeps its entry: the new publish is a duplicate
+the consumers' store will skip."""
+
+
+def replaces(old: State, old_namespace: str, new_namespace: str) -> bool:
+    """Whether a new record replaces an entry in ``old``: a cancelled message published
+    again under its id in its namespace stays cancelled (the consumers skip the copy: a
+    cancel is final), where another namespace's (a migration) is replaced."""
+    if old is State.CANCELLED:
+        return old_namespace != new_namespace
+    return old in REPLACEABLE
 
 
 @runtime_checkable
@@ -40,9 +58,10 @@ class ScheduleStore(Protocol):
         now_ms: int,
         due_at_ms: int | None = None,
         generation: int | None = None,
+        tier: str | None = None,
     ) -> list[State | None]:
         """Move each entry of ``ids`` to ``to`` where its state allows it (and set its
-        due time and generation, a reschedule's); for each, its state after the move
+        due time, generation and tier, a reschedule's); for each, its state after the move
         (``to``, or the state that refused it), ``None`` for an id not in the store."""
         ...
 
@@ -80,11 +99,13 @@ def check_new(entries: Sequence[Entry]) -> Sequence[Entry]:
     return entries
 
 
-def check_move(to: object, **values: int | None) -> None:
+def check_move(to: object, tier: object = None, **values: int | None) -> None:
     """A move's state and times (``now_ms``, ``due_at_ms``, ``generation``): a
     :class:`State` and ints of 0 or more (``None``: unchanged)."""
     if not isinstance(to, State):
         raise InvalidInput(f"entries move to a State, not {to!r}")
+    if tier is not None and (not isinstance(tier, str) or not tier):
+        raise InvalidInput(f"a move's tier is a non-empty str, not {tier!r}")
     for name, value in values.items():
         if value is None:
             continue

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from delayq.errors import StoreError
-from delayq.schedule.base import REPLACEABLE, check_limit, check_move, check_new
+from delayq.schedule.base import check_limit, check_move, check_new, replaces
 from delayq.schedule.entry import FINISHED, Entry, State, moves
 from delayq.schedule.query import Cursor, Query, page_key
 
@@ -37,7 +37,7 @@ class MemorySchedule:
             added = []
             for entry in entries:
                 old = self._entries.get(entry.id)
-                fits = old is None or old.state in REPLACEABLE
+                fits = old is None or replaces(old.state, old.namespace, entry.namespace)
                 if fits:
                     self._entries[entry.id] = entry
                 added.append(fits)
@@ -51,13 +51,16 @@ class MemorySchedule:
         now_ms: int,
         due_at_ms: int | None = None,
         generation: int | None = None,
+        tier: str | None = None,
     ) -> list[State | None]:
-        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
+        check_move(to, tier, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         changes: dict[str, object] = {}
         if due_at_ms is not None:
             changes["due_at_ms"] = due_at_ms
         if generation is not None:
             changes["generation"] = generation
+        if tier is not None:
+            changes["tier"] = tier
         with self._lock:
             self._check_open()
             after: list[State | None] = []

@@ -58,7 +58,9 @@ _UPSERT = (
     + ") AS u("
     + _COLUMNS
     + ") ON CONFLICT (id) DO UPDATE SET {u}"
-    " WHERE cur.state = ANY(%s) RETURNING id"
+    " WHERE cur.state = ANY(%s)"
+    " AND NOT (cur.state = 'cancelled' AND cur.namespace = EXCLUDED.namespace)"  # replaces
+    " RETURNING id"
 )
 _UPSERT_SET = sql.SQL(", ").join(
     sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in FIELDS[1:]
@@ -191,8 +193,9 @@ class PostgresSchedule:
         now_ms: int,
         due_at_ms: int | None = None,
         generation: int | None = None,
+        tier: str | None = None,
     ) -> list[State | None]:
-        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
+        check_move(to, tier, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         allowed = sorted(s.value for s in allowed_from(to))
         if not allowed:
             raise InvalidInput(f"no entry moves to {to.value}: entries are added pending")
@@ -204,10 +207,10 @@ class PostgresSchedule:
                     sql.SQL(
                         "UPDATE {t} SET state = %s, changed_at_ms = %s,"
                         " due_at_ms = COALESCE(%s, due_at_ms),"
-                        " generation = COALESCE(%s, generation)"
+                        " generation = COALESCE(%s, generation), tier = COALESCE(%s, tier)"
                         " WHERE id = ANY(%s) AND state = ANY(%s) RETURNING id"
                     ).format(t=self._t),
-                    (to.value, now_ms, due_at_ms, generation, listed, allowed),
+                    (to.value, now_ms, due_at_ms, generation, tier, listed, allowed),
                 )
             }
             if len(moved) == len(ids):

@@ -192,7 +192,7 @@ class ScheduleIndex:
                 due = new.published_at_ms + new.tier_ms
                 self.store.move(
                     [new.message_id], State.RESCHEDULED, now_ms=now_ms, due_at_ms=due,
-                    generation=r.generation,
+                    generation=r.generation, tier=new.tier,
                 )  # fmt: skip
                 if r.marks.message_id is None and r.marks.key is not None:
                     self._cancel([], [r.marks.key], (new.message_id,), now_ms)

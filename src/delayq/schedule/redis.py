@@ -65,7 +65,7 @@ for _, e in ipairs(cjson.decode(ARGV[2])) do
   local id, ns = e[1], e[2]
   local key = p .. 'e:' .. id
   local old = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'business_key', 'tier')
-  if old[1] and not REPLACEABLE[old[1]] then
+  if old[1] and (not REPLACEABLE[old[1]] or (old[1] == 'cancelled' and old[2] == ns)) then
     out[#out + 1] = 0
   else
     if old[1] then
@@ -99,16 +99,17 @@ return out
 """
 )
 
-# ARGV = prefix, to, now_ms, due_at_ms ('' unchanged), generation ('' unchanged),
-# allowed states (comma-separated), then the ids. Returns per id its state after ('' none).
+# ARGV = prefix, to, now_ms, due_at_ms ('' unchanged), generation ('' unchanged), tier
+# ('' unchanged), allowed states (comma-separated), then the ids. Returns per id its state
+# after ('' none).
 _MOVE = (
     _LUA_SETS
     + """
-local p, to, now, due, gen = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local p, to, now, due, gen, tier = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local allowed = {}
-for s in string.gmatch(ARGV[6], '[^,]+') do allowed[s] = true end
+for s in string.gmatch(ARGV[7], '[^,]+') do allowed[s] = true end
 local out = {}
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local id = ARGV[i]
   local key = p .. 'e:' .. id
   local st = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'tier')
@@ -119,8 +120,11 @@ for i = 7, #ARGV do
     if due ~= '' then new = due end
     redis.call('ZREM', p .. 's:' .. st[2] .. ':' .. st[1], member(st[3], id))
     redis.call('ZADD', p .. 's:' .. st[2] .. ':' .. to, 0, member(new, id))
+    local newtier = st[4]
+    if tier ~= '' then newtier = tier end
     redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. st[1], st[4], -1)
-    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. to, st[4], 1)
+    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. to, newtier, 1)
+    redis.call('HSET', key, 'tier', newtier)
     redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new)
     if gen ~= '' then redis.call('HSET', key, 'generation', gen) end
     if FINISHED[to] then
@@ -227,14 +231,19 @@ class RedisSchedule:
         now_ms: int,
         due_at_ms: int | None = None,
         generation: int | None = None,
+        tier: str | None = None,
     ) -> list[State | None]:
-        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
+        check_move(to, tier, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         allowed = ",".join(sorted(s.value for s in allowed_from(to)))
         if not allowed:
             raise InvalidInput(f"no entry moves to {to.value}: entries are added pending")
         if not ids:
             return []
-        opt = ("" if due_at_ms is None else due_at_ms, "" if generation is None else generation)
+        opt = (
+            "" if due_at_ms is None else due_at_ms,
+            "" if generation is None else generation,
+            tier or "",
+        )
         with self._calling():
             after = self._move(args=[self.prefix, to.value, now_ms, *opt, allowed, *ids])
         return [State(s.decode()) if s else None for s in after]

@@ -50,7 +50,9 @@ _UPDATES = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS.split(", ")[1:])
 _ADD = (
     f"INSERT INTO delayq_schedule ({_COLUMNS}) VALUES ({', '.join('?' * 16)}) "
     f"ON CONFLICT(id) DO UPDATE SET {_UPDATES} "
-    f"WHERE delayq_schedule.state IN ({', '.join(repr(s.value) for s in sorted(REPLACEABLE))})"
+    f"WHERE delayq_schedule.state IN ({', '.join(repr(s.value) for s in sorted(REPLACEABLE))}) "
+    "AND NOT (delayq_schedule.state = 'cancelled' "
+    "AND delayq_schedule.namespace = excluded.namespace)"  # base.replaces
 )
 
 
@@ -168,14 +170,14 @@ class SQLiteSchedule:
             db.executemany(_ADD, rows)
             if db.total_changes - before == len(rows):
                 return [True] * len(rows)
-            kept = {
+            kept = {  # every row written is pending: one in another state was kept
                 i
                 for i, state in db.execute(
                     "SELECT id, state FROM delayq_schedule "
                     "WHERE id IN (SELECT value FROM json_each(?))",
                     (json.dumps([e.id for e in entries]),),
                 )
-                if State(state) not in REPLACEABLE
+                if state != State.PENDING.value
             }
         return [e.id not in kept for e in entries]
 
@@ -187,8 +189,9 @@ class SQLiteSchedule:
         now_ms: int,
         due_at_ms: int | None = None,
         generation: int | None = None,
+        tier: str | None = None,
     ) -> list[State | None]:
-        check_move(to, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
+        check_move(to, tier, now_ms=now_ms, due_at_ms=due_at_ms, generation=generation)
         allowed = sorted(s.value for s in allowed_from(to))
         if not allowed:
             raise InvalidInput(f"no entry moves to {to.value}: entries are added pending")
@@ -198,12 +201,13 @@ class SQLiteSchedule:
                 row[0]
                 for row in db.execute(
                     "UPDATE delayq_schedule SET state = ?, changed_at_ms = ?, "
-                    "due_at_ms = COALESCE(?, due_at_ms), generation = COALESCE(?, generation) "
+                    "due_at_ms = COALESCE(?, due_at_ms), generation = COALESCE(?, generation), "
+                    "tier = COALESCE(?, tier) "
                     "WHERE id IN (SELECT value FROM json_each(?)) "
                     # ``+state``: found by id (the primary key), never by scanning the
                     # state index (every scheduled entry of a large index: issue 51)
                     f"AND +state IN ({', '.join('?' * len(allowed))}) RETURNING id",
-                    (to.value, now_ms, due_at_ms, generation, listed, *allowed),
+                    (to.value, now_ms, due_at_ms, generation, tier, listed, *allowed),
                 )
             }
             if len(moved) == len(ids):
