@@ -4,6 +4,7 @@ nothing created."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
@@ -13,9 +14,12 @@ import pytest
 
 from delayq import Message, Topology
 from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
+from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
 from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.schedule.transfer import entry_line
 from delayq.testing import MemoryBroker
+from delayq.topology.model import load_topology
 
 TOPOLOGY_YAML = """\
 namespace: shop
@@ -131,6 +135,11 @@ def test_show_prints_one_entry_and_says_when_there_is_none(index, capsys) -> Non
         ["--due-before", "10"],
         ["--after", "soon"],
         ["--limit", "0"],
+        ["--limit", "99999999999999999999"],
+        ["--after", "99999999999999999999999:m1"],
+        ["--after", "\uff11\uff12\uff13:m1"],  # full-width digits
+        ["--label", "tenant=a", "--label", "tenant=b"],  # one value per label: refused
+        ["-k", " "],
     ],
 )
 def test_bad_options_are_input_errors(index, capsys, extra: list[str]) -> None:
@@ -266,7 +275,7 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
         capsys, "scheduled", "import", "--file", str(target), "-i", str(out),
         "--index", str(index2), "--json",
     )  # fmt: skip
-    assert code == EXIT_OK and counts == {"published": 5, "not_kept": []}
+    assert code == EXIT_OK and counts == {"published": 5, "not_kept": [], "skipped": 0}
     copied = SQLiteSchedule(index2)
     try:
         for line in lines:
@@ -285,19 +294,30 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
 @pytest.mark.parametrize(
     "text, error",
     [
-        ("not json\n", "line 1: not JSON"),
-        ('{"format": "other"}\n', "line 1: not a line of delayq scheduled export"),
-        ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 2: KeyError"),
+        ("not json\n", "line 2: not JSON"),
+        ('{"format": "other"}\n', "line 2: not a line of delayq scheduled export"),
+        ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 3: KeyError"),
+        (None, "kept body is not what its content type"),
+        ("due=" + str(10**30), "line 2: InvalidInput: an entry's due_at_ms is an int from 0"),
     ],
 )
 def test_a_bad_export_line_is_refused_before_anything_is_published(
     live, capsys, tmp_path: Path, text: str, error: str
 ) -> None:
-    _, _, base, _ = live
+    broker, _, base, index = live
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(text)
+    good = json.loads(entry_line(index.get("o1")))
+    if text is None:  # a JSON content type over a body that is not JSON
+        good["body"] = base64.b64encode(b"{not json").decode()
+        text = json.dumps(good) + "\n"
+    elif text.startswith("due="):
+        good["due_at_ms"] = int(text[4:])
+        text = json.dumps(good) + "\n"
+    bad.write_text(entry_line(index.get("o3")) + "\n" + text)  # a good line first
+    before = {q: broker.depth(q) for q in broker.queues()}
     assert main(["scheduled", "import", base[0], base[1], "-i", str(bad)]) == EXIT_INPUT
     assert error in capsys.readouterr().err
+    assert {q: broker.depth(q) for q in broker.queues()} == before  # nothing was sent
 
 
 def test_an_import_of_entries_whose_bodies_were_not_kept_sends_none_and_says_so(
@@ -308,4 +328,43 @@ def test_an_import_of_entries_whose_bodies_were_not_kept_sends_none_and_says_so(
     assert main(["scheduled", "export", *base, "--state", "all", "-o", str(out)]) == EXIT_OK
     assert "exported 30 entries" in capsys.readouterr().err
     code, counts = run(capsys, "scheduled", "import", base[0], base[1], "-i", str(out), "--json")
-    assert code == EXIT_BROKER and counts["published"] == 0 and len(counts["not_kept"]) == 30
+    assert code == EXIT_BROKER and counts["published"] == 0 and len(counts["not_kept"]) == 29
+    assert counts["skipped"] == 1  # the cancelled one: no longer waiting
+
+
+def test_a_database_that_is_not_an_index_is_refused_and_left_as_it_was(
+    index, tmp_path: Path, capsys
+) -> None:
+    import sqlite3
+
+    base, _ = index
+    other = tmp_path / "idem.db"  # the consumers' store given by mistake, say
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE delayq_idempotency (key TEXT PRIMARY KEY)")
+    db.close()
+    assert main(["scheduled", "count", *base[:2], "--index", str(other)]) == EXIT_INPUT
+    assert "not a schedule index: is it the consumers' store" in capsys.readouterr().err
+    with sqlite3.connect(other) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    db.close()
+    assert tables == {"delayq_idempotency", "sqlite_autoindex_delayq_idempotency_1"}
+    assert main(["scheduled", "count", *base[:2], "--index", str(tmp_path)]) == EXIT_BROKER
+    assert "a directory" in capsys.readouterr().err
+
+
+def test_an_import_into_the_index_its_source_still_waits_in_is_refused(
+    live, capsys, tmp_path: Path
+) -> None:
+    """One entry per id in an index: importing namespace shop's export into shop2 with
+    the same index, the source's entries still live, would record nothing for shop2."""
+    broker, _, base, index = live
+    out = tmp_path / "export.jsonl"
+    assert main(["scheduled", "export", *base[:4], "-o", str(out)]) == EXIT_OK
+    other = tmp_path / "t2.yaml"
+    other.write_text(TOPOLOGY_YAML.replace("namespace: shop", "namespace: shop2"))
+    broker.apply(load_topology(other))
+    capsys.readouterr()
+    command = ["scheduled", "import", "--file", str(other), "--index", base[3], "-i", str(out)]
+    assert main(command) == EXIT_INPUT
+    assert "waits in namespace 'shop' of this index" in capsys.readouterr().err
+    assert index.count(Query(namespace="shop2")) == 0

@@ -177,3 +177,24 @@ def test_a_confirm_the_index_cannot_record_is_said_with_the_receipts(blocking: b
     assert "shows 8 of them pending" in str(caught.value)
     assert sum(len(s) for s in sends.steps) == 8
     assert states(store, messages) == [State.PENDING] * 8
+
+
+def test_a_later_step_failing_still_says_the_earlier_confirms_were_not_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first step is sent and confirmed, its confirm's write fails (a full disk),
+    then the second step cannot be recorded: the PublishBatchError names the unsent ones
+    and says the first step's entries still show pending."""
+
+    class Full(Store):
+        def move(self, ids: Sequence[str], to: State, **kwargs: int | None) -> list[State | None]:
+            raise StoreError("disk full")
+
+    store, messages = Full(blocking=True, fail_add=2), batch(8)
+    with pytest.raises(PublishBatchError) as caught:
+        run(store, messages, Sends(store, {}))
+    assert sorted(caught.value.failures) == [3, 4, 5, 6, 7]
+    assert "3 message(s) confirmed" in caplog.text and "still show pending" in caplog.text
+    notes = getattr(caught.value, "__notes__", None)
+    if notes is not None:
+        assert "do not publish them again" in notes[0]

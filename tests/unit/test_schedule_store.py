@@ -160,13 +160,14 @@ def test_bad_input_is_refused_before_anything_is_written(store: ScheduleStore) -
         (State.SCHEDULED, {"now_ms": True}),
         (State.RESCHEDULED, {"now_ms": 1, "due_at_ms": 1.5}),
         (State.RESCHEDULED, {"now_ms": 1, "generation": -3}),
+        (State.RESCHEDULED, {"now_ms": 1, "due_at_ms": 10**15}),
     ],
 )
 def test_a_move_of_wrong_values_is_refused_and_changes_nothing(
     store: ScheduleStore, to: object, values: dict[str, object]
 ) -> None:
     store.add([entry(1)])
-    with pytest.raises(InvalidInput, match=r"State|int of 0 or more"):
+    with pytest.raises(InvalidInput, match=r"State|an int from 0 to"):
         store.move(["m1"], to, **values)  # type: ignore[arg-type]
     assert store.get("m1") == entry(1)
 
@@ -368,3 +369,24 @@ _words = st.sampled_from(["a", "b", "", "a-b", "x+y", "é", "*", "#"])
 def test_the_topic_regex_of_sql_stores_matches_as_rabbitmq_does(pattern: str, key: str) -> None:
     subject = "." + key if key else ""
     assert bool(re.fullmatch(topic_regex(pattern), subject)) == topic_matches(pattern, key)
+
+
+def test_a_commit_that_fails_says_its_own_error_not_the_rollbacks() -> None:
+    """A full disk fails the COMMIT, and SQLite has rolled back already: the error said
+    is the commit's ("disk is full"), not "cannot rollback - no transaction is active"."""
+    import sqlite3
+
+    from delayq.stores.sqlite import immediate
+
+    class Full:
+        in_transaction = False
+
+        def execute(self, sql: str) -> None:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("database or disk is full")
+            if sql == "ROLLBACK":
+                raise sqlite3.OperationalError("cannot rollback - no transaction is active")
+
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        with immediate(Full()):  # type: ignore[arg-type]
+            pass

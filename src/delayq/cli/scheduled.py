@@ -117,8 +117,10 @@ def scheduled_group() -> click.Group:
 def _cursor(text: str | None) -> Cursor | None:
     if text is None:
         return None
+    from delayq.schedule.entry import MAX_MS
+
     due, sep, entry_id = text.partition(":")
-    if not sep or not due.isdigit() or not entry_id:
+    if not sep or not (due.isascii() and due.isdigit()) or not entry_id or int(due) >= MAX_MS:
         raise InvalidInput(f"--after {text!r}: give the 'next' a page printed (DUE_MS:ID)")
     return (int(due), entry_id)
 

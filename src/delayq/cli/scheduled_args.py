@@ -78,8 +78,34 @@ def open_index(url: str, *, create: bool = False) -> ScheduleStore:
     except (OSError, ValueError) as exc:  # a name too long, a NUL
         raise StoreError(f"cannot read the schedule index at {path!r} (--index): {exc}") from exc
     if not there and not create:
-        raise StoreError(f"no schedule index at {path!r} (--index): no such file")
+        what = "a directory" if Path(path).is_dir() else "no such file"
+        raise StoreError(f"no schedule index at {path!r} (--index): {what}")
+    if there:
+        _check_is_index(path)
     return SQLiteSchedule(path)
+
+
+def _check_is_index(path: str) -> None:
+    """A SQLite file given as ``--index`` is a schedule index (or empty, as a new one):
+    never the consumers' store or another database, which opening would write a table
+    into."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        db = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return  # not readable this way: opening it says what is wrong
+    if tables and "delayq_schedule" not in tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise InvalidInput(
+            f"--index {path!r} is a SQLite database of other tables ({shown}), not a "
+            "schedule index: is it the consumers' store (--store)?"
+        )
 
 
 def query_of(args: Args, namespace: str) -> Query:
@@ -98,7 +124,14 @@ def query_of(args: Args, namespace: str) -> Query:
         key, sep, value = given.partition("=")
         if not sep or not key:
             raise InvalidInput(f"--label {given!r}: give KEY=VALUE")
+        if key in labels and labels[key] != value:
+            raise InvalidInput(
+                f"--label {key}= given twice ({labels[key]!r} and {value!r}): a message has "
+                "one value per label, so no message matches both; run once for each"
+            )
         labels[key] = value
+    if args.routing_key is not None and not args.routing_key.strip():
+        raise InvalidInput("-k/--routing-key is empty: give a topic pattern (orders.#, *.email)")
     return Query(
         namespace=namespace,
         states=states,

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import click
 
@@ -22,6 +22,10 @@ from delayq.cli.options import PathParam, json_flag, leaf, once
 from delayq.cli.scheduled_args import filters, index_option, open_index, query_of
 from delayq.errors import InvalidInput, StoreError
 from delayq.wording import counted
+
+if TYPE_CHECKING:
+    from delayq.schedule.base import ScheduleStore
+    from delayq.schedule.entry import Entry
 
 __all__ = ["transfer_commands"]
 
@@ -97,19 +101,44 @@ def cmd_export(args: Args) -> int:
     return EXIT_OK
 
 
+def _check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> None:
+    """An index holds one entry per id: one live in another namespace (the export's
+    source, sharing this index) would keep its entry and the import's go unrecorded."""
+    from delayq.schedule.entry import FINISHED
+
+    for entry in entries:
+        held = index.get(entry.id)
+        if held is not None and held.namespace != namespace and held.state not in FINISHED:
+            raise InvalidInput(
+                f"message {entry.id!r} waits in namespace {held.namespace!r} of this index "
+                f"({held.state.value}): an index holds one entry per id, so the import into "
+                f"{namespace!r} could not be recorded; import into another --index, or "
+                "purge the source first"
+            )
+
+
 def cmd_import(args: Args) -> int:
     from delayq.cli._common import topology_and_url
     from delayq.schedule.record import ScheduleIndex
-    from delayq.schedule.transfer import publish_again, read_lines
+    from delayq.schedule.transfer import importable, publish_again, read_lines
     from delayq.sync.publisher import Publisher
 
     with _opened(args.input, "r") as given:
         entries = list(read_lines(given))  # every line checked before anything is sent
+    entries, skipped = importable(entries)
+    if skipped:
+        print(
+            f"delayq: skipping {counted(len(skipped), 'line')} of messages no longer "
+            f"waiting (first: {skipped[0].id}, {skipped[0].state.value})",
+            file=sys.stderr,
+        )
     topology, url = topology_and_url(args)
     index = None if args.index is None else open_index(args.index, create=True)
     sent = 0
     not_kept: list[str] = []
     try:
+        if index is not None:
+            _check_free(index, entries, topology.namespace)
         by_id = {e.id: e for e in entries}  # the target's index keeps their labels and keys
         schedule = (
             None
@@ -139,7 +168,7 @@ def cmd_import(args: Args) -> int:
         if index is not None:
             index.close()
     if args.json:
-        print_json({"published": sent, "not_kept": not_kept})
+        print_json({"published": sent, "not_kept": not_kept, "skipped": len(skipped)})
     else:
         print(f"published {sent:,} of {len(entries):,} again")
     if not_kept:

@@ -44,10 +44,16 @@ def kept_body(entry: Entry) -> object:
             "JSON headers), so it cannot be sent again by its id alone: reschedule it with "
             "its body"
         )
-    if entry.content_type == CONTENT_JSON:
-        return json.loads(entry.body)
-    if entry.content_type == CONTENT_TEXT:
-        return entry.body.decode("utf-8")
+    try:
+        if entry.content_type == CONTENT_JSON:
+            return json.loads(entry.body)
+        if entry.content_type == CONTENT_TEXT:
+            return entry.body.decode("utf-8")
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInput(
+            f"message {entry.id!r}: its kept body is not what its content type "
+            f"({entry.content_type}) says ({type(exc).__name__}: {exc})"
+        ) from None
     return entry.body
 
 

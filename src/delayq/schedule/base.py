@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from delayq.errors import InvalidInput
-from delayq.schedule.entry import FINISHED, Entry, State
+from delayq.schedule.entry import FINISHED, MAX_MS, Entry, State
 from delayq.schedule.query import Cursor, Query
 
 __all__ = [
@@ -109,13 +109,17 @@ def check_move(to: object, tier: object = None, **values: int | None) -> None:
     for name, value in values.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInput(f"a move's {name} is an int of 0 or more, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_MS:
+            raise InvalidInput(f"a move's {name} is an int from 0 to {MAX_MS - 1}, not {value!r}")
+
+
+MAX_PAGE = 1_000_000
+"""The most entries one page (``find``'s ``limit``) may ask for."""
 
 
 def check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidInput(f"limit is a whole number of 1 or more, not {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(f"a page (limit) holds 1 to {MAX_PAGE:,} entries, not {limit!r}")
     return limit
 
 

@@ -9,6 +9,7 @@ Every message is still recorded before it is sent and moved before the publish r
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from delayq.schedule.record import ScheduleIndex
 from delayq.topology.model import Topology
 
 __all__ = ["CHUNK", "arecord_batch"]
+
+log = logging.getLogger("delayq.schedule")
 
 CHUNK = 5000
 """Messages of a batch :func:`arecord_batch` records and sends a step at a time."""
@@ -100,10 +103,22 @@ async def arecord_batch(
                 _not_sent(failures, messages, offset, exc)
                 break
     moved = await asyncio.gather(*moves, return_exceptions=True)
+    errors = [o for o in moved if isinstance(o, BaseException)]
     if failures:
         receipts = [None if i in failures else m.receipt for i, m in enumerate(messages)]
-        raise PublishBatchError(receipts, failures)
-    errors = [o for o in moved if isinstance(o, BaseException)]
+        failed = PublishBatchError(receipts, failures)
+        pending = sum(len(e.receipts) for e in errors if isinstance(e, ScheduleNotRecorded))
+        if pending:  # confirmed, but their entries still show them pending: say so too
+            note = (
+                f"also: {pending} message(s) confirmed (their receipts are here) still show "
+                f"pending in the schedule index, which could not record the confirms: "
+                f"{errors[0].__cause__ or errors[0]}; do not publish them again"
+            )
+            log.error("%s", note)
+            add_note = getattr(failed, "add_note", None)  # Python 3.11 and later
+            if add_note is not None:
+                add_note(note)
+        raise failed
     if errors and isinstance(errors[0], ScheduleNotRecorded):
         pending = sum(len(e.receipts) for e in errors if isinstance(e, ScheduleNotRecorded))
         raise ScheduleNotRecorded(

@@ -19,6 +19,7 @@ from delayq.errors import InvalidInput
 __all__ = [
     "FIELDS",
     "FINISHED",
+    "MAX_MS",
     "WAITING",
     "Entry",
     "Restore",
@@ -83,6 +84,11 @@ so two processes reporting out of order (a confirm after the delivery) cannot un
 other; a store applies each move only where the entry's current state allows it."""
 
 
+MAX_MS = 10**15
+"""Above every time, size and generation an entry holds (the year 33658 in epoch ms):
+what every store keeps exactly and sorts as it should (Redis: 15 digits)."""
+
+
 def allowed_from(to: State) -> frozenset[State]:
     """The states an entry may be in to move to ``to``."""
     return _FROM[to]
@@ -131,8 +137,10 @@ class Entry:
             raise InvalidInput(f"an entry's id is a non-empty str, not {self.id!r}")
         for name in ("due_at_ms", "published_at_ms", "size", "generation", "changed_at_ms"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInput(f"an entry's {name} is an int of 0 or more, not {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_MS:
+                raise InvalidInput(
+                    f"an entry's {name} is an int from 0 to {MAX_MS - 1}, not {value!r}"
+                )
         if not isinstance(self.state, State):
             raise InvalidInput(f"an entry's state is a State, not {self.state!r}")
         if self.body is not None and not isinstance(self.body, bytes):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from delayq.errors import InvalidInput
-from delayq.schedule.entry import WAITING, Entry, State
+from delayq.schedule.entry import MAX_MS, WAITING, Entry, State
 from delayq.topology.topic import topic_matches
 
 __all__ = ["Cursor", "Query", "page_key", "topic_regex"]
@@ -67,11 +67,13 @@ def _states(value: Iterable[State | str]) -> frozenset[State]:
 
 
 def _optional_ms(name: str, value: object) -> int | None:
+    """``value`` as a bound of due times, held within what a store keeps (no entry is
+    due outside it, so the answer is the same)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{name} is epoch milliseconds (an int), not {value!r}")
-    return value
+    return max(-MAX_MS, min(value, MAX_MS))
 
 
 @dataclass(frozen=True)

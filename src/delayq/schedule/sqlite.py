@@ -16,6 +16,7 @@ from delayq.errors import InvalidInput, StoreError
 from delayq.schedule.base import REPLACEABLE, JsonTexts, check_limit, check_move, check_new
 from delayq.schedule.entry import FIELDS, FINISHED, Entry, Restore, State, allowed_from
 from delayq.schedule.query import Cursor, Query
+from delayq.stores.sqlite import immediate
 from delayq.topology.topic import topic_matches
 
 __all__ = ["SQLiteSchedule"]
@@ -151,14 +152,8 @@ class SQLiteSchedule:
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
-        with self._reading() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        with self._reading() as db, immediate(db):
+            yield db
 
     def add(self, entries: Sequence[Entry]) -> list[bool]:
         check_new(entries)

@@ -117,6 +117,21 @@ def read_lines(lines: Iterable[str]) -> Iterator[Entry]:
             yield _entry(number, text)
 
 
+IMPORTED = frozenset({State.PENDING, State.SCHEDULED, State.RESCHEDULED})
+"""The states an import schedules again: waiting, or perhaps at the source's broker
+(pending). The others are over or out of the tiers (cancelled, handled, delivered...)."""
+
+
+def importable(entries: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """``entries`` to schedule again, and those skipped (no longer waiting); every kept
+    body checked first (one its content type does not describe: ``InvalidInput``)."""
+    todo = [e for e in entries if e.state in IMPORTED]
+    for entry in todo:
+        if entry.kept:
+            kept_body(entry)
+    return todo, [e for e in entries if e.state not in IMPORTED]
+
+
 @dataclass
 class Imported:
     """What an import did."""

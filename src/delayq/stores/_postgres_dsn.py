@@ -35,7 +35,13 @@ def _secrets(dsn: str) -> list[str]:
 
 def scrub_dsn(message: str, dsn: str) -> str:
     """``message`` (a client's error) with every password ``dsn`` holds replaced by
-    ``***``: psycopg may quote the DSN back."""
+    ``***``: psycopg may quote the DSN back. Where it shows as a DSN's (``:pw@``,
+    ``password=pw``) it always goes; bare, only a password of 6 characters or more
+    (a short one, "p" say, would turn every "p" of the text into ``***``)."""
+    message = message.replace(dsn, redact_dsn(dsn))
+    message = _PASSWORD_PARAM.sub(lambda m: m.group(1) + "***", message)
     for secret in _secrets(dsn):
-        message = message.replace(secret, "***")
+        message = message.replace(f":{secret}@", ":***@")
+        if len(secret) >= 6:
+            message = message.replace(secret, "***")
     return message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from delayq.stores.base import (
 )
 from delayq.stores.uncancel import UncancelStatus, check_uncancel, uncancel_status
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "immediate"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayq_idempotency (
@@ -156,7 +156,7 @@ class SQLiteStore:
         under the store's lock; committed, or rolled back on any error."""
         with self._lock:
             self._check_open()
-            with _immediate(self._db) as db:
+            with immediate(self._db) as db:
                 yield db
 
     @contextmanager
@@ -308,7 +308,7 @@ def _sqlite_uncancel(db: sqlite3.Connection, key: str, now_ms: int, look: bool) 
 def _add_mark_columns(db: sqlite3.Connection) -> None:
     """Add the cancellation columns to a table made by an older delayq (in a write
     transaction: several processes may open the file at once)."""
-    with _immediate(db):
+    with immediate(db):
         have = {row[1] for row in db.execute("PRAGMA table_info(delayq_idempotency)")}
         for name, kind in _MARK_COLUMNS:
             if name not in have:
@@ -316,12 +316,16 @@ def _add_mark_columns(db: sqlite3.Connection) -> None:
 
 
 @contextmanager
-def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """A ``BEGIN IMMEDIATE`` transaction on ``db``: committed, or rolled back on any error."""
+def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A ``BEGIN IMMEDIATE`` transaction on ``db``: committed, or rolled back on any error.
+    A failed ``COMMIT`` (a full disk) may have rolled back already: the ``ROLLBACK`` is
+    then skipped, so the error said is the commit's, not "no transaction is active"."""
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db
         db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
         raise
