@@ -278,6 +278,25 @@ def test_a_closed_pipe_ends_quietly(argv):
     assert run.returncode in (0, 141)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["topology", "export", "--file", str(TOPOLOGY)], ["scheduled", "--help"]],
+    ids=["help", "export", "scheduled-help"],
+)
+def test_a_full_disk_under_stdout_is_one_line_and_exit_1(argv):
+    """`delayq ... > /dev/full`: the write fails with ENOSPC; one line, no traceback."""
+    with open("/dev/full", "w") as full:
+        run = subprocess.run(
+            [sys.executable, "-m", "delayq", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip() == "delayq: error: No space left on device (OSError)"
+
+
 @pytest.mark.parametrize("argv", [[], ["dlq"], ["topology"]], ids=["none", "dlq", "topology"])
 def test_a_group_without_its_command_prints_its_help_and_exits_2(argv, capsys):
     assert main(argv) == EXIT_INPUT

@@ -26,13 +26,25 @@ def run(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # `delayq dlq list | head`: the reader stopped reading. Point stdout at
         # /dev/null so the interpreter's final flush does not print a traceback.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, io.UnsupportedOperation):
-            pass  # stdout is no real file (a test's capture): nothing will flush it
+        _silence_stdout()
         return EXIT_PIPE
+    except OSError as exc:
+        # An error no command caught, most often stdout that cannot be written (a full
+        # disk: `delayq stats > /dev/full`): said in one line, never a traceback.
+        _silence_stdout()
+        print(f"delayq: error: {exc.strerror or exc} ({type(exc).__name__})", file=sys.stderr)
+        return EXIT_BROKER
     return code
+
+
+def _silence_stdout() -> None:
+    """stdout pointed at /dev/null: the interpreter's last flush of what could not be
+    written would print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is no real file (a test's capture): nothing will flush it
 
 
 # click 8.2+ raises this for a group given no command (8.1 printed the help, exit 0)
