@@ -100,8 +100,8 @@ return out
 )
 
 # ARGV = prefix, to, now_ms, due_at_ms ('' unchanged), generation ('' unchanged), tier
-# ('' unchanged), allowed states (comma-separated), then the ids. Returns per id its state
-# after ('' none).
+# ('' unchanged), allowed states (comma-separated), the ids (a JSON array). Returns per id
+# its state after ('' none).
 _MOVE = (
     _LUA_SETS
     + """
@@ -109,8 +109,7 @@ local p, to, now, due, gen, tier = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 
 local allowed = {}
 for s in string.gmatch(ARGV[7], '[^,]+') do allowed[s] = true end
 local out = {}
-for i = 8, #ARGV do
-  local id = ARGV[i]
+for _, id in ipairs(cjson.decode(ARGV[8])) do
   local key = p .. 'e:' .. id
   local st = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'tier')
   if not st[1] then
@@ -124,12 +123,16 @@ for i = 8, #ARGV do
     if tier ~= '' then newtier = tier end
     redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. st[1], st[4], -1)
     redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. to, newtier, 1)
-    redis.call('HSET', key, 'tier', newtier)
-    redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new)
-    if gen ~= '' then redis.call('HSET', key, 'generation', gen) end
+    if gen ~= '' then
+      redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new,
+                 'tier', newtier, 'generation', gen)
+    else
+      redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new,
+                 'tier', newtier)
+    end
     if FINISHED[to] then
       redis.call('ZADD', p .. 'f:' .. st[2], now, id)
-    else
+    elseif FINISHED[st[1]] then
       redis.call('ZREM', p .. 'f:' .. st[2], id)
     end
     out[#out + 1] = to
@@ -245,7 +248,9 @@ class RedisSchedule:
             tier or "",
         )
         with self._calling():
-            after = self._move(args=[self.prefix, to.value, now_ms, *opt, allowed, *ids])
+            after = self._move(
+                args=[self.prefix, to.value, now_ms, *opt, allowed, json.dumps(list(ids))]
+            )
         return [State(s.decode()) if s else None for s in after]
 
     def _entries(self, ids: Sequence[str]) -> list[Entry | None]:
