@@ -8,9 +8,11 @@ and waits a few milliseconds more before returning: a kill then lands after the 
 and before the commit. The ``effects`` table has no unique key, so a side effect run
 twice would show as two rows.
 
-With ``--no-transaction`` (the control case) the handler writes with a connection of
-its own in autocommit mode and the key is completed afterwards, as a handler with an
-external side effect would: the same kills then do run effects twice.
+With ``--schedule-index`` a ``ScheduleReporter`` (every ``--report-interval``) tells
+that index what became of each message. With ``--no-transaction`` (the control case)
+the handler writes with a connection of its own in autocommit mode and the key is
+completed afterwards, as a handler with an external side effect would: the same kills
+then do run effects twice.
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--started", required=True)
     parser.add_argument("--adapter", choices=["sync", "async"], required=True)
     parser.add_argument("--no-transaction", action="store_true")
+    parser.add_argument("--schedule-index", help="a SQLite schedule index to report into")
+    parser.add_argument("--report-interval", default="100ms")
     parser.add_argument(
-        "--sleep-ms", type=float, nargs=2, default=[4.0, 12.0],
+        "--sleep-ms",
+        type=float,
+        nargs=2,
+        default=[4.0, 12.0],
         help="each of the handler's two pauses is uniform over this range",
     )
     args = parser.parse_args(argv)
@@ -74,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         lease="3s",
         policy=FixedBackoff(delay="1s", max_attempts=10),
     )
+    if args.schedule_index is not None:  # the schedule index's consumer-side kill test
+        from delayq.schedule.report import ScheduleReporter
+        from delayq.schedule.sqlite import SQLiteSchedule
+
+        reporter = ScheduleReporter(
+            SQLiteSchedule(args.schedule_index), interval=args.report_interval
+        )
+        options["observers"] = [reporter]
     if args.adapter == "sync":
         from delayq.sync import Consumer
 

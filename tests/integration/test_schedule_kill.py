@@ -110,3 +110,82 @@ def test_a_publisher_killed_at_each_step_never_shows_an_unconfirmed_message_as_s
         assert pending == {"s4"} and "s4" not in broker and len(confirmed) == 4
     elif kill == "move:5":  # its 5th message confirmed by the broker, not yet moved
         assert pending == {"s4"} and "s4" in broker and len(confirmed) == 4
+
+
+@pytest.mark.parametrize("adapter", ["sync", "async"])
+def test_a_consumer_killed_with_reports_queued_leaves_only_its_acked_messages_waiting(
+    adapter: str,
+    make_topology: Callable[..., Topology],
+    rabbitmq_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The consumer side: a consumer (``tests/integration/kill_target.py``) whose reporter
+    had not written yet (``interval`` an hour) is SIGKILLed mid-run; another takes over
+    with a reporter writing every 100 ms. Every entry shown handled was handled; what is
+    still shown scheduled is exactly what the killed consumer acked and never reported
+    (the guide's stated limit), and ``delayq stats --index`` says the index shows more
+    waiting than the tier holds."""
+    import json
+    import sqlite3
+
+    from delayq import Message
+    from delayq.cli import main
+    from delayq.schedule.record import ScheduleIndex
+    from delayq.sync import Publisher
+
+    total = 300
+    topology = make_topology(["1s"])
+    queue = f"{topology.namespace}.work"
+    db, started, index_db = tmp_path / "app.db", tmp_path / "started.log", tmp_path / "i.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE effects (n INTEGER, pid INTEGER)")
+    conn.close()
+    topology_file = tmp_path / "t.json"
+    topology_file.write_text(topology.model_dump_json())
+    index = SQLiteSchedule(index_db)
+    apply_topology(topology, rabbitmq_url)
+    with Publisher(rabbitmq_url, topology, schedule=ScheduleIndex(index)) as pub:
+        pub.publish_many(
+            [Message({"n": n}, "job.k", "1s", message_id=f"k{n}") for n in range(total)]
+        )
+
+    def effects() -> set[tuple[int, int]]:
+        with sqlite3.connect(db) as c:
+            found = {(int(n), int(p)) for n, p in c.execute("SELECT n, pid FROM effects")}
+        c.close()
+        return found
+
+    common = ["--url", rabbitmq_url, "--topology", str(topology_file), "--queue", queue,
+              "--db", str(db), "--started", str(started), "--adapter", adapter,
+              "--schedule-index", str(index_db)]  # fmt: skip
+    first = Target([*common, "--report-interval", "1h"], tmp_path / "first.err")
+    first.start()
+    wait_for(lambda: len(effects()) >= 100, 60, "100 handled by the first consumer")
+    first.kill()
+    second = Target([*common, "--report-interval", "100ms"], tmp_path / "second.err")
+    second.start()
+    try:
+        wait_for(lambda: len({n for n, _ in effects()}) == total, 120, "every message handled")
+        by_first = {f"k{n}" for n, p in effects() if p == first.pids[0]}
+        wait_for(  # retried ones (the killed handler's claim still held) handled too
+            lambda: index.count(Query(states={State.SCHEDULED})) <= len(by_first)
+            and index.count(Query(states={State.DELIVERED})) == 0,
+            30,
+            "the second consumer's reports",
+        )
+    finally:
+        second.stop()
+    state = {e.id: e.state for e in index.find(Query(states=set(State)), limit=1_000)}
+    handled = {f"k{n}" for n, _ in effects()}
+    assert set(state.values()) <= {State.SCHEDULED, State.HANDLED}
+    assert {i for i, s in state.items() if s is State.HANDLED} <= handled
+    waiting = {i for i, s in state.items() if s is State.SCHEDULED}
+    assert waiting and waiting <= by_first, "only the killed consumer's acks stay unreported"
+    index.close()
+    (tmp_path / "t.yaml").write_text(topology_file.read_text())
+    command = ["stats", "--url", rabbitmq_url, "-f", str(tmp_path / "t.yaml"),
+               "--index", str(index_db), "--json"]  # fmt: skip
+    assert main(command) == 0
+    found = json.loads(capsys.readouterr().out)["index"]
+    assert found["disagrees"] is True and found["tiers"][0]["unheld"] == len(waiting)

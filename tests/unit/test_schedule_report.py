@@ -148,3 +148,28 @@ def test_bad_settings_are_refused() -> None:
         ScheduleReporter(MemorySchedule(), max_pending=0)
     with pytest.raises(InvalidDelay):
         ScheduleReporter(MemorySchedule(), retention="7")
+
+
+def test_a_process_that_ends_without_close_still_writes_what_is_queued(tmp_path) -> None:
+    """A consumer stopped by SIGTERM ends its process without closing its observers:
+    the reporter writes its queue at the normal exit."""
+    import subprocess
+    import sys
+
+    from delayq.schedule.sqlite import SQLiteSchedule
+
+    index = SQLiteSchedule(tmp_path / "i.db")
+    index.add([Entry("a", "shop", "job.a", due_at_ms=5, tier="1s", published_at_ms=0, size=1)])
+    index.move(["a"], State.SCHEDULED, now_ms=0)
+    script = f"""
+from delayq.consume.delivery import Action
+from delayq.schedule.report import ScheduleReporter
+from delayq.schedule.sqlite import SQLiteSchedule
+from tests.unit.test_schedule_report import settled
+reporter = ScheduleReporter(SQLiteSchedule({str(tmp_path / "i.db")!r}), interval="1h")
+reporter.settled(settled("a", Action.ACK))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert index.get("a").state is State.HANDLED  # type: ignore[union-attr]
+    index.close()

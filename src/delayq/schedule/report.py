@@ -17,6 +17,7 @@ of finished messages that last changed longer ago, at its first round and every
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -82,6 +83,9 @@ class ScheduleReporter:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="delayq-schedule", daemon=True)
         self._thread.start()
+        # A process that ends without close() (a consumer stopped by SIGTERM, which does
+        # not close its observers) still writes what is queued.
+        atexit.register(self.close)
 
     def __repr__(self) -> str:
         return f"ScheduleReporter({self.store!r})"
@@ -152,7 +156,8 @@ class ScheduleReporter:
             log.warning("the schedule index could not expire finished entries: %s", exc)
 
     def close(self) -> None:
-        """Stop the thread after a last write."""
+        """Stop the thread after a last write (also at the process's normal exit)."""
+        atexit.unregister(self.close)
         self._closed = True
         self._wake.set()
         self._thread.join()
