@@ -230,6 +230,8 @@ def test_cancel_by_id_and_expire_from_the_command_line(live, capsys) -> None:
     assert code == EXIT_OK
     assert got["cancelled"] == 2 and [r["message_id"] for r in got["receipts"]] == ["o1", "o3"]
     assert index.get("o1").state.value == "cancelled"  # type: ignore[union-attr]
+    code, got = run(capsys, "scheduled", "cancel", *base, "--message-id", "o1", "--json")
+    assert code == EXIT_OK and got["receipts"][0]["status"] == "already cancelled"
     # an id not in the index: nothing is cancelled, exit 2
     assert main(["scheduled", "cancel", *base, "--message-id", "o5", "--message-id", "x"]) == 2
     assert index.get("o5").state.value == "scheduled"  # type: ignore[union-attr]
@@ -298,6 +300,7 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
         ('{"format": "other"}\n', "line 2: not a line of delayq scheduled export"),
         ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 3: KeyError"),
         (None, "kept body is not what its content type"),
+        ("type=application/x-weird", "content type 'application/x-weird' is not one"),
         ("due=" + str(10**30), "line 2: InvalidInput: an entry's due_at_ms is an int from 0"),
     ],
 )
@@ -309,6 +312,9 @@ def test_a_bad_export_line_is_refused_before_anything_is_published(
     good = json.loads(entry_line(index.get("o1")))
     if text is None:  # a JSON content type over a body that is not JSON
         good["body"] = base64.b64encode(b"{not json").decode()
+        text = json.dumps(good) + "\n"
+    elif text.startswith("type="):
+        good["content_type"] = text[5:]
         text = json.dumps(good) + "\n"
     elif text.startswith("due="):
         good["due_at_ms"] = int(text[4:])

@@ -181,3 +181,35 @@ def test_changes_by_id_refuse_an_entry_of_another_namespace(shop) -> None:
     with pytest.raises(InvalidInput, match="namespace"):
         elsewhere.purge(Query(namespace="shop"))
     assert schedule.show("o1").state is State.SCHEDULED
+
+
+def test_a_reschedule_to_now_is_a_promote_and_leaves_the_waiting_view(shop) -> None:
+    broker, schedule, handled = shop
+    (receipt,) = schedule.reschedule(["o2"], "0s")
+    assert receipt.moved
+    entry = schedule.show("o2")
+    assert entry is not None and entry.state is State.PROMOTED
+    assert schedule.count(Query(labels={"tenant": "globex"})) == 4  # o0, o4, o6, o8
+    broker.advance("1s")
+    assert handled == [{"order": 2}]
+
+
+def test_an_id_waiting_in_another_namespace_is_refused_before_anything_is_sent(shop) -> None:
+    """One entry per id: a message of shop2 under an id shop's entry holds would go
+    unrecorded. Refused, nothing sent; the batch's other entries say unconfirmed."""
+    from delayq.errors import ScheduleNotRecorded
+
+    broker, schedule, _ = shop
+    other = Topology(namespace="shop2", ladder=["1m", "30m", "1h"],
+                     destinations=[{"queue": "orders2", "bindings": ["order.*"]}])  # fmt: skip
+    broker.apply(other)
+    publisher = broker.publisher(other, schedule=schedule.publisher.schedule)
+    before = {q: broker.depth(q) for q in broker.queues()}
+    with pytest.raises(ScheduleNotRecorded, match="waits in another namespace"):
+        publisher.publish_many(
+            [Message(1, "order.remind", "5m", message_id="fresh"),
+             Message(2, "order.remind", "5m", message_id="o1")]
+        )  # fmt: skip
+    assert {q: broker.depth(q) for q in broker.queues()} == before
+    assert schedule.show("o1").namespace == "shop"
+    assert schedule.show("fresh").state is State.UNCONFIRMED

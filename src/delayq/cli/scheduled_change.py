@@ -156,14 +156,17 @@ def _cancelled(
     stopped = sum(r.cancelled for r in receipts)
     lost = len(receipts) - stopped
     if as_json:
-        rows = [{"message_id": r.message_id, "cancelled": r.cancelled} for r in receipts]
+        rows = [
+            {"message_id": r.message_id, "cancelled": r.cancelled, "status": _said(r)}
+            for r in receipts
+        ]
         print_json(
             {"matched": matched, "cancelled": stopped, "not_cancelled": lost}
             | ({"receipts": rows} if each else {})
         )
     else:
         for r in receipts if each else ():
-            print(f"{r.message_id}  {'cancelled' if r.cancelled else 'not cancelled'}")
+            print(f"{r.message_id}  {_said(r)}")
         print(f"cancelled {stopped:,} of {len(receipts):,}")
     if lost:
         print(
@@ -173,6 +176,15 @@ def _cancelled(
         )
         return EXIT_BROKER
     return EXIT_OK
+
+
+def _said(receipt: CancelReceipt) -> str:
+    """A cancel's outcome in words: ``already cancelled`` is not said ``cancelled``."""
+    from delayq.stores.base import CancelStatus
+
+    if receipt.status is CancelStatus.ALREADY_CANCELLED:
+        return "already cancelled"
+    return "cancelled" if receipt.cancelled else f"not cancelled ({receipt.status.value})"
 
 
 def cmd_purge(args: Args) -> int:

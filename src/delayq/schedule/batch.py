@@ -64,7 +64,15 @@ async def arecord_batch(
     steps = [messages[i : i + chunk] for i in range(0, len(messages), chunk)]
     failures: dict[int, PublishError] = {}
     moves: list[asyncio.Future[Any]] = []
-    ids: list[str] = await call(index.before, topology, steps[0])  # fails: nothing sent
+    try:
+        ids: list[str] = await call(index.before, topology, steps[0])
+    except ScheduleNotRecorded as exc:
+        if len(steps) == 1:
+            raise
+        raise ScheduleNotRecorded(
+            f"the schedule index could not record the first {len(steps[0])} of a batch of "
+            f"{len(messages)} message(s); nothing was published: {exc.__cause__ or exc}"
+        ) from exc
     offset = 0
     for number, step in enumerate(steps):
         ahead = steps[number + 1] if number + 1 < len(steps) else None

@@ -133,12 +133,26 @@ class ScheduleIndex:
             return []
         try:
             added = self.store.add(entries)
+            ids = [e.id for e, fits in zip(entries, added, strict=True) if fits]
+            kept = [e for e, fits in zip(entries, added, strict=True) if not fits]
+            elsewhere = [e.id for e in kept if _held_elsewhere(self.store, e)]
+            if elsewhere:  # another namespace's message under the same id: refused
+                if ids:
+                    self.store.move(ids, State.UNCONFIRMED, now_ms=entries[0].changed_at_ms)
+                raise ScheduleNotRecorded(
+                    f"message id {elsewhere[0]!r} waits in another namespace of this "
+                    f"schedule index ({len(elsewhere)} such): an index holds one entry per "
+                    "id, so this publish could not be recorded; nothing was published "
+                    "(use ids distinct across namespaces, or an index per namespace)"
+                )
+        except ScheduleNotRecorded:
+            raise
         except DelayqError as exc:
             raise ScheduleNotRecorded(
                 f"the schedule index could not record {len(entries)} message(s); "
                 f"nothing was published: {exc}"
             ) from exc
-        return [e.id for e, fits in zip(entries, added, strict=True) if fits]
+        return ids
 
     def after(
         self,
@@ -190,8 +204,10 @@ class ScheduleIndex:
                     continue
                 new = r.receipt
                 due = new.published_at_ms + new.tier_ms
+                # To now (no tier): sent to its destinations at once, as a promote.
+                to = State.RESCHEDULED if new.tier is not None else State.PROMOTED
                 self.store.move(
-                    [new.message_id], State.RESCHEDULED, now_ms=now_ms, due_at_ms=due,
+                    [new.message_id], to, now_ms=now_ms, due_at_ms=due,
                     generation=r.generation, tier=new.tier,
                 )  # fmt: skip
                 if r.marks.message_id is None and r.marks.key is not None:
@@ -220,6 +236,13 @@ class ScheduleIndex:
                 f"was not updated: {exc}",
                 receipts=list(receipts),
             ) from exc
+
+
+def _held_elsewhere(store: ScheduleStore, entry: Entry) -> bool:
+    """Whether the entry a new record of ``entry``'s id left in place is live in
+    another namespace (not a duplicate of this message: an id collision)."""
+    held = store.get(entry.id)
+    return held is not None and held.namespace != entry.namespace
 
 
 def _kept_headers(msg: OutgoingMessage) -> dict[str, Any] | None:

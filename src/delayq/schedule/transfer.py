@@ -23,6 +23,7 @@ from delayq.errors import InvalidInput
 from delayq.message.envelope import Message, Receipt
 from delayq.schedule.api import kept_body
 from delayq.schedule.entry import Entry, State
+from delayq.schedule.record import KEPT_CONTENT
 
 __all__ = [
     "Imported",
@@ -127,6 +128,11 @@ def importable(entries: Sequence[Entry]) -> tuple[list[Entry], list[Entry]]:
     body checked first (one its content type does not describe: ``InvalidInput``)."""
     todo = [e for e in entries if e.state in IMPORTED]
     for entry in todo:
+        if entry.body is not None and entry.content_type not in KEPT_CONTENT:
+            raise InvalidInput(
+                f"message {entry.id!r}: content type {entry.content_type!r} is not one an "
+                f"index keeps ({', '.join(KEPT_CONTENT)}): its body cannot be sent again as it was"
+            )
         if entry.kept:
             kept_body(entry)
     return todo, [e for e in entries if e.state not in IMPORTED]
