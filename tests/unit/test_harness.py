@@ -184,6 +184,61 @@ def test_a_server_that_exits_before_listening_is_started_again(
             node._process.wait()
 
 
+DYING_SERVER = """#!/usr/bin/env python3
+# on its first run opens its AMQP listener, answers the start's two probes (the port,
+# an AMQP client), then exits before its boot ends (as a 4.0.5 node did once in CI);
+# on the next, boots for good ("alive")
+import os, pathlib, socket
+home = pathlib.Path(os.environ["HOME"])
+first = not (home / "ran-once").exists()
+(home / "ran-once").write_text("x")
+if not first:
+    (home / "alive").write_text("x")
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(os.environ["RABBITMQ_NODE_PORT"])))
+server.listen()
+answered = 0
+while True:
+    client, _ = server.accept()
+    client.settimeout(5)
+    try:
+        if client.recv(8) == b"AMQP\\x00\\x00\\x09\\x01":
+            client.sendall(b"\\x01\\x00\\x00\\x00\\x00\\x00\\x04\\x00\\x0a\\x00\\x0a")
+            answered += 1
+    except OSError:
+        pass
+    client.close()
+    if first and answered:
+        print("boot step failed: the node stops")
+        raise SystemExit(1)
+"""
+
+
+def test_a_server_that_dies_after_listening_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import delayq.local.node as localnode
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ctl = '#!/bin/sh\n[ -e "$HOME/alive" ] || { echo "node not running at all"; exit 69; }\n'
+    for name, text in (("rabbitmq-server", DYING_SERVER), ("rabbitmqctl", ctl)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
+    node = localnode.LocalNode(tmp_path / "node")
+    try:
+        node.start(timeout_s=60)
+        assert node.running and (tmp_path / "node" / "alive").exists()
+        assert "boot step failed" in (tmp_path / "node" / "server.out").read_text()
+        assert "await_startup" not in (tmp_path / "node" / "server.out").read_text()
+    finally:
+        if node._process is not None:
+            node._process.kill()
+            node._process.wait()
+
+
 def test_a_server_that_keeps_exiting_fails_with_its_last_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

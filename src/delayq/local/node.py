@@ -253,32 +253,41 @@ class LocalNode:
     def start(self, timeout_s: float = 90.0, attempts: int = 3) -> LocalNode:
         """Start the node and wait until it accepts AMQP connections.
 
-        A server that exits before it listens is started again, up to
+        A server that exits before its boot ends is started again, up to
         ``attempts`` times: on a loaded machine a restart now and then found its
-        old instance's name not yet released (the server then exits at once).
+        old instance's name not yet released (the server then exits at once), and a
+        4.0.5 node once stopped between opening its AMQP listener and the end of its
+        boot (CI, session 35). The error of the last attempt carries the server's
+        output.
         """
         if self.running:
             return self
         self._write_files()
         deadline = time.monotonic() + timeout_s
-        logged_before = self._log_size()
         for attempt in range(1, attempts + 1):
+            logged_before = self._log_size()
             self._spawn()
             try:
                 self._await_port(self.port, deadline)
+                if self.tls_port is not None:
+                    self._await_port(self.tls_port, deadline)
+                self._await_amqp(deadline)
+                self._await_boot(logged_before, deadline)
                 break
-            except ServerExited as exc:
-                if attempt == attempts or time.monotonic() + 2 > deadline:
+            except LocalNodeError as exc:
+                if self.running:  # alive but not answering: no second instance beside it
                     raise
+                if attempt == attempts or time.monotonic() + 2 > deadline:
+                    if isinstance(exc, ServerExited):
+                        raise
+                    raise LocalNodeError(
+                        f"{exc}\n(the server exited; its output:\n{self._server_out_tail()})"
+                    ) from exc
                 if "dist_port_already_used" in str(exc):
                     # Taken since it was picked: the distribution port is the node's own
                     # business (clients never see it), so another one will do.
                     self.dist_port = free_port()
                 time.sleep(2.0 * attempt)
-        if self.tls_port is not None:
-            self._await_port(self.tls_port, deadline)
-        self._await_amqp(deadline)
-        self._await_boot(logged_before, deadline)
         if self.management_port is not None:
             self._await_port(self.management_port, deadline)
         return self
