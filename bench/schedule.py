@@ -76,20 +76,17 @@ async def publish_rate(url: str, topo: Topology, count: int, index: ScheduleStor
 @contextlib.contextmanager
 def servers(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     """Where the Redis and PostgreSQL indexes live: the options, else local servers."""
+    given = {"redis": args.redis_url, "postgres": args.postgres_dsn}
     found: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        if "redis" in args.stores:
-            if args.redis_url is None:
-                log("starting a local Redis ...")
-                found["redis"] = stack.enter_context(LocalRedis()).url
-            else:
-                found["redis"] = args.redis_url
-        if "postgres" in args.stores:
-            if args.postgres_dsn is None:
-                log("starting a local PostgreSQL ...")
-                found["postgres"] = stack.enter_context(LocalPostgres()).dsn
-            else:
-                found["postgres"] = args.postgres_dsn
+        servers_of = (("redis", LocalRedis, "url"), ("postgres", LocalPostgres, "dsn"))
+        for kind, local, where in servers_of:
+            if kind not in args.stores:
+                continue
+            if given[kind] is None:
+                log(f"starting a local {kind} server ...")
+                given[kind] = getattr(stack.enter_context(local()), where)
+            found[kind] = str(given[kind])
         yield found
 
 
