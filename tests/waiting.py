@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import IO, Any
 
 
 def wait_for(
@@ -71,3 +72,57 @@ def first_message(url: str, queue: str, timeout_s: float = 30) -> tuple[Any, Any
         return method, properties, body
     finally:
         connection.close()
+
+
+class Lines:
+    """A child process's text pipe read in a thread, so that a test waits for a line with a
+    bound: a child that never says it (hung) fails the test with what it did say, instead
+    of blocking the test until pytest's timeout ends the whole worker."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self._lines: list[str] = []
+        self._seen = 0
+        self._changed = threading.Condition()
+        self._ended = False
+        threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        for line in pipe:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def until(self, *parts: str, timeout_s: float) -> str:
+        """Wait for lines (after those an earlier call matched) holding each of ``parts``;
+        the last one read. Fails saying what was read when the pipe ends or the time
+        passes first."""
+        deadline = time.monotonic() + timeout_s
+        awaited = set(parts)
+        with self._changed:
+            while True:
+                while self._seen < len(self._lines):
+                    line = self._lines[self._seen]
+                    self._seen += 1
+                    awaited = {part for part in awaited if part not in line}
+                    if not awaited:
+                        return line
+                left = deadline - time.monotonic()
+                if self._ended or left <= 0:
+                    why = "the pipe ended" if self._ended else f"{timeout_s:g} s passed"
+                    raise AssertionError(
+                        f"{why} before a line said {sorted(awaited)}; it said:\n{self.text()}"
+                    )
+                self._changed.wait(left)
+
+    def ended(self, timeout_s: float) -> str:
+        """Everything read, once the pipe ended (its process exited) within ``timeout_s``."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._ended, timeout_s):
+                raise AssertionError(f"the pipe stayed open {timeout_s:g} s:\n{self.text()}")
+            return self.text()
+
+    def text(self) -> str:
+        return "".join(self._lines)

@@ -13,6 +13,7 @@ confirmed is lost: a bridge run after the alarm clears delivers every message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from delayq.sync.bridge import Bridge
 from tests.amqp import depth
 from tests.integration.intake_support import Running, publish_plugin_style
 from tests.integration.test_cli_parked import write
-from tests.waiting import wait_for
+from tests.waiting import Lines, wait_for
 
 COUNT = 200
 
@@ -106,8 +107,10 @@ def _all_arrive(url: str, topology: Any, collect: Any, ids: set[str]) -> None:
         wait_for(
             lambda: ids <= {a.message_id for a in arrived.arrivals} and depth(url, queue) == 0,
             120,
-            lambda: f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived, "
-            f"{depth(url, queue)} in {queue}",
+            lambda: (
+                f"{len({a.message_id for a in arrived.arrivals})} of {len(ids)} arrived, "
+                f"{depth(url, queue)} in {queue}"
+            ),
         )
     finally:
         running.stop()
@@ -161,17 +164,17 @@ def test_a_bridge_blocked_by_a_memory_alarm_exits_on_a_signal_and_loses_nothing(
     grace = "2s" if len(signals) == 1 else "1h"
     topology, ids, command = _blocked_bridge(node, make_topology, tmp_path, grace)
     queue = topology.intakes[0].queue_name(topology.namespace)
+    assert command.stderr is not None
+    said = Lines(command.stderr)
     try:
         signalled = time.monotonic()
         command.send_signal(getattr(signal, signals[0]))
         if len(signals) > 1:  # once the first is heard: two signals, not one
-            assert command.stderr is not None
-            for said in command.stderr:
-                if f"bridge of {queue} stopping: up to 3600 s" in said:
-                    break
+            said.until(f"bridge of {queue} stopping: up to 3600 s", timeout_s=BOUND_S)
             command.send_signal(getattr(signal, signals[1]))
-        _out, err = command.communicate(timeout=BOUND_S)
+        command.wait(BOUND_S)
         took_s = time.monotonic() - signalled
+        err = said.ended(BOUND_S)
     finally:
         command.kill()
         command.wait(10)
@@ -265,9 +268,11 @@ def test_request_stop_ends_a_bridge_whose_confirms_never_come(
 
 HOOK = textwrap.dedent(
     """
-    import os, sys, threading
+    import faulthandler, os, signal, sys, threading
 
     import delayq.aio._bridgewire as engine_module
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung test asks where
 
     def stuck(what):
         print(f"hook: stuck in {what}", file=sys.stderr, flush=True)
@@ -285,6 +290,19 @@ HOOK = textwrap.dedent(
         engine_module.WireBridge._close = closing
     """
 )
+
+
+def _until(command: subprocess.Popen[str], said: Lines, *parts: str) -> None:
+    """Wait for the bridge to say ``parts``; hung, it is asked for its threads' stacks
+    (the hook's ``faulthandler``), which the failure shows."""
+    try:
+        said.until(*parts, timeout_s=BOUND_S)
+    except AssertionError:
+        command.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(AssertionError):
+            said.until("Thread 0x", timeout_s=5)
+        command.kill()
+        raise AssertionError(f"the bridge never said {list(parts)}:\n{said.ended(10)}") from None
 
 
 @pytest.mark.parametrize("where", ["confirms", "close", "close, hurried"])
@@ -314,23 +332,20 @@ def test_delayq_bridge_stuck_exits_within_grace_and_margin(
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert command.stdout is not None and command.stderr is not None
+    said = Lines(command.stderr)
     try:
-        assert command.stdout is not None and command.stderr is not None
         assert command.stdout.readline().startswith("delayq bridge: ")
-        awaited = {"worker running"} | ({"hook: stuck"} if where == "confirms" else set())
-        for said in command.stderr:  # running (its signal handlers in place), and stuck
-            awaited = {part for part in awaited if part not in said}
-            if not awaited:
-                break
+        awaited = ["worker running"] + (["hook: stuck"] if where == "confirms" else [])
+        _until(command, said, *awaited)  # running (its signal handlers in place), and stuck
         command.send_signal(signal.SIGTERM)
         if hurried:  # stuck closing (the hook says so), then a second signal
-            for said in command.stderr:
-                if "hook: stuck" in said:
-                    break
+            _until(command, said, "hook: stuck")
             command.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        _out, err = command.communicate(timeout=BOUND_S)
+        command.wait(BOUND_S)
         took_s = time.monotonic() - signalled
+        err = said.ended(BOUND_S)
     finally:
         command.kill()
         command.wait(10)

@@ -102,3 +102,28 @@ def test_refusals_during_a_pause_do_not_lengthen_it(caplog: pytest.LogCaptureFix
     ]
     assert len(refused) == 2 and refused[0].startswith("3 of shop.intake.delayed not taken")
     assert "and 2 more" in refused[0]
+
+
+def test_a_delivery_delayq_fails_on_wakes_a_stop_waiting_for_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last delivery in flight, failed by delayq itself (rejected to the DLQ), leaves
+    the window empty: a stop waiting for it to empty (up to a grace of an hour) is woken,
+    not left to its grace."""
+    import asyncio
+
+    import delayq.aio._relaying as relaying
+
+    bridge, wire = _bridge()
+    wire.frame_max = 131072  # type: ignore[attr-defined]
+
+    def failing(*_: Any) -> None:
+        raise RuntimeError("delayq's own failure")
+
+    monkeypatch.setattr(bridge, "_publish", failing)
+    monkeypatch.setattr(relaying, "basic_properties", lambda *_: {"message_id": "m-1"})
+    bridge._changed = asyncio.Event()
+    bridge._take(1, "email.welcome", b"", b"{}")
+    assert not bridge._window
+    assert bridge.stats.rejected == 1
+    assert bridge._changed.is_set()

@@ -334,3 +334,30 @@ def test_a_server_that_listens_but_never_answers_fails_in_bounded_time_and_is_st
         node.start(timeout_s=3)
     assert time.monotonic() - started < 20
     assert not node.running  # stopped (no Erlang VM to ask: killed), not left behind
+
+
+def test_lines_waits_for_a_line_with_a_bound_and_says_what_was_read() -> None:
+    """A child that never says what a test waits for fails the test (with what it said),
+    instead of blocking until pytest's timeout ends the whole xdist worker (CI, stop 62)."""
+    from tests.waiting import Lines
+
+    script = "import sys, time\nprint('one', flush=True)\nprint('two three', flush=True)\n"
+    script += "time.sleep(60) if sys.argv[1] == 'hang' else None\n"
+    for how in ("hang", "exit"):
+        child = subprocess.Popen(
+            [sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None
+            said = Lines(child.stdout)
+            assert said.until("three", "two", timeout_s=30) == "two three\n"
+            with pytest.raises(AssertionError) as caught:
+                said.until("four", timeout_s=0.5 if how == "hang" else 30)
+            why = "0.5 s passed" if how == "hang" else "the pipe ended"
+            assert f"{why} before a line said ['four']; it said:\none\ntwo three" in str(
+                caught.value
+            )
+        finally:
+            child.kill()
+            child.wait(10)
+        assert said.ended(10) == "one\ntwo three\n"

@@ -137,6 +137,8 @@ class Relaying:
             log.exception("bridge of %s failed on delivery %d", self.queue, tag)
             self._window.discard(tag)
             self._reject(tag, f"delivery {tag}", _said(exc))
+            if not self._window:
+                self._wake()  # a stop may wait for the window to empty
 
     def _encode(self, tag: int, plan: Plan, incoming: Incoming) -> tuple[Plan, bytes] | None:
         """``plan`` and its frames; a forward that cannot be written, parked; a park that
