@@ -470,3 +470,28 @@ def test_str_keys_at_any_depth_and_models_with_int_keys_are_fine() -> None:
     # A model's own schema turns the keys back into ints when the consumer validates it.
     data, _ = encode_body(Counts(by_day={1: 2}))
     assert Counts.model_validate_json(data).by_day == {1: 2}
+
+
+def test_the_factorys_messages_equal_those_their_dataclasses_build() -> None:
+    """``MessageFactory.build`` sets the frozen dataclasses' slots straight (cheaper than
+    their ``__init__``): every field is set, in the order the dataclasses declare, and a
+    field added later fails here, not as a missing attribute on some publish."""
+    import dataclasses
+
+    from delayq import Topology
+    from delayq.message.envelope import OutgoingMessage, Receipt
+    from delayq.message.factory import MessageFactory
+
+    for cls in (Receipt, OutgoingMessage):
+        assert cls.__slots__ == tuple(f.name for f in dataclasses.fields(cls))
+    topology = Topology(namespace="shop", ladder=["1m"], external_bindings=("orders.#",))
+    built = MessageFactory(topology).build({"a": 1}, "orders.x", "30s", headers={"t": "x"})
+    receipt = built.receipt
+    assert receipt == Receipt(
+        **{f.name: getattr(receipt, f.name) for f in dataclasses.fields(Receipt)}
+    )
+    fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(OutgoingMessage)}
+    assert built == OutgoingMessage(**fields)
+    assert (built.properties, receipt.tier, built.headers["t"]) == ({}, "1m", "x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.body = b""  # type: ignore[misc]

@@ -338,6 +338,28 @@ def test_the_global_provider_is_used_once_set(
     assert len(_named(exporter, "publish")) == 1 and len(_named(exporter, "process")) == 1
 
 
+def test_a_provider_the_environment_names_is_used(
+    memory_broker: MemoryBroker,
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No provider set in code, one named by ``OTEL_PYTHON_TRACER_PROVIDER``: the API
+    loads it at its first look, which a publish makes only while that variable is set
+    (read once: without it, a publish does not look the environment up each time)."""
+    import delayq.observe.tracing as tracing
+
+    provider, exporter = spans
+    memory_broker.apply(TOPOLOGY)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    publisher = memory_broker.publisher(TOPOLOGY)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)  # the env's, loaded
+    publisher.publish("hi", "email.x", "0s")
+    assert _named(exporter, "publish") == []  # no variable: the API is not asked
+    monkeypatch.setattr(tracing, "_ENV_PROVIDER", True)
+    publisher.publish("hi", "email.x", "0s")
+    assert len(_named(exporter, "publish")) == 1
+
+
 def test_tracing_false_turns_it_off(
     memory_broker: MemoryBroker,
     spans: tuple[TracerProvider, InMemorySpanExporter],

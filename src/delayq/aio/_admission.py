@@ -48,6 +48,14 @@ class Admission:
         if self._waiters:
             self._wake()
 
+    def take_now(self, count: int, size: int) -> bool:
+        """Take room if it is free now with no one waiting (no coroutine: a web app's
+        publish pays this per request); whether it did. Else :meth:`take` waits."""
+        if not self._waiters and self.book.fits(count, size):
+            self.book.take(count, size)
+            return True
+        return False
+
     async def take(self, count: int, size: int) -> bool:
         """Take room, waiting for it if need be; returns whether it waited. Raises
         :class:`~delayq.errors.PublishBackpressure` (nothing was sent) when none is free

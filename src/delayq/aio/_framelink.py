@@ -281,13 +281,15 @@ class FrameLink:
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                wire = await self.wire()
-            except ConnectionFailed as exc:
-                if not handed_over:
-                    raise  # never sent: the connect retries are spent, say so plainly
-                last = exc
-                break
+            wire = self._wire  # open, on this loop: no coroutine (a publish per request)
+            if wire is None or not wire.usable or wire.loop is not asyncio.get_running_loop():
+                try:
+                    wire = await self.wire()
+                except ConnectionFailed as exc:
+                    if not handed_over:
+                        raise  # never sent: the connect retries are spent, say so plainly
+                    last = exc
+                    break
             try:
                 if msg.exchange not in self._checked:
                     await self.check_exchanges(wire, {msg.exchange})

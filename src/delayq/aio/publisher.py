@@ -217,7 +217,7 @@ class AsyncPublisher(NoSyncContext):
             # take/give rather than ``async with hold``: a publish per coroutine of a web
             # application pays this per message (an async context manager is a generator).
             admission, size = self._admission, size_of(msg)
-            waited = await admission.take(1, size)
+            waited = not admission.take_now(1, size) and await admission.take(1, size)
             try:
                 if waited:
                     (msg,) = self._factory.restamp([msg])

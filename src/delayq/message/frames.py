@@ -132,6 +132,9 @@ def table(headers: Mapping[str, Any]) -> bytes:
     return _pack_u32(len(payload)) + payload
 
 
+_METHODS: dict[tuple[str, str], bytes] = {}
+"""``Basic.Publish`` payloads by exchange and routing key (a publisher's recur)."""
+
 _PAIRS: dict[tuple[str, object], bytes] = {}
 _PAIRS_KEPT = 4096
 """Header pairs that recur (delayq's version, tier, delay; a user's tenant), encoded once."""
@@ -158,9 +161,12 @@ def publish_frames(msg: OutgoingMessage, channel: int, frame_max: int) -> bytes:
     :raises HeaderFrameTooLarge: its content header does not fit in one frame of
         ``frame_max`` (the connection's, negotiated with the broker).
     """
-    exchange = _name(msg.exchange)
-    key = _name(msg.routing_key)
-    method = _PUBLISH_METHOD + exchange + key + _MANDATORY
+    route = (msg.exchange, msg.routing_key)
+    method = _METHODS.get(route)
+    if method is None:
+        method = _PUBLISH_METHOD + _name(msg.exchange) + _name(msg.routing_key) + _MANDATORY
+        if len(_METHODS) < _SHORTS_KEPT:
+            _METHODS[route] = method
     if msg.properties:
         return content_frames(msg, channel, frame_max, method, carried_header(msg))
     properties = (

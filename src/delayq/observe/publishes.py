@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -160,14 +161,15 @@ class PublishObservers:
     def __bool__(self) -> bool:
         return bool(self._observers)
 
-    def reporting(self, messages: Sequence[OutgoingMessage]) -> _Reporting:
+    def reporting(self, messages: Sequence[OutgoingMessage]) -> AbstractContextManager[None]:
         """A context that emits how the publish inside it ended: confirmed when it
         returns, failed with the error when it raises a ``DelayqError`` (re-raised).
+        With no observer, one that does nothing (nothing made per publish).
 
         >>> with observers.reporting(built):  # doctest: +SKIP
         ...     send(built)
         """
-        return _Reporting(self, messages)
+        return _Reporting(self, messages) if self._observers else _NOTHING
 
     def emit(self, messages: Sequence[OutgoingMessage], error: BaseException | None = None) -> None:
         """Tell every observer how the publish of ``messages`` ended."""
@@ -186,6 +188,9 @@ class PublishObservers:
                             event.message_id,
                             exc,
                         )
+
+
+_NOTHING = nullcontext()
 
 
 class _Reporting:

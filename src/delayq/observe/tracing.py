@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -90,6 +91,9 @@ def _otel() -> Any:
 
 _UNLOADED: Any = object()
 _TRACE: Any = _UNLOADED
+_ENV_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+"""A provider named by the environment (the API loads it at its first look); read
+once, at import."""
 
 
 class Tracing:
@@ -115,6 +119,10 @@ class Tracing:
                 if trace is None:
                     return None
                 self._trace = trace
+            # None while no provider is set (the API's own global): no call, which
+            # looks up the environment each time (a web app's publish pays this).
+            if getattr(trace, "_TRACER_PROVIDER", trace) is None and not _ENV_PROVIDER:
+                return None
             provider = trace.get_tracer_provider()
             # The API's stand-ins until the application sets a provider: tracing off.
             if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
