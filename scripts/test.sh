@@ -72,7 +72,8 @@ subset_4_0=(tests/contract tests/misuse tests/faults/test_consumer_timeout.py
             tests/faults/test_faults.py::test_full_tier_rejects_publishes_and_nothing_is_half_published)
 for name in grant limits parked_browse verify xdeath_cycle put_back_limit frame_feed \
         frame_max intake intake_poison intake_replay consumer_poison poison tls cli_parked \
-        cli_parked_ids exact local_main dramatiq taskiq faststream celery frameworks_guide; do
+        cli_parked_ids exact local_main dramatiq taskiq faststream celery frameworks_guide \
+        schedule_done; do
     subset_4_0+=("tests/integration/test_$name.py")
 done
 status=0
