@@ -140,3 +140,22 @@ def test_the_tier_counters_follow_adds_moves_replaces_and_expiry(store: Any) -> 
     assert store.tiers(Query(states={State.HANDLED})) == {}
     assert store.tiers(waiting) == {"30s": 8, "1h": 17}
     assert store.tiers(waiting) == unit_suite.by_tier(store.find(waiting, limit=100))
+
+
+def test_an_id_moved_twice_in_one_batch_is_in_one_set_once(store: Any) -> None:
+    """A script writes its sorted sets and counters at its end, one command each: an id
+    met twice in a move's batch ends in its target set once, counted once."""
+    entries = [unit_suite.entry(n) for n in range(4)]
+    store.add(entries)
+    store.move([e.id for e in entries], State.SCHEDULED, now_ms=1)
+    twice = [entries[0].id, entries[1].id, entries[0].id]
+    after = store.move(twice, State.RESCHEDULED, now_ms=2, due_at_ms=5_000_000, generation=2)
+    assert after == [State.RESCHEDULED] * 3
+    rescheduled = Query(namespace="shop", states={State.RESCHEDULED})
+    assert [e.id for e in store.find(rescheduled, limit=10)] == sorted(twice[:2])
+    assert store.count(rescheduled) == 2
+    assert store.count(Query(namespace="shop", states={State.SCHEDULED})) == 2
+    assert store.tiers(rescheduled) == unit_suite.by_tier(store.find(rescheduled, limit=10))
+    store.move(twice, State.HANDLED, now_ms=3)
+    assert store.expire(finished_before_ms=4) == 2  # each finished once, in its set once
+    assert store.count(Query(namespace="shop", states={State.HANDLED})) == 0

@@ -35,136 +35,16 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from delayq.errors import InvalidInput, StoreError
-from delayq.schedule.base import REPLACEABLE, JsonTexts, check_limit, check_move, check_new
-from delayq.schedule.entry import FIELDS, FINISHED, Entry, Restore, State, allowed_from
+from delayq.schedule.base import JsonTexts, check_limit, check_move, check_new
+from delayq.schedule.entry import FIELDS, Entry, Restore, State, allowed_from
 from delayq.schedule.query import Cursor, Query
+from delayq.schedule.redis_scripts import ADD, EXPIRE, MOVE
 from delayq.urls import redact
 
 __all__ = ["RedisSchedule"]
 
 _PAGE = 500
 """Members a page read takes from each sorted set."""
-
-_LUA_SETS = f"""
-local REPLACEABLE = {{{", ".join(f"['{s.value}']=true" for s in REPLACEABLE)}}}
-local FINISHED = {{{", ".join(f"['{s.value}']=true" for s in FINISHED)}}}
-local function member(due, id) return string.format('%015d', tonumber(due)) .. ':' .. id end
-"""
-
-# ARGV = prefix, a JSON array of the entries, each its 16 FIELDS as strings or null (the
-# body: null, or the index of its ARGV, 3 on: bytes stay out of JSON). One argument for the
-# lot: a batch costs the client one encoding, not 16 arguments an entry.
-_ADD = (
-    _LUA_SETS
-    + """
-local p, out, last = ARGV[1], {}, nil
-local names = {'id','namespace','routing_key','due_at_ms','tier','published_at_ms','size',
-  'destinations','business_key','labels','state','generation','changed_at_ms','body',
-  'content_type','headers'}
-for _, e in ipairs(cjson.decode(ARGV[2])) do
-  local id, ns = e[1], e[2]
-  local key = p .. 'e:' .. id
-  local old = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'business_key', 'tier')
-  if old[1] and (not REPLACEABLE[old[1]] or (old[1] == 'cancelled' and old[2] == ns)) then
-    out[#out + 1] = 0
-  else
-    if old[1] then
-      redis.call('ZREM', p .. 's:' .. old[2] .. ':' .. old[1], member(old[3], id))
-      redis.call('HINCRBY', p .. 'c:' .. old[2] .. ':' .. old[1], old[5], -1)
-      redis.call('ZREM', p .. 'f:' .. old[2], id)
-      if old[4] then redis.call('SREM', p .. 'k:' .. old[4], id) end
-      redis.call('DEL', key)
-    end
-    local kv = {}
-    for f = 2, 16 do
-      local v = e[f]
-      if v ~= cjson.null then
-        if f == 14 then v = ARGV[tonumber(v)] end
-        kv[#kv + 1] = names[f]
-        kv[#kv + 1] = v
-      end
-    end
-    redis.call('HSET', key, unpack(kv))
-    redis.call('ZADD', p .. 's:' .. ns .. ':' .. e[11], 0, member(e[4], id))
-    redis.call('HINCRBY', p .. 'c:' .. ns .. ':' .. e[11], e[5], 1)
-    if ns ~= last then
-      redis.call('SADD', p .. 'namespaces', ns)
-      last = ns
-    end
-    if e[9] ~= cjson.null then redis.call('SADD', p .. 'k:' .. e[9], id) end
-    out[#out + 1] = 1
-  end
-end
-return out
-"""
-)
-
-# ARGV = prefix, to, now_ms, due_at_ms ('' unchanged), generation ('' unchanged), tier
-# ('' unchanged), allowed states (comma-separated), the ids (a JSON array). Returns per id
-# its state after ('' none).
-_MOVE = (
-    _LUA_SETS
-    + """
-local p, to, now, due, gen, tier = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local allowed = {}
-for s in string.gmatch(ARGV[7], '[^,]+') do allowed[s] = true end
-local out = {}
-for _, id in ipairs(cjson.decode(ARGV[8])) do
-  local key = p .. 'e:' .. id
-  local st = redis.call('HMGET', key, 'state', 'namespace', 'due_at_ms', 'tier')
-  if not st[1] then
-    out[#out + 1] = ''
-  elseif allowed[st[1]] then
-    local new = st[3]
-    if due ~= '' then new = due end
-    redis.call('ZREM', p .. 's:' .. st[2] .. ':' .. st[1], member(st[3], id))
-    redis.call('ZADD', p .. 's:' .. st[2] .. ':' .. to, 0, member(new, id))
-    local newtier = st[4]
-    if tier ~= '' then newtier = tier end
-    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. st[1], st[4], -1)
-    redis.call('HINCRBY', p .. 'c:' .. st[2] .. ':' .. to, newtier, 1)
-    if gen ~= '' then
-      redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new,
-                 'tier', newtier, 'generation', gen)
-    else
-      redis.call('HSET', key, 'state', to, 'changed_at_ms', now, 'due_at_ms', new,
-                 'tier', newtier)
-    end
-    if FINISHED[to] then
-      redis.call('ZADD', p .. 'f:' .. st[2], now, id)
-    elseif FINISHED[st[1]] then
-      redis.call('ZREM', p .. 'f:' .. st[2], id)
-    end
-    out[#out + 1] = to
-  else
-    out[#out + 1] = st[1]
-  end
-end
-return out
-"""
-)
-
-# ARGV = prefix, namespace, cutoff, then ids finished before it (checked again here).
-_EXPIRE = (
-    _LUA_SETS
-    + """
-local p, ns, cutoff, gone = ARGV[1], ARGV[2], tonumber(ARGV[3]), 0
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local key = p .. 'e:' .. id
-  local st = redis.call('HMGET', key, 'state', 'changed_at_ms', 'due_at_ms', 'business_key', 'tier')
-  redis.call('ZREM', p .. 'f:' .. ns, id)
-  if st[1] and FINISHED[st[1]] and tonumber(st[2]) < cutoff then
-    redis.call('ZREM', p .. 's:' .. ns .. ':' .. st[1], member(st[3], id))
-    redis.call('HINCRBY', p .. 'c:' .. ns .. ':' .. st[1], st[5], -1)
-    if st[4] then redis.call('SREM', p .. 'k:' .. st[4], id) end
-    redis.call('DEL', key)
-    gone = gone + 1
-  end
-end
-return gone
-"""
-)
 
 _INTS = {"due_at_ms", "published_at_ms", "size", "generation", "changed_at_ms"}
 
@@ -192,9 +72,9 @@ class RedisSchedule:
             raise InvalidInput(f"bad Redis URL {self._where}: {exc}") from None
         with self._calling():
             self._client.ping()
-            self._add = self._client.register_script(_ADD)
-            self._move = self._client.register_script(_MOVE)
-            self._expire = self._client.register_script(_EXPIRE)
+            self._add = self._client.register_script(ADD)
+            self._move = self._client.register_script(MOVE)
+            self._expire = self._client.register_script(EXPIRE)
 
     def __repr__(self) -> str:
         return f"RedisSchedule({self._where!r}, prefix={self.prefix!r})"
