@@ -298,10 +298,13 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
     [
         ("not json\n", "line 2: not JSON"),
         ('{"format": "other"}\n', "line 2: not a line of delayq scheduled export"),
-        ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 3: KeyError"),
+        ('\n{"format": "delayq.schedule/1", "id": "x"}\n', "line 3: no 'namespace', 'routing"),
+        ("state=waiting", "line 2: state 'waiting' is none of pending, scheduled"),
+        ("body=%%", "line 2: body is not base64 text"),
+        ("destinations=q", "line 2: destinations is a list of queues, not 'q'"),
         (None, "kept body is not what its content type"),
         ("type=application/x-weird", "content type 'application/x-weird' is not one"),
-        ("due=" + str(10**30), "line 2: InvalidInput: an entry's due_at_ms is an int from 0"),
+        ("due_at_ms=" + str(10**30), "line 2: an entry's due_at_ms is an int from 0"),
     ],
 )
 def test_a_bad_export_line_is_refused_before_anything_is_published(
@@ -316,8 +319,9 @@ def test_a_bad_export_line_is_refused_before_anything_is_published(
     elif text.startswith("type="):
         good["content_type"] = text[5:]
         text = json.dumps(good) + "\n"
-    elif text.startswith("due="):
-        good["due_at_ms"] = int(text[4:])
+    elif "=" in text:  # one field changed
+        name, _, value = text.partition("=")
+        good[name] = int(value) if value.isdigit() else value
         text = json.dumps(good) + "\n"
     bad.write_text(entry_line(index.get("o3")) + "\n" + text)  # a good line first
     before = {q: broker.depth(q) for q in broker.queues()}

@@ -88,8 +88,26 @@ def _entry(number: int, text: str) -> Entry:
         raise InvalidInput(f"{where}: not JSON ({exc})") from None
     if not isinstance(fields, dict) or fields.get("format") != FORMAT:
         raise InvalidInput(f"{where}: not a line of delayq scheduled export ({FORMAT})")
+    missing = [name for name in _LINE_FIELDS if name not in fields]
+    if missing:
+        raise InvalidInput(
+            f"{where}: no {', '.join(map(repr, missing))} (a line of delayq scheduled export "
+            f"has {', '.join(_LINE_FIELDS)})"
+        )
     try:
-        body = fields["body"]
+        state = State(fields["state"])
+    except (TypeError, ValueError):
+        states = ", ".join(s.value for s in State)
+        raise InvalidInput(f"{where}: state {fields['state']!r} is none of {states}") from None
+    body = fields["body"]
+    try:
+        raw = None if body is None else base64.b64decode(body, validate=True)
+    except (TypeError, ValueError, binascii.Error) as exc:
+        raise InvalidInput(f"{where}: body is not base64 text ({exc})") from None
+    destinations = fields["destinations"]
+    if not isinstance(destinations, list) or not all(isinstance(q, str) for q in destinations):
+        raise InvalidInput(f"{where}: destinations is a list of queues, not {destinations!r}")
+    try:
         return Entry(
             fields["id"],
             fields["namespace"],
@@ -98,17 +116,24 @@ def _entry(number: int, text: str) -> Entry:
             tier=fields["tier"],
             published_at_ms=fields["published_at_ms"],
             size=fields["size"],
-            destinations=tuple(fields["destinations"]),
+            destinations=tuple(destinations),
             business_key=fields["business_key"],
             labels=fields["labels"],
-            state=State(fields["state"]),
+            state=state,
             generation=fields["generation"],
-            body=None if body is None else base64.b64decode(body, validate=True),
+            body=raw,
             content_type=fields["content_type"],
             headers=fields["headers"],
         )
-    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-        raise InvalidInput(f"{where}: {type(exc).__name__}: {exc}") from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+
+
+_LINE_FIELDS = ("id", "namespace", "routing_key", "destinations", "state", "tier", "due_at_ms",
+                "published_at_ms", "size", "business_key", "labels", "generation", "body",
+                "content_type", "headers")  # fmt: skip
 
 
 def read_lines(lines: Iterable[str]) -> Iterator[Entry]:
