@@ -495,3 +495,33 @@ def test_the_factorys_messages_equal_those_their_dataclasses_build() -> None:
     assert (built.properties, receipt.tier, built.headers["t"]) == ({}, "1m", "x")
     with pytest.raises(dataclasses.FrozenInstanceError):
         built.body = b""  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"order": 1},
+        [1, "é", None, True, 2.5],
+        {"a": {"b": [{}, []]}, "z": '\u2028\n"x"'},
+        7,
+        -0.0,
+        {"big": 10**30},
+        [],
+        {},
+    ],
+)
+def test_a_json_body_is_what_json_dumps_makes_of_it(body: Any) -> None:
+    """Bodies are encoded by one C encoder built once (not one a call): the same bytes."""
+    expected = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    assert encode_body(body) == (expected.encode(), "application/json")
+
+
+def test_a_body_that_holds_itself_is_said_to() -> None:
+    body: dict[str, Any] = {}
+    body["me"] = body
+    with pytest.raises(InvalidBody, match=r"nested too deeply .* or holds itself"):
+        encode_body(body)
+    with pytest.raises(InvalidBody, match=r"cannot be encoded .*float"):
+        encode_body([float("nan")])
+    with pytest.raises(InvalidBody, match="Object of type set is not JSON serializable"):
+        encode_body({"s": {1}})
