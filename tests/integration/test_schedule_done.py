@@ -17,15 +17,15 @@ from delayq import Message
 from delayq.cli import EXIT_OK, main
 from delayq.schedule.api import Schedule
 from delayq.schedule.query import Query
-from delayq.schedule.record import ScheduleIndex
 from delayq.schedule.report import ScheduleReporter
 from delayq.schedule.sqlite import SQLiteSchedule
 from delayq.stores.memory import InMemoryStore
-from delayq.sync import Publisher, apply_topology
+from delayq.sync import apply_topology
 from delayq.topology.model import Topology
 
 from ..amqp import depth
 from .test_consumer import until
+from .test_schedule_ops import tenant_publisher
 
 # (tenant, delay, count): delivered soon; purged before due; due within 10 minutes
 # (some cancelled, some promoted); due in an hour and a day.
@@ -65,13 +65,7 @@ def test_a_hundred_thousand_across_the_ladder_get_exact_answers_and_a_purge_deli
         assert main([*command, "--json"]) == EXIT_OK
         return json.loads(capsys.readouterr().out)
 
-    tenant = lambda m: {"tenant": m.headers["tenant"]}  # noqa: E731
-    with Publisher(
-        rabbitmq_url,
-        topo,
-        store=store,
-        schedule=ScheduleIndex(index, labels=tenant, keep_bodies=1024),
-    ) as publisher:
+    with tenant_publisher(rabbitmq_url, topo, index, store) as publisher:
         schedule = Schedule(index, publisher)
         for name, delay, count in PLAN:
             for start in range(0, count, 10_000):

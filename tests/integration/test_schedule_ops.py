@@ -29,6 +29,14 @@ from ..amqp import depth
 from .test_consumer import until
 
 
+def tenant_publisher(url: str, topo: Topology, index: Any, store: Any) -> Publisher:
+    """A publisher recording in ``index`` (bodies kept), each entry labelled with its
+    message's ``tenant`` header."""
+    tenant = lambda m: {"tenant": m.headers["tenant"]}  # noqa: E731
+    index = ScheduleIndex(index, labels=tenant, keep_bodies=1024)
+    return Publisher(url, topo, store=store, schedule=index)
+
+
 def test_count_list_promote_cancel_purge_on_a_real_broker(
     make_topology: Callable[..., Topology],
     rabbitmq_url: str,
@@ -47,13 +55,7 @@ def test_count_list_promote_cancel_purge_on_a_real_broker(
 
     reporter = ScheduleReporter(index, interval="100ms")
     start_consumer(topo, f"{topo.namespace}.work", handler, store=store, observers=[reporter])
-    tenant = lambda m: {"tenant": m.headers["tenant"]}  # noqa: E731
-    with Publisher(
-        rabbitmq_url,
-        topo,
-        store=store,
-        schedule=ScheduleIndex(index, labels=tenant, keep_bodies=1024),
-    ) as publisher:
+    with tenant_publisher(rabbitmq_url, topo, index, store) as publisher:
         schedule = Schedule(index, publisher)
         # 0-99 soon (1s, x); 100-149 purged before due (2s, z); 150-299 in an hour (y)
         plan = [(n, "1s", "x") for n in range(100)]
