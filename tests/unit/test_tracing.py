@@ -486,3 +486,59 @@ assert not loaded, loaded
 def test_tracing_takes_a_bool_a_provider_or_none() -> None:
     with pytest.raises(InvalidInput, match="tracing= takes"):
         tracing_module.tracing_for("yes")  # type: ignore[arg-type]
+
+
+class _Failing(SimpleSpanProcessor):
+    """A span processor that raises where it is told to (an outside tester's)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(InMemorySpanExporter())
+        self.where = where
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("processor boom start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end":
+            raise RuntimeError("processor boom end")
+
+
+class _FailingPropagator:
+    fields = frozenset({"traceparent"})
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        carrier["traceparent"] = "00-half-written"
+        raise RuntimeError("propagator boom")
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+
+@pytest.mark.parametrize("where", ["start", "end", "propagator"])
+def test_tracing_that_raises_never_fails_a_publish(
+    memory_broker: MemoryBroker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+) -> None:
+    """A span processor or propagator that raises leaves the message untraced (no
+    half-written context) and the publish as it would be untraced: logged once."""
+    from opentelemetry import propagate
+
+    provider = TracerProvider()
+    provider.add_span_processor(_Failing(where))
+    if where == "propagator":
+        monkeypatch.setattr(propagate, "get_global_textmap", lambda: _FailingPropagator())
+    memory_broker.apply(TOPOLOGY)
+    publisher = memory_broker.publisher(TOPOLOGY, tracing=provider)
+    with caplog.at_level(logging.ERROR, logger="delayq.tracing"):
+        for n in range(3):
+            publisher.publish(f"hi {n}", "email.x", "1m")
+        publisher.publish_many([Message("many", "email.x", "1m")])
+    waiting = memory_broker.messages("shop.tier.1m")
+    assert len(waiting) == 4
+    if where != "end":  # the span was started and its context injected before the end
+        assert all("traceparent" not in m.headers for m in waiting)
+    failures = [r for r in caplog.records if "tracing a publish failed" in r.getMessage()]
+    assert len(failures) == 1

@@ -36,6 +36,7 @@ ever.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -99,13 +100,24 @@ once, at import."""
 class Tracing:
     """The tracing of one publisher or consumer: which provider, and whether it is on now."""
 
-    __slots__ = ("_provider", "_seen", "_trace", "_tracer")
+    __slots__ = ("_failing", "_provider", "_seen", "_trace", "_tracer")
 
     def __init__(self, trace: Any, provider: TracerProvider | None) -> None:
         self._trace = trace
         self._provider = provider
         self._seen: object = None
         self._tracer: Tracer | None = None
+        self._failing = False
+
+    def failed(self, what: str, exc: Exception) -> None:
+        """The tracing of a ``what`` raised (a span processor's, a propagator's error):
+        that message goes on untraced; logged once per publisher or consumer."""
+        if not self._failing:
+            self._failing = True
+            log.error(
+                "tracing a %s failed (%r): it goes on untraced (logged once)", what, exc,
+                exc_info=exc,
+            )  # fmt: skip
 
     def tracer(self) -> Tracer | None:
         """The tracer to use now; ``None`` while no provider is set (nothing to trace)."""
@@ -225,11 +237,21 @@ class PublishSpans:
             if self._keep and TRACEPARENT in msg.headers:
                 self._spans.append(None)
                 continue
-            span = tracer.start_span(
-                f"publish {msg.exchange}", kind=kind, attributes=_publish_attributes(msg)
-            )
-            # The message's own headers dict (built for this send): its context goes along.
-            propagate.inject(msg.headers, context=trace.set_span_in_context(span))
+            headers = msg.headers
+            before = set(headers)
+            span = None
+            try:
+                span = tracer.start_span(
+                    f"publish {msg.exchange}", kind=kind, attributes=_publish_attributes(msg)
+                )
+                # The message's own headers dict (built for this send): its context goes along.
+                propagate.inject(headers, context=trace.set_span_in_context(span))
+            except Exception as exc:  # a processor's or propagator's: never the publish's
+                for added in set(headers) - before:
+                    del headers[added]  # no half-written context
+                self._tracing.failed("publish", exc)
+                _end_quietly(span)
+                span = None
             self._spans.append(span)
 
     def __exit__(
@@ -248,10 +270,19 @@ class PublishSpans:
             error = exc
             if isinstance(exc, PublishBatchError):
                 error = exc.failures.get(index)
-            if error is not None:
-                span.set_attribute("error.type", type(error).__name__)
-                span.record_exception(error)
-                span.set_status(status(error_code, str(error)))
+            try:
+                if error is not None:
+                    span.set_attribute("error.type", type(error).__name__)
+                    span.record_exception(error)
+                    span.set_status(status(error_code, str(error)))
+                span.end()
+            except Exception as exc:  # a processor's: never the publish's
+                self._tracing.failed("publish", exc)
+
+
+def _end_quietly(span: Span | None) -> None:
+    if span is not None:
+        with contextlib.suppress(Exception):
             span.end()
 
 
