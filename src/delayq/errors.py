@@ -44,6 +44,8 @@ and aiormq are translated at one place per adapter, its error map
     ├── RowsRejected: a bulk job rejected more rows than allowed (the rest were sent)
     ├── SparkJobFailed: Spark failed a bulk job (the finished partitions' figures kept)
     ├── RecordsLost: delivery records that could not be written
+    ├── PublisherInUse (also a RuntimeError): an AsyncPublisher used by a second
+    │   running event loop
     ├── ExecutorEnvironment: the Spark executors' Python cannot run delayq's tasks
     └── MissingExtra (also an ImportError): an optional dependency is not installed
 """
@@ -84,6 +86,7 @@ __all__ = [
     "PublishNotSent",
     "PublishRejected",
     "PublishUnconfirmed",
+    "PublisherInUse",
     "RecordsLost",
     "RowsRejected",
     "RowsUnconfirmed",
@@ -130,6 +133,14 @@ class MissingExtra(DelayqError, ImportError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.feature, self.extra, self.package))
+
+
+class PublisherInUse(DelayqError, RuntimeError):
+    """An :class:`~delayq.aio.AsyncPublisher` was used from an event loop while another
+    one runs that its connection belongs to (another thread's loop): its connection,
+    confirms and bounds serve one event loop at a time, and two at once would resend
+    each other's messages. Nothing was sent. Create a publisher per thread or event loop;
+    one used by loops one after another (a second ``asyncio.run``) is fine."""
 
 
 class StoreError(DelayqError):

@@ -24,6 +24,7 @@ from delayq import (
     Message,
     PublishBatchError,
     PublishBlocked,
+    PublisherInUse,
     PublishRejected,
     Receipt,
     Topology,
@@ -453,3 +454,57 @@ def test_the_url_heartbeat_is_what_the_broker_lists_for_both_publishers(
         assert timeouts == [expected, expected]
     finally:
         node.ctl("delete_user", user, check=False)
+
+
+def test_a_publisher_used_by_a_second_running_loop_refuses_it_and_sends_nothing_twice(
+    rabbitmq_url: str, applied: Topology, collect: Callable[..., Collector]
+) -> None:
+    """Two threads' event loops driving one publisher at once tore its connection down
+    and resent each other's messages (an outside tester: 352 duplicates in 5,000, no
+    error). The second running loop is refused; loops one after another are fine."""
+    inbox = collect(f"{applied.namespace}.work")
+    pub = AsyncPublisher(rabbitmq_url, applied)
+    first_up, second_done = threading.Event(), threading.Event()
+
+    async def first() -> None:
+        for n in range(10):
+            await pub.publish(b"a", "job.a", "0s", message_id=f"a-{n}")
+        first_up.set()
+        assert await asyncio.to_thread(second_done.wait, 60)  # this loop runs meanwhile
+        await asyncio.gather(
+            *(pub.publish(b"a", "job.a", "0s", message_id=f"a-{n}") for n in range(10, 20))
+        )
+
+    async def second() -> None:
+        with pytest.raises(PublisherInUse, match="belongs to another event loop"):
+            await pub.publish(b"b", "job.a", "0s", message_id="b-0")
+        with pytest.raises(PublisherInUse):
+            await pub.publish_many([Message(b"b", "job.a", "0s", message_id="b-1")])
+
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: errors.extend(_raised(lambda: run(first()))))
+    thread.start()
+    try:
+        assert first_up.wait(60)
+        run(second())
+    finally:
+        second_done.set()
+        thread.join(60)
+    assert errors == []
+
+    async def after() -> None:  # the first loop has ended: this one may take over
+        await pub.publish(b"c", "job.a", "0s", message_id="c-0")
+        await pub.aclose()
+
+    run(after())
+    sent = {f"a-{n}" for n in range(20)} | {"c-0"}
+    arrived = sorted(a.message_id for a in inbox.wait_for_ids(sent, timeout_s=60))
+    assert arrived == sorted(sent)  # each once, none of the second loop's
+
+
+def _raised(call: Callable[[], Any]) -> list[BaseException]:
+    try:
+        call()
+    except BaseException as exc:
+        return [exc]
+    return []

@@ -35,6 +35,7 @@ from delayq.errors import (
     ConnectionFailed,
     ConnectionRejected,
     InvalidURL,
+    PublisherInUse,
     TopologyMissing,
 )
 from delayq.links import LinkOptions
@@ -202,14 +203,25 @@ class FrameLink:
         One attempt for every publish that needs it: those that come while it runs wait
         for it and share its outcome, so a broker that is down fails each of them once
         ``reconnect_within`` has passed since the attempt began, not one such wait
-        after another. A connection of another event loop (the publisher used under a
-        new loop: a second ``asyncio.run``, a test client's) is left and a new one
-        opened on this loop."""
+        after another. A connection of another event loop that no longer runs (the
+        publisher used under a new loop: a second ``asyncio.run``, a test client's) is
+        left and a new one opened on this loop; one whose loop runs meanwhile (another
+        thread's) is in use there: :class:`~delayq.errors.PublisherInUse`."""
         wire = self._wire
         loop = asyncio.get_running_loop()
         if wire is not None and wire.usable and wire.loop is loop:
             return wire
         opening = self._opening
+        other = opening.get_loop() if opening is not None and not opening.done() else None
+        if other is None and wire is not None and wire.closed is None:
+            other = wire.loop
+        if other is not None and other is not loop and other.is_running():
+            raise PublisherInUse(
+                f"this publisher's connection to {self.shown_url} belongs to another event "
+                "loop, running in another thread now: a publisher serves one event loop at a "
+                "time (two would resend each other's messages). Nothing was sent; create a "
+                "publisher per thread or event loop"
+            )
         if opening is None or opening.get_loop() is not loop:
             opening = self._opening = loop.create_task(self._open())
             opening.add_done_callback(self._opened)
