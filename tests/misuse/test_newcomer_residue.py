@@ -7,6 +7,7 @@ another consumer for this one's claim, and a replayed message that forgot its hi
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from delayq import (
     InvalidInput,
     InvalidTopology,
     InvalidURL,
+    Message,
     Publisher,
     Topology,
 )
@@ -291,3 +293,24 @@ def test_a_message_replayed_twice_counts_both_replays_and_keeps_every_attempt(
         for s in processes
     ]
     assert seen == [(1, None, None), (2, None, None), (1, 1, 2), (2, 1, 2), (1, 2, 4)], seen
+
+
+# A batch's window (an outside tester, session 36) ----------------------------------------
+
+
+@pytest.mark.parametrize("window", [0, -1, True, 2.5, "10", None])
+def test_a_window_that_is_not_a_positive_int_is_refused_before_anything_is_sent(
+    window: Any,
+) -> None:
+    """``window=0`` and ``-1`` were taken as 1 in silence; each is refused, by both
+    publishers, before a connection is tried (the URL answers nothing)."""
+    topology = Topology(namespace="w", ladder=["1m"], external_bindings=("job.#",))
+    batch = [Message({"n": 1}, "job.a", "1m")]
+    with pytest.raises(InvalidInput, match=f"window is how many .* not {re.escape(repr(window))}"):
+        Publisher(DEAD_URL, topology).publish_many(batch, window=window)
+
+    async def publish() -> None:
+        await AsyncPublisher(DEAD_URL, topology).publish_many(batch, window=window)
+
+    with pytest.raises(InvalidInput, match="an int of 1 or more"):
+        asyncio.run(publish())

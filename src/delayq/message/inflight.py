@@ -102,6 +102,17 @@ def size_of(msg: OutgoingMessage) -> int:
     return len(msg.body) + OVERHEAD_BYTES
 
 
+def check_window(window: object) -> int:
+    """A ``publish_many`` ``window``: an int of 1 or more (refused before anything is
+    built or sent)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InvalidInput(
+            f"window is how many confirms a batch may wait for at once, an int of 1 or "
+            f"more, not {window!r}"
+        )
+    return window
+
+
 def batch_window(limit: InFlightLimit, batch: Sequence[OutgoingMessage], window: int) -> int:
     """How many of ``batch`` may be unconfirmed at once: ``window``, lowered so that
     ``window`` of its largest messages fit ``limit`` (never below 1)."""

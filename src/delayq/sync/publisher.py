@@ -27,7 +27,7 @@ from delayq.message.cancel import (
 )
 from delayq.message.envelope import Message, OutgoingMessage, Receipt, epoch_ms, new_message_id
 from delayq.message.factory import MessageFactory
-from delayq.message.inflight import InFlightLimit, batch_window, limit_or_default
+from delayq.message.inflight import InFlightLimit, batch_window, check_window, limit_or_default
 from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
@@ -229,6 +229,7 @@ class Publisher(NoAsyncContext):
         order, or raises :class:`~delayq.errors.PublishBatchError` naming each
         message that was not confirmed (the others were).
         """
+        window = check_window(window)
         return [m.receipt for m in self._send_batch(self._factory.build_many(messages), window)]
 
     def _send_batch(self, built: list[OutgoingMessage], window: int) -> list[OutgoingMessage]:
