@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from delayq.local.node import LocalNode
+
 ROOT = Path(__file__).resolve().parents[2]
 
 NEEDS_BROKER = """
@@ -159,19 +161,27 @@ while True:
 """
 
 
-def test_a_server_that_exits_before_listening_is_started_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _fake_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str, ctl: str | None = None
+) -> LocalNode:
+    """A LocalNode whose ``rabbitmq-server`` (and ``rabbitmqctl``) are these scripts."""
     import delayq.local.node as localnode
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    ctl = '#!/bin/sh\necho "$@" >> "$HOME/ctl-calls"\n'  # records what it was asked
-    for name, text in (("rabbitmq-server", FAKE_SERVER), ("rabbitmqctl", ctl)):
+    scripts = {"rabbitmq-server": server} | ({} if ctl is None else {"rabbitmqctl": ctl})
+    for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
-    node = localnode.LocalNode(tmp_path / "node")
+    return localnode.LocalNode(tmp_path / "node")
+
+
+def test_a_server_that_exits_before_listening_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl = '#!/bin/sh\necho "$@" >> "$HOME/ctl-calls"\n'  # records what it was asked
+    node = _fake_node(tmp_path, monkeypatch, FAKE_SERVER, ctl)
     try:
         node.start(timeout_s=30)
         assert node.running
@@ -218,16 +228,8 @@ while True:
 def test_a_server_that_dies_after_listening_is_started_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import delayq.local.node as localnode
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     ctl = '#!/bin/sh\n[ -e "$HOME/alive" ] || { echo "node not running at all"; exit 69; }\n'
-    for name, text in (("rabbitmq-server", DYING_SERVER), ("rabbitmqctl", ctl)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
-    node = localnode.LocalNode(tmp_path / "node")
+    node = _fake_node(tmp_path, monkeypatch, DYING_SERVER, ctl)
     try:
         node.start(timeout_s=60)
         assert node.running and (tmp_path / "node" / "alive").exists()
@@ -244,12 +246,7 @@ def test_a_server_that_keeps_exiting_fails_with_its_last_lines(
 ) -> None:
     import delayq.local.node as localnode
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "rabbitmq-server").write_text("#!/bin/sh\necho 'boot failed: eaddrinuse'\nexit 1\n")
-    (bin_dir / "rabbitmq-server").chmod(0o755)
-    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
-    node = localnode.LocalNode(tmp_path / "node")
+    node = _fake_node(tmp_path, monkeypatch, "#!/bin/sh\necho 'boot failed: eaddrinuse'\nexit 1\n")
     with pytest.raises(localnode.ServerExited) as caught:
         node.start(timeout_s=30, attempts=2)
     assert "exited with 1" in str(caught.value)
@@ -323,12 +320,7 @@ def test_a_server_that_listens_but_never_answers_fails_in_bounded_time_and_is_st
 ) -> None:
     import delayq.local.node as localnode
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "rabbitmq-server").write_text(SILENT_SERVER)
-    (bin_dir / "rabbitmq-server").chmod(0o755)
-    monkeypatch.setattr(localnode, "RABBITMQ_BIN", bin_dir)
-    node = localnode.LocalNode(tmp_path / "node")
+    node = _fake_node(tmp_path, monkeypatch, SILENT_SERVER)
     started = time.monotonic()
     with pytest.raises(localnode.LocalNodeError, match="did not answer AMQP clients in time"):
         node.start(timeout_s=3)
