@@ -87,13 +87,17 @@ def purge_query(query: Query, namespace: str) -> Query:
     return query
 
 
+def sent_again(entry: Entry) -> dict[str, Any]:
+    """What a message is sent again with from its entry (a reschedule, an import): its
+    kept body and headers, routing key, id and strategy."""
+    return {
+        "body": kept_body(entry),
+        "routing_key": entry.routing_key,
+        "message_id": entry.id,
+        "headers": dict(entry.headers or {}),
+        "strategy": "exact" if entry.tier == "exact" else None,
+    }
+
+
 def again(entry: Entry, delay: object, due_at: datetime | None) -> Reschedule:
-    return Reschedule(
-        kept_body(entry),
-        entry.routing_key,
-        delay,
-        message_id=entry.id,
-        headers=dict(entry.headers or {}),
-        strategy="exact" if entry.tier == "exact" else None,
-        due_at=due_at,
-    )
+    return Reschedule(**sent_again(entry), delay=delay, due_at=due_at)

@@ -22,6 +22,7 @@ from typing import IO, Any, Protocol
 from delayq.errors import InvalidInput
 from delayq.message.envelope import Message, Receipt
 from delayq.schedule.api import kept_body
+from delayq.schedule.changes import sent_again
 from delayq.schedule.entry import Entry, State
 from delayq.schedule.record import KEPT_CONTENT
 
@@ -185,16 +186,7 @@ def to_messages(entries: Sequence[Entry], now_ms: int) -> tuple[list[Message], l
             not_kept.append(entry.id)
             continue
         wait = timedelta(milliseconds=max(0, entry.due_at_ms - now_ms))
-        messages.append(
-            Message(
-                kept_body(entry),
-                entry.routing_key,
-                wait,
-                message_id=entry.id,
-                headers=dict(entry.headers or {}),
-                strategy="exact" if entry.tier == "exact" else None,
-            )
-        )
+        messages.append(Message(**sent_again(entry), delay=wait))
     return messages, not_kept
 
 
