@@ -72,8 +72,7 @@ subset_4_0=(tests/contract tests/misuse tests/faults/test_consumer_timeout.py
             tests/faults/test_faults.py::test_full_tier_rejects_publishes_and_nothing_is_half_published)
 for name in grant limits parked_browse verify xdeath_cycle put_back_limit frame_feed \
         frame_max intake intake_poison intake_replay consumer_poison poison tls cli_parked \
-        cli_parked_ids exact local_main dramatiq taskiq faststream celery frameworks_guide \
-        schedule_done; do
+        cli_parked_ids exact local_main dramatiq taskiq faststream celery frameworks_guide; do
     subset_4_0+=("tests/integration/test_$name.py")
 done
 status=0
@@ -110,6 +109,7 @@ for server in "${servers[@]}"; do
                 tests/spark/test_resume_killed.py tests/spark/test_job_failure.py \
                 tests/misuse/test_spark_resume.py tests/integration/test_frameworks_guide.py \
                 tests/integration/test_schedule_kill.py \
+                tests/integration/test_cli_cancel_servers.py \
                 "tests/integration/test_readme_examples.py::test_the_block_runs[spark.md"; do
             suites+=(--deselect "$slow")
         done
@@ -123,14 +123,12 @@ for server in "${servers[@]}"; do
     loop=uvloop
     [ "$server" = "${servers[0]}" ] && loop=asyncio
     echo "==> async tests on the $loop event loop"
-    # The fault scenarios' lengths (tests/faults/test_faults.py): whole on the first
-    # server, half on the others (the same faults, 15 connection closes instead of 30, 5
-    # SIGKILLs among 10,000 messages instead of 20,000).
-    scale=()
-    if [ "$server" != "${servers[0]}" ]; then
-        scale=(DELAYQ_FAULT_CLOSE_SECONDS=30 DELAYQ_FAULT_SIGKILL_MESSAGES=10000
-               DELAYQ_FAULT_RESTART_MESSAGES=10000)
-    fi
+    # The fault scenarios' lengths (tests/faults/test_faults.py): half their whole length
+    # on every server (the same faults, 15 connection closes instead of 30, 5 SIGKILLs
+    # among 10,000 messages instead of 20,000); `bash scripts/test.sh tests/faults` runs
+    # them whole.
+    scale=(DELAYQ_FAULT_CLOSE_SECONDS=30 DELAYQ_FAULT_SIGKILL_MESSAGES=10000
+           DELAYQ_FAULT_RESTART_MESSAGES=10000)
     # --durations: every test over 8 s is listed, to see where a stage's time goes.
     env "${scale[@]}" DELAYQ_RABBITMQ_SERVER="$server" DELAYQ_TEST_LOOP="$loop" \
         timeout --signal=INT --kill-after=120 55m \
@@ -141,6 +139,10 @@ done
 # The cluster scenario on 3.10.8 and 4.3.x, not on 4.0.5: a 4.0.5 cluster held 293,850
 # messages through two node kills (docs/project/reliability.md), and nothing of it
 # depends on a version between the two that run it (docs/project/tests.md).
+# Only the files that can hold a cluster test are collected (collecting every suite to
+# select three tests took 13 s a stage): those marking tests `cluster`, and the docs'
+# blocks (tests/integration/test_readme_examples.py marks those that start a cluster).
+mapfile -t cluster_files < <(grep -rlE "mark\.cluster|\"cluster\"" tests --include='test_*.py')
 for server in "${servers[@]}"; do
     if [ "$server" = 4.0 ] && [ "${#servers[@]}" -gt 1 ]; then
         continue
@@ -149,7 +151,8 @@ for server in "${servers[@]}"; do
     [ "$server" = "${servers[0]}" ] && loop=asyncio
     echo "==> pytest -m cluster (alone, RabbitMQ: $server, $loop event loop)"
     DELAYQ_RABBITMQ_SERVER=$server DELAYQ_TEST_LOOP=$loop timeout --signal=INT --kill-after=120 20m \
-        .venv/bin/python -m pytest -p no:cacheprovider -m cluster || status=$?
+        .venv/bin/python -m pytest -p no:cacheprovider -m cluster "${cluster_files[@]}" \
+        || status=$?
     echo "==> elapsed: $(( ($(date +%s) - started) / 60 )) min"
 done
 exit "$status"
