@@ -13,3 +13,13 @@ def depth(url: str, queue: str) -> int:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         connection.close()
+
+
+def consumers(url: str, queue: str) -> int:
+    """Consumers of ``queue`` now (a passive declare): 0 once a killed consumer's
+    connection is closed, and its unacked messages back in the queue."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.consumer_count)
+    finally:
+        connection.close()

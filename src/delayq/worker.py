@@ -34,6 +34,7 @@ from delayq.urls import resolved_memory_name
 
 if TYPE_CHECKING:
     from delayq.ops.watchdog import Watchdog
+    from delayq.schedule.record import ScheduleIndex
     from delayq.sync.bridge import Bridge
 
 __all__ = ["Registration", "Worker", "load_worker"]
@@ -65,6 +66,7 @@ class Worker:
         self.bridges: list[tuple[str, int]] = []
         """The intakes bridged beside the handlers (:meth:`bridge`), with their prefetch."""
         self._stop_graces: dict[str, Duration] = {}
+        self._bridge_indexes: dict[str, ScheduleIndex | None] = {}
         self._running: tuple[threading.Event, list[Bridge], threading.Event] | None = None
         self._check_options(None, defaults)
 
@@ -120,13 +122,19 @@ class Worker:
         return register
 
     def bridge(
-        self, intake: str | None = None, *, prefetch: int = 1000, stop_grace: Duration = "10s"
+        self,
+        intake: str | None = None,
+        *,
+        prefetch: int = 1000,
+        stop_grace: Duration = "10s",
+        schedule: ScheduleIndex | None = None,
     ) -> None:
         """Also run the bridge of ``intake`` (the topology's only one when ``None``): what
         ``delayq bridge`` runs, in a thread of this worker (see :mod:`delayq.sync.bridge`).
         A stop waits up to ``stop_grace`` for the confirms of what it has in flight; what
         is left unconfirmed then goes back to the intake queue and the run raises
-        :class:`~delayq.errors.PublishUnconfirmed` saying so."""
+        :class:`~delayq.errors.PublishUnconfirmed` saying so. ``schedule``: record each
+        message it schedules in that index (as ``Bridge(schedule=)``)."""
         from delayq.sync._bridging import check_stop_grace
         from delayq.sync.bridge import pick_intake
 
@@ -137,6 +145,7 @@ class Worker:
             raise InvalidInput(f"intake {name!r} is bridged already by this worker")
         self.bridges.append((name, prefetch))
         self._stop_graces[name] = stop_grace
+        self._bridge_indexes[name] = schedule
 
     def _check_free(self, queue: str, fn: Callable[..., Any] | None = None) -> None:
         """Refuse a second handler for ``queue``: two would share its messages at random."""
@@ -249,7 +258,14 @@ class Worker:
                 failed(consumer.queue, exc)
 
         bridges += [
-            Bridge(url, self.topology, name, prefetch=count, stop_grace=self._stop_graces[name])
+            Bridge(
+                url,
+                self.topology,
+                name,
+                prefetch=count,
+                stop_grace=self._stop_graces[name],
+                schedule=self._bridge_indexes[name],
+            )
             for name, count in self.bridges
         ]
 

@@ -295,3 +295,47 @@ def test_cancel_and_reschedule_move_the_entries(
     waiting = store.find(Query())
     assert sorted(e.id for e in waiting) == sorted(["m1", by_key.receipt.message_id])
     store.close()
+
+
+def test_a_stream_through_an_indexed_publisher_is_recorded_a_window_at_a_time(
+    make_topology: Callable[..., Topology], rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """``send_many`` (the Spark jobs' path) on a real broker: 1,234 messages in windows
+    of 100, every one confirmed is scheduled in the index and waits in its tier; then a
+    second stream whose third window's pending write fails sends nothing of it or after
+    it, and says so."""
+    topo = make_topology(["1m", "1h"])
+    apply_topology(topo, rabbitmq_url)
+    store = SQLiteSchedule(tmp_path / "schedule.db")
+    confirmed: list[int] = []
+    with Publisher(rabbitmq_url, topo, schedule=ScheduleIndex(store)) as pub:
+        built = (
+            pub.factory.build({"n": n}, "job.remind", "10m", message_id=f"s{n}")
+            for n in range(1234)
+        )
+        pub.send_many(built, settle=lambda i, m, e: e is None and confirmed.append(i), window=100)
+    assert sorted(confirmed) == list(range(1234))
+    assert store.count(Query()) == 1234
+    assert store.count(Query(states={State.PENDING, State.UNCONFIRMED})) == 0
+    tier = topo.tier_name(topo.ladder.tiers[1])
+    assert depth(rabbitmq_url, tier) == 1234
+
+    class ThirdAddFails(Failing):
+        adds = 0
+
+        def add(self, entries: Sequence[Entry]) -> list[bool]:
+            self.adds += 1
+            self.fail = "add" if self.adds == 3 else ""
+            return super().add(entries)
+
+    settled: list[int] = []
+    with Publisher(rabbitmq_url, topo, schedule=ScheduleIndex(ThirdAddFails(store, ""))) as pub:
+        built = (
+            pub.factory.build({"n": n}, "job.remind", "10m", message_id=f"t{n}") for n in range(500)
+        )
+        with pytest.raises(ScheduleNotRecorded, match="nothing was published"):
+            pub.send_many(built, settle=lambda i, m, e: e is None and settled.append(i), window=100)
+    assert sorted(settled) == list(range(200))
+    assert depth(rabbitmq_url, tier) == 1234 + 200
+    assert store.count(Query()) == 1234 + 200
+    store.close()

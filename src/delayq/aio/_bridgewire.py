@@ -29,6 +29,7 @@ from typing import Any
 
 from pamqp import commands
 
+from delayq.aio._bridgerecord import BridgeRecord
 from delayq.aio._deliveries import DeliveryFrames
 from delayq.aio._framebatch import channel_error
 from delayq.aio._framelink import open_wire
@@ -77,8 +78,9 @@ class WireBridge(Relaying):
         stop_grace_s: float,
         stats: BridgeStats,
         started: threading.Event,
+        record: BridgeRecord | None = None,
     ) -> None:
-        super().__init__(Relay(topology, intake), stats)
+        super().__init__(Relay(topology, intake), stats, record)
         self.url = url
         self.prefetch = prefetch
         self.stop_grace_s = stop_grace_s
@@ -189,6 +191,7 @@ class WireBridge(Relaying):
             consuming.readers.pop(CONSUME_CHANNEL, None)
             self._window = Window()
             self._backlog.clear()
+            self._to_record, self._to_move, self._recorded = [], [], {}  # back with the channel
             await self._close(consuming, wire)
 
     async def _open(self, url: str, name: str, *, publish: bool = True) -> Wire | None:

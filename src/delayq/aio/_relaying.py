@@ -20,17 +20,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from delayq.aio._deliveries import ack_frame, reject_frame
 from delayq.aio._framebatch import channel_error
 from delayq.aio._wire import CONSUME_CHANNEL, PUBLISH_CHANNEL, ChannelClosed, Wire, WireClosed
-from delayq.errors import AccessRefused, PublishError, TopologyMissing
+from delayq.errors import AccessRefused, DelayqError, PublishError, TopologyMissing
 from delayq.intake.bridging import BridgeStats, acknowledge
 from delayq.intake.relay import Forward, Incoming, Relay
 from delayq.intake.window import Plan, Window
 from delayq.message import outcomes
 from delayq.message.carried import Unwritable, bridged_frames
 from delayq.message.decoding import basic_properties
+
+if TYPE_CHECKING:
+    from delayq.aio._bridgerecord import BridgeRecord
 
 __all__ = ["FATAL", "REFUSED_PAUSE_MAX_S", "REFUSED_PAUSE_S", "Lost", "Relaying"]
 
@@ -70,8 +75,12 @@ class Relaying:
     """The per-delivery half of the bridge (see the module); its subclass owns the
     connections (:class:`~delayq.aio._bridgewire.WireBridge`)."""
 
-    def __init__(self, relay: Relay, stats: BridgeStats) -> None:
+    def __init__(
+        self, relay: Relay, stats: BridgeStats, record: BridgeRecord | None = None
+    ) -> None:
         self.relay = relay
+        self.record = record
+        """The schedule index's writes (:mod:`delayq.aio._bridgerecord`), or ``None``."""
         self.queue = relay.queue
         self.stats = stats
         self.stopping = False
@@ -89,6 +98,12 @@ class Relaying:
         self._pause_s = REFUSED_PAUSE_S
         """The next pause after a refusal (doubling while refusals go on)."""
         self._drain_scheduled = False
+        # With an index: forwards waiting for their pending write, confirms for their move.
+        self._to_record: list[tuple[int, Plan, bytes]] = []
+        self._to_move: list[tuple[int, str, PublishError | None]] = []
+        self._recorded: dict[int, str] = {}
+        """Delivery tag -> the entry its forward's pending write made."""
+        self._writing = {"record": False, "move": False}
 
     def reset(self, consuming: Wire, wire: Wire) -> None:
         """A new connection pair: nothing in flight, no exchange checked."""
@@ -98,6 +113,8 @@ class Relaying:
         self._checked, self._unchecked = set(), {}
         self._backlog.clear()
         self._paused = self._drain_scheduled = False
+        self._to_record, self._to_move, self._recorded = [], [], {}
+        self._writing = {"record": False, "move": False}  # an old connection's: its own
 
     def end(self, exc: BaseException) -> None:
         """This connection is over (the first reason counts)."""
@@ -130,7 +147,16 @@ class Relaying:
             encoded = self._encode(tag, self.relay.plan(incoming), incoming)
             if encoded is not None:
                 self._window.add(tag, encoded[0])
-                self._publish(tag, *encoded)
+                plan = encoded[0]
+                if (
+                    self.record is not None
+                    and isinstance(plan, Forward)
+                    and plan.message.receipt.tier
+                ):
+                    self._to_record.append((tag, *encoded))  # published once recorded
+                    self._start("record", self._record_forwards)
+                else:
+                    self._publish(tag, *encoded)
         except (WireClosed, ChannelClosed) as exc:  # the publish channel is gone
             self.end(exc)
         except Exception as exc:  # delayq's own failure on this delivery: not the bridge's end
@@ -196,6 +222,74 @@ class Relaying:
                 self.end(exc)
                 return
 
+    # The schedule index (:mod:`delayq.aio._bridgerecord`) -------------------------------
+
+    def _start(self, step: str, run: Callable[[Wire], Awaitable[None]]) -> None:
+        """Run ``step``'s writer for this connection unless it runs already."""
+        if not self._writing[step]:
+            wire = self._wire
+            assert wire is not None
+            self._writing[step] = True
+            wire.loop.create_task(self._writer(step, run, wire))
+
+    async def _writer(self, step: str, run: Callable[[Wire], Awaitable[None]], wire: Wire) -> None:
+        try:
+            await run(wire)
+        except Exception:  # delayq's own failure: the connection ends, nothing is acked
+            log.exception("bridge of %s: its schedule index %s failed", self.queue, step)
+            if wire is self._wire:
+                self.end(Lost(f"the schedule index's {step} failed"))
+        finally:
+            if wire is self._wire:
+                self._writing[step] = False
+
+    async def _record_forwards(self, wire: Wire) -> None:
+        """Write what waits pending, a batch at a time, then publish it; a batch the index
+        refused goes back to the intake queue (one message at a time, so that one id it
+        refuses does not take the others back with it)."""
+        record = self.record
+        assert record is not None
+        while self._to_record and wire is self._wire and self._ended is None:
+            batch, self._to_record = self._to_record, []
+            groups = [batch] if len(batch) == 1 else [batch, *([one] for one in batch)]
+            for group in groups:
+                try:
+                    ids = set(await record.before([plan.message for _, plan, _ in group]))
+                except DelayqError as exc:
+                    if wire is not self._wire:
+                        return
+                    if group is batch and len(batch) > 1:
+                        continue  # try each alone
+                    self._window.settled(group[0][0], exc)
+                    self._schedule_drain(wire)
+                    continue
+                if wire is not self._wire:
+                    return
+                try:
+                    for tag, plan, frames in group:
+                        if plan.message.message_id in ids:
+                            self._recorded[tag] = plan.message.message_id
+                        self._publish(tag, plan, frames)
+                except (WireClosed, ChannelClosed) as exc:  # the publish channel is gone
+                    self.end(exc)
+                    return
+                if group is batch:
+                    break  # it went whole
+
+    async def _move_settled(self, wire: Wire) -> None:
+        """Move the settled forwards' entries, then let their deliveries be acked."""
+        record = self.record
+        assert record is not None
+        while self._to_move and wire is self._wire:
+            batch, self._to_move = self._to_move, []
+            confirmed = {entry for _, entry, error in batch if error is None}
+            await record.after([entry for _, entry, _ in batch], confirmed)
+            if wire is not self._wire:
+                return
+            for tag, _, error in batch:
+                self._window.settled(tag, error)
+            self._schedule_drain(wire)
+
     def _reject(self, tag: int, name: str, why: str) -> None:
         """Leave the delivery to the broker's dead-lettering: into the intake's DLQ, intact."""
         assert self._acks is not None
@@ -216,11 +310,19 @@ class Relaying:
                 return  # of a window given up
 
             error = outcomes.unroutable(msg) if returned else outcomes.rejected(msg)
+        entry = self._recorded.pop(token, None)
+        if entry is not None:  # acked once its entry moved
+            self._to_move.append((token, entry, error))
+            self._start("move", self._move_settled)
+            return
         self._window.settled(token, error)
+        assert self._wire is not None
+        self._schedule_drain(self._wire)
+
+    def _schedule_drain(self, wire: Wire) -> None:
         if not self._drain_scheduled:
             self._drain_scheduled = True
-            assert self._wire is not None
-            self._wire.loop.call_soon(self._drain)
+            wire.loop.call_soon(self._drain)
 
     def failed(self, token: int, exc: Exception) -> None:
         """Its channel or connection closed first: the connection is over (what is
@@ -241,7 +343,8 @@ class Relaying:
         if refused and not self._paused:
             self._paused = True
             log.warning(
-                "bridge of %s takes no delivery for %g s: the broker refuses its publishes",
+                "bridge of %s takes no delivery for %g s: the broker (or its schedule "
+                "index) refuses what it sends",
                 self.queue,
                 self._pause_s,
             )

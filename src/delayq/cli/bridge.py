@@ -21,6 +21,7 @@ from delayq.cli.options import Prefetch, leaf, once
 from delayq.errors import ConnectionFailed, DelayqError
 
 if TYPE_CHECKING:
+    from delayq.schedule.record import ScheduleIndex
     from delayq.topology.model import Topology
     from delayq.worker import Worker
 
@@ -56,6 +57,12 @@ def bridge_commands() -> list[click.Command]:
                     "command exits 1 (a second signal: at once; default 10s, at most 1h)",
                 ),
                 once(
+                    "--schedule-index",
+                    metavar="URL",
+                    help="record each message scheduled in this schedule index (a SQLite "
+                    "file, postgresql://, redis://), as delayq scheduled reads it",
+                ),
+                once(
                     "--log-level",
                     type=click.Choice(["debug", "info", "warning", "error"]),
                     default="info",
@@ -71,7 +78,6 @@ def bridge_commands() -> list[click.Command]:
 def cmd_bridge(args: Args) -> int:
     from delayq.observe.logs import configure_logging
     from delayq.sync._bridging import check_stop_grace
-    from delayq.sync._signals import stopping_on_signals
 
     grace_s = check_stop_grace(args.stop_grace, "--stop-grace")  # before connecting
     configure_logging(args.log_level, "text")
@@ -80,6 +86,30 @@ def cmd_bridge(args: Args) -> int:
         # failed connection) only repeat it, as `delayq worker` does.
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     topology, url = topology_and_url(args)
+    index = _index(args)
+    try:
+        return _bridge(args, topology, url, grace_s, index)
+    finally:
+        if index is not None:
+            index.store.close()
+
+
+def _index(args: Args) -> ScheduleIndex | None:
+    """``--schedule-index`` opened (a new SQLite file made), before connecting."""
+    if args.schedule_index is None:
+        return None
+    from delayq.schedule.record import ScheduleIndex
+    from delayq.schedule.url import open_index
+
+    return ScheduleIndex(open_index(args.schedule_index, create=True, what="--schedule-index"))
+
+
+def _bridge(
+    args: Args, topology: Topology, url: str, grace_s: float, index: ScheduleIndex | None
+) -> int:
+    """The command's run, reloads included (see :func:`cmd_bridge`)."""
+    from delayq.sync._signals import stopping_on_signals
+
     # The signals are this command's for its whole run, reloads included: SIGHUP stops the
     # bridges to start them again; SIGTERM/SIGINT stop them for good (a reload asked for
     # or under way is dropped), a second one at once, whenever each comes.
@@ -115,7 +145,7 @@ def cmd_bridge(args: Args) -> int:
             if quit_.is_set():
                 break
             try:
-                _run(args, topology, url, grace_s, stop, running)
+                _run(args, topology, url, grace_s, stop, running, index)
             except DelayqError as exc:
                 if quit_.is_set():
                     raise
@@ -159,6 +189,7 @@ def _run(
     grace_s: float,
     stop: threading.Event,
     running: list[tuple[threading.Event, Worker | None]],
+    index: ScheduleIndex | None,
 ) -> None:
     """The bridges of ``topology``'s intakes (or ``--intake``'s) until ``stop``; the worker
     that runs them is ``running[0]`` meanwhile, for the signal handlers."""
@@ -169,7 +200,9 @@ def _run(
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
     worker = Worker(topology)  # a worker of bridges alone: threads, failures
     for name in names or [pick_intake(topology, None).exchange]:
-        worker.bridge(name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s))
+        worker.bridge(
+            name, prefetch=args.prefetch, stop_grace=timedelta(seconds=grace_s), schedule=index
+        )
     running[0] = (stop, worker)
     ns = topology.namespace
     print(

@@ -3,25 +3,19 @@ they name opened, and the filters read into a :class:`~delayq.schedule.query.Que
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from delayq.cli._common import Args
 from delayq.cli.options import once
-from delayq.errors import InvalidInput, StoreError
+from delayq.errors import InvalidInput
+from delayq.schedule.url import INDEX_FORMS, open_index
 
 if TYPE_CHECKING:
-    from delayq.schedule.base import ScheduleStore
     from delayq.schedule.query import Query
 
 __all__ = ["INDEX_FORMS", "filters", "index_option", "open_index", "query_of"]
-
-INDEX_FORMS = (
-    "a SQLite file: sqlite:///PATH or a PATH; postgresql://user:pass@host/db; or "
-    "redis://host:6379/0 (rediss://, unix://)"
-)
 
 
 def index_option(*, required: bool = True, what: str = "the schedule index") -> click.Option:
@@ -53,59 +47,6 @@ def filters() -> list[click.Option]:
         once("--business-key", metavar="KEY", help="the message's business key"),
         index_option(),
     ]
-
-
-def open_index(url: str, *, create: bool = False) -> ScheduleStore:
-    """The store of ``--index`` (``create``: a new file where there is none, for an
-    import; a reader never makes an empty index)."""
-    from delayq.schedule.sqlite import SQLiteSchedule
-
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidInput(f"--index names {INDEX_FORMS}")
-    if url.startswith(("postgresql://", "postgres://")):
-        from delayq.schedule.postgres import PostgresSchedule
-
-        return PostgresSchedule(url)
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from delayq.schedule.redis import RedisSchedule
-
-        return RedisSchedule(url)
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-    if "://" in path:
-        raise InvalidInput(f"--index {url!r}: {INDEX_FORMS}")
-    try:
-        there = Path(path).is_file()  # a reader never makes an empty index where none was
-    except (OSError, ValueError) as exc:  # a name too long, a NUL
-        raise StoreError(f"cannot read the schedule index at {path!r} (--index): {exc}") from exc
-    if not there and not create:
-        what = "a directory" if Path(path).is_dir() else "no such file"
-        raise StoreError(f"no schedule index at {path!r} (--index): {what}")
-    if there:
-        _check_is_index(path)
-    return SQLiteSchedule(path)
-
-
-def _check_is_index(path: str) -> None:
-    """A SQLite file given as ``--index`` is a schedule index (or empty, as a new one):
-    never the consumers' store or another database, which opening would write a table
-    into."""
-    import sqlite3
-    from urllib.parse import quote
-
-    try:
-        db = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
-        try:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return  # not readable this way: opening it says what is wrong
-    if tables and "delayq_schedule" not in tables:
-        shown = ", ".join(sorted(tables)[:5])
-        raise InvalidInput(
-            f"--index {path!r} is a SQLite database of other tables ({shown}), not a "
-            "schedule index: is it the consumers' store (--store)?"
-        )
 
 
 def query_of(args: Args, namespace: str) -> Query:

@@ -73,7 +73,17 @@ def run_settings(args: Args) -> dict[str, Any]:
         "id_col": args.id_column,
         "retry_for": args.retry_for,
         "backoff": args.backoff,
+        "schedule_index": args.schedule_index,
     }
+
+
+def check_schedule_index(args: Args) -> None:
+    """``--schedule-index`` opened (a new SQLite file made) before Spark starts: a wrong
+    one is refused at once, named as given."""
+    if args.schedule_index is not None and not getattr(args, "dry_run", False):
+        from delayq.schedule.url import open_index
+
+        open_index(args.schedule_index, create=True, what="--schedule-index").close()
 
 
 def cmd_spark_schedule(args: Args) -> int:
@@ -87,6 +97,7 @@ def cmd_spark_schedule(args: Args) -> int:
     RetryPolicy.parse(args.retry_for, args.backoff)  # so are bad durations
     topology, url = topology_and_url(args)
     check_source(args)
+    check_schedule_index(args)
     session = _spark_session(args)
     df, source = read_source(session, args)
     print(

@@ -94,6 +94,13 @@ def schedule_input_options() -> list[click.Parameter]:
             help="the first pause between reconnects, doubled up to 5s (default 200ms)",
         ),
         once(
+            "--schedule-index",
+            metavar="URL",
+            help="record every message in this schedule index (a SQLite file on this "
+            "machine's executors only; postgresql://, redis:// for a cluster), as delayq "
+            "scheduled reads it",
+        ),
+        once(
             "--resume",
             metavar="DIR",
             help="resume the run whose errors output (--errors DIR) this is: just its "

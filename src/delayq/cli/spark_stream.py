@@ -40,6 +40,7 @@ SHARED = (
     "duplicates",
     "retry_for",
     "backoff",
+    "schedule_index",
 )
 """The options of ``delayq spark schedule`` the stream takes as they are."""
 
@@ -125,7 +126,7 @@ def _stream_frame(session: Any, args: Args) -> Any:
 
 
 def cmd_spark_stream(args: Args) -> int:
-    from delayq.cli.spark import _spark_session, run_settings
+    from delayq.cli.spark import _spark_session, check_schedule_index, run_settings
     from delayq.spark import BatchSummary, schedule_stream
     from delayq.spark._resilient import RetryPolicy
     from delayq.spark.stream import AVAILABLE_NOW, describe_trigger, trigger_options
@@ -136,6 +137,7 @@ def cmd_spark_stream(args: Args) -> int:
     topology, url = topology_and_url(args)
     if "://" not in args.input and not Path(args.input).is_dir():
         raise InvalidInput(f"--input {args.input} is not a directory (the folder to watch)")
+    check_schedule_index(args)
     session = _spark_session(args)
     # A failed query is said in one line below: not Spark's logged stack traces.
     session.sparkContext.setLogLevel("FATAL")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from delayq.durations import to_ms
-from delayq.errors import InvalidInput, PublishUnconfirmed
+from delayq.errors import InvalidInput, PublishError, PublishUnconfirmed
 from delayq.intake.relay import Park
 from delayq.intake.window import Settled, coalesce
 from delayq.topology.intakes import Intake
@@ -145,9 +145,10 @@ def acknowledge(
         stats.returned += len(refused)
         first = refused[0]
         log.warning(
-            "%d of %s not taken by the broker (%s: %s%s): back to the intake queue",
+            "%d of %s not taken by the %s (%s: %s%s): back to the intake queue",
             len(refused),
             queue,
+            "broker" if isinstance(first.error, PublishError) else "schedule index",
             first.plan.message.message_id,
             first.error,
             f"; and {len(refused) - 1} more" if len(refused) > 1 else "",

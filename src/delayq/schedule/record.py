@@ -17,14 +17,21 @@ a store skips it).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from types import MappingProxyType
 from typing import Any
 
-from delayq.errors import DelayqError, InvalidInput, PublishBatchError, ScheduleNotRecorded
+from delayq.errors import (
+    DelayqError,
+    InvalidInput,
+    PublishBatchError,
+    PublishError,
+    ScheduleNotRecorded,
+)
 from delayq.message.cancel import CancelReceipt, RescheduleReceipt, target_queues
 from delayq.message.envelope import (
     CONTENT_BYTES,
@@ -39,7 +46,7 @@ from delayq.schedule.entry import WAITING, Entry, State, checked_labels, uncheck
 from delayq.schedule.query import Query
 from delayq.topology.model import Topology
 
-__all__ = ["Labeller", "ScheduleIndex", "arecording", "recording"]
+__all__ = ["Labeller", "ScheduleIndex", "arecording", "recorded_stream", "recording"]
 
 
 log = logging.getLogger("delayq.schedule")
@@ -167,11 +174,25 @@ class ScheduleIndex:
             return
         failed = _failed(messages, error)
         mine = set(ids)
-        confirmed = [m.message_id for m in messages if m.message_id in mine]
-        unconfirmed = [i for i in confirmed if i in failed]
-        confirmed = [i for i in confirmed if i not in failed]
+        confirmed = {m.message_id for m in messages if m.message_id in mine} - failed
+        self.settled(ids, messages, confirmed, error, now_ms)
+
+    def settled(
+        self,
+        ids: Sequence[str],
+        messages: Sequence[OutgoingMessage],
+        confirmed: set[str],
+        error: BaseException | None,
+        now_ms: int,
+    ) -> None:
+        """:meth:`after` where the caller knows which were confirmed (``confirmed``, ids):
+        those of ``ids`` move to scheduled, the others to unconfirmed."""
+        if not ids:
+            return
+        unconfirmed = [i for i in ids if i not in confirmed]
+        confirmed_ids = [i for i in ids if i in confirmed]
         try:
-            for to, which in ((State.SCHEDULED, confirmed), (State.UNCONFIRMED, unconfirmed)):
+            for to, which in ((State.SCHEDULED, confirmed_ids), (State.UNCONFIRMED, unconfirmed)):
                 if which:
                     self.store.move(which, to, now_ms=now_ms)
         except DelayqError as exc:
@@ -179,7 +200,7 @@ class ScheduleIndex:
                 log.error("the schedule index kept %d entries pending: %s", len(ids), exc)
                 return
             raise ScheduleNotRecorded(
-                f"{len(confirmed)} message(s) were published and confirmed, but the schedule "
+                f"{len(confirmed_ids)} message(s) were published and confirmed, but the schedule "
                 f"index still shows them pending (not confirmed): {exc}; do not publish "
                 "them again",
                 receipts=[m.receipt for m in messages],
@@ -285,6 +306,53 @@ def recording(
         index.after(ids, messages, exc, now_ms())
         raise
     index.after(ids, messages, None, now_ms())
+
+
+Settle = Callable[[int, OutgoingMessage, PublishError | None], None]
+"""A stream's callback (:data:`delayq.links.Settle`): a message's index, the message, its
+error (``None``: confirmed)."""
+
+
+def recorded_stream(
+    index: ScheduleIndex,
+    topology: Topology,
+    messages: Iterable[OutgoingMessage],
+    settle: Settle,
+    window: int,
+    send: Callable[[Iterable[OutgoingMessage], Settle, int], None],
+    now_ms: Callable[[], int],
+) -> None:
+    """``send`` a stream (``Publisher.send_many``) with its messages recorded, ``window``
+    at a time: each slice's entries are written pending before any of it is sent and
+    moved once all of it settled (scheduled where confirmed, unconfirmed where not, or
+    where ``send`` raised first). So the stream's memory stays bounded as without the
+    index, and the pipeline empties between slices (a round trip each). A pending write
+    that fails raises :class:`~delayq.errors.ScheduleNotRecorded` and sends nothing more."""
+    pulled = iter(messages)
+    offset = 0
+    while chunk := list(itertools.islice(pulled, window)):
+        ids = index.before(topology, chunk)
+        told = _Told(settle, offset)
+        try:
+            send(chunk, told, window)
+        except BaseException as exc:
+            index.settled(ids, chunk, told.confirmed, exc, now_ms())
+            raise
+        index.settled(ids, chunk, told.confirmed, None, now_ms())
+        offset += len(chunk)
+
+
+class _Told:
+    """One window's ``settle``: passed on under the stream's own index, confirms noted."""
+
+    def __init__(self, settle: Settle, offset: int) -> None:
+        self.settle, self.offset = settle, offset
+        self.confirmed: set[str] = set()
+
+    def __call__(self, i: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+        if error is None:
+            self.confirmed.add(msg.message_id)
+        self.settle(self.offset + i, msg, error)
 
 
 @asynccontextmanager

@@ -76,6 +76,8 @@ class Job:
     dry_run: bool = False
     tracing: JobTracing | None = None
     """The executors' tracing (:mod:`delayq.spark._tracing`); ``None``: none."""
+    schedule_index: str | None = None
+    """The schedule index each task records its messages in (its URL), or ``None``."""
 
     @classmethod
     def of(
@@ -104,8 +106,13 @@ class Job:
         )
 
     def check(self) -> None:
-        """The broker reachable and the topology applied (on the driver, before the tasks)."""
+        """The broker reachable and the topology applied, and the schedule index opened
+        (on the driver, before the tasks)."""
         preflight(self.url, self.topology)
+        if self.schedule_index is not None and not self.dry_run:
+            from delayq.schedule.url import open_index
+
+            open_index(self.schedule_index, create=True, what="schedule_index").close()
 
     def run(
         self,
@@ -168,6 +175,7 @@ class Job:
                 tracing=traced,
                 tracked=resumable and errors_path is not None,
                 skip=skip,
+                schedule_index=self.schedule_index,
             )
         )
         results = prepared.rows.rdd.mapPartitions(counting(task, counter))

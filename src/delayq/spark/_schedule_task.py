@@ -16,13 +16,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from typing import Any
 
 from delayq.durations import format_ms
 from delayq.errors import PublishError, PublishUnconfirmed
 from delayq.message.bulk import BulkPlanner, Rejection, tier_of
 from delayq.message.envelope import OutgoingMessage
+from delayq.schedule.base import ScheduleStore
+from delayq.schedule.record import ScheduleIndex
 from delayq.spark._done_parts import SKIPPED, PartDigest, done_tuple
 from delayq.spark._plan_task import (
     LOST,
@@ -81,6 +83,7 @@ def publish_partition(
     tracing: TaskTracing | None = None,
     tracked: bool = False,
     skip: frozenset[str] = frozenset(),
+    schedule_index: str | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
     """The function each Spark task runs over its rows (plain data in, tuples out).
 
@@ -97,6 +100,10 @@ def publish_partition(
     rows' digest; with ``skip`` (a killed run's digests) a partition whose digest is
     among them sends nothing and yields ``skipped`` and ``done`` lines
     (:mod:`delayq.spark._done_parts`).
+
+    ``schedule_index`` (a URL): each message is recorded there, a ``window`` at a time
+    (:func:`~delayq.schedule.record.recorded_stream`); an index that cannot be written
+    fails the partition's rest as unconfirmed, nothing of it sent.
     """
 
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
@@ -122,15 +129,20 @@ def publish_partition(
         rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()
         provider, untraced = (None, None) if tracing is None else tracing.provider()
-        with Publisher(
-            url,
-            topology,
-            publish_attempts=1,  # the waiting is send_resilient's
-            connect_attempts=1,
-            reconnect_within=None,  # and the budget: send_resilient's retry_for
-            retry_backoff_s=policy.backoff_ms / 1000,
-            tracing=provider,  # None: as without tracing= (a worker's global provider, if set)
-        ) as publisher:
+        index = _index(schedule_index)
+        with (
+            nullcontext() if index is None else closing(index),
+            Publisher(
+                url,
+                topology,
+                publish_attempts=1,  # the waiting is send_resilient's
+                connect_attempts=1,
+                reconnect_within=None,  # and the budget: send_resilient's retry_for
+                retry_backoff_s=policy.backoff_ms / 1000,
+                tracing=provider,  # None: as without tracing= (a worker's global provider, if set)
+                schedule=None if index is None else ScheduleIndex(index),
+            ) as publisher,
+        ):
             planner = BulkPlanner(topology, factory=publisher.factory, body_json=body_json)
 
             def stream() -> Iterator[tuple[Tag, OutgoingMessage]]:
@@ -185,6 +197,14 @@ def publish_partition(
             yield (UNTRACED, None, None, None, None, untraced, None, 1, None)
 
     return run
+
+
+def _index(url: str | None) -> ScheduleStore | None:
+    if url is None:
+        return None
+    from delayq.schedule.url import open_index
+
+    return open_index(url, create=True, what="schedule_index")
 
 
 def _attempt() -> int:

@@ -190,6 +190,7 @@ def schedule(
     backoff: object = "200ms",
     resume_from: str | None = None,
     tracing: ProviderFactory | Literal[False] | None = None,
+    schedule_index: str | None = None,
 ) -> ScheduleSummary:
     """Publish one delayed message per row of ``df``; return what was published and rejected.
 
@@ -252,6 +253,13 @@ def schedule(
     (its exporter set up), called once in each Spark Python worker: every message gets
     a ``publish`` span, all children of the job's ``schedule <namespace>`` span on the
     driver (:mod:`delayq.spark._tracing`). ``None`` (default) or ``False``: no spans.
+
+    ``schedule_index``: the URL of a schedule index (a SQLite file, ``postgresql://``,
+    ``redis://``; :func:`~delayq.schedule.url.open_index`) that every message is recorded
+    in, as a publisher with ``schedule=`` records it (docs/guides/scheduled.md). It is
+    opened on the driver first (a new SQLite file made there), then by each task:
+    executors on other hosts need PostgreSQL or Redis. An index a task cannot write fails
+    that partition's rest as unconfirmed, nothing of it sent.
     """
     url = resolve_url(url)
     check_vhost(topology.declared_vhost, url)
@@ -274,6 +282,7 @@ def schedule(
         retry_for=retry_for,
         backoff=backoff,
         tracing=tracing,
+        schedule_index=schedule_index,
     )
     if df.isStreaming:
         raise InvalidInput(

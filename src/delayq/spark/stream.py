@@ -215,6 +215,7 @@ def schedule_stream(
     query_name: str | None = None,
     on_batch: Callable[[BatchSummary], None] | None = None,
     tracing: ProviderFactory | Literal[False] | None = None,
+    schedule_index: str | None = None,
 ) -> ScheduleStream:
     """Start a streaming query publishing one delayed message per row of ``df`` (a
     streaming DataFrame: ``spark.readStream...``); return it, started.
@@ -234,8 +235,8 @@ def schedule_stream(
     :class:`~delayq.errors.RowsUnconfirmed`: the query stops without committing it,
     and a restart sends it again (duplicates for the rows that were confirmed). The
     broker and the topology are checked before the query starts, as by ``schedule``.
-    ``tracing`` is ``schedule``'s: each batch is a trace of its own, a ``schedule
-    <namespace>`` span (``delayq.batch_id``) with its messages' ``publish`` spans.
+    ``tracing`` and ``schedule_index`` are ``schedule``'s: each batch is a trace of its
+    own, a ``schedule <namespace>`` span (``delayq.batch_id``) with its messages' ``publish`` spans.
     """
     url = resolve_url(url)
     check_vhost(topology.declared_vhost, url)
@@ -256,6 +257,7 @@ def schedule_stream(
         retry_for=retry_for,
         backoff=backoff,
         tracing=tracing,
+        schedule_index=schedule_index,
     )
     if not df.isStreaming:
         raise InvalidInput(

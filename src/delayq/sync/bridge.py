@@ -32,6 +32,10 @@ too, it is rejected the same way. Every other message goes on. A publish the bro
 refuses (a full tier) puts its delivery back on the intake queue, and the bridge takes
 nothing for 2 s.
 
+With ``schedule`` (a :class:`~delayq.schedule.record.ScheduleIndex`), each forward is
+recorded as a publisher records its messages: pending before it is published, scheduled
+once confirmed, and only then is its delivery acked (:mod:`delayq.aio._bridgerecord`).
+
 A delay counts from when the bridge takes the message: while the bridge is down,
 messages wait in the intake queue and arrive late by that much, never early.
 """
@@ -42,6 +46,7 @@ import asyncio
 import logging
 import threading
 
+from delayq.aio._bridgerecord import BridgeRecord
 from delayq.aio._bridgewire import Lost, WireBridge
 from delayq.aio._wire import WireClosed
 from delayq.consume.settings import RECONNECT_MAX_S, RECONNECT_MIN_S, check_prefetch
@@ -54,6 +59,7 @@ from delayq.intake.bridging import (
     pick_intake,
     unconfirmed_at_stop,
 )
+from delayq.schedule.record import ScheduleIndex
 from delayq.sync._signals import stopping_on_signals
 from delayq.topology.model import Topology
 from delayq.urls import redact, resolve_url
@@ -76,6 +82,7 @@ class Bridge:
         *,
         prefetch: int = 1000,
         stop_grace: Duration = STOP_GRACE,
+        schedule: ScheduleIndex | None = None,
     ) -> None:
         prefetch = check_prefetch(prefetch)  # AMQP's is 16 bits: refused before connecting
         self.stop_grace_s = check_stop_grace(stop_grace)
@@ -93,6 +100,7 @@ class Bridge:
             stop_grace_s=self.stop_grace_s,
             stats=self.stats,
             started=self.started,
+            record=None if schedule is None else BridgeRecord(schedule, topology),
         )
         self.relay = self._engine.relay
         self.queue = self.relay.queue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -32,7 +33,7 @@ from delayq.message.reschedule import Reschedule, plan_reschedules
 from delayq.observe.publishes import PublishObserver, PublishObservers
 from delayq.observe.tracing import TracingOption, traced, tracing_for
 from delayq.retrying import within_seconds
-from delayq.schedule.record import ScheduleIndex, recording
+from delayq.schedule.record import ScheduleIndex, recorded_stream, recording
 from delayq.stores.base import IdempotencyStore, run_cancels
 from delayq.stores.key_scope import KeyScope
 from delayq.sync._connection import BLOCKED_CONNECTION_TIMEOUT_S
@@ -263,7 +264,10 @@ class Publisher(NoAsyncContext):
         Raises :class:`~delayq.errors.ConnectionFailed` when nothing could be
         sent, :class:`~delayq.errors.TopologyMissing` or
         :class:`~delayq.errors.AccessRefused` at once. The publisher's
-        ``observers`` hear each message's outcome as it settles.
+        ``observers`` hear each message's outcome as it settles. With a
+        ``schedule`` index, the stream is recorded ``window`` messages at a time (each
+        slice pending before it is sent, moved once it settled:
+        :func:`~delayq.schedule.record.recorded_stream`).
 
         >>> failed = []                                           # doctest: +SKIP
         >>> pub.send_many((pub.factory.build(b, "job.x", "1m") for b in bodies),
@@ -277,8 +281,12 @@ class Publisher(NoAsyncContext):
                 observed(index, msg, error)
 
         window = max(1, min(window, self._in_flight.messages))
+        send = self._link.send_stream
+        if self.schedule is not None:  # recorded a window at a time (recorded_stream)
+            send = partial(recorded_stream, self.schedule, self.topology, send=send,
+                           now_ms=self._clock_ms)  # fmt: skip
         if self._tracing is None:
-            self._link.send_stream(messages, settle, window)
+            send(messages, settle, window)
             return
         spans = self._tracing.streaming()
         told = settle
@@ -289,7 +297,7 @@ class Publisher(NoAsyncContext):
 
         failed: BaseException | None = None
         try:
-            self._link.send_stream(spans.pulled(messages), ended, window)
+            send(spans.pulled(messages), ended, window)
         except BaseException as exc:
             failed = exc
             raise
