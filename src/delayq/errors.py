@@ -162,14 +162,19 @@ class ScheduleNotRecorded(StoreError):
 
     ``receipts`` empty: its pending entries could not be written and nothing was
     published. Otherwise the messages were published and confirmed (``receipts``) but
-    their entries still show them pending: do not publish them again."""
+    their entries still show them pending: do not publish them again. ``elsewhere``:
+    the ids refused for good, each waiting in another namespace of the same index (the
+    others may be recorded once those are left out)."""
 
-    def __init__(self, message: str, receipts: list[Any] | None = None) -> None:
+    def __init__(
+        self, message: str, receipts: list[Any] | None = None, elsewhere: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.receipts = list(receipts or [])
+        self.elsewhere = tuple(elsewhere)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.receipts))
+        return (type(self), (str(self), self.receipts, self.elsewhere))
 
 
 class InvalidInput(DelayqError, ValueError):

@@ -26,7 +26,7 @@ the consumer runs the handler right there.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -58,6 +58,7 @@ __all__ = [
     "LinkOptions",
     "OnDelivery",
     "Settle",
+    "SettleGuard",
     "Settleable",
     "Settler",
     "gate_for",
@@ -70,6 +71,35 @@ __all__ = [
 
 Settle = Callable[[int, "OutgoingMessage", "PublishError | None"], None]
 """``settle(index, message, error)``: a streamed message's outcome (``None``: confirmed)."""
+
+
+class SettleGuard:
+    """A stream's ``settle`` whose first exception ends the stream cleanly: nothing more
+    is pulled, what is in flight still settles (told to ``settle``; a later exception is
+    dropped), and :meth:`raise_first` raises it once the send returned. Raised inside the
+    I/O path, it had ended the connection, and the stream was sent again: duplicates."""
+
+    def __init__(self, settle: Settle) -> None:
+        self._settle = settle
+        self.error: Exception | None = None
+
+    def __call__(self, index: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+        try:
+            self._settle(index, msg, error)
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
+
+    def pulling(self, messages: Iterable[OutgoingMessage]) -> Iterator[OutgoingMessage]:
+        for msg in messages:
+            if self.error is not None:
+                return
+            yield msg
+
+    def raise_first(self) -> None:
+        if self.error is not None:
+            raise self.error
+
 
 LINKS: dict[str, str] = {
     "amqp": "delayq.sync._link:PikaLink",

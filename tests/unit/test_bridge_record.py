@@ -133,11 +133,20 @@ def test_an_entry_is_pending_before_its_publish_and_moved_before_its_ack() -> No
     assert ("ack", 2) in log  # one multiple ack for both
 
 
-def test_an_index_that_refuses_one_id_puts_that_delivery_back_and_sends_the_others() -> None:
+def test_an_id_waiting_in_another_namespace_is_rejected_alone_and_the_others_sent() -> None:
+    """An outside tester's id shared with another namespace of the index came back and
+    paused the whole intake for up to 30 s a round until its delivery limit: now it goes
+    to the intake's DLQ at once, as it came, and the rest of its batch is sent."""
+    from delayq.message.factory import MessageFactory
+
+    other = Topology(namespace="other", ladder=["1m"], external_bindings=("#",))
+
     async def main() -> tuple[list[tuple[str, object]], Store]:
         log: list[tuple[str, object]] = []
         store = Store(log)
-        store.refuse_ids = {"m2"}
+        theirs = MessageFactory(other).build({}, "x", "30s", message_id="m2")
+        ids = ScheduleIndex(store).before(other, [theirs])
+        store.move(ids, State.SCHEDULED, now_ms=1)  # m2 waits in namespace "other"
         bridge, _ = await _bridge(store, log)
         for tag in (1, 2, 3):
             bridge.arrived(tag, "email.welcome", _header(f"m{tag}"), b"{}")
@@ -145,15 +154,36 @@ def test_an_index_that_refuses_one_id_puts_that_delivery_back_and_sends_the_othe
         for tag in (1, 3):
             bridge.settled(tag, True, False)
         await _settle(lambda: ("ack", 3) in log)
-        assert log[-3:] == [("ack", 1), ("reject", 2), ("ack", 3)]  # in delivery order
         return log, store
 
     log, store = asyncio.run(main())
-    assert ("published", 2) not in log  # never sent: back in the intake queue
-    assert {e.id: e.state for e in store.find(Query(states=set(State)))} == {
+    assert ("published", 2) not in log and ("reject", 2) in log  # to the DLQ, never sent
+    assert {e.id: e.state for e in store.find(Query(namespace="shop", states=set(State)))} == {
         "m1": State.SCHEDULED,
         "m3": State.SCHEDULED,
     }
+
+
+def test_an_index_that_is_down_puts_the_batch_back_with_one_pause_and_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "delayq.bridge")
+
+    async def main() -> tuple[list[tuple[str, object]], Relaying, Wire]:
+        log: list[tuple[str, object]] = []
+        store = Store(log)
+        store.refuse_ids = {f"m{tag}" for tag in range(1, 51)}
+        bridge, wire = await _bridge(store, log)
+        for tag in range(1, 51):
+            bridge.arrived(tag, "email.welcome", _header(f"m{tag}"), b"{}")
+        await _settle(lambda: ("reject", 50) in log)
+        return log, bridge, wire
+
+    log, bridge, _ = asyncio.run(main())
+    assert not [step for step, _ in log if step == "published"]
+    assert bridge._paused and bridge.stats.returned == 50
+    lines = [r.getMessage() for r in caplog.records if "not taken by" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("50 of ")
 
 
 def test_a_move_that_fails_still_acks_and_leaves_the_entry_pending(

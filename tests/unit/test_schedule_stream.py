@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from delayq import Topology
+from delayq import Message, Topology
 from delayq.errors import ConnectionFailed, PublishError, ScheduleNotRecorded, StoreError
 from delayq.message.envelope import OutgoingMessage
 from delayq.message.factory import MessageFactory
@@ -147,3 +147,23 @@ def test_a_stream_of_immediate_messages_records_nothing_and_sends_all() -> None:
             pub.send_many(built, settle=lambda i, m, e: e is None and confirmed.append(i))
     assert confirmed == list(range(5))
     assert states(index) == {}
+
+
+def test_an_id_twice_in_one_window_is_sent_twice_and_recorded_once() -> None:
+    """An outside tester's stream of ids repeating within a window was refused whole
+    (``entry ... is twice in one batch``), where the same stream without an index was
+    sent: now each copy is sent and the id has one entry (the first), as the docs say."""
+    index = MemorySchedule()
+    confirmed: list[int] = []
+    with MemoryBroker() as broker:
+        broker.apply(TOPOLOGY)
+        with broker.publisher(TOPOLOGY, schedule=ScheduleIndex(index)) as pub:
+            built = [
+                pub.factory.build({"n": i}, "orders.remind", "30m", message_id=f"d{i % 7}")
+                for i in range(30)
+            ]
+            pub.send_many(built, settle=lambda i, m, e: confirmed.append(i), window=10)
+            again = [Message({"n": i}, "orders.remind", "30m", message_id="e") for i in range(3)]
+            pub.publish_many(again)
+    assert sorted(confirmed) == list(range(30))
+    assert states(index) == {i: State.SCHEDULED for i in [f"d{n}" for n in range(7)] + ["e"]}

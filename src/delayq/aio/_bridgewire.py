@@ -191,7 +191,7 @@ class WireBridge(Relaying):
             consuming.readers.pop(CONSUME_CHANNEL, None)
             self._window = Window()
             self._backlog.clear()
-            self._to_record, self._to_move, self._recorded = [], [], {}  # back with the channel
+            self.drop_writes()  # what they held is back with the channel
             await self._close(consuming, wire)
 
     async def _open(self, url: str, name: str, *, publish: bool = True) -> Wire | None:

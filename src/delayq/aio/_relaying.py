@@ -104,6 +104,7 @@ class Relaying:
         self._recorded: dict[int, str] = {}
         """Delivery tag -> the entry its forward's pending write made."""
         self._writing = {"record": False, "move": False}
+        self._writers: set[asyncio.Task[None]] = set()
 
     def reset(self, consuming: Wire, wire: Wire) -> None:
         """A new connection pair: nothing in flight, no exchange checked."""
@@ -230,7 +231,16 @@ class Relaying:
             wire = self._wire
             assert wire is not None
             self._writing[step] = True
-            wire.loop.create_task(self._writer(step, run, wire))
+            task = wire.loop.create_task(self._writer(step, run, wire))
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
+
+    def drop_writes(self) -> None:
+        """This connection's index writes given up (its deliveries are back in the intake
+        queue): a write a locked store holds does not outlive the loop as a pending task."""
+        self._to_record, self._to_move, self._recorded = [], [], {}
+        for task in list(self._writers):
+            task.cancel()
 
     async def _writer(self, step: str, run: Callable[[Wire], Awaitable[None]], wire: Wire) -> None:
         try:
@@ -244,37 +254,45 @@ class Relaying:
                 self._writing[step] = False
 
     async def _record_forwards(self, wire: Wire) -> None:
-        """Write what waits pending, a batch at a time, then publish it; a batch the index
-        refused goes back to the intake queue (one message at a time, so that one id it
-        refuses does not take the others back with it)."""
+        """Write what waits pending, a batch at a time, then publish it. A batch the index
+        cannot take goes back to the intake queue whole (one pause, one line); an id it
+        refuses for good (waiting in another namespace of the index) is rejected to the
+        intake's DLQ, as it came, and the rest of its batch goes on."""
         record = self.record
         assert record is not None
         while self._to_record and wire is self._wire and self._ended is None:
             batch, self._to_record = self._to_record, []
-            groups = [batch] if len(batch) == 1 else [batch, *([one] for one in batch)]
-            for group in groups:
+            while batch:
                 try:
-                    ids = set(await record.before([plan.message for _, plan, _ in group]))
+                    ids = set(await record.before([plan.message for _, plan, _ in batch]))
                 except DelayqError as exc:
                     if wire is not self._wire:
                         return
-                    if group is batch and len(batch) > 1:
-                        continue  # try each alone
-                    self._window.settled(group[0][0], exc)
-                    self._schedule_drain(wire)
+                    refused = set(getattr(exc, "elsewhere", ()))
+                    if not refused:
+                        for tag, _, _ in batch:
+                            self._window.settled(tag, exc)
+                        self._schedule_drain(wire)
+                        break
+                    for tag, plan, _ in batch:
+                        if plan.message.message_id in refused:
+                            self._window.discard(tag)
+                            self._reject(tag, plan.message.message_id, str(exc))
+                    batch = [one for one in batch if one[1].message.message_id not in refused]
+                    if not self._window:
+                        self._wake()  # a stop may wait for the window to empty
                     continue
                 if wire is not self._wire:
                     return
                 try:
-                    for tag, plan, frames in group:
+                    for tag, plan, frames in batch:
                         if plan.message.message_id in ids:
                             self._recorded[tag] = plan.message.message_id
                         self._publish(tag, plan, frames)
                 except (WireClosed, ChannelClosed) as exc:  # the publish channel is gone
                     self.end(exc)
                     return
-                if group is batch:
-                    break  # it went whole
+                break
 
     async def _move_settled(self, wire: Wire) -> None:
         """Move the settled forwards' entries, then let their deliveries be acked."""

@@ -86,16 +86,15 @@ def cmd_bridge(args: Args) -> int:
         # failed connection) only repeat it, as `delayq worker` does.
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     topology, url = topology_and_url(args)
-    index = _index(args)
-    try:
-        return _bridge(args, topology, url, grace_s, index)
-    finally:
-        if index is not None:
-            index.store.close()
+    checked = _index(args)  # refused before connecting; each run opens its own
+    if checked is not None:
+        checked.store.close()
+    return _bridge(args, topology, url, grace_s)
 
 
 def _index(args: Args) -> ScheduleIndex | None:
-    """``--schedule-index`` opened (a new SQLite file made), before connecting."""
+    """``--schedule-index`` opened (a new SQLite file made): before connecting, and for
+    each run (a SIGHUP opens it again: a file replaced meanwhile is the one written)."""
     if args.schedule_index is None:
         return None
     from delayq.schedule.record import ScheduleIndex
@@ -104,9 +103,7 @@ def _index(args: Args) -> ScheduleIndex | None:
     return ScheduleIndex(open_index(args.schedule_index, create=True, what="--schedule-index"))
 
 
-def _bridge(
-    args: Args, topology: Topology, url: str, grace_s: float, index: ScheduleIndex | None
-) -> int:
+def _bridge(args: Args, topology: Topology, url: str, grace_s: float) -> int:
     """The command's run, reloads included (see :func:`cmd_bridge`)."""
     from delayq.sync._signals import stopping_on_signals
 
@@ -145,7 +142,7 @@ def _bridge(
             if quit_.is_set():
                 break
             try:
-                _run(args, topology, url, grace_s, stop, running, index)
+                _run(args, topology, url, grace_s, stop, running)
             except DelayqError as exc:
                 if quit_.is_set():
                     raise
@@ -189,7 +186,6 @@ def _run(
     grace_s: float,
     stop: threading.Event,
     running: list[tuple[threading.Event, Worker | None]],
-    index: ScheduleIndex | None,
 ) -> None:
     """The bridges of ``topology``'s intakes (or ``--intake``'s) until ``stop``; the worker
     that runs them is ``running[0]`` meanwhile, for the signal handlers."""
@@ -198,6 +194,7 @@ def _run(
     from delayq.worker import Worker
 
     names = list(dict.fromkeys(args.intakes)) or [i.exchange for i in topology.intakes]
+    index = _index(args)
     worker = Worker(topology)  # a worker of bridges alone: threads, failures
     for name in names or [pick_intake(topology, None).exchange]:
         worker.bridge(
@@ -217,6 +214,8 @@ def _run(
         worker.run(url, stop=stop, install_signal_handlers=False)  # each bridge logs its stop
     finally:
         running[0] = (stop, None)
+        if index is not None:
+            index.store.close()
 
 
 def _reread(args: Args, current: Topology) -> Topology:

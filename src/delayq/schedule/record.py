@@ -88,8 +88,15 @@ class ScheduleIndex:
         return f"ScheduleIndex({self.store!r})"
 
     def entries(self, topology: Topology, messages: Sequence[OutgoingMessage]) -> list[Entry]:
-        """The pending entries of ``messages`` (the delayed ones)."""
-        return [self._entry(topology, m) for m in messages if m.receipt.tier is not None]
+        """The pending entries of ``messages`` (the delayed ones; an id twice among them,
+        its first: one entry per id, as for an id that waits already)."""
+        seen: set[str] = set()
+        found = []
+        for m in messages:
+            if m.receipt.tier is not None and m.message_id not in seen:
+                seen.add(m.message_id)
+                found.append(self._entry(topology, m))
+        return found
 
     def _entry(self, topology: Topology, msg: OutgoingMessage) -> Entry:
         # Built unchecked: the message was checked by its factory, the labels here.
@@ -150,7 +157,8 @@ class ScheduleIndex:
                     f"message id {elsewhere[0]!r} waits in another namespace of this "
                     f"schedule index ({len(elsewhere)} such): an index holds one entry per "
                     "id, so this publish could not be recorded; nothing was published "
-                    "(use ids distinct across namespaces, or an index per namespace)"
+                    "(use ids distinct across namespaces, or an index per namespace)",
+                    elsewhere=tuple(elsewhere),
                 )
         except ScheduleNotRecorded:
             raise

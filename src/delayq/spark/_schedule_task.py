@@ -20,7 +20,7 @@ from contextlib import closing, nullcontext
 from typing import Any
 
 from delayq.durations import format_ms
-from delayq.errors import PublishError, PublishUnconfirmed
+from delayq.errors import DelayqError, PublishError, PublishUnconfirmed, StoreError
 from delayq.message.bulk import BulkPlanner, Rejection, tier_of
 from delayq.message.envelope import OutgoingMessage
 from delayq.schedule.base import ScheduleStore
@@ -35,7 +35,7 @@ from delayq.spark._plan_task import (
     salvaging,
     task_row,
 )
-from delayq.spark._resilient import RetryPolicy, Stalled, send_resilient
+from delayq.spark._resilient import Outcome, RetryPolicy, Stalled, send_resilient
 from delayq.spark._tracing import UNTRACED, TaskTracing
 from delayq.topology.model import Topology
 
@@ -64,6 +64,8 @@ instead of each waiting ``retry_for`` for a broker that is gone."""
 
 def unconfirmed_reason(stalled: Stalled[Any], policy: RetryPolicy) -> str:
     cause = stalled.cause
+    if isinstance(cause, StoreError):  # the schedule index's failure: this row never went
+        return f"unconfirmed: not sent, the schedule index failed: {type(cause).__name__}: {cause}"
     if stalled.fatal:
         return f"unconfirmed: {type(cause).__name__}: {cause}"
     return (
@@ -129,7 +131,10 @@ def publish_partition(
         rejections: list[tuple[Rejection, str | None]] = []
         published: Counter[str] = Counter()
         provider, untraced = (None, None) if tracing is None else tracing.provider()
-        index = _index(schedule_index)
+        try:
+            index, unopened = _index(schedule_index), None
+        except DelayqError as exc:  # this task cannot open it: its rows unconfirmed, unsent
+            index, unopened = None, exc
         with (
             nullcontext() if index is None else closing(index),
             Publisher(
@@ -162,15 +167,18 @@ def publish_partition(
                     rejections.append((planner.rejected(msg, error, key), row_id))
 
             rest = stream()
-            with tracing.sending(provider) if tracing is not None else nullcontext():
-                outcome = send_resilient(
-                    publisher,
-                    rest,
-                    settle,
-                    window=window,
-                    policy=policy,
-                    give_up_at_once=job in _GAVE_UP,
-                )
+            if unopened is not None:
+                outcome: Outcome[Tag] = Outcome(stalled=Stalled(unopened, [], True))
+            else:
+                with tracing.sending(provider) if tracing is not None else nullcontext():
+                    outcome = send_resilient(
+                        publisher,
+                        rest,
+                        settle,
+                        window=window,
+                        policy=policy,
+                        give_up_at_once=job in _GAVE_UP,
+                    )
             stalled = outcome.stalled
             if stalled is None:
                 _GAVE_UP.discard(job)

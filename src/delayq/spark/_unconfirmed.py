@@ -85,15 +85,25 @@ def unconfirmed_error(
         else "the summary's rejections name them (error PublishUnconfirmed); give --errors DIR "
         "(errors_path=) to write them out for --resume"
     )
+    index = any(str(error) in _INDEX_ERRORS for error, _ in failures)
     return RowsUnconfirmed(
         f"{summary.total_unconfirmed:,} of {summary.rows:,} rows were not confirmed by the "
-        f"broker ({cause}) and are NOT counted as published; {where}. "
+        + ("broker or not sent: the schedule index failed" if index else "broker")
+        + f" ({cause}) and are NOT counted as published; {where}. "
         f"{summary.total_published:,} were published (confirmed"
         + (f", {summary.retried:,} of them after a retry" if summary.retried else "")
-        + f"), {summary.total_rejected:,} rejected. A longer outage needs a longer "
-        "retry_for (--retry-for)",
+        + f"), {summary.total_rejected:,} rejected. "
+        + (
+            "Mend the index (--schedule-index), then resume"
+            if index
+            else "A longer outage needs a longer retry_for (--retry-for)"
+        ),
         summary,
     )
+
+
+_INDEX_ERRORS = ("StoreError", "ScheduleNotRecorded")
+"""A task's failure the schedule index caused (not the broker)."""
 
 
 def check_resume_paths(resume_from: str, errors_path: str | None) -> None:

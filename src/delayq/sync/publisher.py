@@ -16,7 +16,7 @@ from delayq.contexts import NoAsyncContext
 from delayq.durations import Duration
 from delayq.errors import PublishBatchError, PublishError
 from delayq.forking import abandon, forget_in_children
-from delayq.links import Link, LinkOptions, Settle, gate_for, open_link
+from delayq.links import Link, LinkOptions, Settle, SettleGuard, gate_for, open_link
 from delayq.message.cancel import (
     CancelReceipt,
     Generations,
@@ -264,7 +264,9 @@ class Publisher(NoAsyncContext):
         Raises :class:`~delayq.errors.ConnectionFailed` when nothing could be
         sent, :class:`~delayq.errors.TopologyMissing` or
         :class:`~delayq.errors.AccessRefused` at once. The publisher's
-        ``observers`` hear each message's outcome as it settles. With a
+        ``observers`` hear each message's outcome as it settles. An exception raised by
+        ``settle`` ends the stream: nothing more is pulled, what is in flight settles
+        (still told to ``settle``), and ``send_many`` raises it. With a
         ``schedule`` index, the stream is recorded ``window`` messages at a time (each
         slice pending before it is sent, moved once it settled:
         :func:`~delayq.schedule.record.recorded_stream`).
@@ -273,6 +275,8 @@ class Publisher(NoAsyncContext):
         >>> pub.send_many((pub.factory.build(b, "job.x", "1m") for b in bodies),
         ...               settle=lambda i, m, e: e and failed.append((i, e)))  # doctest: +SKIP
         """
+        guard = SettleGuard(settle)  # an exception of settle's ends the stream, raised
+        settle, messages = guard, guard.pulling(messages)
         if self._observers:
             observed = settle
 
@@ -287,6 +291,7 @@ class Publisher(NoAsyncContext):
                            now_ms=self._clock_ms)  # fmt: skip
         if self._tracing is None:
             send(messages, settle, window)
+            guard.raise_first()
             return
         spans = self._tracing.streaming()
         told = settle
@@ -303,6 +308,7 @@ class Publisher(NoAsyncContext):
             raise
         finally:
             spans.close(failed)
+        guard.raise_first()
 
     @property
     def in_flight(self) -> InFlightLimit:
