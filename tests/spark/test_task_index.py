@@ -3,15 +3,12 @@ another process, a path it cannot open) sends nothing and says so in its output:
 unconfirmed row each with the cause and one ``failed`` line, as for a broker that
 refused for good. An outside tester's locked index made the task raise, and Spark failed
 the whole job with pages of traces, no summary and no errors output. Run as Spark runs
-it, without Spark: no broker is reached (nothing is sent)."""
+it, without a session: no broker is reached (nothing is sent). In tests/spark, so a
+missing PySpark fails in CI instead of skipping."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
-
-pytest.importorskip("pyspark")
 
 from delayq import Topology
 from delayq.spark._resilient import RetryPolicy
