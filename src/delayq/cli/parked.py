@@ -23,6 +23,7 @@ from delayq.wording import counted
 
 if TYPE_CHECKING:
     from delayq.ops.replay_marks import ReplayMarks
+    from delayq.schedule.replays import ReplayRecord
 
 
 def _intake(topology: Topology, name: str) -> Intake | None:
@@ -136,6 +137,25 @@ def _replay_marks(args: Args) -> ReplayMarks | None:
         raise
 
 
+def _replay_record(args: Args, topology: Topology, intake: object) -> ReplayRecord | None:
+    """``replay --schedule-index URL``: the index opened (a new SQLite file made) before
+    anything is replayed; refused for an intake's DLQ, whose bridge records what it
+    forwards."""
+    url = getattr(args, "schedule_index", None)
+    if url is None:
+        return None
+    if intake is not None:
+        raise InvalidInput(
+            f"--schedule-index: {args.queue} is an intake's; its replays go back through "
+            "the intake, and its bridge records them (delayq bridge --schedule-index URL)"
+        )
+    from delayq.schedule.record import ScheduleIndex
+    from delayq.schedule.replays import ReplayRecord as Record
+    from delayq.schedule.url import open_index
+
+    return Record(ScheduleIndex(open_index(url, create=True, what="--schedule-index")), topology)
+
+
 def _close(store: object) -> None:
     close = getattr(store, "close", None)
     if callable(close):
@@ -177,6 +197,7 @@ def cmd_parked(args: Args) -> int:
         def target(parked: Any) -> tuple[str, str]:
             return topology.ready_exchange, parked.delivery.origin_routing_key
 
+    record = _replay_record(args, topology, intake)
     marks = _replay_marks(args)
     try:
         with progress_bar("replaying") as progress:
@@ -190,10 +211,13 @@ def cmd_parked(args: Args) -> int:
                 progress=progress,
                 marks=marks,
                 identify=_identify(intake),
+                record=record,
             )
     finally:
         if marks is not None:
             _close(marks.store)
+        if record is not None:
+            record.index.store.close()
     if report.seen == 0:
         print(f"{label} is empty: nothing to replay")
     else:
@@ -213,10 +237,18 @@ def cmd_parked(args: Args) -> int:
         )
     if report.missing:
         print(f"delayq: not found in {label}: {', '.join(report.missing)}", file=sys.stderr)
+    if report.unrecorded:
+        print(
+            f"delayq: {len(report.unrecorded)} replayed, but the schedule index still shows "
+            f"them pending (e.g. {', '.join(report.unrecorded[:5])}; the log says why): do not "
+            "replay them again; a consumer's reporter moves them on",
+            file=sys.stderr,
+        )
     if report.kept:
         print(
             f"delayq: {len(report.kept)} left in {label}: their headers cannot be read or "
             f"sent again (e.g. {', '.join(report.kept[:5])}; `delayq dlq show` says why)",
             file=sys.stderr,
         )
-    return EXIT_BROKER if report.missing or report.returned or report.kept else EXIT_OK
+    failed = report.missing or report.returned or report.kept or report.unrecorded
+    return EXIT_BROKER if failed else EXIT_OK

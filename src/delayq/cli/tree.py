@@ -239,6 +239,13 @@ def parked_group(name: str, what: str) -> click.Group:
                         help="at most N messages per second",
                     ),
                     *(replay_store_options() if takes_queue else []),
+                    once(
+                        "--schedule-index",
+                        metavar="URL",
+                        help="write each replayed message into this schedule index (a SQLite "
+                        "file, postgresql://, redis://): due now, shown until a consumer "
+                        "takes it (an intake's replays are recorded by its bridge)",
+                    ),
                 ],
                 one_of=[("ids", "all")],
             ),

@@ -101,13 +101,11 @@ class ScheduleIndex:
     def _entry(self, topology: Topology, msg: OutgoingMessage) -> Entry:
         # Built unchecked: the message was checked by its factory, the labels here.
         receipt = msg.receipt
-        labels = self._fixed if self._fixed is not None else self._labels_of(msg)
+        labels = self.labels_for(msg)
         kept = (
-            _kept_headers(msg) if self.keep_bodies and len(msg.body) <= self.keep_bodies else None
+            kept_headers(msg) if self.keep_bodies and len(msg.body) <= self.keep_bodies else None
         )
-        business_key = self._business_key(msg) if self._business_key else None
-        if business_key is not None and not isinstance(business_key, str):
-            raise InvalidInput(f"a business key is a str or None, not {business_key!r}")
+        business_key = self.business_key_of(msg)
         return unchecked(
             id=msg.message_id,
             namespace=topology.namespace,
@@ -127,9 +125,19 @@ class ScheduleIndex:
             headers=None if kept is None else MappingProxyType(kept),
         )
 
-    def _labels_of(self, msg: OutgoingMessage) -> Mapping[str, str]:
+    def labels_for(self, msg: OutgoingMessage) -> Mapping[str, str]:
+        """The labels ``msg``'s entry gets (checked)."""
+        if self._fixed is not None:
+            return self._fixed
         assert callable(self._labels)
         return checked_labels(self._labels(msg) or {})
+
+    def business_key_of(self, msg: OutgoingMessage) -> str | None:
+        """The business key ``msg``'s entry gets (``None``: none)."""
+        business_key = self._business_key(msg) if self._business_key else None
+        if business_key is not None and not isinstance(business_key, str):
+            raise InvalidInput(f"a business key is a str or None, not {business_key!r}")
+        return business_key
 
     def _to(self, topology: Topology, routing_key: str) -> tuple[str, ...]:
         found = self._destinations.get((topology.namespace, routing_key))
@@ -142,7 +150,10 @@ class ScheduleIndex:
     def before(self, topology: Topology, messages: Sequence[OutgoingMessage]) -> list[str]:
         """Write ``messages`` pending; the ids recorded. Raises ``ScheduleNotRecorded``
         (nothing was sent) when the store cannot take them."""
-        entries = self.entries(topology, messages)
+        return self.add_pending(self.entries(topology, messages))
+
+    def add_pending(self, entries: Sequence[Entry]) -> list[str]:
+        """:meth:`before` for entries already built (a replay's, say)."""
         if not entries:
             return []
         try:
@@ -274,7 +285,7 @@ def _held_elsewhere(store: ScheduleStore, entry: Entry) -> bool:
     return held is not None and held.namespace != entry.namespace
 
 
-def _kept_headers(msg: OutgoingMessage) -> dict[str, Any] | None:
+def kept_headers(msg: OutgoingMessage) -> dict[str, Any] | None:
     """The publisher's own headers of ``msg`` (not delayq's, RabbitMQ's or the trace's),
     if JSON keeps them exactly and the body is one delayq encodes; else ``None``: the
     message cannot be sent again from the index alone."""

@@ -13,30 +13,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
-import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from delayq.consume.delivery import H_DEAD_LETTER_REASON, H_ERROR_MESSAGE, Delivery
-from delayq.errors import ConnectionFailed, StoreError, TopologyMissing
+from delayq.errors import ConnectionFailed, ScheduleNotRecorded, StoreError
+from delayq.message.cancel import target_queues
 from delayq.message.carried import unwritable
-from delayq.message.envelope import epoch_ms
+from delayq.message.envelope import OutgoingMessage, epoch_ms
 from delayq.observe.replays import replaying
 from delayq.observe.tracing import TracingOption, tracing_for
 from delayq.ops.pace import check_rate
 from delayq.ops.parked import H_REPLAYED_AT, ParkedMessage, find_id, may_name, replay_message
 from delayq.ops.replay_marks import ReplayMarks
-from delayq.sync._broker import server_property
-from delayq.sync._connection import close_quietly, connect
-from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error, reply_code
-from delayq.sync._unreadable import tolerate_unreadable_headers, unreadable
+from delayq.schedule.replays import ReplayRecord
+from delayq.sync._connection import close_quietly
+from delayq.sync._errors import CHANNEL_CLOSED, CONNECTION_ERRORS, channel_error
+from delayq.sync._parked_queue import Identify, ready
+from delayq.sync._parked_queue import open_parked as _open
+from delayq.sync._parked_queue import parked as _parked
+from delayq.sync._parked_queue import unsendable as _unsendable
 from delayq.sync.publisher import Publisher
-from delayq.topology.conflicts import conflict_from_reply, parked_at_risk
-from delayq.topology.declarations import parked_arguments
-from delayq.topology.model import QueueType, Topology
+from delayq.topology.model import Topology
 from delayq.urls import check_vhost, resolve_url
 
 __all__ = ["ReplayReport", "browse", "purge", "replay"]
@@ -62,118 +62,8 @@ class ReplayReport:
     kept: list[str] = field(default_factory=list)
     """Ids left parked: their headers cannot be read, or cannot be sent again (a header
     name that is not UTF-8, a value pika cannot write), as the log says."""
-
-
-UNREADABLE_HEADERS = "unreadable-headers"
-"""The reason a parked message whose headers pika cannot read is listed with (a NaN or a
-timestamp past 9999 that a Java or JavaScript publisher sent)."""
-
-
-def _open(
-    url: str | None, queue: str, *, returns: bool = True
-) -> tuple[pika.BlockingConnection, BlockingChannel, int, str | None]:
-    """A connection, a channel, the message count of ``queue`` and a warning to log once
-    the queue was read (see :func:`_check_limit`); with ``returns`` (the caller gives
-    messages back), only if that cannot cost the queue its messages."""
-    connection = connect(resolve_url(url), name="delayq-parking")
-    tolerate_unreadable_headers(connection)  # listed, and left parked by a replay
-    channel = connection.channel()
-    try:
-        count = _ready(channel, queue)
-    except CHANNEL_CLOSED as exc:
-        close_quietly(connection)
-        error = channel_error(exc)
-        if isinstance(error, TopologyMissing):  # 404
-            error = TopologyMissing(f"queue {queue!r} does not exist on this broker/vhost")
-        # RabbitMQ 4.2.6+ refuses the passive declare (403) to a user who has no permission
-        # on the queue: an access error, not a missing queue
-        raise error from exc
-    warning = None
-    if returns:
-        try:
-            warning = _check_limit(connection, queue)
-        except BaseException:
-            close_quietly(connection)
-            raise
-    return connection, channel, count, warning
-
-
-def _check_limit(connection: pika.BlockingConnection, queue: str) -> str | None:
-    """Raise :class:`ParkedAtRisk` when returning messages to ``queue`` counts against a
-    delivery limit that browsing could reach (see :func:`parked_at_risk`).
-
-    The queue is declared again with the parked arguments: the broker changes nothing
-    and names the first argument that differs. A user who may not declare it (no
-    configure permission) cannot tell; the browse goes on, with the warning returned on
-    4.x: logged once a read succeeded, so a user who may not read the queue either sees
-    the refusal alone."""
-    version = server_property(connection, "version") or ""
-    channel = connection.channel()
-    try:
-        channel.queue_declare(queue, durable=True, arguments=parked_arguments(QueueType.QUORUM))
-    except CHANNEL_CLOSED as exc:
-        risk = parked_at_risk(conflict_from_reply(getattr(exc, "reply_text", "") or ""), version)
-        if risk is not None:
-            raise risk from None
-        if reply_code(exc) == 403 and version[:1].isdigit() and int(version.split(".")[0]) >= 4:
-            return (
-                f"could not check the delivery limit of {queue} (this user may not declare "
-                f"it): on RabbitMQ {version}, a queue declared without delayq's limit loses "
-                "its messages after 20 browses"
-            )
-        return None
-    if channel.is_open:
-        channel.close()
-    return None
-
-
-Identify = Callable[[Delivery, Mapping[str, Any]], str]
-"""The id of a parked message its publisher gave none, from the message and its AMQP
-properties (pika's names): an intake's (:func:`delayq.intake.relay.intake_id`), as its
-bridge gives it."""
-
-_PROPERTY_NAMES = (
-    "content_type", "content_encoding", "correlation_id", "reply_to", "type", "app_id",
-    "user_id", "priority", "timestamp", "expiration", "delivery_mode",
-)  # fmt: skip
-
-
-def _unsendable(props: pika.BasicProperties) -> str | None:
-    """Why a parked message cannot be sent again as it is (``None``: it can): pika could
-    not read its headers, or read a header name that is not UTF-8 text."""
-    why = unreadable(props)
-    if why is None:
-        names = [name for name in props.headers or {} if not isinstance(name, str)]
-        if names:
-            why = f"a header name is not UTF-8 text: {names[0]!r}"
-    return why
-
-
-def _parked(
-    queue: str,
-    method: object,
-    props: pika.BasicProperties,
-    body: bytes,
-    dead_letters_of: str | None = None,
-    identify: Identify | None = None,
-) -> ParkedMessage:
-    why = _unsendable(props)
-    headers = dict(props.headers or {})
-    if why is not None:  # shown with its reason; never replayed (it cannot be sent again)
-        kept = {k: v for k, v in headers.items() if isinstance(k, str)}
-        headers = {**kept, H_DEAD_LETTER_REASON: UNREADABLE_HEADERS, H_ERROR_MESSAGE: why}
-    delivery = Delivery(
-        queue=queue,
-        body=body,
-        routing_key=getattr(method, "routing_key", "") or "",
-        message_id=props.message_id,
-        content_type=props.content_type,
-        headers=headers,
-    )
-    if not props.message_id and identify is not None and why is None:
-        properties = {name: getattr(props, name, None) for name in _PROPERTY_NAMES}
-        delivery = replace(delivery, message_id=identify(delivery, properties))
-    return ParkedMessage(delivery, props.timestamp, dead_letters_of)
+    unrecorded: list[str] = field(default_factory=list)
+    """Ids replayed whose entry the schedule index could not move on (``record``)."""
 
 
 def browse(
@@ -190,7 +80,7 @@ def browse(
     destination), so :attr:`ParkedMessage.reason` can tell the broker's reasons.
     ``identify``: the id of a message published without one (see :data:`Identify`).
     A message whose headers pika cannot read is listed with the reason
-    :data:`UNREADABLE_HEADERS`.
+    :data:`~delayq.sync._parked_queue.UNREADABLE_HEADERS`.
     """
     connection, channel, _, warning = _open(url, queue)
     found: list[ParkedMessage] = []
@@ -223,6 +113,8 @@ def replay(
     marks: ReplayMarks | None = None,
     tracing: TracingOption = None,
     identify: Identify | None = None,
+    record: ReplayRecord | None = None,
+    destinations: Callable[[ParkedMessage], tuple[str, ...]] | None = None,
 ) -> ReplayReport:
     """Send parked messages again and remove them from ``queue`` once confirmed.
 
@@ -244,6 +136,11 @@ def replay(
     ``identify``: the id of a message published without one (see :data:`Identify`),
     which its copy then carries. A message whose headers pika cannot read is left parked.
 
+    ``record``: the schedule index each copy is written into (see
+    :mod:`delayq.schedule.replays`), under the queues ``destinations`` names for it (by
+    default, those its routing key reaches); an index that cannot take a copy stops the
+    replay (:class:`~delayq.errors.ScheduleNotRecorded`) with it and the rest parked.
+
     ``tracing``: as a publisher's (:mod:`delayq.observe.tracing`): when traced, each
     message's replay is a span of its own trace (:mod:`delayq.observe.replays`).
 
@@ -258,6 +155,11 @@ def replay(
     check_vhost(topology.declared_vhost, url)
     wanted = None if ids is None else set(ids)
     traces = tracing_for(tracing)
+
+    def reached(parked: ParkedMessage) -> tuple[str, ...]:
+        exchange, key = target(parked)  # the default exchange: the queue named by the key
+        return (key,) if exchange == "" else tuple(target_queues(topology, key))
+
     report = ReplayReport()
     # Replaying all of them returns none (only copies routed straight back): the way
     # to empty a queue too risky to browse.
@@ -283,9 +185,19 @@ def replay(
                     log.warning("left %s parked: pika cannot write it (%s)", copy.message_id, why)
                     report.kept.append(parked.message_id)
                     return
-                with replaying(traces, parked.delivery, copy):
+
+                def deliver() -> None:
                     publisher.send(copy)
                     channel.basic_ack(method.delivery_tag)  # only once the copy is confirmed
+
+                with replaying(traces, parked.delivery, copy):
+                    if record is None:
+                        deliver()
+                    else:
+                        key = parked.delivery.origin_routing_key
+                        to = (destinations or reached)(parked)
+                        if not _recorded(record, copy, key, to, deliver, queue, report):
+                            report.unrecorded.append(parked.message_id)
                 report.replayed.append(parked.message_id)
                 if exchange:  # through an exchange, a copy may be routed back here
                     stamps[copy.message_id] = copy.headers[H_REPLAYED_AT]
@@ -352,6 +264,26 @@ def _consult(marks: ReplayMarks, parked: ParkedMessage, queue: str, report: Repl
         ) from exc
 
 
+def _recorded(
+    record: ReplayRecord,
+    copy: OutgoingMessage,
+    key: str,
+    to: tuple[str, ...],
+    deliver: Callable[[], None],
+    queue: str,
+    report: ReplayReport,
+) -> bool:
+    try:
+        return record.replayed(copy, key, to, deliver)
+    except ScheduleNotRecorded as exc:  # its pending write: this copy was not sent
+        raise ScheduleNotRecorded(
+            f"the schedule index failed while replaying from {queue}, before "
+            f"{copy.message_id}: {len(report.replayed)} were replayed and recorded, the "
+            f"others are still parked ({exc}); run the replay again",
+            elsewhere=exc.elsewhere,
+        ) from exc
+
+
 def _returned(
     channel: BlockingChannel, queue: str, stamps: dict[str, object]
 ) -> tuple[set[str], int]:
@@ -383,10 +315,10 @@ def _give_back(channel: BlockingChannel, queue: str, held: int) -> None:
     (another consumer taking messages meanwhile), quietly: nothing is lost either way."""
     if held <= 0:
         return
-    others = _ready(channel, queue)
+    others = ready(channel, queue)
     channel.basic_nack(0, multiple=True, requeue=True)  # all of them back, in order
     deadline = time.monotonic() + GIVE_BACK_WAIT_S
-    while _ready(channel, queue) < others + held:
+    while ready(channel, queue) < others + held:
         if time.monotonic() >= deadline:
             log.debug("%s: %d returned messages not yet counted ready", queue, held)
             return
@@ -399,10 +331,6 @@ def _check_read(channel: BlockingChannel, queue: str) -> None:
     method, _, _ = channel.basic_get(queue, auto_ack=False)
     if method is not None:  # one arrived since the count: left for the next replay
         channel.basic_nack(method.delivery_tag, requeue=True)
-
-
-def _ready(channel: BlockingChannel, queue: str) -> int:
-    return int(channel.queue_declare(queue, passive=True).method.message_count)
 
 
 def purge(url: str | None, queue: str) -> int:
