@@ -10,7 +10,7 @@ input (a malformed line: nothing was published).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -26,8 +26,9 @@ from delayq.wording import counted
 if TYPE_CHECKING:
     from delayq.schedule.base import ScheduleStore
     from delayq.schedule.entry import Entry
+    from delayq.topology.model import Topology
 
-__all__ = ["transfer_commands"]
+__all__ = ["check_free", "imported", "republish", "transfer_commands"]
 
 BATCH = 1000
 """Lines an import publishes as one pipelined batch."""
@@ -101,7 +102,7 @@ def cmd_export(args: Args) -> int:
     return EXIT_OK
 
 
-def _check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> None:
+def check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> None:
     """An index holds one entry per id: one live in another namespace (the export's
     source, sharing this index) would keep its entry and the import's go unrecorded."""
     from delayq.schedule.entry import FINISHED
@@ -119,9 +120,7 @@ def _check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> N
 
 def cmd_import(args: Args) -> int:
     from delayq.cli._common import topology_and_url
-    from delayq.schedule.record import ScheduleIndex
-    from delayq.schedule.transfer import importable, publish_again, read_lines
-    from delayq.sync.publisher import Publisher
+    from delayq.schedule.transfer import importable, read_lines
 
     with _opened(args.input, "r") as given:
         entries = list(read_lines(given))  # every line checked before anything is sent
@@ -134,43 +133,65 @@ def cmd_import(args: Args) -> int:
         )
     topology, url = topology_and_url(args)
     index = None if args.index is None else open_index(args.index, create=True)
-    sent = 0
-    not_kept: list[str] = []
     try:
         if index is not None:
-            _check_free(index, entries, topology.namespace)
-        by_id = {e.id: e for e in entries}  # the target's index keeps their labels and keys
-        schedule = (
-            None
-            if index is None
-            else ScheduleIndex(
-                index,
-                labels=lambda m: by_id[m.message_id].labels,
-                business_key=lambda m: by_id[m.message_id].business_key,
-                keep_bodies=2**31,
-            )
-        )
-        with Publisher(url, topology, schedule=schedule) as publisher:
-            for start in range(0, len(entries), BATCH):
-                done = publish_again(
-                    publisher, entries[start : start + BATCH], publisher.factory.now_ms()
-                )
-                sent += len(done.receipts)
-                not_kept += done.not_kept
-                print(
-                    f"  {start + len(done.receipts) + len(done.not_kept):,} / {len(entries):,}",
-                    file=sys.stderr,
-                )
-    except Exception:
-        print(f"delayq: stopped after {counted(sent, 'message')} published again", file=sys.stderr)
-        raise
+            check_free(index, entries, topology.namespace)
+        batches = (entries[start : start + BATCH] for start in range(0, len(entries), BATCH))
+        sent, not_kept = republish(url, topology, index, batches, len(entries))
     finally:
         if index is not None:
             index.close()
+    return imported(args, sent, not_kept, len(entries), len(skipped))
+
+
+def republish(
+    url: str,
+    topology: Topology,
+    index: ScheduleStore | None,
+    batches: Iterable[list[Entry]],
+    total: int,
+) -> tuple[int, list[str]]:
+    """Publish checked ``batches`` of entries again (recorded in ``index``, with their
+    labels and business keys); how many were sent, and the ids whose body was not kept."""
+    from delayq.schedule.record import ScheduleIndex
+    from delayq.schedule.transfer import publish_again
+    from delayq.sync.publisher import Publisher
+
+    by_id: dict[str, Entry] = {}  # the batch's: the target's index keeps their labels and keys
+    schedule = (
+        None
+        if index is None
+        else ScheduleIndex(
+            index,
+            labels=lambda m: by_id[m.message_id].labels,
+            business_key=lambda m: by_id[m.message_id].business_key,
+            keep_bodies=2**31,
+        )
+    )
+    sent, seen = 0, 0
+    not_kept: list[str] = []
+    try:
+        with Publisher(url, topology, schedule=schedule) as publisher:
+            for batch in batches:
+                by_id.clear()
+                by_id.update((e.id, e) for e in batch)
+                done = publish_again(publisher, batch, publisher.factory.now_ms())
+                sent += len(done.receipts)
+                not_kept += done.not_kept
+                seen += len(batch)
+                print(f"  {seen:,} / {total:,}", file=sys.stderr)
+    except Exception:
+        print(f"delayq: stopped after {counted(sent, 'message')} published again", file=sys.stderr)
+        raise
+    return sent, not_kept
+
+
+def imported(args: Args, sent: int, not_kept: list[str], total: int, skipped: int) -> int:
+    """An import's last lines, and its exit code."""
     if args.json:
-        print_json({"published": sent, "not_kept": not_kept, "skipped": len(skipped)})
+        print_json({"published": sent, "not_kept": not_kept, "skipped": skipped})
     else:
-        print(f"published {sent:,} of {len(entries):,} again")
+        print(f"published {sent:,} of {total:,} again")
     if not_kept:
         print(
             f"delayq: {counted(len(not_kept), 'message')} not sent: the exporting index did not "

@@ -27,6 +27,7 @@ from delayq.cli.options import (
     store_option,
 )
 from delayq.cli.spark_cluster import cluster_commands, session_options
+from delayq.cli.spark_index import index_commands
 from delayq.cli.spark_inputs import schedule_input_options
 from delayq.cli.spark_stream import stream_command
 from delayq.ops.permissions import VIAS
@@ -377,6 +378,7 @@ def spark_group() -> click.Group:
             cancel,
             report,
             stream_command(schedule, session_options()),
+            *index_commands(),
             *cluster_commands(),
         ],
     )

@@ -29,6 +29,7 @@ from delayq.schedule.record import KEPT_CONTENT
 __all__ = [
     "Imported",
     "entry_fields",
+    "entry_from",
     "entry_line",
     "export_lines",
     "publish_again",
@@ -95,16 +96,22 @@ def _entry(number: int, text: str) -> Entry:
             f"{where}: no {', '.join(map(repr, missing))} (a line of delayq scheduled export "
             f"has {', '.join(_LINE_FIELDS)})"
         )
-    try:
-        state = State(fields["state"])
-    except (TypeError, ValueError):
-        states = ", ".join(s.value for s in State)
-        raise InvalidInput(f"{where}: state {fields['state']!r} is none of {states}") from None
     body = fields["body"]
     try:
         raw = None if body is None else base64.b64decode(body, validate=True)
     except (TypeError, ValueError, binascii.Error) as exc:
         raise InvalidInput(f"{where}: body is not base64 text ({exc})") from None
+    return entry_from(fields, raw, where)
+
+
+def entry_from(fields: dict[str, Any], body: bytes | None, where: str) -> Entry:
+    """The entry ``fields`` (an export's, by name) and ``body`` describe, checked;
+    :class:`~delayq.errors.InvalidInput` says ``where`` it is wrong."""
+    try:
+        state = State(fields["state"])
+    except (TypeError, ValueError):
+        states = ", ".join(s.value for s in State)
+        raise InvalidInput(f"{where}: state {fields['state']!r} is none of {states}") from None
     destinations = fields["destinations"]
     if not isinstance(destinations, list) or not all(isinstance(q, str) for q in destinations):
         raise InvalidInput(f"{where}: destinations is a list of queues, not {destinations!r}")
@@ -122,7 +129,7 @@ def _entry(number: int, text: str) -> Entry:
             labels=fields["labels"],
             state=state,
             generation=fields["generation"],
-            body=raw,
+            body=body,
             content_type=fields["content_type"],
             headers=fields["headers"],
         )
