@@ -60,6 +60,31 @@ def test_two_clients_of_one_table_see_each_others_moves(schedules: Callable[...,
     assert first.count(Query()) == 2
 
 
+def test_a_table_an_older_delayq_made_gets_the_delay_column(
+    schedules: Callable[..., Any], postgres_dsn: str
+) -> None:
+    psycopg = servers.client_module("psycopg", "postgres")
+    table = f"delayq_sched_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id TEXT PRIMARY KEY, namespace TEXT NOT NULL,"
+            " routing_key TEXT NOT NULL, destinations TEXT[] NOT NULL,"
+            " due_at_ms BIGINT NOT NULL, tier TEXT NOT NULL, published_at_ms BIGINT NOT NULL,"
+            " size BIGINT NOT NULL, business_key TEXT, labels JSONB NOT NULL,"
+            " state TEXT NOT NULL, generation BIGINT NOT NULL, changed_at_ms BIGINT NOT NULL,"
+            " body BYTEA, content_type TEXT, headers JSONB)"
+        )
+        conn.execute(
+            f"INSERT INTO {table} VALUES ('old', 'shop', 'orders.r1', ARRAY['orders'], 5,"
+            " '30s', 0, 10, NULL, '{}', 'scheduled', 0, 1, NULL, NULL, NULL)"
+        )
+    store = schedules(table=table)
+    store.add([unit_suite.entry(1, delay_ms=20_000)])
+    found = {e.id: e.delay_ms for e in store.find(Query(states=set(State)))}
+    assert found == {"old": None, "m1": 20_000}
+    assert schedules(table=table).count(Query(states=set(State))) == 2  # opened again
+
+
 def test_a_broken_connection_is_a_store_error_then_reconnects(
     schedules: Callable[..., Any], postgres_dsn: str
 ) -> None:

@@ -20,7 +20,14 @@ from delayq.schedule.entry import Entry, State
 from delayq.schedule.memory import MemorySchedule
 from delayq.schedule.query import Query
 from delayq.schedule.sqlite import SQLiteSchedule
-from delayq.spark.index import due_histogram, forecast, index_frame, read_index
+from delayq.spark.index import (
+    due_histogram,
+    forecast,
+    index_frame,
+    ladder_advice,
+    read_index,
+    requested_delays,
+)
 
 NOW = 1_800_000_000_000 - 1_800_000_000_000 % 60_000 + 15_000  # 15 s into a minute
 MINUTE = 60_000
@@ -136,7 +143,7 @@ def test_the_commands_print_write_and_refuse(
     db = tmp_path / "schedule.db"
     store = SQLiteSchedule(db)
     specs = [(f"m{n}", now + 90_000 + n * MINUTE, "1h", State.SCHEDULED) for n in range(30)]
-    _entries(store, [*specs, ("x", now + 90_000, "1h", State.HANDLED)])
+    _entries(store, [*specs, ("x", now + 90_000, "1h", State.HANDLED)], delay_ms=45 * MINUTE)
     store.close()
     common = ["--index", str(db), "--file", str(_topology_file(tmp_path)), "--no-ui"]
 
@@ -149,6 +156,8 @@ def test_the_commands_print_write_and_refuse(
     assert main(["spark", "forecast", *common, "--label", "n=m3", "--horizon", "2h"]) == 0
     text = capsys.readouterr().out
     assert "1 entries read; 1 due in the next 2h; 0 overdue" in text
+    assert "the ladder, for the delays 1 waiting messages asked for:" in text
+    assert "current: 1m 1h (mean relative overshoot" in text
 
     assert main(["spark", "export", str(tmp_path / "out"), *common, "--state", "all"]) == 0
     assert "exported 31 entries" in capsys.readouterr().out
@@ -162,3 +171,27 @@ def test_the_commands_print_write_and_refuse(
     assert main(["spark", "forecast", *common, "--bucket", "2d"]) == 2
     assert main(["spark", "forecast", *common, "--horizon", "24"]) == 2
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_requested_delays_feed_the_ladder_advice(spark: Any) -> None:
+    from delayq.topology.ladder import Ladder
+
+    store = MemorySchedule()
+    _entries(store, [(f"d{n}", NOW + n, "30m", State.SCHEDULED) for n in range(100)],
+             delay_ms=15 * MINUTE)  # fmt: skip
+    _entries(store, [("done", NOW, "30m", State.HANDLED)], delay_ms=7 * MINUTE)  # not waiting
+    _entries(store, [("old", NOW, "30m", State.SCHEDULED)])  # an older delayq's: none
+    with index_frame(spark, store, query=Query(states=set(State))) as df:
+        delays = requested_delays(df)
+    assert delays == {15 * MINUTE: 100}
+    ladder = Ladder.parse(["30s", "1m", "5m", "30m", "1h"])
+    current, recommended, why = ladder_advice(delays, ladder)
+    assert current is not None and current.mean_relative_overshoot == pytest.approx(1.0)
+    assert recommended is not None and why == ""
+    assert 15 * MINUTE in recommended.tiers_ms and recommended.tiers_ms[-1] == 60 * MINUTE
+    assert recommended.mean_relative_overshoot == 0.0 and len(recommended.tiers_ms) <= 5
+    assert ladder_advice({30 * MINUTE: 5}, Ladder.parse(["30m"]))[1:] == (
+        None,
+        "the ladder is already the best of its size on the grid",
+    )
+    assert ladder_advice({}, ladder) == (None, None, "no waiting entry asked for a delay")

@@ -54,6 +54,46 @@ def test_an_entry_is_pending_until_its_confirm_and_never_shown_as_scheduled(
     assert got is not None and got.state is State.SCHEDULED and got.changed_at_ms == 5
 
 
+def test_the_requested_delay_is_kept_through_moves(store: ScheduleStore) -> None:
+    """What a ladder recommendation fits (``delay_ms``), or ``None`` where not known."""
+    store.add([entry(1, delay_ms=1_500), entry(2), entry(3, delay_ms=0)])
+    store.move(["m1", "m2", "m3"], State.SCHEDULED, now_ms=5)
+    store.move(["m1"], State.RESCHEDULED, now_ms=6, due_at_ms=9, generation=6, tier="1m")
+    found = {e.id: e.delay_ms for e in store.find(Query(states=set(State)))}
+    assert found == {"m1": 1_500, "m2": None, "m3": 0}
+    for wrong in (-1, 1.5, True, "1s", 10**15):
+        with pytest.raises(InvalidInput, match="delay_ms"):
+            entry(4, delay_ms=wrong)
+
+
+def test_an_index_an_older_delayq_made_gets_the_delay_column(tmp_path: Path) -> None:
+    """A SQLite index made before entries kept their requested delay: opened, its rows
+    read with none, and new entries keep theirs."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE delayq_schedule (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, "
+        "routing_key TEXT NOT NULL, destinations TEXT NOT NULL, due_at_ms INTEGER NOT NULL, "
+        "tier TEXT NOT NULL, published_at_ms INTEGER NOT NULL, size INTEGER NOT NULL, "
+        "business_key TEXT, labels TEXT NOT NULL, state TEXT NOT NULL, generation INTEGER "
+        "NOT NULL, changed_at_ms INTEGER NOT NULL, body BLOB, content_type TEXT, headers TEXT)"
+    )
+    db.execute(
+        "INSERT INTO delayq_schedule VALUES ('old', 'shop', 'orders.r1', '[\"orders\"]', 5, "
+        "'30s', 0, 10, NULL, '{}', 'scheduled', 0, 1, NULL, NULL, NULL)"
+    )
+    db.commit()
+    db.close()
+    for _ in range(2):  # opened again: the column is there already
+        store = SQLiteSchedule(path)
+        store.add([entry(1, delay_ms=20_000)])
+        found = {e.id: e.delay_ms for e in store.find(Query(states=set(State)))}
+        assert found == {"old": None, "m1": 20_000}
+        store.close()
+
+
 def test_reports_out_of_order_never_move_an_entry_back(store: ScheduleStore) -> None:
     store.add([entry(1)])
     # the consumer handled the copy before the publisher's confirm was read

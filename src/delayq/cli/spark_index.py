@@ -8,7 +8,7 @@ import csv
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,8 +18,12 @@ from delayq.cli.options import Command, flag, json_flag, leaf, once
 from delayq.cli.params import PathParam
 from delayq.cli.scheduled_args import filters, index_option, open_index, query_of
 from delayq.cli.spark_cluster import session_options
+from delayq.durations import format_ms
 from delayq.errors import InvalidInput
 from delayq.tables import Column, Table
+
+if TYPE_CHECKING:
+    from delayq.topology.fit import LadderFit
 
 __all__ = ["index_commands"]
 
@@ -96,7 +100,13 @@ def _session(args: Args) -> Any:
 def cmd_forecast(args: Args) -> int:
     from delayq.durations import to_ms
     from delayq.message.envelope import epoch_ms
-    from delayq.spark.index import due_histogram, forecast, index_frame
+    from delayq.spark.index import (
+        due_histogram,
+        forecast,
+        index_frame,
+        ladder_advice,
+        requested_delays,
+    )
 
     horizon_ms = to_ms(args.horizon, what="--horizon")
     bucket_ms = to_ms(args.bucket, what="--bucket")
@@ -105,7 +115,8 @@ def cmd_forecast(args: Args) -> int:
             f"--bucket is above 0 and at most --horizon, in a million buckets at most "
             f"({args.bucket!r}, {args.horizon!r})"
         )
-    query = query_of(args, load_cli_topology(args).namespace)
+    topology = load_cli_topology(args)
+    query = query_of(args, topology.namespace)
     store = open_index(args.index)  # a wrong URL is said before Spark takes its seconds
     try:
         session = _session(args)
@@ -119,6 +130,7 @@ def cmd_forecast(args: Args) -> int:
             ]
             histogram = [r.asDict() for r in due_histogram(df, now_ms=now).collect()]
             total = df.count()
+            delays = requested_delays(df)
     finally:
         store.close()
     if args.out is not None:
@@ -126,6 +138,7 @@ def cmd_forecast(args: Args) -> int:
             writer = csv.writer(out)
             writer.writerow(["start", "start_ms", "due"])
             writer.writerows((_utc(start), start, due) for start, due in buckets)
+    current, recommended, refused = ladder_advice(delays, topology.ladder)
     if args.json:
         print_json(
             {
@@ -133,11 +146,42 @@ def cmd_forecast(args: Args) -> int:
                 "entries": total,
                 "buckets": [{"start_ms": s, "due": d} for s, d in buckets],
                 "histogram": histogram,
+                "ladder": {
+                    "current": None if current is None else _fit(current),
+                    "recommended": None if recommended is None else _fit(recommended),
+                    "why_none": refused or None,
+                },
             }
         )
         return EXIT_OK
     _print_forecast(args, total, buckets, histogram, bucket_ms)
+    asked = sum(delays.values())
+    if current is not None:
+        print(f"\nthe ladder, for the delays {asked:,} waiting messages asked for:")
+        print(f"     current: {_fit_line(current)}")
+    if recommended is not None:
+        print(f"  recommended: {_fit_line(recommended)}")
+    elif refused:
+        print(f"  no recommendation: {refused}")
     return EXIT_OK
+
+
+def _fit(fit: LadderFit) -> dict[str, Any]:
+    return {
+        "tiers": [format_ms(t) for t in fit.tiers_ms],
+        "mean_relative_overshoot": fit.mean_relative_overshoot,
+        "p99_ratio": fit.p99_ratio,
+        "too_long": fit.too_long,
+    }
+
+
+def _fit_line(fit: LadderFit) -> str:
+    return (
+        f"{' '.join(format_ms(t) for t in fit.tiers_ms)} (mean relative overshoot "
+        f"{fit.mean_relative_overshoot:.1%}; tier / delay p99 {fit.p99_ratio:.2f}x"
+        + (f"; {fit.too_long:,} longer than its top" if fit.too_long else "")
+        + ")"
+    )
 
 
 def _print_forecast(

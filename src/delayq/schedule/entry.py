@@ -131,6 +131,10 @@ class Entry:
     content_type: str | None = None
     headers: Mapping[str, Any] | None = None
     """The publisher's own headers, kept with the body (``None``: not kept)."""
+    delay_ms: int | None = None
+    """The delay its publisher asked for (the tier is the smallest at or above it): what a
+    ladder recommendation fits. ``None`` where not known (an entry an older delayq wrote);
+    0 for a DLQ replay's copy (sent at once). A reschedule keeps the first publish's."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -141,6 +145,15 @@ class Entry:
                 raise InvalidInput(
                     f"an entry's {name} is an int from 0 to {MAX_MS - 1}, not {value!r}"
                 )
+        if self.delay_ms is not None and (
+            isinstance(self.delay_ms, bool)
+            or not isinstance(self.delay_ms, int)
+            or not 0 <= self.delay_ms < MAX_MS
+        ):
+            raise InvalidInput(
+                f"an entry's delay_ms is None or an int from 0 to {MAX_MS - 1}, "
+                f"not {self.delay_ms!r}"
+            )
         if not isinstance(self.state, State):
             raise InvalidInput(f"an entry's state is a State, not {self.state!r}")
         if self.body is not None and not isinstance(self.body, bytes):
@@ -203,7 +216,7 @@ class Restore:
     def __call__(self, row: Sequence[Any]) -> Entry:
         (id_, namespace, routing_key, due_at_ms, tier, published_at_ms, size, destinations,
          business_key, labels, state, generation, changed_at_ms, body, content_type,
-         headers) = row  # fmt: skip
+         headers, delay_ms) = row  # fmt: skip
         key: object = destinations if isinstance(destinations, str) else tuple(destinations)
         found = self._destinations.get(key)
         if found is None:
@@ -228,4 +241,5 @@ class Restore:
             body=body if body is None or isinstance(body, bytes) else bytes(body),
             content_type=content_type,
             headers=None if headers is None else MappingProxyType(dict(headers)),
+            delay_ms=delay_ms,
         )  # fmt: skip

@@ -42,18 +42,18 @@ def _row(entry: Entry) -> tuple[Any, ...]:
         entry.published_at_ms, entry.size, list(entry.destinations), entry.business_key,
         json.dumps(dict(entry.labels)), entry.state.value, entry.generation,
         entry.changed_at_ms, entry.body, entry.content_type,
-        None if entry.headers is None else json.dumps(dict(entry.headers)),
+        None if entry.headers is None else json.dumps(dict(entry.headers)), entry.delay_ms,
     )  # fmt: skip
 
 
 _TYPES = ("text", "text", "text", "bigint", "text", "bigint", "bigint", "text", "text", "text",
-          "text", "bigint", "bigint", "bytea", "text", "text")  # fmt: skip
+          "text", "bigint", "bigint", "bytea", "text", "text", "bigint")  # fmt: skip
 _UPSERT = (
     "INSERT INTO {t} AS cur (" + _COLUMNS + ") SELECT u.id, u.namespace, u.routing_key,"
     " u.due_at_ms, u.tier, u.published_at_ms, u.size,"
     " ARRAY(SELECT jsonb_array_elements_text(u.destinations::jsonb)), u.business_key,"
     " u.labels::jsonb, u.state, u.generation, u.changed_at_ms, u.body, u.content_type,"
-    " u.headers::jsonb FROM unnest("
+    " u.headers::jsonb, u.delay_ms FROM unnest("
     + ", ".join(f"%s::{kind}[]" for kind in _TYPES)
     + ") AS u("
     + _COLUMNS
@@ -128,8 +128,13 @@ class PostgresSchedule:
                     " published_at_ms BIGINT NOT NULL, size BIGINT NOT NULL, business_key TEXT,"
                     " labels JSONB NOT NULL, state TEXT NOT NULL, generation BIGINT NOT NULL,"
                     " changed_at_ms BIGINT NOT NULL, body BYTEA, content_type TEXT,"
-                    " headers JSONB)"
+                    " headers JSONB, delay_ms BIGINT)"
                 ).format(t=self._t)
+            )
+            conn.execute(  # a table an older delayq made
+                sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS delay_ms BIGINT").format(
+                    t=self._t
+                )
             )
             for name, how in (
                 ("due", "(state, due_at_ms, id)"),

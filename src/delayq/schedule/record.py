@@ -102,9 +102,7 @@ class ScheduleIndex:
         # Built unchecked: the message was checked by its factory, the labels here.
         receipt = msg.receipt
         labels = self.labels_for(msg)
-        kept = (
-            kept_headers(msg) if self.keep_bodies and len(msg.body) <= self.keep_bodies else None
-        )
+        kept = kept_headers(msg) if self.keep_bodies and len(msg.body) <= self.keep_bodies else None
         business_key = self.business_key_of(msg)
         return unchecked(
             id=msg.message_id,
@@ -123,6 +121,7 @@ class ScheduleIndex:
             body=None if kept is None else msg.body,
             content_type=None if kept is None else msg.content_type,
             headers=None if kept is None else MappingProxyType(kept),
+            delay_ms=receipt.delay_ms,
         )
 
     def labels_for(self, msg: OutgoingMessage) -> Mapping[str, str]:

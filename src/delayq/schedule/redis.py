@@ -46,7 +46,7 @@ __all__ = ["RedisSchedule"]
 _PAGE = 500
 """Members a page read takes from each sorted set."""
 
-_INTS = {"due_at_ms", "published_at_ms", "size", "generation", "changed_at_ms"}
+_INTS = {"due_at_ms", "published_at_ms", "size", "generation", "changed_at_ms", "delay_ms"}
 
 
 def _member(due_at_ms: int, entry_id: str) -> str:
@@ -101,7 +101,8 @@ class RedisSchedule:
                  str(e.published_at_ms), str(e.size), self._texts(e.destinations),
                  e.business_key, self._texts(e.labels), e.state.value, str(e.generation),
                  str(e.changed_at_ms), None if e.body is None else str(len(bodies) + 2),
-                 e.content_type, None if e.headers is None else json.dumps(dict(e.headers)))
+                 e.content_type, None if e.headers is None else json.dumps(dict(e.headers)),
+                 None if e.delay_ms is None else str(e.delay_ms))
             )  # fmt: skip
         with self._calling():
             return [bool(x) for x in self._add(args=[self.prefix, json.dumps(rows), *bodies])]

@@ -55,16 +55,16 @@ local function member(due, id) return string.format('%015d', tonumber(due)) .. '
     + _LUA_BATCH
 )
 
-# ARGV = prefix, a JSON array of the entries, each its 16 FIELDS as strings or null (the
+# ARGV = prefix, a JSON array of the entries, each its 17 FIELDS as strings or null (the
 # body: null, or the index of its ARGV, 3 on: bytes stay out of JSON). One argument for the
-# lot: a batch costs the client one encoding, not 16 arguments an entry.
+# lot: a batch costs the client one encoding, not 17 arguments an entry.
 ADD = (
     _LUA_SETS
     + """
 local p, out, last = ARGV[1], {}, nil
 local names = {'id','namespace','routing_key','due_at_ms','tier','published_at_ms','size',
   'destinations','business_key','labels','state','generation','changed_at_ms','body',
-  'content_type','headers'}
+  'content_type','headers','delay_ms'}
 for _, e in ipairs(cjson.decode(ARGV[2])) do
   local id, ns = e[1], e[2]
   local key = p .. 'e:' .. id
@@ -80,7 +80,7 @@ for _, e in ipairs(cjson.decode(ARGV[2])) do
       redis.call('DEL', key)
     end
     local kv = {}
-    for f = 2, 16 do
+    for f = 2, #names do
       local v = e[f]
       if v ~= cjson.null then
         if f == 14 then v = ARGV[tonumber(v)] end

@@ -94,4 +94,5 @@ class ReplayRecord:
             body=None if kept is None else copy.body,
             content_type=None if kept is None else copy.content_type,
             headers=None if kept is None else MappingProxyType(kept),
+            delay_ms=0,  # sent at once
         )

@@ -38,7 +38,8 @@ _SCHEMA = (
     changed_at_ms   INTEGER NOT NULL,
     body            BLOB,
     content_type    TEXT,
-    headers         TEXT                -- a JSON object, kept with the body
+    headers         TEXT,               -- a JSON object, kept with the body
+    delay_ms        INTEGER             -- the delay asked for; NULL: not known
 )""",
     "CREATE INDEX IF NOT EXISTS delayq_schedule_due ON delayq_schedule(state, due_at_ms, id)",
     "CREATE INDEX IF NOT EXISTS delayq_schedule_key ON delayq_schedule(business_key) "
@@ -49,7 +50,7 @@ _COLUMNS = ", ".join(FIELDS)  # in the order Restore reads a row
 
 _UPDATES = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS.split(", ")[1:])
 _ADD = (
-    f"INSERT INTO delayq_schedule ({_COLUMNS}) VALUES ({', '.join('?' * 16)}) "
+    f"INSERT INTO delayq_schedule ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))}) "
     f"ON CONFLICT(id) DO UPDATE SET {_UPDATES} "
     f"WHERE delayq_schedule.state IN ({', '.join(repr(s.value) for s in sorted(REPLACEABLE))}) "
     "AND NOT (delayq_schedule.state = 'cancelled' "
@@ -64,7 +65,7 @@ def _row(entry: Entry, texts: JsonTexts) -> tuple[Any, ...]:
         entry.published_at_ms, entry.size, texts(entry.destinations), entry.business_key,
         texts(entry.labels), entry.state.value, entry.generation,
         entry.changed_at_ms, entry.body, entry.content_type,
-        None if entry.headers is None else json.dumps(dict(entry.headers)),
+        None if entry.headers is None else json.dumps(dict(entry.headers)), entry.delay_ms,
     )  # fmt: skip
 
 
@@ -132,6 +133,9 @@ class SQLiteSchedule:
             with self._writing() as db:
                 for statement in _SCHEMA:
                     db.execute(statement)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(delayq_schedule)")}
+                if "delay_ms" not in columns:  # an index an older delayq made
+                    db.execute("ALTER TABLE delayq_schedule ADD COLUMN delay_ms INTEGER")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"cannot open the schedule index at {str(self.path)!r}: {type(exc).__name__}: {exc}"

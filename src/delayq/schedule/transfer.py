@@ -56,6 +56,7 @@ def entry_fields(entry: Entry) -> dict[str, Any]:
         "business_key": entry.business_key,
         "labels": dict(entry.labels),
         "generation": entry.generation,
+        "delay_ms": entry.delay_ms,
     }
 
 
@@ -132,6 +133,7 @@ def entry_from(fields: dict[str, Any], body: bytes | None, where: str) -> Entry:
             body=body,
             content_type=fields["content_type"],
             headers=fields["headers"],
+            delay_ms=fields.get("delay_ms"),  # not in an older delayq's exports
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc}") from None

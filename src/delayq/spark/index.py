@@ -14,8 +14,10 @@ are read only when asked (``bodies=True``: an export meant to be imported again)
 24 hours (or any horizon), empty buckets included; :func:`due_histogram` counts them by
 tier and by how soon they are due.
 
-The index keeps each message's tier, not the delay its publisher asked for, so the
-ladder recommendation (``delayq spark report``) still reads delivery records.
+Each entry keeps the delay its publisher asked for (``delay_ms``, since this release):
+:func:`requested_delays` counts those of the waiting entries, and :func:`ladder_advice`
+says how the ladder serves them and which ladder of as many tiers would serve them
+better, as ``delayq spark report`` does from delivery records.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from delayq.schedule.base import ScheduleStore
+    from delayq.topology.fit import LadderFit
+    from delayq.topology.ladder import Ladder
 
 __all__ = [
     "DUE_WINDOWS",
@@ -46,15 +50,17 @@ __all__ = [
     "entries_of",
     "forecast",
     "index_frame",
+    "ladder_advice",
     "read_export",
     "read_index",
+    "requested_delays",
 ]
 
 ENTRY_SCHEMA = (
     "id string, namespace string, routing_key string, destinations array<string>, "
     "state string, tier string, due_at_ms long, published_at_ms long, size long, "
     "business_key string, labels map<string,string>, generation long, changed_at_ms long, "
-    "body binary, content_type string, headers string"
+    "body binary, content_type string, headers string, delay_ms long"
 )
 """An entry's columns (times in epoch milliseconds; ``headers`` as JSON text; ``body``,
 ``content_type`` and ``headers`` null unless read with ``bodies=True`` and kept)."""
@@ -85,6 +91,7 @@ def _row(entry: Entry, bodies: bool) -> tuple[Any, ...]:
         bytearray(entry.body) if kept and entry.body is not None else None,
         entry.content_type if kept else None,
         json.dumps(dict(entry.headers)) if kept and entry.headers is not None else None,
+        entry.delay_ms,
     )  # fmt: skip
 
 
@@ -282,3 +289,43 @@ def entries_of(df: DataFrame) -> Iterator[Entry]:
         given["destinations"] = list(given["destinations"] or ())
         given["labels"] = given["labels"] or {}
         yield entry_from(given, None if body is None else bytes(body), where)
+
+
+def requested_delays(df: DataFrame) -> dict[int, int]:
+    """The delays the waiting entries' publishers asked for: delay ms -> entries (those
+    an older delayq recorded without one left out)."""
+    from pyspark.sql import functions as F
+
+    found = _waiting(df).where(F.col("delay_ms").isNotNull()).groupBy("delay_ms").count()
+    return {r["delay_ms"]: r["count"] for r in found.collect()}
+
+
+def ladder_advice(
+    delays: dict[int, int], ladder: Ladder, *, objective: str = "mean"
+) -> tuple[LadderFit | None, LadderFit | None, str]:
+    """How ``ladder`` serves ``delays`` (:func:`requested_delays`), a ladder of as many
+    round tiers that serves them better (``None`` where none does), and why there is
+    none: :func:`delayq.topology.fit.recommend_on_grid` with the current top kept."""
+    from delayq.topology.fit import (
+        DEFAULT_GRID_MS,
+        ladder_overshoot,
+        never_worse,
+        recommend_on_grid,
+    )
+
+    if not any(d > 0 for d in delays):
+        return None, None, "no waiting entry asked for a delay"
+    current = ladder_overshoot(delays, [t.ttl_ms for t in ladder])
+    recommended, refused = None, ""
+    try:
+        recommended = recommend_on_grid(
+            delays, len(ladder), min_top_ms=ladder.max_ms, objective=objective
+        )
+    except InvalidInput as exc:  # a delay beyond the grid
+        refused = str(exc)
+    recommended, _, refused = never_worse(
+        current, recommended, None, refused, delays, DEFAULT_GRID_MS, objective
+    )
+    if recommended is not None and recommended.tiers_ms == current.tiers_ms:
+        return current, None, "the ladder is already the best of its size on the grid"
+    return current, recommended, refused
