@@ -17,7 +17,7 @@ from delayq.cli import EXIT_BROKER, EXIT_INPUT, EXIT_OK, main
 from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
 from delayq.schedule.sqlite import SQLiteSchedule
-from delayq.schedule.transfer import entry_line
+from delayq.schedule.transfer import entry_line, read_lines
 from delayq.testing import MemoryBroker
 from delayq.topology.model import load_topology
 
@@ -278,6 +278,9 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
         "--index", str(index2), "--json",
     )  # fmt: skip
     assert code == EXIT_OK and counts == {"published": 5, "not_kept": [], "skipped": 0}
+    older = {k: v for k, v in json.loads(lines[0]).items() if k != "delay_ms"}
+    (read,) = read_lines([json.dumps(older)])  # an older delayq's line: no delay_ms
+    assert read.id == older["id"] and read.delay_ms is None
     copied = SQLiteSchedule(index2)
     try:
         for line in lines:
@@ -305,6 +308,7 @@ def test_export_then_import_into_another_namespace_keeps_ids_and_due_times(
         (None, "kept body is not what its content type"),
         ("type=application/x-weird", "content type 'application/x-weird' is not one"),
         ("due_at_ms=" + str(10**30), "line 2: an entry's due_at_ms is an int from 0"),
+        ("delay_ms=soon", "line 2: an entry's delay_ms is None or an int from 0"),
     ],
 )
 def test_a_bad_export_line_is_refused_before_anything_is_published(
