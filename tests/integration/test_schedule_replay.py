@@ -189,3 +189,79 @@ def test_an_index_failing_mid_replay_loses_and_doubles_nothing(
     assert _parked(rabbitmq_url, queue) == []
     entry = index.get(message_id)
     assert entry is not None and entry.state is State.PENDING
+
+
+def test_an_unrouted_copy_that_comes_back_is_shown_parked_not_waiting(
+    make_topology, rabbitmq_url, tmp_path
+):
+    """A replay of an unrouted message whose key still matches no binding: the copy is
+    parked again, and its entry says so (dead-lettered), never waiting for a consumer."""
+    topology = make_topology(["1s"], external_bindings=["nobody.*"])  # bound elsewhere
+    apply_topology(topology, rabbitmq_url)
+    with Publisher(rabbitmq_url, topology) as publisher:
+        publisher.publish({"late": True}, "nobody.yet", "0s", message_id="u-1")
+    unrouted = f"{topology.namespace}.unrouted"
+    wait_for(lambda: depth(rabbitmq_url, unrouted) == 1, 30, "the message unrouted")
+    index = SQLiteSchedule(tmp_path / "schedule.db")
+    record = ReplayRecord(ScheduleIndex(index), topology)
+    report = parking.replay(
+        rabbitmq_url, unrouted, topology, target=lambda p: (topology.ready_exchange,
+        p.delivery.origin_routing_key), record=record,
+    )  # fmt: skip
+    assert (report.replayed, report.returned, report.unrecorded) == ([], ["u-1"], [])
+    entry = index.get("u-1")
+    assert entry is not None and entry.state is State.DEAD_LETTERED and entry.destinations == ()
+    assert depth(rabbitmq_url, unrouted) == 1
+
+
+def test_a_missing_index_or_an_id_of_another_namespace_leaves_messages_parked(
+    make_topology, rabbitmq_url, tmp_path
+):
+    topology = make_topology(["1s"])
+    queue = f"{topology.namespace}.work"
+    apply_topology(topology, rabbitmq_url)
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json")))
+    handler = Flaky()
+    index = SQLiteSchedule(tmp_path / "schedule.db")
+    handle, reporter = _consumer(rabbitmq_url, topology, handler, tmp_path, index)
+    ids = [f"c{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    try:
+        with Publisher(rabbitmq_url, topology) as publisher:
+            for message_id in ids:
+                publisher.publish({"id": message_id}, "job.x", "0s", message_id=message_id)
+        wait_for(lambda: handle.stats.dead_lettered == 3, 60, "all three in the DLQ")
+    finally:
+        handle.stop(10)
+        reporter.close()
+
+    typo = tmp_path / "nodir" / "schedule.db"
+    missing = _delayq(
+        "dlq", "replay", queue, "--all", "--schedule-index", str(typo),
+        "--file", str(path), "--url", rabbitmq_url,
+    )  # fmt: skip
+    assert missing.returncode == 1 and "no schedule index" in missing.stderr, missing.stderr
+    assert not typo.parent.exists() and _parked(rabbitmq_url, queue) == sorted(ids)
+
+    other = Topology(
+        namespace=f"{topology.namespace}x", ladder=["1s"],
+        destinations=[{"queue": f"{topology.namespace}x.work", "bindings": ["job.#"]}],
+    )  # fmt: skip
+    held = ReplayRecord(ScheduleIndex(index), other)
+    copy = parking.browse(rabbitmq_url, f"{queue}.dlq")[0]
+    from delayq.ops.parked import replay_message
+
+    clash = copy.message_id
+    held.replayed(
+        replay_message(copy.delivery, exchange="", routing_key="x", now_ms=1),
+        "job.x", ("x",), lambda: None,
+    )  # fmt: skip
+    run = _delayq(
+        "dlq", "replay", queue, "--all", "--schedule-index", str(tmp_path / "schedule.db"),
+        "--file", str(path), "--url", rabbitmq_url,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "replayed 2 of 3" in run.stdout
+    assert "1 left in" in run.stderr and "their ids wait in another namespace" in run.stderr
+    assert _parked(rabbitmq_url, queue) == [clash]
+    assert {index.get(i).state for i in ids if i != clash} == {State.SCHEDULED}  # type: ignore[union-attr]

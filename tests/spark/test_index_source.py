@@ -164,6 +164,13 @@ def test_the_commands_print_write_and_refuse(
     assert spark.read.parquet(str(tmp_path / "out")).count() == 31
     assert main(["spark", "export", str(tmp_path / "out"), *common]) == 2  # exists
     assert "exists" in capsys.readouterr().err
+    assert main(["spark", "export", str(db / "under"), *common]) == 2  # under a file
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["spark", "export", " ", *common]) == 2
+    assert "OUT is empty" in capsys.readouterr().err
+    for out_path, said in ((tmp_path / "no" / "f.csv", "no folder"), (tmp_path, "a folder")):
+        assert main(["spark", "forecast", *common, "--out", str(out_path)]) == 2
+        assert said in capsys.readouterr().err
 
     missing = ["--index", str(tmp_path / "none.db"), *common[2:]]
     assert main(["spark", "forecast", *missing]) == 1

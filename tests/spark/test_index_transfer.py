@@ -19,10 +19,12 @@ import yaml
 from delayq import Message
 from delayq.cli import main
 from delayq.schedule.api import Schedule
-from delayq.schedule.entry import State
+from delayq.schedule.entry import Entry, State
+from delayq.schedule.memory import MemorySchedule
 from delayq.schedule.query import Query
 from delayq.schedule.record import ScheduleIndex
 from delayq.schedule.sqlite import SQLiteSchedule
+from delayq.spark.index import read_index
 from delayq.stores.memory import InMemoryStore
 from delayq.sync import Consumer, Publisher, apply_topology
 from delayq.topology.model import Topology
@@ -85,8 +87,19 @@ def test_a_schedule_exported_as_parquet_is_delivered_once_from_another_namespace
 
         # Refused, nothing sent: bodies not kept (each named), another folder, none.
         b = ["--file", str(files["b"]), *common]
-        assert main(["spark", "import", bare, *b]) == 1
-        assert "21 messages not sent: the exporting index did not keep" in capsys.readouterr().err
+        assert main(["spark", "import", bare, *b]) == 2
+        assert "exported without --bodies" in capsys.readouterr().err
+        assert main(["spark", "import", str(files["b"]), *b]) == 2  # a file, not Parquet
+        assert "cannot read" in capsys.readouterr().err
+        unbound = str(tmp_path / "unbound")
+        strange = MemorySchedule()
+        strange.add([Entry("zz", source.namespace, "zzz.q", due_at_ms=due["m0"], tier="8s",
+                           published_at_ms=0, size=2, body=b"{}", headers={},
+                           content_type="application/json")])  # fmt: skip
+        strange.move(["zz"], State.SCHEDULED, now_ms=1)
+        read_index(spark, strange, unbound, bodies=True)
+        assert main(["spark", "import", unbound, *b]) == 2
+        assert "entry 'zz': routing key 'zzz.q'" in capsys.readouterr().err
         spark.range(3).write.parquet(str(tmp_path / "other"))
         assert main(["spark", "import", str(tmp_path / "other"), *b]) == 2
         assert "not an export of the schedule index" in capsys.readouterr().err
@@ -96,6 +109,10 @@ def test_a_schedule_exported_as_parquet_is_delivered_once_from_another_namespace
         started = time.time() * 1000
         assert main(["spark", "import", out, *b, "--index", str(tmp_path / "b.db")]) == 0
         assert "published 21 of 21 again" in capsys.readouterr().out
+        late_tier = target.tier_name(target.ladder.tiers[-1])
+        assert main(["spark", "import", out, *b, "--index", str(tmp_path / "b.db")]) == 0
+        assert "already scheduled in the target index" in capsys.readouterr().err
+        assert depth(rabbitmq_url, late_tier) == 1  # imported once
 
         def all_arrived() -> bool:
             with lock:

@@ -38,3 +38,16 @@ def test_a_tier_holding_more_than_the_index_agrees() -> None:
     assert [(r.indexed, r.queued) for r in rows] == [(9, 9), (0, 9)]
     assert beside_json(rows)["disagrees"] is False
     assert beside_table(rows).after == []
+
+
+def test_replayed_entries_wait_in_no_tier_and_disagree_with_nothing() -> None:
+    """A DLQ replay's copies (tier "") are at their queues, not in a lost tier."""
+    depths = {
+        name: Depth(ready=1, unacked=0, consumers=0) for name in ("shop.tier.1m", "shop.tier.1h")
+    }
+    rows = beside(TOPOLOGY, {"1m": 1, "": 7}, depths)
+    assert [(r.tier, r.indexed) for r in rows][-1] == ("", 7)
+    text = beside_table(rows).plain()
+    assert "(none: replayed)" in text and "at their destinations" in text
+    assert "no such tier" not in text
+    assert beside_json(rows)["disagrees"] is False

@@ -10,7 +10,7 @@ import pytest
 
 from delayq import Topology
 from delayq.consume.delivery import Delivery
-from delayq.errors import PublishUnconfirmed, ScheduleNotRecorded
+from delayq.errors import PublishUnconfirmed, ScheduleNotRecorded, StoreError
 from delayq.message.envelope import CONTENT_JSON, H_GENERATION
 from delayq.ops.parked import replay_message
 from delayq.schedule.entry import State
@@ -97,3 +97,35 @@ def test_an_id_waiting_in_another_namespace_is_refused_before_the_send():
             _copy("shared"), "order.paid", ("x",), lambda: sent.append("no")
         )
     assert caught.value.elsewhere == ("shared",) and sent == []
+
+
+def test_a_kept_body_stays_kept_and_an_unreadable_index_sends_nothing():
+    store = MemorySchedule()
+    ReplayRecord(ScheduleIndex(store, keep_bodies=1024), TOPOLOGY).replayed(
+        _copy("k"), "order.paid", ("orders",), lambda: None
+    )
+    store.move(["k"], State.DEAD_LETTERED, now_ms=1_000_001)
+    plain = ReplayRecord(ScheduleIndex(store), TOPOLOGY)  # keeps no bodies of its own
+    plain.replayed(_copy("k"), "order.paid", ("orders",), lambda: None)
+    again = store.get("k")
+    assert again is not None and again.kept and again.body == b'{"n": 1}'
+
+    class Down(MemorySchedule):
+        def get(self, entry_id: str) -> Any:
+            raise StoreError("index server gone")
+
+    sent: list[str] = []
+    with pytest.raises(ScheduleNotRecorded, match="could not be read: index server gone"):
+        ReplayRecord(ScheduleIndex(Down()), TOPOLOGY).replayed(
+            _copy("d"), "order.paid", ("orders",), lambda: sent.append("d")
+        )
+    assert sent == []
+
+
+def test_copies_parked_again_leave_the_waiting_view():
+    store = MemorySchedule()
+    record = ReplayRecord(ScheduleIndex(store), TOPOLOGY)
+    record.replayed(_copy("back"), "order.paid", (), lambda: None)
+    assert record.parked_again(["back"]) == []
+    entry = store.get("back")
+    assert entry is not None and entry.state is State.DEAD_LETTERED

@@ -153,7 +153,8 @@ def _replay_record(args: Args, topology: Topology, intake: object) -> ReplayReco
     from delayq.schedule.replays import ReplayRecord as Record
     from delayq.schedule.url import open_index
 
-    return Record(ScheduleIndex(open_index(url, create=True, what="--schedule-index")), topology)
+    # Never made here: a replay writes into the index its messages were recorded in.
+    return Record(ScheduleIndex(open_index(url, what="--schedule-index")), topology)
 
 
 def _close(store: object) -> None:
@@ -244,11 +245,21 @@ def cmd_parked(args: Args) -> int:
             "replay them again; a consumer's reporter moves them on",
             file=sys.stderr,
         )
+    if report.clashing:
+        print(
+            f"delayq: {len(report.clashing)} left in {label}: their ids wait in another "
+            f"namespace of the schedule index (e.g. {', '.join(report.clashing[:5])}), which "
+            "holds one entry per id; replay them without --schedule-index, or into an index "
+            "of this namespace",
+            file=sys.stderr,
+        )
     if report.kept:
         print(
             f"delayq: {len(report.kept)} left in {label}: their headers cannot be read or "
             f"sent again (e.g. {', '.join(report.kept[:5])}; `delayq dlq show` says why)",
             file=sys.stderr,
         )
-    failed = report.missing or report.returned or report.kept or report.unrecorded
+    failed = (
+        report.missing or report.returned or report.kept or report.unrecorded or report.clashing
+    )
     return EXIT_BROKER if failed else EXIT_OK

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from delayq.schedule.entry import Entry
     from delayq.topology.model import Topology
 
-__all__ = ["check_free", "imported", "republish", "transfer_commands"]
+__all__ = ["check_free", "imported", "republish", "said_done", "transfer_commands"]
 
 BATCH = 1000
 """Lines an import publishes as one pipelined batch."""
@@ -102,25 +102,41 @@ def cmd_export(args: Args) -> int:
     return EXIT_OK
 
 
-def check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> None:
+def check_free(index: ScheduleStore, entries: list[Entry], namespace: str) -> list[str]:
     """An index holds one entry per id: one live in another namespace (the export's
-    source, sharing this index) would keep its entry and the import's go unrecorded."""
-    from delayq.schedule.entry import FINISHED
+    source, sharing this index) would keep its entry and the import's go unrecorded.
+    Returns the ids already confirmed waiting in this namespace of the index: imported
+    before (a run killed half-way, run again), not sent again."""
+    from delayq.schedule.entry import FINISHED, WAITING
 
+    done = []
     for entry in entries:
         held = index.get(entry.id)
-        if held is not None and held.namespace != namespace and held.state not in FINISHED:
+        if held is not None and held.namespace == namespace and held.state in WAITING:
+            done.append(entry.id)
+        elif held is not None and held.namespace != namespace and held.state not in FINISHED:
             raise InvalidInput(
                 f"message {entry.id!r} waits in namespace {held.namespace!r} of this index "
                 f"({held.state.value}): an index holds one entry per id, so the import into "
                 f"{namespace!r} could not be recorded; import into another --index, or "
                 "purge the source first"
             )
+    return done
+
+
+def said_done(count: int) -> None:
+    if count:
+        print(
+            f"delayq: skipping {counted(count, 'message')} already scheduled in the target "
+            "index (imported before)",
+            file=sys.stderr,
+        )
 
 
 def cmd_import(args: Args) -> int:
     from delayq.cli._common import topology_and_url
-    from delayq.schedule.transfer import importable, read_lines
+    from delayq.message.envelope import epoch_ms
+    from delayq.schedule.transfer import Sendable, importable, read_lines
 
     with _opened(args.input, "r") as given:
         entries = list(read_lines(given))  # every line checked before anything is sent
@@ -132,10 +148,15 @@ def cmd_import(args: Args) -> int:
             file=sys.stderr,
         )
     topology, url = topology_and_url(args)
+    sendable, now = Sendable(topology), epoch_ms()
+    for entry in entries:
+        sendable.check(entry, now)
     index = None if args.index is None else open_index(args.index, create=True)
     try:
         if index is not None:
-            check_free(index, entries, topology.namespace)
+            done = set(check_free(index, entries, topology.namespace))
+            said_done(len(done))
+            entries = [e for e in entries if e.id not in done]
         batches = (entries[start : start + BATCH] for start in range(0, len(entries), BATCH))
         sent, not_kept = republish(url, topology, index, batches, len(entries))
     finally:
@@ -166,6 +187,7 @@ def republish(
             labels=lambda m: by_id[m.message_id].labels,
             business_key=lambda m: by_id[m.message_id].business_key,
             keep_bodies=2**31,
+            requested=lambda m: by_id[m.message_id].delay_ms,
         )
     )
     sent, seen = 0, 0

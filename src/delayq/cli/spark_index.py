@@ -87,6 +87,14 @@ def index_commands() -> list[Command]:
     ]
 
 
+def _check_out(path: Path) -> None:
+    """``--out`` a file that can be written: its folder there, itself not a folder."""
+    if path.is_dir():
+        raise InvalidInput(f"--out {path} is a folder: give a file name (forecast.csv)")
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--out {path}: no folder {path.parent}")
+
+
 def _utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -117,6 +125,8 @@ def cmd_forecast(args: Args) -> int:
         )
     topology = load_cli_topology(args)
     query = query_of(args, topology.namespace)
+    if args.out is not None:
+        _check_out(Path(args.out))
     store = open_index(args.index)  # a wrong URL is said before Spark takes its seconds
     try:
         session = _session(args)
@@ -134,10 +144,13 @@ def cmd_forecast(args: Args) -> int:
     finally:
         store.close()
     if args.out is not None:
-        with Path(args.out).open("w", newline="") as out:
-            writer = csv.writer(out)
-            writer.writerow(["start", "start_ms", "due"])
-            writer.writerows((_utc(start), start, due) for start, due in buckets)
+        try:
+            with Path(args.out).open("w", newline="") as out:
+                writer = csv.writer(out)
+                writer.writerow(["start", "start_ms", "due"])
+                writer.writerows((_utc(start), start, due) for start, due in buckets)
+        except OSError as exc:
+            raise InvalidInput(f"cannot write --out {args.out}: {exc.strerror or exc}") from exc
     current, recommended, refused = ladder_advice(delays, topology.ladder)
     if args.json:
         print_json(
@@ -216,6 +229,8 @@ def cmd_export(args: Args) -> int:
     from delayq.spark.index import read_index
 
     query = query_of(args, load_cli_topology(args).namespace)
+    if not args.out.strip():
+        raise InvalidInput("OUT is empty: give a new folder to write the export to")
     if "://" not in args.out and Path(args.out).exists():
         raise InvalidInput(f"{args.out} exists: give a new folder")  # before Spark starts
     store = open_index(args.index)
@@ -238,8 +253,9 @@ def cmd_import(args: Args) -> int:
     from itertools import islice
 
     from delayq.cli._common import topology_and_url
-    from delayq.cli.scheduled_transfer import BATCH, check_free, imported, republish
-    from delayq.schedule.transfer import IMPORTED, importable
+    from delayq.cli.scheduled_transfer import BATCH, check_free, imported, republish, said_done
+    from delayq.message.envelope import epoch_ms
+    from delayq.schedule.transfer import IMPORTED, Sendable, importable
     from delayq.spark.index import entries_of, read_export
 
     topology, url = topology_and_url(args)
@@ -248,24 +264,35 @@ def cmd_import(args: Args) -> int:
     index = None if args.index is None else open_index(args.index, create=True)
     try:
         df = read_export(_session(args), args.input)
-        total, left, first = 0, 0, None
+        sendable, now = Sendable(topology), epoch_ms()
+        total, bodies, left, first = 0, 0, 0, None
+        done: set[str] = set()
         for entry in entries_of(df):  # every row checked before anything is sent
             todo, passed = importable([entry])
+            for each in todo:
+                sendable.check(each, now)
+                bodies += each.body is not None
             if todo and index is not None:
-                check_free(index, todo, topology.namespace)
+                done.update(check_free(index, todo, topology.namespace))
             total += len(todo)
             left += len(passed)
             first = first or (passed[0] if passed else None)
+        if total and not bodies:
+            raise InvalidInput(
+                f"none of the {total:,} waiting entries of {args.input} has its body: it was "
+                "exported without --bodies (delayq spark export --bodies); nothing was sent"
+            )
         if first is not None:
             print(
                 f"delayq: skipping {left:,} entries of messages no longer waiting (first: "
                 f"{first.id}, {first.state.value})",
                 file=sys.stderr,
             )
-        waiting = (e for e in entries_of(df) if e.state in IMPORTED)
+        said_done(len(done))
+        waiting = (e for e in entries_of(df) if e.state in IMPORTED and e.id not in done)
         batches = iter(lambda: list(islice(waiting, BATCH)), [])
-        sent, not_kept = republish(url, topology, index, batches, total)
+        sent, not_kept = republish(url, topology, index, batches, total - len(done))
     finally:
         if index is not None:
             index.close()
-    return imported(args, sent, not_kept, total, left)
+    return imported(args, sent, not_kept, total - len(done), left)

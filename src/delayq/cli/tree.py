@@ -243,9 +243,9 @@ def parked_group(name: str, what: str) -> click.Group:
                     once(
                         "--schedule-index",
                         metavar="URL",
-                        help="write each replayed message into this schedule index (a SQLite "
-                        "file, postgresql://, redis://): due now, shown until a consumer "
-                        "takes it (an intake's replays are recorded by its bridge)",
+                        help="write each replayed message into this schedule index (an "
+                        "existing SQLite file, postgresql://, redis://): due now, shown until "
+                        "a consumer takes it (an intake's replays are recorded by its bridge)",
                     ),
                 ],
                 one_of=[("ids", "all")],

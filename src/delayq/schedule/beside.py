@@ -20,7 +20,11 @@ from delayq.ops.depths import Counted, Depth
 from delayq.tables import Column, Table
 from delayq.topology.model import Topology
 
-__all__ = ["TierBeside", "beside", "beside_json", "beside_table"]
+__all__ = ["REPLAYED", "TierBeside", "beside", "beside_json", "beside_table"]
+
+REPLAYED = ""
+"""The tier of a DLQ replay's entries (:mod:`delayq.schedule.replays`): sent to their
+queues at once, waiting there until a consumer takes them, in no tier."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def _notes(rows: list[TierBeside]) -> list[str]:
         f"tier {r.tier}: {r.indexed:,} waiting in the index, but the topology has no such "
         "tier (its ladder changed?)"
         for r in rows
-        if not r.queues
+        if not r.queues and r.tier != REPLAYED
     ]
     return notes
 
@@ -83,7 +87,11 @@ def _notes(rows: list[TierBeside]) -> list[str]:
 def beside_table(rows: list[TierBeside]) -> Table:
     table = Table([Column("tier"), Column("in the index"), Column("in its queues")])
     for r in rows:
-        table.add(r.tier, f"{r.indexed:,}", "?" if r.queued is None else f"{r.queued:,}")
+        queued = "?" if r.queued is None else f"{r.queued:,}"
+        if r.tier == REPLAYED:
+            table.add("(none: replayed)", f"{r.indexed:,}", "at their destinations")
+            continue
+        table.add(r.tier, f"{r.indexed:,}", queued)
     table.after += _notes(rows)
     return table
 

@@ -61,7 +61,9 @@ Labeller = Callable[[OutgoingMessage], Mapping[str, str]]
 class ScheduleIndex:
     """A store and what a publisher writes into it: ``labels`` (a mapping for every
     message, or a function of each), ``business_key`` (a function of each message), and
-    bodies of up to ``keep_bodies`` bytes (0: none), for ``reschedule`` by id alone.
+    bodies of up to ``keep_bodies`` bytes (0: none), for ``reschedule`` by id alone;
+    ``requested``: the delay each entry keeps as asked for, where it is not the message's
+    own (an import: the first publish's, not what was left of it).
 
     Immediate messages (no delay) are not scheduled and not recorded."""
 
@@ -72,6 +74,7 @@ class ScheduleIndex:
         labels: Mapping[str, str] | Labeller | None = None,
         business_key: Callable[[OutgoingMessage], str | None] | None = None,
         keep_bodies: int = 0,
+        requested: Callable[[OutgoingMessage], int | None] | None = None,
     ) -> None:
         if isinstance(keep_bodies, bool) or not isinstance(keep_bodies, int) or keep_bodies < 0:
             raise InvalidInput(f"keep_bodies is a size in bytes (an int >= 0), not {keep_bodies!r}")
@@ -82,6 +85,7 @@ class ScheduleIndex:
         self._fixed = None if callable(labels) else checked_labels(labels or {})
         self._business_key = business_key
         self.keep_bodies = keep_bodies
+        self._requested = requested
         self._destinations: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def __repr__(self) -> str:
@@ -121,7 +125,7 @@ class ScheduleIndex:
             body=None if kept is None else msg.body,
             content_type=None if kept is None else msg.content_type,
             headers=None if kept is None else MappingProxyType(kept),
-            delay_ms=receipt.delay_ms,
+            delay_ms=receipt.delay_ms if self._requested is None else self._requested(msg),
         )
 
     def labels_for(self, msg: OutgoingMessage) -> Mapping[str, str]:

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from types import MappingProxyType
 
-from delayq.errors import ScheduleNotRecorded
+from delayq.errors import ScheduleNotRecorded, StoreError
 from delayq.message.envelope import H_GENERATION, OutgoingMessage, epoch_ms
 from delayq.schedule.entry import Entry, State, unchecked
 from delayq.schedule.record import ScheduleIndex, kept_headers
@@ -52,7 +52,14 @@ class ReplayRecord:
     ) -> bool:
         """Record ``copy`` around ``send`` (its publish and the parked message's ack):
         ``False`` when the copy was sent but its entry could not be moved on (logged)."""
-        ids = self.index.add_pending([self.entry(copy, routing_key, destinations)])
+        try:
+            ids = self.index.add_pending([self.entry(copy, routing_key, destinations)])
+        except ScheduleNotRecorded:
+            raise
+        except StoreError as exc:  # the look-up of the entry its id had
+            raise ScheduleNotRecorded(
+                f"the schedule index could not be read: {exc}; nothing was sent"
+            ) from exc
         try:
             send()
         except BaseException as exc:
@@ -65,6 +72,20 @@ class ReplayRecord:
             return False
         return True
 
+    def parked_again(self, ids: list[str]) -> list[str]:
+        """Copies the broker routed straight back to their parking queue (an unrouted
+        message no binding takes yet): their entries move to dead-lettered, parked again.
+        Returns those it could not move (logged)."""
+        if not ids:
+            return []
+        try:
+            self.index.store.move(ids, State.DEAD_LETTERED, now_ms=epoch_ms())
+        except StoreError as exc:
+            log.error("%d replayed copies came back parked, but their entries stay: %s",
+                      len(ids), exc)  # fmt: skip
+            return list(ids)
+        return []
+
     def entry(self, copy: OutgoingMessage, routing_key: str, to: tuple[str, ...]) -> Entry:
         """The pending entry of a replayed ``copy`` sent under ``routing_key`` to ``to``."""
         index, now = self.index, copy.receipt.published_at_ms
@@ -76,6 +97,9 @@ class ReplayRecord:
             business_key = index.business_key_of(copy)
         keep = index.keep_bodies and len(copy.body) <= index.keep_bodies
         kept = kept_headers(copy) if keep else None
+        content_type: str | None = copy.content_type
+        if held is not None and held.kept and held.body == copy.body:  # kept before: still
+            kept, content_type = dict(held.headers or {}), held.content_type
         generation = copy.headers.get(H_GENERATION, 0)
         return unchecked(
             id=copy.message_id,
@@ -92,7 +116,7 @@ class ReplayRecord:
             generation=generation if isinstance(generation, int) else 0,
             changed_at_ms=now,
             body=None if kept is None else copy.body,
-            content_type=None if kept is None else copy.content_type,
+            content_type=None if kept is None else content_type,
             headers=None if kept is None else MappingProxyType(kept),
             delay_ms=0,  # sent at once
         )

@@ -25,9 +25,11 @@ from delayq.schedule.api import kept_body
 from delayq.schedule.changes import sent_again
 from delayq.schedule.entry import Entry, State
 from delayq.schedule.record import KEPT_CONTENT
+from delayq.topology.model import Topology
 
 __all__ = [
     "Imported",
+    "Sendable",
     "entry_fields",
     "entry_from",
     "entry_line",
@@ -180,6 +182,26 @@ class Imported:
     receipts: list[Receipt] = field(default_factory=list)
     not_kept: list[str] = field(default_factory=list)
     """Ids whose body the exporting index did not keep: not sent (publish them again)."""
+
+
+class Sendable:
+    """Checks an entry's message against the topology it is imported into, as its publish
+    would (routing key bound, delay within the ladder, id, body size), naming the entry:
+    so that an import refuses before anything is sent, not a batch in."""
+
+    def __init__(self, topology: Topology) -> None:
+        from delayq.message.factory import MessageFactory
+
+        self._factory = MessageFactory(topology)
+
+    def check(self, entry: Entry, now_ms: int) -> None:
+        if not entry.kept:
+            return  # not sent: listed as not kept
+        wait = timedelta(milliseconds=max(0, entry.due_at_ms - now_ms))
+        try:
+            self._factory.build(**sent_again(entry), delay=wait)
+        except InvalidInput as exc:
+            raise InvalidInput(f"entry {entry.id!r}: {exc}") from None
 
 
 class _Publishing(Protocol):

@@ -110,6 +110,11 @@ def _empty_stage(stage: str) -> None:
     path = Path(stage.removeprefix("file://"))
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InvalidInput(f"stage {stage!r} exists and is not an empty folder: give a new one")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidInput(f"stage {stage!r}: {parent} is a file, not a folder")
+            break
 
 
 def read_index(
@@ -144,7 +149,10 @@ def read_index(
                 after = (found[-1].due_at_ms, found[-1].id)
             if rows or not written:  # an empty index still gets its (empty) files
                 frame = spark.createDataFrame(rows, ENTRY_SCHEMA)
-                frame.write.mode("append").parquet(stage)
+                try:
+                    frame.write.mode("append").parquet(stage)
+                except Exception as exc:  # Spark's own: a path it cannot write
+                    raise InvalidInput(f"cannot write {stage!r}: {_first_line(exc)}") from None
                 written += len(rows)
                 if progress is not None:
                     progress(written)
@@ -253,16 +261,23 @@ def due_histogram(df: DataFrame, *, now_ms: int) -> DataFrame:
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    """What Spark said, in one line (its Java stack left out)."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("An error occurred", "at ", "JVM stacktrace")):
+            return line[:300]
+    return type(exc).__name__
+
+
 def read_export(spark: SparkSession, path: str) -> DataFrame:
     """An export :func:`read_index` wrote (``delayq spark export``), read back: refused
     (:class:`~delayq.errors.InvalidInput`) where ``path`` holds other data."""
-    from pyspark.errors import AnalysisException
-
     try:
         df = spark.read.parquet(path)
-    except AnalysisException as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidInput(f"cannot read {path!r} as Parquet: {first}") from None
+    except Exception as exc:  # Spark's own: no Parquet there, a file that is not
+        raise InvalidInput(f"cannot read {path!r} as Parquet: {_first_line(exc)}") from None
     wanted = [c.split()[0] for c in ENTRY_SCHEMA.split(", ")]
     missing = [c for c in wanted if c not in df.columns]
     if missing:

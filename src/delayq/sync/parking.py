@@ -64,6 +64,9 @@ class ReplayReport:
     name that is not UTF-8, a value pika cannot write), as the log says."""
     unrecorded: list[str] = field(default_factory=list)
     """Ids replayed whose entry the schedule index could not move on (``record``)."""
+    clashing: list[str] = field(default_factory=list)
+    """Ids left parked: each waits in another namespace of the schedule index (``record``),
+    which holds one entry per id."""
 
 
 def browse(
@@ -196,8 +199,12 @@ def replay(
                     else:
                         key = parked.delivery.origin_routing_key
                         to = (destinations or reached)(parked)
-                        if not _recorded(record, copy, key, to, deliver, queue, report):
-                            report.unrecorded.append(parked.message_id)
+                        try:
+                            if not _recorded(record, copy, key, to, deliver, queue, report):
+                                report.unrecorded.append(parked.message_id)
+                        except _Clash:  # its id waits in another namespace: left parked
+                            report.clashing.append(parked.message_id)
+                            return
                 report.replayed.append(parked.message_id)
                 if exchange:  # through an exchange, a copy may be routed back here
                     stamps[copy.message_id] = copy.headers[H_REPLAYED_AT]
@@ -234,6 +241,8 @@ def replay(
                         send(method, parked)
         # Confirmed copies are enqueued: any that came back is behind what we took.
         returned, taken = _returned(channel, queue, stamps)
+        if record is not None:  # parked again: not waiting at any queue
+            report.unrecorded += record.parked_again(sorted(returned))
         _give_back(channel, queue, report.seen - len(report.replayed) + taken)
     except CHANNEL_CLOSED as exc:  # e.g. ACCESS_REFUSED: may not read it
         raise channel_error(exc) from exc
@@ -264,6 +273,10 @@ def _consult(marks: ReplayMarks, parked: ParkedMessage, queue: str, report: Repl
         ) from exc
 
 
+class _Clash(Exception):
+    """A replayed copy's id waits in another namespace of the schedule index."""
+
+
 def _recorded(
     record: ReplayRecord,
     copy: OutgoingMessage,
@@ -276,6 +289,9 @@ def _recorded(
     try:
         return record.replayed(copy, key, to, deliver)
     except ScheduleNotRecorded as exc:  # its pending write: this copy was not sent
+        if exc.elsewhere:
+            log.warning("left %s parked: %s", copy.message_id, exc)
+            raise _Clash from exc
         raise ScheduleNotRecorded(
             f"the schedule index failed while replaying from {queue}, before "
             f"{copy.message_id}: {len(report.replayed)} were replayed and recorded, the "
