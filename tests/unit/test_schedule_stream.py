@@ -167,3 +167,53 @@ def test_an_id_twice_in_one_window_is_sent_twice_and_recorded_once() -> None:
             pub.publish_many(again)
     assert sorted(confirmed) == list(range(30))
     assert states(index) == {i: State.SCHEDULED for i in [f"d{n}" for n in range(7)] + ["e"]}
+
+
+def test_one_stream_keeps_its_pipeline_full_across_windows() -> None:
+    """One ``send`` (one connection) for the whole stream: the next window is recorded
+    and sent while the last one's confirms are still in flight."""
+    log: list[tuple[str, object]] = []
+    store = Store(log)
+    calls: list[int] = []
+
+    def send(msgs: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
+        calls.append(window)
+        flight: list[tuple[int, OutgoingMessage]] = []
+        for i, msg in enumerate(msgs):
+            log.append(("sent", msg.message_id))
+            flight.append((i, msg))
+            if len(flight) == window:  # the broker confirms the oldest once the window is full
+                settle(*flight.pop(0), None)
+        for i, msg in flight:
+            settle(i, msg, None)
+
+    recorded_stream(
+        ScheduleIndex(store), TOPOLOGY, iter(stream(7)), lambda *a: None, 3, send, lambda: 1
+    )
+    assert calls == [3]
+    assert log.index(("add", ["m3", "m4", "m5"])) < log.index(("scheduled", ["m0", "m1", "m2"]))
+    assert ("sent", "m3") in log[: log.index(("scheduled", ["m0", "m1", "m2"]))]
+    assert set(states(store).values()) == {State.SCHEDULED} and len(states(store)) == 7
+
+
+def test_a_move_that_fails_ends_the_stream_after_its_window_and_never_in_the_send() -> None:
+    class MoveFails(Store):
+        def move(self, ids: Sequence[str], to: State, **kwargs: int | None) -> list[State | None]:
+            if to is State.SCHEDULED and "m0" in ids:
+                raise StoreError("the index's disk is full")
+            return super().move(ids, to, **kwargs)
+
+    store = MoveFails([])
+    sent: list[str] = []
+
+    def send(msgs: Iterable[OutgoingMessage], settle: Settle, window: int) -> None:
+        for i, msg in enumerate(msgs):
+            sent.append(msg.message_id)
+            settle(i, msg, None)  # raising here would end the connection: never does
+
+    with pytest.raises(ScheduleNotRecorded, match="published and confirmed"):
+        recorded_stream(
+            ScheduleIndex(store), TOPOLOGY, iter(stream(9)), lambda *a: None, 3, send, lambda: 1
+        )
+    assert sent == ["m0", "m1", "m2"]  # the window whose move failed, and nothing after
+    assert set(states(store).values()) == {State.PENDING}

@@ -345,36 +345,63 @@ def recorded_stream(
     now_ms: Callable[[], int],
 ) -> None:
     """``send`` a stream (``Publisher.send_many``) with its messages recorded, ``window``
-    at a time: each slice's entries are written pending before any of it is sent and
-    moved once all of it settled (scheduled where confirmed, unconfirmed where not, or
-    where ``send`` raised first). So the stream's memory stays bounded as without the
-    index, and the pipeline empties between slices (a round trip each). A pending write
-    that fails raises :class:`~delayq.errors.ScheduleNotRecorded` and sends nothing more."""
-    pulled = iter(messages)
-    offset = 0
-    while chunk := list(itertools.islice(pulled, window)):
-        ids = index.before(topology, chunk)
-        told = _Told(settle, offset)
-        try:
-            send(chunk, told, window)
-        except BaseException as exc:
-            index.settled(ids, chunk, told.confirmed, exc, now_ms())
-            raise
-        index.settled(ids, chunk, told.confirmed, None, now_ms())
-        offset += len(chunk)
+    at a time, in one stream: each slice's entries are written pending as the stream
+    pulls its first message (none of it is sent before), and moved once all of it settled
+    (scheduled where confirmed, unconfirmed where not, or where ``send`` raised first),
+    while the next slice is sent. So the stream's memory stays bounded as without the
+    index, and its pipeline stays full. A pending write that fails ends the stream: what
+    is in flight settles, nothing more is sent, and
+    :class:`~delayq.errors.ScheduleNotRecorded` is raised; so does a move that fails,
+    once the stream has ended the same way."""
+    open_: dict[int, _Slice] = {}
+    failed: list[BaseException] = []
 
+    def pulled() -> Iterator[OutgoingMessage]:
+        source = iter(messages)
+        number = 0
+        while not failed and (chunk := list(itertools.islice(source, window))):
+            try:
+                ids = index.before(topology, chunk)
+            except ScheduleNotRecorded as exc:
+                failed.append(exc)  # nothing of this slice is sent
+                return
+            open_[number] = _Slice(ids, chunk)
+            number += 1
+            yield from chunk  # a slice is sent whole: a failure ends the stream after it
 
-class _Told:
-    """One window's ``settle``: passed on under the stream's own index, confirms noted."""
-
-    def __init__(self, settle: Settle, offset: int) -> None:
-        self.settle, self.offset = settle, offset
-        self.confirmed: set[str] = set()
-
-    def __call__(self, i: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+    def told(i: int, msg: OutgoingMessage, error: PublishError | None) -> None:
+        part = open_[i // window]
         if error is None:
-            self.confirmed.add(msg.message_id)
-        self.settle(self.offset + i, msg, error)
+            part.confirmed.add(msg.message_id)
+        part.settled += 1
+        settle(i, msg, error)
+        if part.settled == len(part.chunk):
+            del open_[i // window]
+            try:
+                index.settled(part.ids, part.chunk, part.confirmed, None, now_ms())
+            except ScheduleNotRecorded as exc:  # never raised into the I/O path
+                failed.append(exc)
+
+    try:
+        send(pulled(), told, window)
+    except BaseException as exc:
+        for part in open_.values():
+            index.settled(part.ids, part.chunk, part.confirmed, exc, now_ms())
+        raise
+    for part in open_.values():  # a slice cut short: its unsent messages never settled
+        index.settled(part.ids, part.chunk, part.confirmed, failed[0] if failed else None,
+                      now_ms())  # fmt: skip
+    if failed:
+        raise failed[0]
+
+
+class _Slice:
+    """One window of a recorded stream: its recorded ids, its messages, what settled."""
+
+    def __init__(self, ids: list[str], chunk: list[OutgoingMessage]) -> None:
+        self.ids, self.chunk = ids, chunk
+        self.confirmed: set[str] = set()
+        self.settled = 0
 
 
 @asynccontextmanager
