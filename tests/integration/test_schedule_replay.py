@@ -242,6 +242,14 @@ def test_a_missing_index_or_an_id_of_another_namespace_leaves_messages_parked(
     )  # fmt: skip
     assert missing.returncode == 1 and "no schedule index" in missing.stderr, missing.stderr
     assert not typo.parent.exists() and _parked(rabbitmq_url, queue) == sorted(ids)
+    empty = tmp_path / "empty.db"
+    empty.touch()  # a file the open would make an index of
+    made = _delayq(
+        "dlq", "replay", queue, "--all", "--schedule-index", str(empty),
+        "--file", str(path), "--url", rabbitmq_url,
+    )  # fmt: skip
+    assert made.returncode == 1 and "an empty file; nothing was replayed" in made.stderr
+    assert empty.stat().st_size == 0 and _parked(rabbitmq_url, queue) == sorted(ids)
 
     other = Topology(
         namespace=f"{topology.namespace}x", ladder=["1s"],

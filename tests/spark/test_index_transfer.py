@@ -87,10 +87,13 @@ def test_a_schedule_exported_as_parquet_is_delivered_once_from_another_namespace
 
         # Refused, nothing sent: bodies not kept (each named), another folder, none.
         b = ["--file", str(files["b"]), *common]
-        assert main(["spark", "import", bare, *b]) == 2
+        never = str(tmp_path / "never.db")
+        assert main(["spark", "import", bare, *b, "--index", never]) == 2
         assert "exported without --bodies" in capsys.readouterr().err
+        assert not Path(never).exists()  # a refused run makes no index
         assert main(["spark", "import", str(files["b"]), *b]) == 2  # a file, not Parquet
-        assert "cannot read" in capsys.readouterr().err
+        assert "is not a Parquet file" in capsys.readouterr().err
+        assert main(["spark", "import", str(tmp_path), *b, "--index", "/nope/x.db"]) == 2
         unbound = str(tmp_path / "unbound")
         strange = MemorySchedule()
         strange.add([Entry("zz", source.namespace, "zzz.q", due_at_ms=due["m0"], tier="8s",

@@ -382,3 +382,21 @@ def test_an_import_into_the_index_its_source_still_waits_in_is_refused(
     assert main(command) == EXIT_INPUT
     assert "waits in namespace 'shop' of this index" in capsys.readouterr().err
     assert index.count(Query(namespace="shop2")) == 0
+
+
+def test_an_index_is_made_only_in_a_folder_that_is_there_and_never_by_a_replay(
+    tmp_path: Path,
+) -> None:
+    from delayq.errors import InvalidInput, StoreError
+    from delayq.schedule.url import open_index
+
+    with pytest.raises(InvalidInput, match=r"no folder .* make it first"):
+        open_index(str(tmp_path / "typo" / "x.db"), create=True)
+    assert not (tmp_path / "typo").exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(StoreError, match="an empty file"):
+        open_index(str(empty), made=True)
+    assert empty.stat().st_size == 0
+    open_index(str(empty), create=True).close()  # a writer that makes indexes may
+    open_index(str(empty), made=True).close()  # and then it is one

@@ -15,7 +15,7 @@ from delayq.cli._common import (
     topology_and_url,
 )
 from delayq.cli._console import progress_bar, show_table
-from delayq.errors import InvalidInput
+from delayq.errors import InvalidInput, StoreError
 from delayq.message.envelope import epoch_ms
 from delayq.topology.intakes import Intake
 from delayq.topology.model import Topology
@@ -154,7 +154,11 @@ def _replay_record(args: Args, topology: Topology, intake: object) -> ReplayReco
     from delayq.schedule.url import open_index
 
     # Never made here: a replay writes into the index its messages were recorded in.
-    return Record(ScheduleIndex(open_index(url, what="--schedule-index")), topology)
+    try:
+        store = open_index(url, made=True, what="--schedule-index")
+    except StoreError as exc:
+        raise type(exc)(f"{exc}; nothing was replayed") from exc
+    return Record(ScheduleIndex(store), topology)
 
 
 def _close(store: object) -> None:

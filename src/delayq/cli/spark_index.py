@@ -95,6 +95,34 @@ def _check_out(path: Path) -> None:
         raise InvalidInput(f"--out {path}: no folder {path.parent}")
 
 
+def _check_parquet(path: Path) -> None:
+    """An export's local path holds Parquet: a file of it, or a folder with some."""
+    if not path.exists():
+        raise InvalidInput(f"no export at {path}: no such file or directory")
+    files = [path] if path.is_file() else sorted(path.rglob("*.parquet"))
+    if not files:
+        raise InvalidInput(f"{path} holds no Parquet files: not an export (delayq spark export)")
+    with files[0].open("rb") as first:
+        if first.read(4) != b"PAR1":
+            raise InvalidInput(f"{files[0]} is not a Parquet file: not an export")
+
+
+def _target_index(url: str) -> Any:
+    """``--index`` opened if it is there (its ids already scheduled are skipped), else
+    ``None``: made once the import sends, not by a run refused before."""
+    from delayq.errors import StoreError
+
+    try:
+        return open_index(url, what="--index")
+    except StoreError as exc:
+        if "no schedule index at" not in str(exc) or "no such file" not in str(exc):
+            raise
+    folder = Path(url.removeprefix("sqlite:///")).parent
+    if not folder.is_dir():
+        raise InvalidInput(f"--index {url}: no folder {folder} for a new index: make it first")
+    return None
+
+
 def _utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -259,9 +287,10 @@ def cmd_import(args: Args) -> int:
     from delayq.spark.index import entries_of, read_export
 
     topology, url = topology_and_url(args)
-    if "://" not in args.input and not Path(args.input).exists():  # before Spark starts
-        raise InvalidInput(f"no export at {args.input}: no such file or directory")
-    index = None if args.index is None else open_index(args.index, create=True)
+    if "://" not in args.input:  # before Spark starts
+        _check_parquet(Path(args.input))
+    # An index that is there is read for what it holds; a new one is made only to send.
+    index = None if args.index is None else _target_index(args.index)
     try:
         df = read_export(_session(args), args.input)
         sendable, now = Sendable(topology), epoch_ms()
@@ -289,6 +318,8 @@ def cmd_import(args: Args) -> int:
                 file=sys.stderr,
             )
         said_done(len(done))
+        if index is None and args.index is not None:
+            index = open_index(args.index, create=True)
         waiting = (e for e in entries_of(df) if e.state in IMPORTED and e.id not in done)
         batches = iter(lambda: list(islice(waiting, BATCH)), [])
         sent, not_kept = republish(url, topology, index, batches, total - len(done))

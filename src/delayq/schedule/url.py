@@ -19,10 +19,13 @@ INDEX_FORMS = (
 )
 
 
-def open_index(url: str, *, create: bool = False, what: str = "--index") -> ScheduleStore:
+def open_index(
+    url: str, *, create: bool = False, made: bool = False, what: str = "--index"
+) -> ScheduleStore:
     """The store ``url`` names (``what``: the option or argument that gave it, in errors;
-    ``create``: a new SQLite file where there is none, for a writer; a reader never makes
-    an empty index)."""
+    ``create``: a new SQLite file where there is none, in a folder that is there, for a
+    writer; a reader never makes an empty index; ``made``: a SQLite file must hold an
+    index already, not be an empty file the open would make one of)."""
     from delayq.schedule.sqlite import SQLiteSchedule
 
     if not isinstance(url, str) or not url.strip():
@@ -45,12 +48,17 @@ def open_index(url: str, *, create: bool = False, what: str = "--index") -> Sche
     if not there and not create:
         found = "a directory" if Path(path).is_dir() else "no such file"
         raise StoreError(f"no schedule index at {path!r} ({what}): {found}")
+    if not there and not Path(path).parent.is_dir():
+        raise InvalidInput(
+            f"no folder {str(Path(path).parent)!r} for a new schedule index at {path!r} "
+            f"({what}): make it first"
+        )
     if there:
-        _check_is_index(path, what)
+        _check_is_index(path, what, made=made)
     return SQLiteSchedule(path)
 
 
-def _check_is_index(path: str, what: str) -> None:
+def _check_is_index(path: str, what: str, *, made: bool = False) -> None:
     """A SQLite file given as ``--index`` is a schedule index (or empty, as a new one):
     never the consumers' store or another database, which opening would write a table
     into."""
@@ -65,6 +73,8 @@ def _check_is_index(path: str, what: str) -> None:
             db.close()
     except sqlite3.Error:
         return  # not readable this way: opening it says what is wrong
+    if made and not tables:
+        raise StoreError(f"no schedule index at {path!r} ({what}): an empty file")
     if tables and "delayq_schedule" not in tables:
         shown = ", ".join(sorted(tables)[:5])
         raise InvalidInput(

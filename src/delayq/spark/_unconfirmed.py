@@ -94,7 +94,9 @@ def unconfirmed_error(
         + (f", {summary.retried:,} of them after a retry" if summary.retried else "")
         + f"), {summary.total_rejected:,} rejected. "
         + (
-            "Mend the index (--schedule-index), then resume"
+            "Mend the index (--schedule-index), then resume. A window confirmed before "
+            "its entries could be moved shows pending in the index: its rows are counted "
+            "published and a resume never sends them again"
             if index
             else "A longer outage needs a longer retry_for (--retry-for)"
         ),

@@ -290,7 +290,10 @@ def _recorded(
         return record.replayed(copy, key, to, deliver)
     except ScheduleNotRecorded as exc:  # its pending write: this copy was not sent
         if exc.elsewhere:
-            log.warning("left %s parked: %s", copy.message_id, exc)
+            log.warning(
+                "left %s parked: its id waits in another namespace of the schedule index",
+                copy.message_id,
+            )
             raise _Clash from exc
         raise ScheduleNotRecorded(
             f"the schedule index failed while replaying from {queue}, before "
