@@ -110,16 +110,13 @@ def _check_parquet(path: Path) -> None:
 def _target_index(url: str) -> Any:
     """``--index`` opened if it is there (its ids already scheduled are skipped), else
     ``None``: made once the import sends, not by a run refused before."""
-    from delayq.errors import StoreError
+    from delayq.schedule.url import sqlite_path
 
-    try:
+    path = sqlite_path(url)
+    if path is None or "://" in path or Path(path).exists():
         return open_index(url, what="--index")
-    except StoreError as exc:
-        if "no schedule index at" not in str(exc) or "no such file" not in str(exc):
-            raise
-    folder = Path(url.removeprefix("sqlite:///")).parent
-    if not folder.is_dir():
-        raise InvalidInput(f"--index {url}: no folder {folder} for a new index: make it first")
+    if not Path(path).parent.is_dir():
+        raise InvalidInput(f"--index {url}: no folder {Path(path).parent} for a new index")
     return None
 
 
@@ -134,9 +131,9 @@ def _session(args: Args) -> Any:
 
 
 def cmd_forecast(args: Args) -> int:
-    from delayq.durations import to_ms
     from delayq.message.envelope import epoch_ms
     from delayq.spark.index import (
+        check_buckets,
         due_histogram,
         forecast,
         index_frame,
@@ -144,13 +141,7 @@ def cmd_forecast(args: Args) -> int:
         requested_delays,
     )
 
-    horizon_ms = to_ms(args.horizon, what="--horizon")
-    bucket_ms = to_ms(args.bucket, what="--bucket")
-    if bucket_ms <= 0 or horizon_ms < bucket_ms or horizon_ms // bucket_ms > 1_000_000:
-        raise InvalidInput(
-            f"--bucket is above 0 and at most --horizon, in a million buckets at most "
-            f"({args.bucket!r}, {args.horizon!r})"
-        )
+    _, bucket_ms = check_buckets(args.horizon, args.bucket)  # before Spark starts
     topology = load_cli_topology(args)
     query = query_of(args, topology.namespace)
     if args.out is not None:

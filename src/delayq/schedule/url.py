@@ -11,7 +11,7 @@ from delayq.errors import InvalidInput, StoreError
 if TYPE_CHECKING:
     from delayq.schedule.base import ScheduleStore
 
-__all__ = ["INDEX_FORMS", "open_index"]
+__all__ = ["INDEX_FORMS", "open_index", "sqlite_path"]
 
 INDEX_FORMS = (
     "a SQLite file: sqlite:///PATH or a PATH; postgresql://user:pass@host/db; or "
@@ -38,8 +38,8 @@ def open_index(
         from delayq.schedule.redis import RedisSchedule
 
         return RedisSchedule(url)
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-    if "://" in path:
+    path = sqlite_path(url)
+    if path is None or "://" in path:
         raise InvalidInput(f"{what} {url!r}: {INDEX_FORMS}")
     try:
         there = Path(path).is_file()  # a reader never makes an empty index where none was
@@ -56,6 +56,15 @@ def open_index(
     if there:
         _check_is_index(path, what, made=made)
     return SQLiteSchedule(path)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a SQLite index's URL names (``sqlite:///PATH`` or a PATH); ``None`` for a
+    server's (PostgreSQL, Redis). Another scheme is left in the path, for the caller to
+    refuse."""
+    if url.startswith(("postgresql://", "postgres://", "redis://", "rediss://", "unix://")):
+        return None
+    return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
 
 
 def _check_is_index(path: str, what: str, *, made: bool = False) -> None:

@@ -22,6 +22,7 @@ better, as ``delayq spark report`` does from delivery records.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DUE_WINDOWS",
     "ENTRY_SCHEMA",
+    "check_buckets",
     "due_histogram",
     "entries_of",
     "forecast",
@@ -81,8 +83,6 @@ duration from now (the first that holds it: the gauges' windows of
 
 
 def _row(entry: Entry, bodies: bool) -> tuple[Any, ...]:
-    import json
-
     kept = bodies and entry.kept
     return (
         entry.id, entry.namespace, entry.routing_key, list(entry.destinations),
@@ -198,6 +198,20 @@ def _waiting(df: DataFrame) -> DataFrame:
     return df.where(F.col("state").isin([s.value for s in WAITING]))
 
 
+def check_buckets(horizon: object, bucket: object) -> tuple[int, int]:
+    """:func:`forecast`'s ``horizon`` and ``bucket`` in milliseconds, checked: a bucket
+    above 0 and at most the horizon, a million buckets at most."""
+    horizon_ms = to_ms(horizon, what="horizon")
+    bucket_ms = to_ms(bucket, what="bucket")
+    if bucket_ms <= 0 or horizon_ms < bucket_ms:
+        raise InvalidInput(
+            f"bucket is a duration above 0 and at most the horizon ({bucket!r}, {horizon!r})"
+        )
+    if horizon_ms // bucket_ms > 1_000_000:
+        raise InvalidInput(f"{horizon!r} in buckets of {bucket!r} is over a million buckets")
+    return horizon_ms, bucket_ms
+
+
 def forecast(
     df: DataFrame, *, now_ms: int, horizon: object = "24h", bucket: object = "1m"
 ) -> DataFrame:
@@ -209,14 +223,7 @@ def forecast(
     in it: :func:`due_histogram` counts them as ``overdue``."""
     from pyspark.sql import functions as F
 
-    horizon_ms = to_ms(horizon, what="horizon")
-    bucket_ms = to_ms(bucket, what="bucket")
-    if bucket_ms <= 0 or horizon_ms < bucket_ms:
-        raise InvalidInput(
-            f"bucket is a duration above 0 and at most the horizon ({bucket!r}, {horizon!r})"
-        )
-    if horizon_ms // bucket_ms > 1_000_000:
-        raise InvalidInput(f"{horizon!r} in buckets of {bucket!r} is over a million buckets")
+    horizon_ms, bucket_ms = check_buckets(horizon, bucket)
     base = now_ms - now_ms % bucket_ms  # buckets on whole minutes (UTC), or whole buckets
     buckets = -(-(now_ms + horizon_ms - base) // bucket_ms)
     spark = df.sparkSession
@@ -291,8 +298,6 @@ def read_export(spark: SparkSession, path: str) -> DataFrame:
 def entries_of(df: DataFrame) -> Iterator[Entry]:
     """The rows of an export as entries, a partition at a time on the driver, each
     checked (:class:`~delayq.errors.InvalidInput` naming the row's id)."""
-    import json
-
     for row in df.toLocalIterator():
         given = row.asDict()
         where = f"entry {given.get('id')!r} of the export"

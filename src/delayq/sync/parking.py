@@ -199,12 +199,8 @@ def replay(
                     else:
                         key = parked.delivery.origin_routing_key
                         to = (destinations or reached)(parked)
-                        try:
-                            if not _recorded(record, copy, key, to, deliver, queue, report):
-                                report.unrecorded.append(parked.message_id)
-                        except _Clash:  # its id waits in another namespace: left parked
-                            report.clashing.append(parked.message_id)
-                            return
+                        if not _recorded(record, copy, key, to, deliver, queue, report):
+                            return  # left parked
                 report.replayed.append(parked.message_id)
                 if exchange:  # through an exchange, a copy may be routed back here
                     stamps[copy.message_id] = copy.headers[H_REPLAYED_AT]
@@ -273,10 +269,6 @@ def _consult(marks: ReplayMarks, parked: ParkedMessage, queue: str, report: Repl
         ) from exc
 
 
-class _Clash(Exception):
-    """A replayed copy's id waits in another namespace of the schedule index."""
-
-
 def _recorded(
     record: ReplayRecord,
     copy: OutgoingMessage,
@@ -286,20 +278,24 @@ def _recorded(
     queue: str,
     report: ReplayReport,
 ) -> bool:
+    """``deliver`` the copy with its entry recorded; ``False``: left parked, its id waiting
+    in another namespace of the index (in ``report.clashing``)."""
     try:
-        return record.replayed(copy, key, to, deliver)
+        if not record.replayed(copy, key, to, deliver):
+            report.unrecorded.append(copy.message_id)
+        return True
     except ScheduleNotRecorded as exc:  # its pending write: this copy was not sent
         if exc.elsewhere:
             log.warning(
                 "left %s parked: its id waits in another namespace of the schedule index",
                 copy.message_id,
             )
-            raise _Clash from exc
+            report.clashing.append(copy.message_id)
+            return False
         raise ScheduleNotRecorded(
             f"the schedule index failed while replaying from {queue}, before "
             f"{copy.message_id}: {len(report.replayed)} were replayed and recorded, the "
-            f"others are still parked ({exc}); run the replay again",
-            elsewhere=exc.elsewhere,
+            f"others are still parked ({exc}); run the replay again"
         ) from exc
 
 
